@@ -1,0 +1,124 @@
+#!/usr/bin/env bash
+# Local Apache Kafka 4.x (KRaft, broker+controller in one JVM) on loopback, without Docker.
+#
+#   dev/kafka.sh start     fetch jars (once), format storage (once), start, wait until ready
+#   dev/kafka.sh stop      stop the broker (SIGTERM, then SIGKILL after 30 s)
+#   dev/kafka.sh kill      SIGKILL the broker (fault tests)
+#   dev/kafka.sh status    exit 0 when the broker accepts connections
+#
+# Environment (defaults give the single dev broker used by tests and the demo):
+#   KAFKA_INSTANCE=single  name of the instance; state lives in dev/.state/kafka-$KAFKA_INSTANCE
+#   KAFKA_PORT=9092        client listener, 127.0.0.1 only
+#   KAFKA_CONTROLLER_PORT=9093
+#
+# Idempotent: when the broker is already up, `start` returns at once.
+set -euo pipefail
+
+DEV="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+STATE="$DEV/.state"
+LIB="$STATE/kafka-lib"
+INSTANCE="${KAFKA_INSTANCE:-single}"
+PORT="${KAFKA_PORT:-9092}"
+CPORT="${KAFKA_CONTROLLER_PORT:-9093}"
+DIR="$STATE/kafka-$INSTANCE"
+PIDFILE="$DIR/kafka.pid"
+
+log() { echo "[kafka:$INSTANCE] $*" >&2; }
+
+port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
+fetch_jars() {
+  if [ -f "$LIB/.complete" ]; then return; fi
+  command -v mvn >/dev/null || { log "mvn not found: install Maven (apt-get install maven)"; exit 1; }
+  command -v java >/dev/null || { log "java not found: install a JDK 17+"; exit 1; }
+  log "fetching Kafka jars from Maven Central (once)"
+  mkdir -p "$LIB"
+  mvn -q -B -Dstyle.color=never -f "$DEV/pom.xml" dependency:copy-dependencies
+  touch "$LIB/.complete"
+}
+
+java_run() {
+  java -Xms256m -Xmx1g -XX:+UseG1GC -XX:MaxGCPauseMillis=20 \
+    -Dlog4j2.configurationFile="$DEV/kafka/log4j2.yaml" -Dkafka.logs.dir="$DIR/logs" \
+    -cp "$LIB/*" "$@"
+}
+
+write_config() {
+  mkdir -p "$DIR/data" "$DIR/logs"
+  cat > "$DIR/server.properties" <<PROPS
+process.roles=broker,controller
+node.id=1
+controller.quorum.voters=1@127.0.0.1:$CPORT
+listeners=PLAINTEXT://127.0.0.1:$PORT,CONTROLLER://127.0.0.1:$CPORT
+advertised.listeners=PLAINTEXT://127.0.0.1:$PORT
+controller.listener.names=CONTROLLER
+inter.broker.listener.name=PLAINTEXT
+listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT
+log.dirs=$DIR/data
+num.partitions=3
+auto.create.topics.enable=false
+offsets.topic.replication.factor=1
+offsets.topic.num.partitions=10
+transaction.state.log.replication.factor=1
+transaction.state.log.min.isr=1
+share.coordinator.state.topic.replication.factor=1
+share.coordinator.state.topic.min.isr=1
+group.initial.rebalance.delay.ms=0
+log.retention.hours=168
+num.network.threads=2
+num.io.threads=4
+PROPS
+}
+
+start() {
+  if port_open "$PORT"; then log "already up on 127.0.0.1:$PORT"; return 0; fi
+  fetch_jars
+  write_config
+  if [ ! -f "$DIR/data/meta.properties" ]; then
+    local id
+    id="$(java_run org.apache.kafka.tools.StorageTool random-uuid 2>/dev/null | tail -1 || true)"
+    [ -n "$id" ] || id="$(java_run kafka.tools.StorageTool random-uuid | tail -1)"
+    log "formatting storage (cluster id $id)"
+    java_run kafka.tools.StorageTool format -t "$id" -c "$DIR/server.properties" >/dev/null
+  fi
+  log "starting on 127.0.0.1:$PORT"
+  nohup java -Xms256m -Xmx1g -XX:+UseG1GC -XX:MaxGCPauseMillis=20 \
+    -Dlog4j2.configurationFile="$DEV/kafka/log4j2.yaml" -Dkafka.logs.dir="$DIR/logs" \
+    -cp "$LIB/*" kafka.Kafka "$DIR/server.properties" >"$DIR/logs/stdout.log" 2>&1 &
+  echo $! > "$PIDFILE"
+  local deadline=$((SECONDS + 120))
+  until grep -q "Kafka Server started" "$DIR/logs/server.log" 2>/dev/null && port_open "$PORT"; do
+    if ! kill -0 "$(cat "$PIDFILE")" 2>/dev/null; then
+      log "broker exited during start; last lines of its log:"; tail -n 30 "$DIR/logs/stdout.log" "$DIR/logs/server.log" >&2 || true; exit 1
+    fi
+    if [ $SECONDS -ge $deadline ]; then log "not ready after 120 s"; exit 1; fi
+    sleep 0.5
+  done
+  log "ready"
+}
+
+stop_with() {
+  local sig="$1"
+  [ -f "$PIDFILE" ] || { log "not running (no pid file)"; return 0; }
+  local pid; pid="$(cat "$PIDFILE")"
+  if kill -0 "$pid" 2>/dev/null; then
+    kill "-$sig" "$pid" 2>/dev/null || true
+    local deadline=$((SECONDS + 30))
+    while kill -0 "$pid" 2>/dev/null; do
+      if [ $SECONDS -ge $deadline ]; then kill -KILL "$pid" 2>/dev/null || true; fi
+      sleep 0.2
+    done
+  fi
+  # The server log's "started" line must not satisfy the next start's readiness check.
+  : > "$DIR/logs/server.log" 2>/dev/null || true
+  rm -f "$PIDFILE"
+  log "stopped ($sig)"
+}
+
+case "${1:-start}" in
+  start) start ;;
+  stop) stop_with TERM ;;
+  kill) stop_with KILL ;;
+  status) port_open "$PORT" ;;
+  *) echo "usage: $0 start|stop|kill|status" >&2; exit 2 ;;
+esac

@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# Local PostgreSQL from Debian's package, on 127.0.0.1:5432 only, without Docker.
+#
+#   dev/postgres.sh start     install (once), configure, start, create role + database
+#   dev/postgres.sh restart   fast restart (fault tests)
+#   dev/postgres.sh stop
+#
+# After `start`:  DATABASE_URL=postgres://outbox:outbox@127.0.0.1:5432/outbox
+# Idempotent: when the server is already up and configured, `start` returns at once.
+set -euo pipefail
+
+PGPORT="${PGPORT:-5432}"
+DB_USER=outbox
+DB_PASS=outbox
+DB_NAME=outbox
+
+log() { echo "[postgres] $*" >&2; }
+port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
+install() {
+  if ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 && command -v pg_ctlcluster >/dev/null; then return; fi
+  log "installing postgresql from Debian's packages (once)"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq postgresql >/dev/null
+}
+
+cluster() {
+  # The newest installed major version and its `main` cluster.
+  PGVER="$(ls /usr/lib/postgresql | sort -n | tail -1)"
+  if ! pg_lsclusters -h | awk '{print $1" "$2}' | grep -qx "$PGVER main"; then
+    log "creating cluster $PGVER/main"
+    pg_createcluster "$PGVER" main --port "$PGPORT" >/dev/null
+  fi
+  CONF="/etc/postgresql/$PGVER/main"
+}
+
+configure() {
+  mkdir -p "$CONF/conf.d"
+  local want="$CONF/conf.d/outbox-dev.conf"
+  local body
+  body="# Written by dev/postgres.sh: loopback only, room for parallel tests and benches.
+listen_addresses = '127.0.0.1'
+port = $PGPORT
+max_connections = 400
+shared_buffers = 512MB
+work_mem = 16MB
+maintenance_work_mem = 256MB
+wal_buffers = 16MB
+max_wal_size = 4GB
+checkpoint_timeout = 15min
+log_min_messages = warning
+"
+  if ! printf '%s' "$body" | cmp -s - "$want"; then
+    printf '%s' "$body" > "$want"
+    grep -q "^include_dir = 'conf.d'" "$CONF/postgresql.conf" || echo "include_dir = 'conf.d'" >> "$CONF/postgresql.conf"
+    CHANGED=1
+  fi
+}
+
+start() {
+  install
+  cluster
+  CHANGED=0
+  configure
+  if port_open "$PGPORT" && [ "$CHANGED" = 0 ]; then
+    ensure_db; log "already up on 127.0.0.1:$PGPORT"; return 0
+  fi
+  if [ "$CHANGED" = 1 ] && pg_lsclusters -h | grep -q "^$PGVER main .* online"; then
+    pg_ctlcluster "$PGVER" main restart -m fast
+  else
+    pg_ctlcluster "$PGVER" main start || true
+  fi
+  local deadline=$((SECONDS + 60))
+  until port_open "$PGPORT"; do
+    if [ $SECONDS -ge $deadline ]; then log "not up after 60 s"; tail -n 30 /var/log/postgresql/*.log >&2; exit 1; fi
+    sleep 0.2
+  done
+  ensure_db
+  log "ready on 127.0.0.1:$PGPORT"
+}
+
+ensure_db() {
+  local deadline=$((SECONDS + 30))
+  until su postgres -c "psql -qAtX -p $PGPORT -c 'select 1'" >/dev/null 2>&1; do
+    if [ $SECONDS -ge $deadline ]; then log "server does not accept queries"; exit 1; fi
+    sleep 0.2
+  done
+  su postgres -c "psql -qAtX -p $PGPORT" <<SQL >/dev/null
+DO \$\$ BEGIN
+  IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '$DB_USER') THEN
+    CREATE ROLE $DB_USER LOGIN SUPERUSER PASSWORD '$DB_PASS';
+  END IF;
+END \$\$;
+SELECT 'CREATE DATABASE $DB_NAME OWNER $DB_USER' WHERE NOT EXISTS (SELECT FROM pg_database WHERE datname = '$DB_NAME') \gexec
+SQL
+}
+
+case "${1:-start}" in
+  start) start ;;
+  restart) install; cluster; pg_ctlcluster "$PGVER" main restart -m fast; start ;;
+  stop) install; cluster; pg_ctlcluster "$PGVER" main stop -m fast || true ;;
+  *) echo "usage: $0 start|restart|stop" >&2; exit 2 ;;
+esac
