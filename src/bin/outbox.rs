@@ -1,1 +1,285 @@
-fn main(){}
+//! The `outbox` binary: parses arguments, sets up logging, calls the library.
+//!
+//! Exit codes: 0 success, 1 runtime failure (e.g. Postgres unreachable for a one-shot command),
+//! 2 invalid arguments or configuration.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Args, Parser, Subcommand};
+use outbox::{CleanupConfig, ConfigError, DbConfig, KafkaConfig, Relay, RelayConfig, Requeue};
+
+#[derive(Parser)]
+#[command(name = "outbox", version, about = "Transactional outbox relay and operator tools for Postgres + Kafka")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Args, Clone)]
+struct DbArgs {
+    /// Postgres connection URL. Its password is never logged.
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+    database_url: String,
+    /// Schema holding the outbox tables.
+    #[arg(long, env = "OUTBOX_SCHEMA", default_value = outbox::DEFAULT_SCHEMA)]
+    schema: String,
+}
+
+#[derive(Args, Clone)]
+struct KafkaArgs {
+    /// Kafka bootstrap servers, host:port[,host:port].
+    #[arg(long, env = "KAFKA_BOOTSTRAP_SERVERS")]
+    kafka_bootstrap_servers: String,
+    /// Any librdkafka property, name=value (repeatable), e.g. -X security.protocol=SASL_SSL.
+    #[arg(short = 'X', long = "kafka-property", value_name = "NAME=VALUE")]
+    kafka_property: Vec<String>,
+}
+
+#[derive(Args, Clone)]
+struct CleanupArgs {
+    /// Delete sent outbox rows older than this (e.g. 7d, 36h).
+    #[arg(long, default_value = "7d", value_parser = humantime::parse_duration)]
+    sent_retention: Duration,
+    /// Delete processed_messages rows older than this.
+    #[arg(long, default_value = "14d", value_parser = humantime::parse_duration)]
+    processed_retention: Duration,
+    /// Rows per DELETE statement.
+    #[arg(long, default_value_t = outbox::DEFAULT_CLEANUP_BATCH)]
+    cleanup_batch_size: usize,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Apply the embedded migrations (idempotent).
+    Migrate {
+        #[command(flatten)]
+        db: DbArgs,
+    },
+    /// Run the publisher sidecar until SIGTERM/SIGINT.
+    Relay {
+        #[command(flatten)]
+        db: DbArgs,
+        #[command(flatten)]
+        kafka: KafkaArgs,
+        #[command(flatten)]
+        cleanup: CleanupArgs,
+        /// Rows claimed per pass.
+        #[arg(long, default_value_t = outbox::DEFAULT_BATCH_SIZE)]
+        batch_size: usize,
+        /// Attempts before a row becomes failed.
+        #[arg(long, default_value_t = outbox::DEFAULT_MAX_ATTEMPTS)]
+        max_attempts: i32,
+        /// Idle poll period (notifications wake the relay sooner).
+        #[arg(long, default_value = "500ms", value_parser = humantime::parse_duration)]
+        poll_interval: Duration,
+        /// librdkafka message.timeout.ms; unreported rows stay pending after it.
+        #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+        delivery_timeout: Duration,
+        /// Flush budget at shutdown.
+        #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+        shutdown_timeout: Duration,
+        /// How often to run cleanup, or "off".
+        #[arg(long, default_value = "1h", value_parser = parse_interval)]
+        cleanup_interval: Interval,
+        /// Do not LISTEN for the enqueue trigger's notifications; rely on polling only.
+        #[arg(long)]
+        no_listen: bool,
+    },
+    /// Counts by status, oldest pending age, failed rows grouped by last_error.
+    Status {
+        #[command(flatten)]
+        db: DbArgs,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Put failed rows back to pending (after fixing the cause).
+    Requeue {
+        #[command(flatten)]
+        db: DbArgs,
+        /// Requeue every failed row.
+        #[arg(long, conflicts_with = "id", required_unless_present = "id")]
+        failed: bool,
+        /// Requeue one failed row.
+        #[arg(long)]
+        id: Option<i64>,
+    },
+    /// Delete sent rows and processed_messages past retention, in bounded batches.
+    Cleanup {
+        #[command(flatten)]
+        db: DbArgs,
+        #[command(flatten)]
+        cleanup: CleanupArgs,
+    },
+}
+
+/// A cleanup schedule: a period or off.
+#[derive(Clone, Copy)]
+struct Interval(Option<Duration>);
+
+fn parse_interval(s: &str) -> Result<Interval, String> {
+    if s.eq_ignore_ascii_case("off") {
+        return Ok(Interval(None));
+    }
+    let d = humantime::parse_duration(s).map_err(|e| e.to_string())?;
+    if d.is_zero() {
+        return Err("must be greater than zero, or \"off\"".into());
+    }
+    Ok(Interval(Some(d)))
+}
+
+/// Errors that mean "fix your configuration", reported with exit code 2.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+struct UsageError(String);
+
+fn db_config(a: &DbArgs) -> Result<DbConfig, UsageError> {
+    DbConfig::new(&a.database_url, &a.schema).map_err(|e| UsageError(e.to_string()))
+}
+
+fn kafka_config(a: &KafkaArgs) -> Result<KafkaConfig, UsageError> {
+    let mut k = KafkaConfig::new(&a.kafka_bootstrap_servers).map_err(|e| UsageError(e.to_string()))?;
+    for p in &a.kafka_property {
+        k.set_from_pair(p).map_err(|e| UsageError(e.to_string()))?;
+    }
+    Ok(k)
+}
+
+fn cleanup_config(a: &CleanupArgs, interval: Option<Duration>) -> CleanupConfig {
+    CleanupConfig {
+        sent_retention: a.sent_retention,
+        processed_retention: a.processed_retention,
+        batch_size: a.cleanup_batch_size,
+        interval,
+    }
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).expect("install SIGTERM handler");
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM received"),
+        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT received"),
+    }
+}
+
+async fn run(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        Command::Migrate { db } => {
+            let db = db_config(&db)?;
+            let report = outbox::migrate(&db).await.context("migrate failed")?;
+            if report.applied.is_empty() {
+                println!("schema {} is up to date", db.schema);
+            } else {
+                for m in &report.applied {
+                    println!("applied {m}");
+                }
+            }
+        }
+        Command::Relay {
+            db,
+            kafka,
+            cleanup,
+            batch_size,
+            max_attempts,
+            poll_interval,
+            delivery_timeout,
+            shutdown_timeout,
+            cleanup_interval,
+            no_listen,
+        } => {
+            let db = db_config(&db)?;
+            let kafka = kafka_config(&kafka)?;
+            let config = RelayConfig {
+                batch_size,
+                max_attempts,
+                poll_interval,
+                delivery_timeout,
+                shutdown_timeout,
+                listen: !no_listen,
+                cleanup: cleanup_config(&cleanup, cleanup_interval.0),
+            };
+            let relay = Relay::new(&db, &kafka, config).map_err(|e| match e {
+                outbox::RelayError::Config(c) => anyhow::Error::new(UsageError(c.to_string())),
+                outbox::RelayError::Kafka(k) => anyhow::Error::new(UsageError(format!("kafka configuration: {k}"))),
+                other => anyhow::Error::new(other),
+            })?;
+            relay.run(shutdown_signal()).await?;
+        }
+        Command::Status { db, json } => {
+            let db = db_config(&db)?;
+            let s = outbox::status(&db).await.context("status failed")?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&s)?);
+            } else {
+                println!("{:<8} {:>12}  oldest created_at", "status", "rows");
+                for c in &s.counts {
+                    println!("{:<8} {:>12}  {}", c.status, c.count, c.oldest.as_deref().unwrap_or("-"));
+                }
+                match s.oldest_pending_age_secs {
+                    Some(a) => println!("oldest pending age: {a:.1} s"),
+                    None => println!("oldest pending age: - (no pending rows)"),
+                }
+                if !s.failed_by_error.is_empty() {
+                    println!("failed rows by last_error:");
+                    for g in &s.failed_by_error {
+                        println!("  {:>8}  ids {}..{}  {}", g.count, g.min_id, g.max_id, g.last_error);
+                    }
+                }
+            }
+        }
+        Command::Requeue { db, failed, id } => {
+            let db = db_config(&db)?;
+            let which = match (failed, id) {
+                (_, Some(id)) => Requeue::Id(id),
+                _ => Requeue::AllFailed,
+            };
+            let n = outbox::requeue(&db, which).await.context("requeue failed")?;
+            println!("requeued {n} row(s)");
+            if let Requeue::Id(id) = which {
+                if n == 0 {
+                    return Err(UsageError(format!("no failed row with id {id}")).into());
+                }
+            }
+        }
+        Command::Cleanup { db, cleanup } => {
+            let db = db_config(&db)?;
+            if cleanup.cleanup_batch_size == 0 {
+                return Err(UsageError("cleanup batch size must be at least 1".into()).into());
+            }
+            let r = outbox::cleanup(&db, &cleanup_config(&cleanup, None)).await.context("cleanup failed")?;
+            println!(
+                "deleted {} sent outbox row(s) and {} processed_messages row(s) in {} statement(s); longest {:?}",
+                r.outbox_deleted, r.processed_deleted, r.statements, r.longest_statement
+            );
+        }
+    }
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info,tokio_postgres=warn,refinery_core=warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let rt = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    match rt.block_on(run(cli)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            let usage = e.downcast_ref::<UsageError>().is_some() || e.downcast_ref::<ConfigError>().is_some();
+            ExitCode::from(if usage { 2 } else { 1 })
+        }
+    }
+}

@@ -1,0 +1,28 @@
+//! Error classification shared by every boundary: is retrying worth it?
+//!
+//! Seed 001's table: timeouts, connection errors, serialization failures (`40001`), deadlocks
+//! (`40P01`), too many connections (`53300`) are transient; constraint violations, bad data and
+//! type errors are permanent.
+
+use tokio_postgres::error::SqlState;
+
+/// True when a Postgres error is worth retrying: the connection broke or was refused, or the
+/// server reported a serialization failure, deadlock, resource shortage or shutdown.
+pub fn postgres_is_transient(e: &tokio_postgres::Error) -> bool {
+    match e.code() {
+        Some(code) => {
+            *code == SqlState::T_R_SERIALIZATION_FAILURE
+                || *code == SqlState::T_R_DEADLOCK_DETECTED
+                || *code == SqlState::TOO_MANY_CONNECTIONS
+                || *code == SqlState::ADMIN_SHUTDOWN
+                || *code == SqlState::CRASH_SHUTDOWN
+                || *code == SqlState::CANNOT_CONNECT_NOW
+                || *code == SqlState::LOCK_NOT_AVAILABLE
+                || *code == SqlState::QUERY_CANCELED
+                || code.code().starts_with("08") // connection exception class
+                || code.code().starts_with("53") // insufficient resources class
+        }
+        // No SQLSTATE: the connection itself failed (I/O, closed, timeout).
+        None => e.is_closed() || std::error::Error::source(e).is_some(),
+    }
+}

@@ -1,0 +1,336 @@
+//! Configuration: plain structs with named defaults, validated before anything connects.
+//!
+//! `DATABASE_URL` and `KAFKA_BOOTSTRAP_SERVERS` are the seed's names; every other librdkafka
+//! property passes through as a string pair (SASL/SSL included). Secrets never appear in
+//! `Debug` output or error messages.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+use crate::schema::{InvalidSchema, Schema};
+
+/// Rows claimed per relay pass.
+pub const DEFAULT_BATCH_SIZE: usize = 1000;
+/// Largest batch accepted: a claim transaction holds its row locks while the batch is in flight.
+pub const MAX_BATCH_SIZE: usize = 50_000;
+/// Produce attempts before a row becomes `failed` (seed 002).
+pub const DEFAULT_MAX_ATTEMPTS: i32 = 10;
+/// How often an idle relay looks for due rows when no notification arrives.
+pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_millis(500);
+/// How long librdkafka may try to deliver one message (`message.timeout.ms`).
+pub const DEFAULT_DELIVERY_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long shutdown waits for in-flight messages to be flushed.
+pub const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(30);
+/// Keep sent outbox rows this long (seed 002: the topics' retention).
+pub const DEFAULT_SENT_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
+/// Keep processed-message marks this long (seed 002: twice the topics' retention).
+pub const DEFAULT_PROCESSED_RETENTION: Duration = Duration::from_secs(14 * 24 * 3600);
+/// Rows deleted per cleanup statement, so no statement holds locks for long.
+pub const DEFAULT_CLEANUP_BATCH: usize = 5_000;
+/// How often the relay runs cleanup (the "cron module").
+pub const DEFAULT_CLEANUP_INTERVAL: Duration = Duration::from_secs(3600);
+/// Connections in the relay's pool.
+pub const DEFAULT_POOL_SIZE: usize = 4;
+
+/// Invalid configuration. Each variant says what is wrong without echoing secret values.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// `DATABASE_URL` is missing or cannot be parsed.
+    #[error("invalid DATABASE_URL: {0}")]
+    DatabaseUrl(String),
+    /// The schema name breaks the identifier rules.
+    #[error(transparent)]
+    Schema(#[from] InvalidSchema),
+    /// `KAFKA_BOOTSTRAP_SERVERS` is missing or empty.
+    #[error("invalid KAFKA_BOOTSTRAP_SERVERS: {0}")]
+    Bootstrap(String),
+    /// A librdkafka property is malformed or would weaken a guarantee.
+    #[error("invalid Kafka property {name:?}: {reason}")]
+    KafkaProperty {
+        /// The property name.
+        name: String,
+        /// Why it is refused.
+        reason: String,
+    },
+    /// A numeric or duration setting is out of range.
+    #[error("invalid {name}: {reason}")]
+    Value {
+        /// The setting.
+        name: &'static str,
+        /// Why it is refused.
+        reason: String,
+    },
+}
+
+/// Where the outbox tables live.
+#[derive(Clone)]
+pub struct DbConfig {
+    pub(crate) pg: tokio_postgres::Config,
+    /// Schema holding `outbox` and `processed_messages`.
+    pub schema: Schema,
+    /// Pool size for the relay and operator commands.
+    pub pool_size: usize,
+}
+
+impl DbConfig {
+    /// Parses a `postgres://` URL or a key=value connection string.
+    ///
+    /// # Errors
+    /// [`ConfigError::DatabaseUrl`] when it does not parse or names no host;
+    /// [`ConfigError::Schema`] for a bad schema name.
+    pub fn new(url: &str, schema: &str) -> Result<Self, ConfigError> {
+        if url.trim().is_empty() {
+            return Err(ConfigError::DatabaseUrl("it is empty (set DATABASE_URL)".into()));
+        }
+        // tokio-postgres' parse errors name the option, never its value, so they are safe to show.
+        let mut pg = tokio_postgres::Config::from_str(url)
+            .map_err(|e| ConfigError::DatabaseUrl(e.to_string()))?;
+        if pg.get_hosts().is_empty() {
+            return Err(ConfigError::DatabaseUrl("no host given".into()));
+        }
+        if pg.get_connect_timeout().is_none() {
+            pg.connect_timeout(Duration::from_secs(5));
+        }
+        if pg.get_application_name().is_none() {
+            pg.application_name("outbox");
+        }
+        pg.keepalives(true).keepalives_idle(Duration::from_secs(30));
+        Ok(Self { pg, schema: Schema::new(schema)?, pool_size: DEFAULT_POOL_SIZE })
+    }
+
+    /// The parsed connection settings.
+    pub fn pg_config(&self) -> &tokio_postgres::Config {
+        &self.pg
+    }
+}
+
+impl fmt::Debug for DbConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DbConfig")
+            .field("hosts", &self.pg.get_hosts())
+            .field("ports", &self.pg.get_ports())
+            .field("user", &self.pg.get_user())
+            .field("dbname", &self.pg.get_dbname())
+            .field("password", &self.pg.get_password().map(|_| "<redacted>"))
+            .field("schema", &self.schema)
+            .field("pool_size", &self.pool_size)
+            .finish()
+    }
+}
+
+/// Kafka client settings: the bootstrap servers plus any librdkafka property.
+#[derive(Clone, Default)]
+pub struct KafkaConfig {
+    /// `host:port[,host:port…]`.
+    pub bootstrap_servers: String,
+    /// Extra librdkafka properties (e.g. `security.protocol`, `sasl.username`), passed through.
+    pub properties: BTreeMap<String, String>,
+}
+
+/// Property names whose values are secrets and are never shown.
+fn is_secret_property(name: &str) -> bool {
+    let n = name.to_ascii_lowercase();
+    n.contains("password") || n.contains("secret") || n.ends_with(".key.pem") || n == "ssl.key.pem"
+        || n.contains("sasl.oauthbearer.config") || n.contains("jaas")
+}
+
+impl KafkaConfig {
+    /// Settings for `bootstrap_servers`.
+    ///
+    /// # Errors
+    /// [`ConfigError::Bootstrap`] when it is empty or an entry is not `host:port`.
+    pub fn new(bootstrap_servers: &str) -> Result<Self, ConfigError> {
+        let servers = bootstrap_servers.trim();
+        if servers.is_empty() {
+            return Err(ConfigError::Bootstrap("it is empty (set KAFKA_BOOTSTRAP_SERVERS)".into()));
+        }
+        for entry in servers.split(',') {
+            let entry = entry.trim();
+            let hostport = entry.rsplit_once("://").map_or(entry, |(_, rest)| rest);
+            let ok = hostport
+                .rsplit_once(':')
+                .is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok_and(|p| p > 0));
+            if !ok {
+                return Err(ConfigError::Bootstrap(format!("{entry:?} is not host:port")));
+            }
+        }
+        Ok(Self { bootstrap_servers: servers.to_owned(), properties: BTreeMap::new() })
+    }
+
+    /// Adds a librdkafka property from `name=value`.
+    ///
+    /// # Errors
+    /// [`ConfigError::KafkaProperty`] when there is no `=` or the name is empty.
+    pub fn set_from_pair(&mut self, pair: &str) -> Result<(), ConfigError> {
+        let Some((name, value)) = pair.split_once('=') else {
+            // Show only the part before any secret could start.
+            let shown: String = pair.chars().take_while(|c| *c != ' ').take(40).collect();
+            return Err(ConfigError::KafkaProperty {
+                name: if is_secret_property(&shown) { "<redacted>".into() } else { shown },
+                reason: "expected name=value".into(),
+            });
+        };
+        let name = name.trim();
+        if name.is_empty() {
+            return Err(ConfigError::KafkaProperty { name: String::new(), reason: "empty name".into() });
+        }
+        self.properties.insert(name.to_owned(), value.to_owned());
+        Ok(())
+    }
+
+    /// Builds the librdkafka config: bootstrap servers, then the pass-through properties.
+    pub(crate) fn client_config(&self) -> rdkafka::ClientConfig {
+        let mut c = rdkafka::ClientConfig::new();
+        c.set("bootstrap.servers", &self.bootstrap_servers);
+        for (k, v) in &self.properties {
+            c.set(k, v);
+        }
+        c
+    }
+}
+
+impl fmt::Debug for KafkaConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let props: BTreeMap<&str, &str> = self
+            .properties
+            .iter()
+            .map(|(k, v)| (k.as_str(), if is_secret_property(k) { "<redacted>" } else { v.as_str() }))
+            .collect();
+        f.debug_struct("KafkaConfig")
+            .field("bootstrap_servers", &self.bootstrap_servers)
+            .field("properties", &props)
+            .finish()
+    }
+}
+
+/// Retention and batching for `outbox cleanup` and the relay's schedule.
+#[derive(Debug, Clone)]
+pub struct CleanupConfig {
+    /// Sent outbox rows older than this are deleted.
+    pub sent_retention: Duration,
+    /// Processed-message marks older than this are deleted.
+    pub processed_retention: Duration,
+    /// Rows per DELETE statement.
+    pub batch_size: usize,
+    /// How often the relay runs cleanup; `None` disables the schedule.
+    pub interval: Option<Duration>,
+}
+
+impl Default for CleanupConfig {
+    fn default() -> Self {
+        Self {
+            sent_retention: DEFAULT_SENT_RETENTION,
+            processed_retention: DEFAULT_PROCESSED_RETENTION,
+            batch_size: DEFAULT_CLEANUP_BATCH,
+            interval: Some(DEFAULT_CLEANUP_INTERVAL),
+        }
+    }
+}
+
+/// How the relay claims, produces and backs off.
+#[derive(Debug, Clone)]
+pub struct RelayConfig {
+    /// Rows per claim (default [`DEFAULT_BATCH_SIZE`]).
+    pub batch_size: usize,
+    /// Attempts before a row becomes `failed` (default [`DEFAULT_MAX_ATTEMPTS`]).
+    pub max_attempts: i32,
+    /// Idle poll period when no notification arrives (default [`DEFAULT_POLL_INTERVAL`]).
+    pub poll_interval: Duration,
+    /// librdkafka `message.timeout.ms`; the relay waits this plus a margin for delivery reports,
+    /// and rows without a report by then stay pending (default [`DEFAULT_DELIVERY_TIMEOUT`]).
+    pub delivery_timeout: Duration,
+    /// Flush budget at shutdown (default [`DEFAULT_SHUTDOWN_TIMEOUT`]).
+    pub shutdown_timeout: Duration,
+    /// Wake on the `outbox_notify` trigger's notifications (LISTEN); polling runs regardless.
+    pub listen: bool,
+    /// Cleanup schedule run by the relay.
+    pub cleanup: CleanupConfig,
+}
+
+impl Default for RelayConfig {
+    fn default() -> Self {
+        Self {
+            batch_size: DEFAULT_BATCH_SIZE,
+            max_attempts: DEFAULT_MAX_ATTEMPTS,
+            poll_interval: DEFAULT_POLL_INTERVAL,
+            delivery_timeout: DEFAULT_DELIVERY_TIMEOUT,
+            shutdown_timeout: DEFAULT_SHUTDOWN_TIMEOUT,
+            listen: true,
+            cleanup: CleanupConfig::default(),
+        }
+    }
+}
+
+impl RelayConfig {
+    /// Checks ranges.
+    ///
+    /// # Errors
+    /// [`ConfigError::Value`] naming the first setting out of range.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let bad = |name, reason: &str| Err(ConfigError::Value { name, reason: reason.into() });
+        if self.batch_size == 0 || self.batch_size > MAX_BATCH_SIZE {
+            return bad("batch size", "must be between 1 and 50000");
+        }
+        if self.max_attempts < 1 {
+            return bad("max attempts", "must be at least 1");
+        }
+        if self.poll_interval.is_zero() {
+            return bad("poll interval", "must be greater than zero");
+        }
+        if self.delivery_timeout < Duration::from_millis(100) {
+            return bad("delivery timeout", "must be at least 100ms");
+        }
+        if self.delivery_timeout > Duration::from_secs(3600) {
+            return bad("delivery timeout", "must be at most 1h");
+        }
+        if self.cleanup.batch_size == 0 {
+            return bad("cleanup batch size", "must be at least 1");
+        }
+        if self.cleanup.interval.is_some_and(|d| d.is_zero()) {
+            return bad("cleanup interval", "must be greater than zero (or off)");
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn database_url_errors_do_not_echo_the_password() {
+        let e = DbConfig::new("postgres://u:hunter2@host:notaport/db", "public").unwrap_err();
+        assert!(!e.to_string().contains("hunter2"), "{e}");
+        let ok = DbConfig::new("postgres://u:hunter2@localhost:5432/db", "public").unwrap();
+        assert!(!format!("{ok:?}").contains("hunter2"));
+    }
+
+    #[test]
+    fn kafka_secrets_are_redacted() {
+        let mut k = KafkaConfig::new("127.0.0.1:9092").unwrap();
+        k.set_from_pair("sasl.password=hunter2").unwrap();
+        k.set_from_pair("security.protocol=SASL_SSL").unwrap();
+        let shown = format!("{k:?}");
+        assert!(!shown.contains("hunter2") && shown.contains("SASL_SSL"), "{shown}");
+    }
+
+    #[test]
+    fn bootstrap_must_be_host_port() {
+        assert!(KafkaConfig::new("").is_err());
+        assert!(KafkaConfig::new("localhost").is_err());
+        assert!(KafkaConfig::new("a:1,b").is_err());
+        KafkaConfig::new("a:1, b:2").unwrap();
+    }
+
+    #[test]
+    fn relay_config_ranges() {
+        RelayConfig::default().validate().unwrap();
+        let c = RelayConfig { batch_size: 0, ..RelayConfig::default() };
+        assert!(c.validate().unwrap_err().to_string().contains("batch size"));
+        let c = RelayConfig { max_attempts: 0, ..RelayConfig::default() };
+        assert!(c.validate().is_err());
+    }
+}

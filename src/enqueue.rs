@@ -1,0 +1,157 @@
+//! Writing events into the outbox inside the caller's transaction.
+//!
+//! ```no_run
+//! # async fn demo(client: &mut tokio_postgres::Client) -> Result<(), Box<dyn std::error::Error>> {
+//! use outbox::{enqueue, Message};
+//! let tx = client.transaction().await?;
+//! tx.execute("INSERT INTO orders (number, total) VALUES ($1, $2)", &[&"A-1024", &1500i64]).await?;
+//! let msg = Message::new("orders.created", "order_created", "A-1024",
+//!                        serde_json::json!({"total": 1500}));
+//! enqueue(&tx, &msg).await?;
+//! tx.commit().await?; // the order and its event become visible together, or not at all
+//! # Ok(()) }
+//! ```
+
+use tokio_postgres::GenericClient;
+
+use crate::message::{Message, STANDARD_HEADERS};
+use crate::schema::Schema;
+use crate::sql::Statements;
+use crate::topic::{validate_topic, InvalidTopic};
+
+/// Why a message was not enqueued. Nothing was written in any case.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum EnqueueError {
+    /// The topic name breaks the naming rules.
+    #[error(transparent)]
+    InvalidTopic(#[from] InvalidTopic),
+    /// `message_type` is empty.
+    #[error("message_type must not be empty")]
+    EmptyMessageType,
+    /// The entity id (the key) is empty; use [`Message::keyless`] for a keyless message.
+    #[error("entity_id (the Kafka key) must not be empty; use Message::keyless for no key")]
+    EmptyKey,
+    /// A user header tried to replace one of the four standard headers.
+    #[error("header {0:?} is set by the library and cannot be overridden")]
+    ReservedHeader(String),
+    /// A header name is empty.
+    #[error("header names must not be empty")]
+    EmptyHeaderName,
+    /// The INSERT failed; the caller's transaction is now aborted and must be rolled back.
+    #[error("postgres: {0}")]
+    Postgres(#[from] tokio_postgres::Error),
+}
+
+impl EnqueueError {
+    /// True when retrying the whole transaction may succeed (serialization failure, deadlock,
+    /// too many connections, lost connection); false for invalid messages.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            Self::Postgres(e) => crate::classify::postgres_is_transient(e),
+            _ => false,
+        }
+    }
+}
+
+fn validate(msg: &Message) -> Result<(), EnqueueError> {
+    validate_topic(&msg.topic)?;
+    if msg.message_type.is_empty() {
+        return Err(EnqueueError::EmptyMessageType);
+    }
+    if msg.key.as_deref() == Some("") {
+        return Err(EnqueueError::EmptyKey);
+    }
+    for name in msg.headers.keys() {
+        if name.is_empty() {
+            return Err(EnqueueError::EmptyHeaderName);
+        }
+        if STANDARD_HEADERS.contains(&name.as_str()) {
+            return Err(EnqueueError::ReservedHeader(name.clone()));
+        }
+    }
+    Ok(())
+}
+
+fn headers_json(msg: &Message) -> serde_json::Value {
+    serde_json::Value::Object(
+        msg.all_headers().into_iter().map(|(k, v)| (k, serde_json::Value::String(v))).collect(),
+    )
+}
+
+/// Writes `msg` into the `outbox` table found by the client's `search_path` (normally `public`)
+/// as part of the caller's transaction: if that transaction commits, the relay will publish the
+/// message; if it rolls back, the message never existed.
+///
+/// Pass a [`tokio_postgres::Transaction`] (with deadpool, `&*tx`). The relay is woken at commit
+/// by the table's `outbox_notify` trigger.
+///
+/// # Errors
+/// [`EnqueueError`]: invalid messages are refused before any SQL runs; a database error aborts
+/// the caller's transaction.
+pub async fn enqueue<C: GenericClient>(client: &C, msg: &Message) -> Result<(), EnqueueError> {
+    let (single, _) = Statements::unqualified_enqueue();
+    insert_one(client, &single, msg).await
+}
+
+/// Writes several messages with one statement, in order, in the caller's transaction.
+/// Either all are written or (on error) none.
+///
+/// # Errors
+/// As [`enqueue`]; one invalid message refuses the whole batch.
+pub async fn enqueue_batch<C: GenericClient>(client: &C, msgs: &[Message]) -> Result<u64, EnqueueError> {
+    let (_, batch) = Statements::unqualified_enqueue();
+    insert_many(client, &batch, msgs).await
+}
+
+/// Enqueues into the outbox of a given schema (when the tables are not on the `search_path`).
+#[derive(Debug, Clone)]
+pub struct Enqueuer {
+    single: String,
+    batch: String,
+}
+
+impl Enqueuer {
+    /// An enqueuer for the tables in `schema`.
+    pub fn new(schema: &Schema) -> Self {
+        let s = Statements::new(schema);
+        Self { single: s.enqueue, batch: s.enqueue_batch }
+    }
+
+    /// As [`enqueue`], into this schema's outbox.
+    ///
+    /// # Errors
+    /// As [`enqueue`].
+    pub async fn enqueue<C: GenericClient>(&self, client: &C, msg: &Message) -> Result<(), EnqueueError> {
+        insert_one(client, &self.single, msg).await
+    }
+
+    /// As [`enqueue_batch`], into this schema's outbox.
+    ///
+    /// # Errors
+    /// As [`enqueue_batch`].
+    pub async fn enqueue_batch<C: GenericClient>(&self, client: &C, msgs: &[Message]) -> Result<u64, EnqueueError> {
+        insert_many(client, &self.batch, msgs).await
+    }
+}
+
+async fn insert_one<C: GenericClient>(client: &C, sql: &str, msg: &Message) -> Result<(), EnqueueError> {
+    validate(msg)?;
+    let headers = headers_json(msg);
+    client.execute(sql, &[&msg.topic, &msg.key, &headers, &msg.payload]).await?;
+    Ok(())
+}
+
+async fn insert_many<C: GenericClient>(client: &C, sql: &str, msgs: &[Message]) -> Result<u64, EnqueueError> {
+    if msgs.is_empty() {
+        return Ok(0);
+    }
+    for m in msgs {
+        validate(m)?;
+    }
+    let topics: Vec<&str> = msgs.iter().map(|m| m.topic.as_str()).collect();
+    let keys: Vec<Option<&str>> = msgs.iter().map(|m| m.key.as_deref()).collect();
+    let headers: Vec<serde_json::Value> = msgs.iter().map(headers_json).collect();
+    let payloads: Vec<&serde_json::Value> = msgs.iter().map(|m| &m.payload).collect();
+    Ok(client.execute(sql, &[&topics, &keys, &headers, &payloads]).await?)
+}

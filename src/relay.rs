@@ -1,0 +1,589 @@
+//! `outbox relay`: seed 002's publisher — take → send → mark — done batch-wise.
+//!
+//! One pass ([`Relay::run_once`]):
+//! 1. **take**: open a transaction and claim up to `batch_size` due rows with
+//!    `FOR UPDATE SKIP LOCKED` (other relays skip them while this transaction is open);
+//! 2. **send**: produce the whole batch with an idempotent producer (`acks=all`,
+//!    `enable.idempotence=true`) and wait — bounded by the delivery timeout — for every report;
+//! 3. **mark**: one `UPDATE` sets the acknowledged rows `sent`; one `UPDATE` backs off the rows
+//!    Kafka refused (`attempts + 1`, `last_error`, capped exponential `available_at` with jitter,
+//!    `failed` at `max_attempts`); then commit.
+//!
+//! Rows without a report in time, or refused only because the cluster is unreachable, stay
+//! `pending` without spending an attempt; the relay backs off as a whole instead. A crash between
+//! the broker's ack and the commit re-sends those rows later: at-least-once, absorbed by the
+//! idempotent consumer. Marking before sending would lose them instead.
+
+use std::collections::{HashMap, HashSet};
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use deadpool_postgres::Pool;
+use futures::future::join_all;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
+use rdkafka::util::Timeout;
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::{debug, info, warn};
+
+use crate::backoff::Backoff;
+use crate::cleanup;
+use crate::config::{ConfigError, DbConfig, KafkaConfig, RelayConfig};
+use crate::sql::Statements;
+use crate::topic::validate_topic;
+
+/// `last_error` is cut to this many characters (seed 002).
+pub const MAX_ERROR_LEN: usize = 500;
+/// Margin added to the delivery timeout before unreported rows are given up for this pass.
+const REPORT_MARGIN: Duration = Duration::from_secs(5);
+/// A topic seen in the broker's metadata is trusted for this long before it is checked again.
+const TOPIC_CACHE_TTL: Duration = Duration::from_secs(60);
+/// Budget for one metadata lookup of a topic.
+const METADATA_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A relay failure that ended a pass (the pass changed nothing that was not rolled back).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RelayError {
+    /// Invalid configuration.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// Postgres was unreachable or refused a statement.
+    #[error("postgres: {0}")]
+    Postgres(#[from] tokio_postgres::Error),
+    /// No pooled connection could be had (Postgres down or overloaded).
+    #[error("postgres pool: {0}")]
+    Pool(#[from] deadpool_postgres::PoolError),
+    /// The Kafka producer could not be created (bad property, bad credentials file, …).
+    #[error("kafka: {0}")]
+    Kafka(#[from] KafkaError),
+}
+
+impl RelayError {
+    /// True when waiting and retrying may help (outages), false for configuration mistakes.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            Self::Config(_) | Self::Kafka(_) => false,
+            Self::Postgres(e) => crate::classify::postgres_is_transient(e),
+            Self::Pool(_) => true,
+        }
+    }
+}
+
+/// The result of one pass.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// Nothing was due.
+    Empty,
+    /// A batch was claimed and settled.
+    Published(BatchReport),
+}
+
+/// What happened to the rows of one claimed batch.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BatchReport {
+    /// Rows claimed.
+    pub claimed: usize,
+    /// Rows acknowledged by the broker and marked `sent`.
+    pub sent: usize,
+    /// Rows refused (bad topic, too large, …): attempt spent, backed off or `failed`.
+    pub backed_off: usize,
+    /// Rows left `pending` untouched: no report in time, or the cluster was unreachable.
+    pub deferred: usize,
+}
+
+/// One claimed row.
+struct Row {
+    id: i64,
+    topic: String,
+    key: Option<String>,
+    headers: String,
+    payload: String,
+}
+
+/// How one row's send ended.
+enum Fate {
+    Sent,
+    Refused(String),
+    Deferred(String),
+}
+
+/// The publisher. Cheap to share: all state is behind `Arc`s.
+pub struct Relay {
+    pool: Pool,
+    producer: FutureProducer,
+    stmts: Arc<Statements>,
+    db: DbConfig,
+    config: RelayConfig,
+    known_topics: Mutex<HashMap<String, Instant>>,
+}
+
+/// Builds the producer: the pass-through properties first, then the settings the guarantees
+/// rest on, which may not be weakened.
+fn producer(kafka: &KafkaConfig, delivery_timeout: Duration) -> Result<FutureProducer, RelayError> {
+    for (name, required) in [("enable.idempotence", "true"), ("acks", "all")] {
+        if let Some(v) = kafka.properties.get(name) {
+            let ok = v.eq_ignore_ascii_case(required) || (name == "acks" && v == "-1");
+            if !ok {
+                return Err(ConfigError::KafkaProperty {
+                    name: name.into(),
+                    reason: format!("the relay requires {name}={required} for lossless publishing"),
+                }
+                .into());
+            }
+        }
+    }
+    let mut c = kafka.client_config();
+    for (k, v) in [
+        ("linger.ms", "5"),
+        ("batch.num.messages", "10000"),
+        ("queue.buffering.max.messages", "200000"),
+        ("client.id", "outbox-relay"),
+    ] {
+        if !kafka.properties.contains_key(k) {
+            c.set(k, v);
+        }
+    }
+    c.set("enable.idempotence", "true")
+        .set("acks", "all")
+        .set("allow.auto.create.topics", "false")
+        .set("message.timeout.ms", delivery_timeout.as_millis().to_string());
+    c.create().map_err(|e| match e {
+        // librdkafka's message repeats the value, which may be a secret: keep only the name.
+        KafkaError::ClientConfig(_, desc, name, _value) => {
+            let reason = desc.split(':').next().unwrap_or("refused by librdkafka").to_owned();
+            RelayError::Config(ConfigError::KafkaProperty { name, reason })
+        }
+        other => RelayError::Kafka(other),
+    })
+}
+
+/// Errors that say the cluster (not the message) is the problem: the row stays pending and
+/// keeps its attempts, the relay backs off as a whole.
+fn is_unavailable(code: RDKafkaErrorCode) -> bool {
+    use RDKafkaErrorCode as C;
+    matches!(
+        code,
+        C::MessageTimedOut
+            | C::AllBrokersDown
+            | C::BrokerTransportFailure
+            | C::RequestTimedOut
+            | C::NetworkException
+            | C::NotEnoughReplicas
+            | C::NotEnoughReplicasAfterAppend
+            | C::LeaderNotAvailable
+            | C::NotLeaderForPartition
+            | C::OperationTimedOut
+            | C::TimedOutQueue
+            | C::OutOfOrderSequenceNumber
+            | C::Fenced
+            | C::Fatal
+    )
+}
+
+fn kafka_code(e: &KafkaError) -> Option<RDKafkaErrorCode> {
+    e.rdkafka_error_code()
+}
+
+fn truncate(s: &str) -> String {
+    s.chars().take(MAX_ERROR_LEN).collect()
+}
+
+fn fate_of_error(e: &KafkaError) -> Fate {
+    let msg = match kafka_code(e) {
+        Some(RDKafkaErrorCode::MessageSizeTooLarge) => {
+            format!("message too large for the broker or producer (message.max.bytes): {e}")
+        }
+        Some(RDKafkaErrorCode::UnknownTopicOrPartition) | Some(RDKafkaErrorCode::UnknownTopic) => {
+            format!("topic does not exist on the broker: {e}")
+        }
+        _ => format!("kafka refused the message: {e}"),
+    };
+    match kafka_code(e) {
+        Some(code) if is_unavailable(code) => Fate::Deferred(truncate(&msg)),
+        _ => Fate::Refused(truncate(&msg)),
+    }
+}
+
+/// Converts the stored headers (a JSON object) to Kafka headers. Non-string values, written by
+/// plain-SQL producers, are sent as their JSON text.
+fn kafka_headers(raw: &str) -> Result<OwnedHeaders, String> {
+    let map: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_str(raw).map_err(|_| "headers must be a JSON object".to_string())?;
+    let mut h = OwnedHeaders::new_with_capacity(map.len());
+    for (k, v) in &map {
+        let text = match v {
+            serde_json::Value::String(s) => s.clone(),
+            serde_json::Value::Null => continue,
+            other => other.to_string(),
+        };
+        h = h.insert(Header { key: k, value: Some(text.as_bytes()) });
+    }
+    Ok(h)
+}
+
+impl Relay {
+    /// Creates the pool and the producer. Connects lazily: succeeds while Postgres or Kafka is
+    /// down, and the first pass reports the outage.
+    ///
+    /// # Errors
+    /// [`RelayError::Config`] for invalid settings, [`RelayError::Kafka`] when librdkafka refuses
+    /// a property.
+    pub fn new(db: &DbConfig, kafka: &KafkaConfig, config: RelayConfig) -> Result<Self, RelayError> {
+        config.validate()?;
+        let pool = crate::db::pool(db)
+            .map_err(|e| ConfigError::DatabaseUrl(format!("cannot build pool: {e}")))?;
+        let producer = producer(kafka, config.delivery_timeout)?;
+        Ok(Self {
+            pool,
+            producer,
+            stmts: Arc::new(Statements::new(&db.schema)),
+            db: db.clone(),
+            config,
+            known_topics: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// The connection pool (shared with cleanup).
+    pub fn pool(&self) -> &Pool {
+        &self.pool
+    }
+
+    /// Checks that each topic is valid and exists; returns the reason for each one that is not.
+    /// A lookup that fails because the cluster is unreachable is not held against the topic:
+    /// producing will then report the outage.
+    async fn topic_problems(&self, topics: HashSet<String>) -> HashMap<String, String> {
+        let mut problems = HashMap::new();
+        for t in topics {
+            if let Err(e) = validate_topic(&t) {
+                problems.insert(t, truncate(&e.to_string()));
+                continue;
+            }
+            let fresh = self
+                .known_topics
+                .lock()
+                .expect("topic cache poisoned")
+                .get(&t)
+                .is_some_and(|seen| seen.elapsed() < TOPIC_CACHE_TTL);
+            if fresh {
+                continue;
+            }
+            let producer = self.producer.clone();
+            let name = t.clone();
+            let looked_up = tokio::task::spawn_blocking(move || {
+                producer.client().fetch_metadata(Some(&name), Timeout::After(METADATA_TIMEOUT))
+            })
+            .await;
+            match looked_up {
+                Ok(Ok(md)) => {
+                    let missing = md
+                        .topics()
+                        .iter()
+                        .find(|mt| mt.name() == t)
+                        .is_none_or(|mt| mt.error().is_some() || mt.partitions().is_empty());
+                    if missing {
+                        problems.insert(
+                            t.clone(),
+                            truncate(&format!(
+                                "topic {t:?} does not exist on the broker (topics are never \
+                                 auto-created: create it with `outbox topics apply`)"
+                            )),
+                        );
+                    } else {
+                        self.known_topics.lock().expect("topic cache poisoned").insert(t, Instant::now());
+                    }
+                }
+                Ok(Err(e)) => debug!(topic = %t, error = %e, "topic metadata lookup failed"),
+                Err(e) => debug!(error = %e, "metadata task failed"),
+            }
+        }
+        problems
+    }
+
+    /// One pass: claim a batch, produce it, wait for the reports, mark, commit.
+    /// Returns [`Outcome::Empty`] when nothing is due — tests drain with it deterministically.
+    ///
+    /// # Errors
+    /// [`RelayError`] when Postgres fails; the claim transaction is then rolled back (or dies
+    /// with the connection) and its rows are claimable again.
+    pub async fn run_once(&self) -> Result<Outcome, RelayError> {
+        let mut client = self.pool.get().await?;
+        let tx = client.transaction().await?;
+        let batch = i64::try_from(self.config.batch_size).unwrap_or(i64::MAX);
+        let rows: Vec<Row> = tx
+            .query(&self.stmts.claim, &[&batch])
+            .await?
+            .into_iter()
+            .map(|r| Row {
+                id: r.get(0),
+                topic: r.get(1),
+                key: r.get(2),
+                headers: r.get(3),
+                payload: r.get(4),
+            })
+            .collect();
+        if rows.is_empty() {
+            tx.commit().await?;
+            return Ok(Outcome::Empty);
+        }
+
+        let fates = self.send(&rows).await;
+
+        let mut report = BatchReport { claimed: rows.len(), ..BatchReport::default() };
+        let mut sent = Vec::new();
+        let (mut refused_ids, mut refused_errs) = (Vec::new(), Vec::new());
+        let mut deferred_reason = None;
+        for (row, fate) in rows.iter().zip(fates) {
+            match fate {
+                Fate::Sent => sent.push(row.id),
+                Fate::Refused(err) => {
+                    warn!(id = row.id, topic = %row.topic, error = %err, "kafka refused outbox row; backing it off");
+                    refused_ids.push(row.id);
+                    refused_errs.push(err);
+                }
+                Fate::Deferred(err) => {
+                    report.deferred += 1;
+                    deferred_reason.get_or_insert(err);
+                }
+            }
+        }
+        if !sent.is_empty() {
+            tx.execute(&self.stmts.mark_sent, &[&sent]).await?;
+        }
+        if !refused_ids.is_empty() {
+            tx.execute(&self.stmts.mark_failed, &[&refused_ids, &refused_errs, &self.config.max_attempts])
+                .await?;
+        }
+        tx.commit().await?;
+        report.sent = sent.len();
+        report.backed_off = refused_ids.len();
+        if let Some(reason) = deferred_reason {
+            warn!(rows = report.deferred, reason = %reason, "rows left pending: no delivery report (cluster unreachable?)");
+        }
+        debug!(?report, "batch settled");
+        Ok(Outcome::Published(report))
+    }
+
+    /// Produces every row, keeping them all in flight, and returns each row's fate in order.
+    async fn send(&self, rows: &[Row]) -> Vec<Fate> {
+        let topics: HashSet<String> = rows.iter().map(|r| r.topic.clone()).collect();
+        let problems = self.topic_problems(topics).await;
+
+        let mut fates: Vec<Option<Fate>> = Vec::with_capacity(rows.len());
+        let mut in_flight = Vec::with_capacity(rows.len());
+        for (i, row) in rows.iter().enumerate() {
+            if let Some(p) = problems.get(&row.topic) {
+                fates.push(Some(Fate::Refused(p.clone())));
+                continue;
+            }
+            let headers = match kafka_headers(&row.headers) {
+                Ok(h) => h,
+                Err(e) => {
+                    fates.push(Some(Fate::Refused(e)));
+                    continue;
+                }
+            };
+            let mut record = FutureRecord::to(&row.topic).payload(row.payload.as_bytes()).headers(headers);
+            if let Some(k) = &row.key {
+                record = record.key(k.as_bytes());
+            }
+            // Enqueue in id order; when librdkafka's queue is full, wait for it to drain rather
+            // than skipping ahead, so per-partition order follows outbox order.
+            let fate = loop {
+                match self.producer.send_result(record) {
+                    Ok(delivery) => {
+                        in_flight.push((i, delivery));
+                        break None;
+                    }
+                    Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
+                        record = back;
+                        tokio::time::sleep(Duration::from_millis(2)).await;
+                    }
+                    Err((e, _)) => break Some(fate_of_error(&e)),
+                }
+            };
+            fates.push(fate);
+        }
+
+        let deadline = tokio::time::Instant::now() + self.config.delivery_timeout + REPORT_MARGIN;
+        let reports = join_all(
+            in_flight.into_iter().map(|(i, d)| async move { (i, tokio::time::timeout_at(deadline, d).await) }),
+        )
+        .await;
+        for (i, report) in reports {
+            fates[i] = Some(match report {
+                Ok(Ok(Ok(_delivery))) => Fate::Sent,
+                Ok(Ok(Err((e, _msg)))) => fate_of_error(&e),
+                Ok(Err(_canceled)) => Fate::Deferred("producer dropped the message".into()),
+                Err(_elapsed) => Fate::Deferred("no delivery report before the timeout".into()),
+            });
+        }
+        fates.into_iter().map(|f| f.expect("every row has a fate")).collect()
+    }
+
+    /// Runs passes until `shutdown` resolves, then finishes the current batch, flushes the
+    /// producer and returns. Wakes on the `outbox_notify` trigger (LISTEN) and polls every
+    /// `poll_interval` as a fallback; runs cleanup on its schedule. Postgres and Kafka outages
+    /// are logged and waited out with capped backoff; this returns only on shutdown.
+    ///
+    /// # Errors
+    /// None at present; the `Result` leaves room for fatal conditions.
+    pub async fn run(self, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), RelayError> {
+        let cancel = CancellationToken::new();
+        let tracker = TaskTracker::new();
+        let wake = Arc::new(Notify::new());
+        {
+            let cancel = cancel.clone();
+            tokio::spawn(async move {
+                shutdown.await;
+                cancel.cancel();
+            });
+        }
+        if self.config.listen {
+            tracker.spawn(listen(self.db.clone(), wake.clone(), cancel.clone()));
+        }
+        if let Some(every) = self.config.cleanup.interval {
+            tracker.spawn(cleanup_schedule(
+                self.pool.clone(),
+                self.stmts.clone(),
+                self.config.cleanup.clone(),
+                every,
+                cancel.clone(),
+            ));
+        }
+        info!(schema = %self.db.schema, batch_size = self.config.batch_size, "relay started");
+
+        let mut backoff = Backoff::default();
+        let mut total_sent: u64 = 0;
+        while !cancel.is_cancelled() {
+            let wait = match self.run_once().await {
+                Ok(Outcome::Published(r)) => {
+                    total_sent += r.sent as u64;
+                    if r.deferred > 0 {
+                        Some(backoff.next_delay())
+                    } else {
+                        backoff.reset();
+                        // A full batch means more may be due right away.
+                        if r.claimed >= self.config.batch_size { continue } else { None }
+                    }
+                }
+                Ok(Outcome::Empty) => {
+                    backoff.reset();
+                    None
+                }
+                Err(e) => {
+                    let d = backoff.next_delay();
+                    warn!(error = %e, retry_in = ?d, failures = backoff.failures(), "relay pass failed; backing off");
+                    Some(d)
+                }
+            };
+            match wait {
+                Some(d) => {
+                    tokio::select! {
+                        () = cancel.cancelled() => {}
+                        () = tokio::time::sleep(d) => {}
+                    }
+                }
+                None => {
+                    tokio::select! {
+                        () = cancel.cancelled() => {}
+                        () = wake.notified() => {}
+                        () = tokio::time::sleep(self.config.poll_interval) => {}
+                    }
+                }
+            }
+        }
+
+        info!(total_sent, "relay stopping: flushing producer");
+        cancel.cancel();
+        tracker.close();
+        let producer = self.producer.clone();
+        let budget = self.config.shutdown_timeout;
+        let flushed = tokio::task::spawn_blocking(move || producer.flush(Timeout::After(budget))).await;
+        if let Ok(Err(e)) = flushed {
+            warn!(error = %e, "producer flush incomplete at shutdown; unacked rows stay pending");
+        }
+        if tokio::time::timeout(budget, tracker.wait()).await.is_err() {
+            warn!("background tasks did not stop in time");
+        }
+        info!("relay stopped");
+        Ok(())
+    }
+}
+
+/// Keeps a LISTEN connection open and turns notifications into wake-ups; reconnects with
+/// backoff. Wakes once after each (re)connect, since notifications sent while disconnected
+/// are lost.
+async fn listen(db: DbConfig, wake: Arc<Notify>, cancel: CancellationToken) {
+    let channel = db.schema.notify_channel();
+    let mut backoff = Backoff::default();
+    while !cancel.is_cancelled() {
+        let attempt = async {
+            let (client, mut conn) = db.pg.connect(tokio_postgres::NoTls).await?;
+            let notify = wake.clone();
+            let driver = tokio::spawn(async move {
+                let mut stream = futures::stream::poll_fn(move |cx| conn.poll_message(cx));
+                use futures::StreamExt;
+                while let Some(msg) = stream.next().await {
+                    match msg {
+                        Ok(tokio_postgres::AsyncMessage::Notification(_)) => notify.notify_one(),
+                        Ok(_) => {}
+                        Err(e) => return Err(e),
+                    }
+                }
+                Ok(())
+            });
+            client.batch_execute(&format!("LISTEN \"{channel}\"")).await?;
+            Ok::<_, tokio_postgres::Error>((client, driver))
+        };
+        match attempt.await {
+            Ok((_client, mut driver)) => {
+                backoff.reset();
+                wake.notify_one();
+                debug!(%channel, "listening for outbox notifications");
+                tokio::select! {
+                    () = cancel.cancelled() => { driver.abort(); return; }
+                    ended = &mut driver => {
+                        if let Ok(Err(e)) = ended {
+                            warn!(error = %e, "notification connection lost; polling until it is back");
+                        }
+                    }
+                }
+            }
+            Err(e) => {
+                let d = backoff.next_delay();
+                debug!(error = %e, retry_in = ?d, "cannot open notification connection");
+                tokio::select! {
+                    () = cancel.cancelled() => return,
+                    () = tokio::time::sleep(d) => {}
+                }
+            }
+        }
+    }
+}
+
+/// The relay's "cron module": runs cleanup at start and then every `every`.
+async fn cleanup_schedule(
+    pool: Pool,
+    stmts: Arc<Statements>,
+    config: crate::config::CleanupConfig,
+    every: Duration,
+    cancel: CancellationToken,
+) {
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            () = cancel.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        match cleanup::run_with(&pool, &stmts, &config, &cancel).await {
+            Ok(r) => info!(outbox_deleted = r.outbox_deleted, processed_deleted = r.processed_deleted, "scheduled cleanup done"),
+            Err(e) => warn!(error = %e, "scheduled cleanup failed; will retry at the next tick"),
+        }
+    }
+}

@@ -1,0 +1,135 @@
+//! Every SQL statement the library runs, in one place, rendered once for a [`Schema`].
+//!
+//! Statements are templates with `{s}` standing for the quoted schema; [`Statements::new`]
+//! renders them so the hot paths only borrow strings.
+
+use crate::schema::Schema;
+
+/// Claim a batch of due rows (seed 002's "take"). `SKIP LOCKED` lets several relays work side by
+/// side: a row locked by one claim transaction is invisible to the others until it commits.
+/// `$1` = batch size.
+const CLAIM: &str = "\
+SELECT id, topic, message_key, headers::text, payload::text
+  FROM {s}.outbox
+ WHERE status = 'pending' AND available_at <= now()
+ ORDER BY id
+ LIMIT $1
+ FOR UPDATE SKIP LOCKED";
+
+/// Mark acknowledged rows sent, one statement per batch. `$1` = ids.
+const MARK_SENT: &str = "\
+UPDATE {s}.outbox SET status = 'sent', sent_at = now() WHERE id = ANY($1::bigint[])";
+
+/// Back off rows whose produce failed, one statement per batch: `attempts + 1`, the error kept,
+/// `available_at = now() + min(300 s, 2^attempts s)` scaled by a jitter in [0.75, 1.25) (and still
+/// capped at 300 s), `failed` once `attempts + 1` reaches the maximum.
+/// `$1` = ids, `$2` = errors (same order), `$3` = max attempts.
+const MARK_FAILED: &str = "\
+UPDATE {s}.outbox AS o
+   SET attempts     = o.attempts + 1,
+       last_error   = f.err,
+       available_at = now() + make_interval(secs => least(300.0,
+                          power(2.0, least(o.attempts, 30)) * (0.75 + random() * 0.5))),
+       status       = CASE WHEN o.attempts + 1 >= $3 THEN 'failed' ELSE 'pending' END
+  FROM unnest($1::bigint[], $2::text[]) AS f(id, err)
+ WHERE o.id = f.id";
+
+/// Insert one message. `$1..$4` = topic, key, headers, payload.
+const ENQUEUE: &str = "\
+INSERT INTO {s}outbox (topic, message_key, headers, payload) VALUES ($1, $2, $3, $4)";
+
+/// Insert many messages in one statement. `$1..$4` = arrays of topic, key, headers, payload.
+const ENQUEUE_BATCH: &str = "\
+INSERT INTO {s}outbox (topic, message_key, headers, payload)
+SELECT * FROM unnest($1::text[], $2::text[], $3::jsonb[], $4::jsonb[])";
+
+/// Delete one bounded batch of sent rows older than `$1` seconds; `$2` = batch size.
+/// `SKIP LOCKED` keeps cleanup from ever waiting on a relay.
+const CLEANUP_OUTBOX: &str = "\
+WITH doomed AS (
+    SELECT id FROM {s}.outbox
+     WHERE status = 'sent' AND sent_at < now() - make_interval(secs => $1)
+     LIMIT $2
+     FOR UPDATE SKIP LOCKED)
+DELETE FROM {s}.outbox AS o USING doomed WHERE o.id = doomed.id";
+
+/// Delete one bounded batch of processed-message marks older than `$1` seconds; `$2` = batch size.
+const CLEANUP_PROCESSED: &str = "\
+WITH doomed AS (
+    SELECT ctid FROM {s}.processed_messages
+     WHERE processed_at < now() - make_interval(secs => $1)
+     LIMIT $2
+     FOR UPDATE SKIP LOCKED)
+DELETE FROM {s}.processed_messages AS p USING doomed WHERE p.ctid = doomed.ctid";
+
+/// Counts and oldest row per status.
+const STATUS_COUNTS: &str = "\
+SELECT status, count(*)::bigint, min(created_at)::text
+  FROM {s}.outbox GROUP BY status ORDER BY status";
+
+/// Age in seconds of the oldest pending row, NULL when none.
+const OLDEST_PENDING_AGE: &str = "\
+SELECT extract(epoch FROM now() - min(created_at))::float8
+  FROM {s}.outbox WHERE status = 'pending'";
+
+/// Failed rows grouped by error, most frequent first. `$1` = limit.
+const FAILED_BY_ERROR: &str = "\
+SELECT coalesce(last_error, '(none)'), count(*)::bigint, min(id), max(id)
+  FROM {s}.outbox WHERE status = 'failed'
+ GROUP BY last_error ORDER BY count(*) DESC, min(id) LIMIT $1";
+
+/// Put every failed row back to pending (seed 002's operator query).
+const REQUEUE_FAILED: &str = "\
+UPDATE {s}.outbox SET status = 'pending', attempts = 0, available_at = now()
+ WHERE status = 'failed'";
+
+/// Put one failed row back to pending. `$1` = id.
+const REQUEUE_ID: &str = "\
+UPDATE {s}.outbox SET status = 'pending', attempts = 0, available_at = now()
+ WHERE status = 'failed' AND id = $1";
+
+/// The statements of one schema, rendered.
+#[derive(Debug, Clone)]
+pub(crate) struct Statements {
+    pub claim: String,
+    pub mark_sent: String,
+    pub mark_failed: String,
+    pub enqueue: String,
+    pub enqueue_batch: String,
+    pub cleanup_outbox: String,
+    pub cleanup_processed: String,
+    pub status_counts: String,
+    pub oldest_pending_age: String,
+    pub failed_by_error: String,
+    pub requeue_failed: String,
+    pub requeue_id: String,
+}
+
+impl Statements {
+    /// Renders every statement for `schema`.
+    pub fn new(schema: &Schema) -> Self {
+        let q = schema.quoted();
+        let r = |t: &str| t.replace("{s}", &q);
+        let qualified_prefix = format!("{q}.");
+        Self {
+            claim: r(CLAIM),
+            mark_sent: r(MARK_SENT),
+            mark_failed: r(MARK_FAILED),
+            enqueue: ENQUEUE.replace("{s}", &qualified_prefix),
+            enqueue_batch: ENQUEUE_BATCH.replace("{s}", &qualified_prefix),
+            cleanup_outbox: r(CLEANUP_OUTBOX),
+            cleanup_processed: r(CLEANUP_PROCESSED),
+            status_counts: r(STATUS_COUNTS),
+            oldest_pending_age: r(OLDEST_PENDING_AGE),
+            failed_by_error: r(FAILED_BY_ERROR),
+            requeue_failed: r(REQUEUE_FAILED),
+            requeue_id: r(REQUEUE_ID),
+        }
+    }
+
+    /// The enqueue statements with an unqualified table name, resolved by the caller's
+    /// `search_path` like the plain-SQL path in `sql/enqueue.sql`.
+    pub fn unqualified_enqueue() -> (String, String) {
+        (ENQUEUE.replace("{s}", ""), ENQUEUE_BATCH.replace("{s}", ""))
+    }
+}
