@@ -1,0 +1,222 @@
+//! Helpers for integration tests against the real local Postgres and Kafka (`dev/*.sh start`).
+//! Every test gets its own schema and random topic names, so tests run in parallel and reruns
+//! start clean.
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::time::Duration;
+
+use outbox::{DbConfig, KafkaConfig, RelayConfig};
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::{Headers, Message as _};
+use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+
+pub fn database_url() -> String {
+    std::env::var("DATABASE_URL").unwrap_or_else(|_| "postgres://outbox:outbox@127.0.0.1:5432/outbox".into())
+}
+
+pub fn bootstrap() -> String {
+    std::env::var("KAFKA_BOOTSTRAP_SERVERS").unwrap_or_else(|_| "127.0.0.1:9092".into())
+}
+
+pub fn hex(n: usize) -> String {
+    (0..n).map(|_| fastrand::alphanumeric().to_ascii_lowercase()).collect()
+}
+
+/// A fresh, migrated schema.
+pub async fn fresh_db() -> DbConfig {
+    let db = DbConfig::new(&database_url(), &format!("t_{}", hex(12))).unwrap();
+    outbox::migrate(&db).await.expect("migrate (is dev/postgres.sh start running?)");
+    db
+}
+
+/// A client with `search_path` set to the test schema.
+pub async fn client(db: &DbConfig) -> tokio_postgres::Client {
+    let c = outbox::connect(db).await.unwrap();
+    c.batch_execute(&format!("SET search_path TO {}", db.schema.quoted())).await.unwrap();
+    c
+}
+
+pub fn kafka() -> KafkaConfig {
+    KafkaConfig::new(&bootstrap()).unwrap()
+}
+
+pub fn topic_name() -> String {
+    format!("it.{}.created", hex(10))
+}
+
+pub async fn create_topic(name: &str, partitions: i32) {
+    let mut cfg = ClientConfig::new();
+    cfg.set("bootstrap.servers", bootstrap());
+    let admin: AdminClient<DefaultClientContext> = cfg.create().unwrap();
+    let res = admin
+        .create_topics(&[NewTopic::new(name, partitions, TopicReplication::Fixed(1))], &AdminOptions::new())
+        .await
+        .expect("create topic (is dev/kafka.sh start running?)");
+    for r in res {
+        r.expect("topic created");
+    }
+}
+
+/// A relay config for tests: quick polling, no cleanup schedule.
+pub fn relay_config() -> RelayConfig {
+    RelayConfig {
+        poll_interval: Duration::from_millis(50),
+        delivery_timeout: Duration::from_secs(20),
+        shutdown_timeout: Duration::from_secs(10),
+        cleanup: outbox::CleanupConfig { interval: None, ..Default::default() },
+        ..RelayConfig::default()
+    }
+}
+
+/// One record read back from Kafka.
+#[derive(Debug, Clone)]
+pub struct Record {
+    pub partition: i32,
+    pub offset: i64,
+    pub key: Option<Vec<u8>>,
+    pub headers: BTreeMap<String, String>,
+    pub payload: Vec<u8>,
+}
+
+impl Record {
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.payload).unwrap()
+    }
+    pub fn message_id(&self) -> String {
+        self.headers.get("message_id").cloned().unwrap_or_default()
+    }
+}
+
+fn consumer() -> BaseConsumer {
+    ClientConfig::new()
+        .set("bootstrap.servers", bootstrap())
+        .set("group.id", format!("it-reader-{}", hex(8)))
+        .set("enable.auto.commit", "false")
+        .set("enable.partition.eof", "false")
+        .create()
+        .unwrap()
+}
+
+/// Total messages in the topic (sum of high watermarks).
+pub async fn topic_len(topic: &str) -> i64 {
+    let topic = topic.to_owned();
+    tokio::task::spawn_blocking(move || {
+        let c = consumer();
+        let md = c.fetch_metadata(Some(&topic), Duration::from_secs(10)).unwrap();
+        let mut n = 0;
+        for p in md.topics()[0].partitions() {
+            let (lo, hi) = c.fetch_watermarks(&topic, p.id(), Duration::from_secs(10)).unwrap();
+            n += hi - lo;
+        }
+        n
+    })
+    .await
+    .unwrap()
+}
+
+/// Every record currently in the topic (up to the high watermarks read at the start).
+pub async fn read_all(topic: &str) -> Vec<Record> {
+    let topic = topic.to_owned();
+    tokio::task::spawn_blocking(move || {
+        let c = consumer();
+        let md = c.fetch_metadata(Some(&topic), Duration::from_secs(10)).unwrap();
+        let mut tpl = TopicPartitionList::new();
+        let mut remaining = BTreeMap::new();
+        for p in md.topics()[0].partitions() {
+            let (lo, hi) = c.fetch_watermarks(&topic, p.id(), Duration::from_secs(10)).unwrap();
+            if hi > lo {
+                tpl.add_partition_offset(&topic, p.id(), Offset::Offset(lo)).unwrap();
+                remaining.insert(p.id(), hi);
+            }
+        }
+        let mut out = Vec::new();
+        if remaining.is_empty() {
+            return out;
+        }
+        c.assign(&tpl).unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        while !remaining.is_empty() {
+            assert!(std::time::Instant::now() < deadline, "timed out reading {topic}");
+            let Some(m) = c.poll(Duration::from_millis(200)) else { continue };
+            let m = m.expect("kafka read");
+            let mut headers = BTreeMap::new();
+            if let Some(h) = m.headers() {
+                for hd in h.iter() {
+                    headers.insert(hd.key.to_owned(), String::from_utf8_lossy(hd.value.unwrap_or_default()).into_owned());
+                }
+            }
+            out.push(Record {
+                partition: m.partition(),
+                offset: m.offset(),
+                key: m.key().map(<[u8]>::to_vec),
+                headers,
+                payload: m.payload().unwrap_or_default().to_vec(),
+            });
+            if let Some(hi) = remaining.get(&m.partition()) {
+                if m.offset() + 1 >= *hi {
+                    remaining.remove(&m.partition());
+                }
+            }
+        }
+        out
+    })
+    .await
+    .unwrap()
+}
+
+/// Polls `check` every 50 ms until it returns true or `within` passes (then panics with `what`).
+pub async fn wait_until<F, Fut>(within: Duration, what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        if check().await {
+            return;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "timed out after {within:?} waiting for: {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Runs passes until one finds nothing due.
+pub async fn drain(relay: &outbox::Relay) -> usize {
+    let mut sent = 0;
+    loop {
+        match relay.run_once().await.expect("relay pass") {
+            outbox::Outcome::Empty => return sent,
+            outbox::Outcome::Published(r) => sent += r.sent,
+        }
+    }
+}
+
+pub async fn count(c: &tokio_postgres::Client, sql: &str) -> i64 {
+    c.query_one(sql, &[]).await.unwrap().get::<_, i64>(0)
+}
+
+/// Enqueues `n` keyed messages (keys `k0..k{keys}`) with sequence numbers in their payload,
+/// committed in transactions of `per_tx`. Returns their message ids in order.
+pub async fn enqueue_n(db: &DbConfig, topic: &str, n: usize, keys: usize, per_tx: usize) -> Vec<String> {
+    let mut c = client(db).await;
+    let enq = outbox::Enqueuer::new(&db.schema);
+    let mut ids = Vec::with_capacity(n);
+    let mut i = 0;
+    while i < n {
+        let tx = c.transaction().await.unwrap();
+        let msgs: Vec<_> = (i..(i + per_tx).min(n))
+            .map(|seq| {
+                outbox::Message::new(topic, "it_event", format!("k{}", seq % keys), serde_json::json!({"seq": seq, "pad": "x".repeat(150)}))
+            })
+            .collect();
+        ids.extend(msgs.iter().map(|m| m.message_id().to_string()));
+        enq.enqueue_batch(&tx, &msgs).await.unwrap();
+        tx.commit().await.unwrap();
+        i += per_tx;
+    }
+    ids
+}

@@ -1,0 +1,361 @@
+//! The relay against real Postgres and Kafka: enqueue paths, rollback, bad rows, two relays.
+
+mod common;
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::*;
+use outbox::{enqueue, Enqueuer, Message, Outcome, Relay};
+
+#[tokio::test]
+async fn committed_enqueue_publishes_exactly_one_message_with_key_headers_and_body() {
+    let db = fresh_db().await;
+    let topic = topic_name();
+    create_topic(&topic, 3).await;
+    let mut c = client(&db).await;
+
+    let msg = Message::new(&topic, "order_created", "A-1024", serde_json::json!({"items": 3, "total": 1500}))
+        .with_header("traceparent", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01");
+    let tx = c.transaction().await.unwrap();
+    // The free function resolves `outbox` through search_path, like plain SQL does.
+    enqueue(&tx, &msg).await.unwrap();
+    tx.commit().await.unwrap();
+
+    let relay = Relay::new(&db, &kafka(), relay_config()).unwrap();
+    assert_eq!(drain(&relay).await, 1);
+    assert!(matches!(relay.run_once().await.unwrap(), Outcome::Empty));
+
+    let recs = read_all(&topic).await;
+    assert_eq!(recs.len(), 1, "exactly one message");
+    let r = &recs[0];
+    assert_eq!(r.key.as_deref(), Some(&b"A-1024"[..]));
+    assert_eq!(r.headers["message_type"], "order_created");
+    assert_eq!(r.headers["entity_id"], "A-1024");
+    assert_eq!(r.headers["message_id"], msg.message_id().to_string());
+    assert_eq!(uuid::Uuid::parse_str(&r.headers["message_id"]).unwrap().get_version_num(), 7);
+    let ts = &r.headers["timestamp"];
+    assert!(ts.ends_with('Z') && humantime::parse_rfc3339(ts).is_ok(), "timestamp {ts}");
+    assert!(r.headers["traceparent"].starts_with("00-4bf9"));
+    assert_eq!(r.json(), serde_json::json!({"items": 3, "total": 1500}));
+
+    let sent = count(&c, "SELECT count(*) FROM outbox WHERE status = 'sent' AND sent_at IS NOT NULL").await;
+    assert_eq!(sent, 1);
+}
+
+#[tokio::test]
+async fn batch_enqueue_keeps_order_and_keyless_must_be_explicit() {
+    let db = fresh_db().await;
+    let topic = topic_name();
+    create_topic(&topic, 1).await;
+    let mut c = client(&db).await;
+    let enq = Enqueuer::new(&db.schema);
+    let msgs: Vec<_> = (0..50).map(|i| Message::new(&topic, "t", "same-key", serde_json::json!({"seq": i}))).collect();
+    let tx = c.transaction().await.unwrap();
+    assert_eq!(enq.enqueue_batch(&tx, &msgs).await.unwrap(), 50);
+    enq.enqueue(&tx, &Message::keyless(&topic, "t", serde_json::json!({"seq": 50}))).await.unwrap();
+    tx.commit().await.unwrap();
+
+    let relay = Relay::new(&db, &kafka(), relay_config()).unwrap();
+    assert_eq!(drain(&relay).await, 51);
+    let recs = read_all(&topic).await;
+    let seqs: Vec<i64> = recs.iter().map(|r| r.json()["seq"].as_i64().unwrap()).collect();
+    assert_eq!(seqs, (0..51).collect::<Vec<_>>());
+    assert!(recs[50].key.is_none());
+    assert!(!recs[50].headers.contains_key("entity_id"));
+}
+
+#[tokio::test]
+async fn rolled_back_enqueue_publishes_nothing() {
+    let db = fresh_db().await;
+    let topic = topic_name();
+    create_topic(&topic, 1).await;
+    let mut c = client(&db).await;
+    let enq = Enqueuer::new(&db.schema);
+
+    let tx = c.transaction().await.unwrap();
+    enq.enqueue(&tx, &Message::new(&topic, "t", "rolled", serde_json::json!({"n": 1}))).await.unwrap();
+    tx.rollback().await.unwrap();
+    {
+        // Dropped without commit: rolled back too.
+        let tx = c.transaction().await.unwrap();
+        enq.enqueue(&tx, &Message::new(&topic, "t", "dropped", serde_json::json!({"n": 2}))).await.unwrap();
+    }
+    let tx = c.transaction().await.unwrap();
+    enq.enqueue(&tx, &Message::new(&topic, "t", "committed", serde_json::json!({"n": 3}))).await.unwrap();
+    tx.commit().await.unwrap();
+
+    let relay = Relay::new(&db, &kafka(), relay_config()).unwrap();
+    assert_eq!(drain(&relay).await, 1);
+    let recs = read_all(&topic).await;
+    assert_eq!(recs.len(), 1);
+    assert_eq!(recs[0].key.as_deref(), Some(&b"committed"[..]));
+    assert_eq!(count(&c, "SELECT count(*) FROM outbox").await, 1);
+}
+
+#[tokio::test]
+async fn invalid_messages_are_refused_and_nothing_is_written() {
+    let db = fresh_db().await;
+    let mut c = client(&db).await;
+    let enq = Enqueuer::new(&db.schema);
+    let tx = c.transaction().await.unwrap();
+    let ok = Message::new("orders.created", "t", "k", serde_json::json!({}));
+    for (bad, what) in [
+        (Message::new("orders.created_v2", "t", "k", serde_json::json!({})), "mixes"),
+        (Message::new("orders created", "t", "k", serde_json::json!({})), "only ASCII"),
+        (Message::new("", "t", "k", serde_json::json!({})), "empty"),
+        (Message::new(&"a".repeat(250), "t", "k", serde_json::json!({})), "249"),
+        (Message::new("orders.created", "", "k", serde_json::json!({})), "message_type"),
+        (Message::new("orders.created", "t", "", serde_json::json!({})), "keyless"),
+        (ok.clone().with_header("message_id", "forged"), "cannot be overridden"),
+    ] {
+        let e = enq.enqueue(&tx, &bad).await.unwrap_err();
+        assert!(e.to_string().contains(what), "{e} should mention {what}");
+        assert!(!e.is_transient());
+        // A batch with one bad message writes none of them.
+        let e = enq.enqueue_batch(&tx, &[ok.clone(), bad]).await.unwrap_err();
+        assert!(e.to_string().contains(what));
+    }
+    tx.commit().await.unwrap();
+    assert_eq!(count(&c, "SELECT count(*) FROM outbox").await, 0);
+}
+
+#[tokio::test]
+async fn plain_sql_enqueue_from_sql_dir_is_delivered() {
+    let db = fresh_db().await;
+    let topic = topic_name();
+    create_topic(&topic, 1).await;
+    let c = client(&db).await;
+    c.batch_execute("CREATE TABLE orders (order_number text, total int, status text)").await.unwrap();
+    let script = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/sql/enqueue.sql"))
+        .unwrap()
+        .replace("'orders.created'", &format!("'{topic}'"));
+    c.batch_execute(&script).await.unwrap();
+
+    let relay = Relay::new(&db, &kafka(), relay_config()).unwrap();
+    assert_eq!(drain(&relay).await, 1);
+    let recs = read_all(&topic).await;
+    assert_eq!(recs.len(), 1);
+    let r = &recs[0];
+    assert_eq!(r.key.as_deref(), Some(&b"A-1024"[..]));
+    assert_eq!(r.headers["message_type"], "order_created");
+    assert_eq!(r.headers["entity_id"], "A-1024");
+    assert_eq!(uuid::Uuid::parse_str(&r.headers["message_id"]).unwrap().get_version_num(), 7);
+    assert!(humantime::parse_rfc3339(&r.headers["timestamp"]).is_ok(), "{}", r.headers["timestamp"]);
+    assert_eq!(r.json()["total"], 1500);
+    assert_eq!(count(&c, "SELECT count(*) FROM orders").await, 1);
+}
+
+#[tokio::test]
+async fn commit_wakes_the_relay_through_notify_for_both_enqueue_paths() {
+    let db = fresh_db().await;
+    let topic = topic_name();
+    create_topic(&topic, 1).await;
+    // Polling once an hour: only the trigger's notification can make delivery quick.
+    let cfg = outbox::RelayConfig { poll_interval: Duration::from_secs(3600), ..relay_config() };
+    let relay = Relay::new(&db, &kafka(), cfg).unwrap();
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let running = tokio::spawn(relay.run(async move {
+        let _ = stop_rx.await;
+    }));
+    // Let the relay's first (empty) pass and its LISTEN happen before enqueueing.
+    let lc = client(&db).await;
+    wait_until(Duration::from_secs(10), "relay LISTENs", || {
+        let lc = &lc;
+        let ch = db.schema.notify_channel();
+        async move {
+            count(lc, &format!("SELECT count(*) FROM pg_stat_activity WHERE query = 'LISTEN \"{ch}\"'")).await > 0
+        }
+    })
+    .await;
+
+    let mut c = client(&db).await;
+    let tx = c.transaction().await.unwrap();
+    enqueue(&tx, &Message::new(&topic, "t", "lib", serde_json::json!({}))).await.unwrap();
+    tx.commit().await.unwrap();
+    wait_until(Duration::from_secs(10), "library enqueue delivered", || async { topic_len(&topic).await == 1 }).await;
+
+    c.batch_execute(&format!(
+        "INSERT INTO outbox (topic, message_key, headers, payload) VALUES ('{topic}', 'sql', \
+         jsonb_build_object('message_type','t','entity_id','sql','message_id', outbox_uuidv7()::text, \
+         'timestamp', to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"')), '{{}}')"
+    ))
+    .await
+    .unwrap();
+    wait_until(Duration::from_secs(10), "plain SQL enqueue delivered", || async { topic_len(&topic).await == 2 }).await;
+
+    stop_tx.send(()).unwrap();
+    running.await.unwrap().unwrap();
+}
+
+#[tokio::test]
+async fn unknown_topic_and_oversize_rows_back_off_then_fail_while_others_flow() {
+    let db = fresh_db().await;
+    let topic = topic_name();
+    create_topic(&topic, 3).await;
+    let missing = topic_name(); // never created
+    let c = client(&db).await;
+    let big = "x".repeat(1_200_000); // > librdkafka's and the broker's default maximum (~1 MB)
+    c.execute(
+        "INSERT INTO outbox (topic, message_key, headers, payload) VALUES \
+         ($1, 'm', '{\"message_type\":\"t\"}', '{}'), ($2, 'b', '{\"message_type\":\"t\"}', jsonb_build_object('big', $3::text))",
+        &[&missing, &topic, &big],
+    )
+    .await
+    .unwrap();
+    let good = enqueue_n(&db, &topic, 20, 5, 20).await;
+
+    let max_attempts = 3;
+    let cfg = outbox::RelayConfig { max_attempts, ..relay_config() };
+    let relay = Relay::new(&db, &kafka(), cfg).unwrap();
+    let Outcome::Published(r) = relay.run_once().await.unwrap() else { panic!("nothing claimed") };
+    assert_eq!((r.claimed, r.sent, r.backed_off, r.deferred), (22, 20, 2, 0));
+    // The good rows went through in the same pass.
+    let got: HashSet<String> = read_all(&topic).await.iter().map(Record::message_id).collect();
+    assert_eq!(got, good.iter().cloned().collect());
+
+    // First failure: attempts 1, readable error, available_at ≈ now + 1 s (±25 % jitter).
+    let rows = c
+        .query(
+            "SELECT message_key, attempts, status, last_error, \
+             extract(epoch FROM available_at - now())::float8 FROM outbox WHERE status <> 'sent' ORDER BY id",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(rows.len(), 2);
+    for row in &rows {
+        assert_eq!(row.get::<_, i32>(1), 1);
+        assert_eq!(row.get::<_, &str>(2), "pending");
+        let delay: f64 = row.get(4);
+        assert!((0.5..=1.3).contains(&delay), "first backoff {delay}");
+    }
+    let err_missing: &str = rows[0].get(3);
+    let err_big: &str = rows[1].get(3);
+    assert!(err_missing.contains("does not exist"), "{err_missing}");
+    assert!(err_big.contains("too large"), "{err_big}");
+    assert!(err_big.len() <= outbox::MAX_ERROR_LEN);
+
+    // Not due yet: the next pass claims nothing.
+    assert!(matches!(relay.run_once().await.unwrap(), Outcome::Empty));
+
+    // Make them due (instead of sleeping) and fail them to the maximum.
+    for attempt in 2..=max_attempts {
+        c.batch_execute("UPDATE outbox SET available_at = now() WHERE status = 'pending'").await.unwrap();
+        let Outcome::Published(r) = relay.run_once().await.unwrap() else { panic!("nothing claimed") };
+        assert_eq!(r.backed_off, 2, "attempt {attempt}");
+        if attempt == 2 {
+            let delay: f64 = c
+                .query_one("SELECT min(extract(epoch FROM available_at - now()))::float8 FROM outbox WHERE status = 'pending'", &[])
+                .await
+                .unwrap()
+                .get(0);
+            assert!((1.2..=2.6).contains(&delay), "second backoff {delay}");
+        }
+    }
+    let failed = c
+        .query("SELECT attempts, last_error FROM outbox WHERE status = 'failed' ORDER BY id", &[])
+        .await
+        .unwrap();
+    assert_eq!(failed.len(), 2);
+    assert!(failed.iter().all(|r| r.get::<_, i32>(0) == max_attempts));
+    c.batch_execute("UPDATE outbox SET available_at = now()").await.unwrap();
+    assert!(matches!(relay.run_once().await.unwrap(), Outcome::Empty), "failed rows are not retried");
+
+    let st = outbox::status(&db).await.unwrap();
+    assert_eq!((st.count("sent"), st.count("failed"), st.count("pending")), (20, 2, 0));
+    assert_eq!(st.failed_by_error.len(), 2);
+}
+
+#[tokio::test]
+async fn broker_side_size_limit_is_reported_too() {
+    let db = fresh_db().await;
+    let topic = topic_name();
+    create_topic(&topic, 1).await;
+    let c = client(&db).await;
+    c.execute(
+        "INSERT INTO outbox (topic, message_key, headers, payload) VALUES ($1, 'b', '{}', jsonb_build_object('big', $2::text))",
+        &[&topic, &"y".repeat(1_500_000)],
+    )
+    .await
+    .unwrap();
+    let mut k = kafka();
+    // Let the client send it so the broker (message.max.bytes ≈ 1 MB) is the one that refuses.
+    k.set_from_pair("message.max.bytes=10000000").unwrap();
+    let relay = Relay::new(&db, &k, relay_config()).unwrap();
+    let Outcome::Published(r) = relay.run_once().await.unwrap() else { panic!() };
+    assert_eq!(r.backed_off, 1);
+    let err: String = c.query_one("SELECT last_error FROM outbox", &[]).await.unwrap().get(0);
+    assert!(err.to_lowercase().contains("too large"), "{err}");
+}
+
+#[tokio::test]
+async fn garbage_headers_and_invalid_topic_rows_from_plain_sql_fail_cleanly() {
+    let db = fresh_db().await;
+    let topic = topic_name();
+    create_topic(&topic, 1).await;
+    let c = client(&db).await;
+    c.execute(
+        "INSERT INTO outbox (topic, message_key, headers, payload) VALUES \
+         ($1, 'a', '[1,2]', '{}'), ('bad topic; drop table outbox', 'b', '{}', '{}'), \
+         ($1, 'c', '{\"n\": 5, \"s\": \"x\", \"z\": null}', '\"just a string\"')",
+        &[&topic],
+    )
+    .await
+    .unwrap();
+    let relay = Relay::new(&db, &kafka(), relay_config()).unwrap();
+    let Outcome::Published(r) = relay.run_once().await.unwrap() else { panic!() };
+    assert_eq!((r.sent, r.backed_off), (1, 2));
+    let errs: Vec<String> = c
+        .query("SELECT last_error FROM outbox WHERE status <> 'sent' ORDER BY id", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert!(errs[0].contains("JSON object"), "{}", errs[0]);
+    assert!(errs[1].contains("invalid topic name"), "{}", errs[1]);
+    let recs = read_all(&topic).await;
+    assert_eq!(recs[0].headers["n"], "5");
+    assert_eq!(recs[0].headers["s"], "x");
+    assert_eq!(recs[0].json(), serde_json::json!("just a string"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_relays_over_20000_rows_send_each_exactly_once() {
+    let db = fresh_db().await;
+    let topic = topic_name();
+    create_topic(&topic, 6).await;
+    let ids = enqueue_n(&db, &topic, 20_000, 1000, 1000).await;
+
+    let cfg = outbox::RelayConfig { batch_size: 500, ..relay_config() };
+    let relays = [Arc::new(Relay::new(&db, &kafka(), cfg.clone()).unwrap()), Arc::new(Relay::new(&db, &kafka(), cfg).unwrap())];
+    let tasks: Vec<_> = relays
+        .iter()
+        .map(|r| {
+            let r = r.clone();
+            tokio::spawn(async move { drain(&r).await })
+        })
+        .collect();
+    let mut per_relay = Vec::new();
+    for t in tasks {
+        per_relay.push(t.await.unwrap());
+    }
+    // A relay may see "empty" while the other still holds rows; finish with one more drain.
+    let tail = drain(&relays[0]).await;
+    assert_eq!(per_relay.iter().sum::<usize>() + tail, 20_000);
+    assert!(per_relay.iter().all(|n| *n > 0), "both relays worked: {per_relay:?}");
+
+    let c = client(&db).await;
+    assert_eq!(count(&c, "SELECT count(*) FROM outbox WHERE status = 'sent'").await, 20_000);
+
+    let recs = read_all(&topic).await;
+    assert_eq!(recs.len(), 20_000, "no message twice");
+    let mut seen: HashMap<String, usize> = HashMap::new();
+    for r in &recs {
+        *seen.entry(r.message_id()).or_default() += 1;
+    }
+    assert!(seen.values().all(|n| *n == 1));
+    assert_eq!(seen.keys().cloned().collect::<HashSet<_>>(), ids.into_iter().collect::<HashSet<_>>());
+}
