@@ -1,0 +1,283 @@
+//! The `outbox` binary: migrate, status, requeue, cleanup, config errors, SIGTERM.
+
+mod common;
+
+use std::collections::HashSet;
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+use common::*;
+use outbox::Relay;
+
+fn outbox_cmd(db: &outbox::DbConfig) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_outbox"));
+    c.env("DATABASE_URL", database_url())
+        .env("OUTBOX_SCHEMA", db.schema.name())
+        .env("KAFKA_BOOTSTRAP_SERVERS", bootstrap())
+        .env("RUST_LOG", "info");
+    c
+}
+
+fn run(cmd: &mut Command) -> Output {
+    cmd.stdin(Stdio::null()).output().expect("spawn outbox")
+}
+
+fn text(o: &Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+}
+
+/// Everything migrations create, as text, to compare before and after a second run.
+async fn catalog(c: &tokio_postgres::Client, schema: &str) -> String {
+    let q = "SELECT string_agg(x, E'\\n' ORDER BY x) FROM (
+        SELECT table_name || '.' || column_name || ':' || data_type || ':' || coalesce(column_default, '') || ':' || is_nullable AS x
+          FROM information_schema.columns WHERE table_schema = $1
+        UNION ALL SELECT indexname || ':' || indexdef FROM pg_indexes WHERE schemaname = $1
+        UNION ALL SELECT conname || ':' || pg_get_constraintdef(oid) FROM pg_constraint
+         WHERE connamespace = $1::regnamespace
+        UNION ALL SELECT tgname FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid
+         WHERE c.relnamespace = $1::regnamespace AND NOT t.tgisinternal
+        UNION ALL SELECT 'history:' || version || ':' || name || ':' || applied_on
+          FROM refinery_schema_history) s";
+    c.batch_execute(&format!("SET search_path TO \"{schema}\"")).await.unwrap();
+    c.query_one(q, &[&schema]).await.unwrap().get(0)
+}
+
+#[tokio::test]
+async fn migrate_twice_is_a_no_op_and_creates_the_seed_schema() {
+    let schema = format!("m_{}", hex(10));
+    let db = outbox::DbConfig::new(&database_url(), &schema).unwrap();
+    let first = run(outbox_cmd(&db).arg("migrate"));
+    assert!(first.status.success(), "{}", text(&first));
+    assert!(text(&first).contains("applied V1__outbox"));
+    let c = outbox::connect(&db).await.unwrap();
+    let before = catalog(&c, &schema).await;
+    let second = run(outbox_cmd(&db).arg("migrate"));
+    assert!(second.status.success(), "{}", text(&second));
+    assert!(text(&second).contains("up to date"), "{}", text(&second));
+    assert_eq!(before, catalog(&c, &schema).await, "second migrate changed the schema");
+
+    // Seed 002's table, constraint and indexes, exactly.
+    for expected in [
+        "outbox.id:bigint::NO",
+        "outbox.headers:jsonb:'{}'::jsonb:NO",
+        "outbox.status:text:'pending'::text:NO",
+        "outbox.attempts:integer:0:NO",
+        "outbox.available_at:timestamp with time zone:now():NO",
+        "outbox.sent_at:timestamp with time zone::YES",
+        "outbox_status_check:CHECK ((status = ANY (ARRAY['pending'::text, 'sent'::text, 'failed'::text])))",
+        "WHERE (status = 'pending'::text)",
+        "outbox_pending_idx:CREATE INDEX outbox_pending_idx ON",
+        "processed_messages_pkey:PRIMARY KEY (consumer_group, topic, message_id)",
+        "processed_messages_processed_at_idx:CREATE INDEX",
+        "processed_messages.processed_at:timestamp with time zone:now():NO",
+    ] {
+        assert!(before.contains(expected), "missing {expected:?} in\n{before}");
+    }
+    let cols = count(&c, &format!("SELECT count(*) FROM information_schema.columns WHERE table_schema = '{schema}' AND table_name = 'outbox'")).await;
+    assert_eq!(cols, 11, "outbox has exactly seed 002's columns");
+
+    // Concurrent migrations of a new schema serialise on the advisory lock.
+    let schema2 = format!("m_{}", hex(10));
+    let db2 = outbox::DbConfig::new(&database_url(), &schema2).unwrap();
+    let (a, b) = tokio::join!(outbox::migrate(&db2), outbox::migrate(&db2));
+    let applied = a.unwrap().applied.len() + b.unwrap().applied.len();
+    assert_eq!(applied, outbox::embedded_migrations().len());
+}
+
+#[tokio::test]
+async fn status_requeue_and_their_errors() {
+    let db = fresh_db().await;
+    let c = client(&db).await;
+    c.batch_execute(
+        "INSERT INTO outbox (topic, payload, status, attempts, last_error) VALUES
+           ('a.b', '{}', 'failed', 10, 'topic does not exist'),
+           ('a.b', '{}', 'failed', 10, 'topic does not exist'),
+           ('a.b', '{}', 'failed', 10, 'message too large'),
+           ('a.b', '{}', 'sent', 1, NULL),
+           ('a.b', '{}', 'pending', 0, NULL)",
+    )
+    .await
+    .unwrap();
+    let o = run(outbox_cmd(&db).args(["status", "--json"]));
+    assert!(o.status.success(), "{}", text(&o));
+    let s: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(s["failed_by_error"][0]["last_error"], "topic does not exist");
+    assert_eq!(s["failed_by_error"][0]["count"], 2);
+    assert!(s["oldest_pending_age_secs"].as_f64().unwrap() >= 0.0);
+    let o = run(outbox_cmd(&db).arg("status"));
+    let t = text(&o);
+    assert!(t.contains("failed") && t.contains("message too large") && t.contains("oldest pending age"), "{t}");
+
+    let id: i64 = c.query_one("SELECT min(id) FROM outbox WHERE last_error = 'message too large'", &[]).await.unwrap().get(0);
+    let o = run(outbox_cmd(&db).args(["requeue", "--id", &id.to_string()]));
+    assert!(o.status.success() && text(&o).contains("requeued 1"), "{}", text(&o));
+    let row = c.query_one("SELECT status, attempts, available_at <= now() FROM outbox WHERE id = $1", &[&id]).await.unwrap();
+    assert_eq!((row.get::<_, &str>(0), row.get::<_, i32>(1), row.get::<_, bool>(2)), ("pending", 0, true));
+
+    // Requeueing a row that is not failed is refused with a clear message and exit != 0.
+    let o = run(outbox_cmd(&db).args(["requeue", "--id", &id.to_string()]));
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("no failed row with id"), "{}", text(&o));
+
+    let o = run(outbox_cmd(&db).args(["requeue", "--failed"]));
+    assert!(o.status.success() && text(&o).contains("requeued 2"), "{}", text(&o));
+    assert_eq!(count(&c, "SELECT count(*) FROM outbox WHERE status = 'failed'").await, 0);
+    assert_eq!(count(&c, "SELECT count(*) FROM outbox WHERE status = 'sent'").await, 1);
+
+    let o = run(outbox_cmd(&db).arg("requeue"));
+    assert_eq!(o.status.code(), Some(2), "requeue needs --failed or --id: {}", text(&o));
+}
+
+#[tokio::test]
+async fn cleanup_deletes_only_rows_past_retention_in_bounded_batches() {
+    let db = fresh_db().await;
+    let c = client(&db).await;
+    c.batch_execute(
+        "INSERT INTO outbox (topic, payload, status, created_at, sent_at)
+           SELECT 'a.b', '{}', 'sent', now() - interval '9 days', now() - interval '8 days' FROM generate_series(1, 7);
+         INSERT INTO outbox (topic, payload, status, created_at, sent_at) VALUES
+           ('a.b', '{\"keep\":\"recent sent\"}', 'sent', now() - interval '9 days', now() - interval '6 days');
+         INSERT INTO outbox (topic, payload, status, created_at) VALUES
+           ('a.b', '{\"keep\":\"old pending\"}', 'pending', now() - interval '30 days'),
+           ('a.b', '{\"keep\":\"old failed\"}', 'failed', now() - interval '30 days');
+         INSERT INTO processed_messages (consumer_group, topic, message_id, processed_at)
+           SELECT 'g', 'a.b', 'old-' || i, now() - interval '15 days' FROM generate_series(1, 5) i;
+         INSERT INTO processed_messages (consumer_group, topic, message_id, processed_at) VALUES
+           ('g', 'a.b', 'recent', now() - interval '13 days');",
+    )
+    .await
+    .unwrap();
+    let o = run(outbox_cmd(&db).args(["cleanup", "--cleanup-batch-size", "3"]));
+    assert!(o.status.success(), "{}", text(&o));
+    let t = text(&o);
+    // 7 sent rows in batches of 3 → 3 statements; 5 marks → 2 statements.
+    assert!(t.contains("deleted 7 sent outbox row(s) and 5 processed_messages row(s) in 5 statement(s)"), "{t}");
+    let kept: Vec<String> = c
+        .query("SELECT payload->>'keep' FROM outbox ORDER BY id", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(kept, ["recent sent", "old pending", "old failed"]);
+    assert_eq!(count(&c, "SELECT count(*) FROM processed_messages WHERE message_id = 'recent'").await, 1);
+    assert_eq!(count(&c, "SELECT count(*) FROM processed_messages").await, 1);
+
+    // Retention is configurable.
+    let o = run(outbox_cmd(&db).args(["cleanup", "--sent-retention", "5d", "--processed-retention", "1d"]));
+    assert!(text(&o).contains("deleted 1 sent outbox row(s) and 1 processed_messages"), "{}", text(&o));
+}
+
+#[tokio::test]
+async fn relay_runs_cleanup_on_its_schedule() {
+    let db = fresh_db().await;
+    let c = client(&db).await;
+    c.batch_execute(
+        "INSERT INTO outbox (topic, payload, status, sent_at) VALUES ('a.b', '{}', 'sent', now() - interval '8 days');
+         INSERT INTO processed_messages (consumer_group, topic, message_id, processed_at) VALUES ('g', 't', 'x', now() - interval '15 days');",
+    )
+    .await
+    .unwrap();
+    let cfg = outbox::RelayConfig {
+        cleanup: outbox::CleanupConfig { interval: Some(Duration::from_millis(200)), ..Default::default() },
+        ..relay_config()
+    };
+    let relay = Relay::new(&db, &kafka(), cfg).unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let h = tokio::spawn(relay.run(async move {
+        let _ = stopped.await;
+    }));
+    wait_until(Duration::from_secs(10), "scheduled cleanup", || async {
+        count(&c, "SELECT (SELECT count(*) FROM outbox) + (SELECT count(*) FROM processed_messages)").await == 0
+    })
+    .await;
+    stop.send(()).unwrap();
+    h.await.unwrap().unwrap();
+}
+
+#[tokio::test]
+async fn invalid_configuration_is_refused_with_a_clear_message_and_exit_2() {
+    let db = fresh_db().await;
+    let cases: Vec<(Vec<&str>, Vec<(&str, &str)>, &str)> = vec![
+        (vec!["migrate", "--schema", "x\"; drop table outbox; --"], vec![], "invalid schema name"),
+        (vec!["status"], vec![("DATABASE_URL", "postgres://u:sekrit@h:notaport/db")], "invalid DATABASE_URL"),
+        (vec!["status"], vec![("DATABASE_URL", "")], "DATABASE_URL"),
+        (vec!["relay"], vec![("KAFKA_BOOTSTRAP_SERVERS", "")], "KAFKA_BOOTSTRAP_SERVERS"),
+        (vec!["relay"], vec![("KAFKA_BOOTSTRAP_SERVERS", "nohostport")], "not host:port"),
+        (vec!["relay", "--batch-size", "0"], vec![], "batch size"),
+        (vec!["relay", "--batch-size", "many"], vec![], "invalid value"),
+        (vec!["relay", "--max-attempts", "0"], vec![], "max attempts"),
+        (vec!["relay", "--poll-interval", "soon"], vec![], "invalid value"),
+        (vec!["relay", "--cleanup-interval", "0s"], vec![], "greater than zero"),
+        (vec!["relay", "-X", "acks=1"], vec![], "acks=all"),
+        (vec!["relay", "-X", "enable.idempotence=false"], vec![], "enable.idempotence=true"),
+        (vec!["relay", "-X", "no.such.property=sekrit"], vec![], "no.such.property"),
+        (vec!["relay", "-X", "novalue"], vec![], "name=value"),
+        (vec!["cleanup", "--cleanup-batch-size", "0"], vec![], "at least 1"),
+        (vec!["bogus-verb"], vec![], "unrecognized subcommand"),
+    ];
+    for (args, envs, expect) in cases {
+        let mut cmd = outbox_cmd(&db);
+        cmd.args(&args);
+        for (k, v) in &envs {
+            cmd.env(k, v);
+        }
+        let o = run(&mut cmd);
+        let t = text(&o);
+        assert_eq!(o.status.code(), Some(2), "{args:?} {envs:?}: {t}");
+        assert!(t.contains(expect), "{args:?}: expected {expect:?} in {t}");
+        assert!(!t.contains("sekrit"), "secret echoed: {t}");
+        assert!(!t.contains("panicked"), "{t}");
+    }
+    // Unreachable Postgres for a one-shot command: exit 1 with a message, no panic.
+    let o = run(outbox_cmd(&db).arg("status").env("DATABASE_URL", "postgres://outbox:sekrit@127.0.0.1:1/outbox"));
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(text(&o).contains("status failed") && !text(&o).contains("sekrit"), "{}", text(&o));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_mid_backlog_exits_0_leaves_nothing_locked_and_a_new_relay_finishes() {
+    let db = fresh_db().await;
+    let topic = topic_name();
+    create_topic(&topic, 3).await;
+    let ids = enqueue_n(&db, &topic, 30_000, 100, 2000).await;
+    let c = client(&db).await;
+
+    let mut child = outbox_cmd(&db)
+        .args(["relay", "--batch-size", "200", "--cleanup-interval", "off"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_until(Duration::from_secs(30), "relay makes progress", || async {
+        count(&c, "SELECT count(*) FROM outbox WHERE status = 'sent'").await >= 1000
+    })
+    .await;
+    let kill = Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
+    assert!(kill.success());
+    let out = tokio::task::spawn_blocking(move || child.wait_with_output().unwrap()).await.unwrap();
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{log}");
+    assert!(log.contains("SIGTERM received") && log.contains("relay stopped"), "{log}");
+
+    let sent_at_stop = count(&c, "SELECT count(*) FROM outbox WHERE status = 'sent'").await;
+    assert!(sent_at_stop < 30_000, "stopped mid-backlog ({sent_at_stop} sent)");
+    // No row left locked: every pending row can be locked right now.
+    let mut c2 = client(&db).await;
+    let tx = c2.transaction().await.unwrap();
+    let pending: i64 = tx.query_one("SELECT count(*) FROM outbox WHERE status = 'pending'", &[]).await.unwrap().get(0);
+    let lockable = tx
+        .query("SELECT id FROM outbox WHERE status = 'pending' FOR UPDATE SKIP LOCKED", &[])
+        .await
+        .unwrap()
+        .len() as i64;
+    assert_eq!(pending, lockable);
+    tx.rollback().await.unwrap();
+
+    let relay = Relay::new(&db, &kafka(), relay_config()).unwrap();
+    drain(&relay).await;
+    assert_eq!(count(&c, "SELECT count(*) FROM outbox WHERE status = 'sent'").await, 30_000);
+    let got: HashSet<String> = read_all(&topic).await.iter().map(Record::message_id).collect();
+    assert_eq!(got, ids.into_iter().collect::<HashSet<_>>(), "every message reached Kafka");
+}
