@@ -1,0 +1,195 @@
+//! Outages of the real services while the relay runs. These tests stop and restart the shared
+//! local Kafka and Postgres, so they hold a process-wide lock and live in their own test binary
+//! (cargo runs test binaries one after another, so no other test sees the outage).
+
+mod common;
+
+use std::collections::HashSet;
+use std::io::Write;
+use std::process::Command;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use common::*;
+use outbox::{Message, Relay};
+
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// Log lines of this test process, for asserting that outages are logged.
+#[derive(Clone, Default)]
+struct LogBuf(Arc<Mutex<Vec<u8>>>);
+impl Write for LogBuf {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(b);
+        std::io::stderr().write_all(b)?;
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+fn logs() -> LogBuf {
+    static LOGS: OnceLock<LogBuf> = OnceLock::new();
+    LOGS.get_or_init(|| {
+        let buf = LogBuf::default();
+        let w = buf.clone();
+        tracing_subscriber::fmt()
+            .with_env_filter("warn,outbox=info")
+            .with_ansi(false)
+            .with_writer(move || w.clone())
+            .init();
+        buf
+    })
+    .clone()
+}
+
+fn dev(script: &str, arg: &str) {
+    let path = format!("{}/dev/{script}", env!("CARGO_MANIFEST_DIR"));
+    let st = Command::new("bash").arg(path).arg(arg).status().unwrap();
+    assert!(st.success(), "dev/{script} {arg} failed");
+}
+
+/// CPU seconds used by this process so far (user + system).
+fn cpu_secs() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap();
+    let fields: Vec<&str> = stat.rsplit_once(')').unwrap().1.split_whitespace().collect();
+    let ticks: f64 = fields[11].parse::<f64>().unwrap() + fields[12].parse::<f64>().unwrap();
+    ticks / 100.0
+}
+
+/// Enqueues one message per transaction, `per_sec` per second, until `stop`; retries through a
+/// Postgres outage and records only ids whose commit succeeded.
+async fn writer(db: outbox::DbConfig, topic: String, per_sec: u64, stop: tokio::sync::watch::Receiver<bool>) -> Vec<String> {
+    let enq = outbox::Enqueuer::new(&db.schema);
+    let mut ids = Vec::new();
+    let mut conn: Option<tokio_postgres::Client> = None;
+    let mut tick = tokio::time::interval(Duration::from_micros(1_000_000 / per_sec));
+    let mut seq = 0u64;
+    while !*stop.borrow() {
+        tick.tick().await;
+        if conn.as_ref().is_none_or(|c| c.is_closed()) {
+            conn = outbox::connect(&db).await.ok();
+        }
+        let Some(c) = conn.as_mut() else { continue };
+        let m = Message::new(&topic, "fault_event", format!("k{}", seq % 50), serde_json::json!({"seq": seq}));
+        let res = async {
+            let tx = c.transaction().await?;
+            enq.enqueue(&tx, &m).await.map_err(|e| match e {
+                outbox::EnqueueError::Postgres(p) => p,
+                other => panic!("{other}"),
+            })?;
+            tx.commit().await
+        }
+        .await;
+        match res {
+            Ok(()) => {
+                ids.push(m.message_id().to_string());
+                seq += 1;
+            }
+            Err(_) => conn = None,
+        }
+    }
+    ids
+}
+
+async fn all_sent_and_in_kafka(db: &outbox::DbConfig, topic: &str, ids: &[String], within: Duration) {
+    let c = client(db).await;
+    wait_until(within, "every row sent", || async { count(&c, "SELECT count(*) FROM outbox WHERE status <> 'sent'").await == 0 }).await;
+    let got: HashSet<String> = read_all(topic).await.iter().map(Record::message_id).collect();
+    let missing = ids.iter().filter(|id| !got.contains(*id)).count();
+    assert_eq!(missing, 0, "{missing} of {} committed messages missing from Kafka", ids.len());
+    assert_eq!(count(&c, "SELECT count(*) FROM outbox WHERE attempts > 0").await, 0, "outage spent attempts");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kafka_stopped_for_20s_mid_run_loses_nothing() {
+    let _serial = SERIAL.lock().await;
+    let logs = logs();
+    dev("kafka.sh", "start");
+    let db = fresh_db().await;
+    let topic = topic_name();
+    create_topic(&topic, 3).await;
+
+    let cfg = outbox::RelayConfig {
+        batch_size: 200,
+        delivery_timeout: Duration::from_secs(3),
+        ..relay_config()
+    };
+    let relay = Relay::new(&db, &kafka(), cfg).unwrap();
+    let (stop_relay, relay_stopped) = tokio::sync::oneshot::channel::<()>();
+    let relay_task = tokio::spawn(relay.run(async move {
+        let _ = relay_stopped.await;
+    }));
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let w = tokio::spawn(writer(db.clone(), topic.clone(), 200, stop_rx));
+
+    let c = client(&db).await;
+    wait_until(Duration::from_secs(20), "traffic flows", || async {
+        count(&c, "SELECT count(*) FROM outbox WHERE status = 'sent'").await >= 200
+    })
+    .await;
+
+    dev("kafka.sh", "stop");
+    let (cpu0, t0) = (cpu_secs(), Instant::now());
+    tokio::time::sleep(Duration::from_secs(20)).await; // the outage itself, by definition timed
+    let cpu_share = (cpu_secs() - cpu0) / t0.elapsed().as_secs_f64();
+    let pending_during = count(&c, "SELECT count(*) FROM outbox WHERE status = 'pending'").await;
+    dev("kafka.sh", "start");
+
+    wait_until(Duration::from_secs(60), "traffic flows again", || async {
+        count(&c, "SELECT count(*) FROM outbox WHERE status = 'pending'").await < 100
+    })
+    .await;
+    stop_tx.send(true).unwrap();
+    let ids = w.await.unwrap();
+    all_sent_and_in_kafka(&db, &topic, &ids, Duration::from_secs(60)).await;
+    stop_relay.send(()).unwrap();
+    relay_task.await.unwrap().unwrap();
+
+    assert!(pending_during > 1000, "rows accumulated during the outage ({pending_during})");
+    assert!(cpu_share < 0.5, "busy loop during the outage: {cpu_share:.2} CPU");
+    let text = String::from_utf8_lossy(&logs.0.lock().unwrap()).into_owned();
+    assert!(text.contains("rows left pending"), "the outage was not logged");
+    eprintln!("kafka outage: {} messages, cpu share during outage {cpu_share:.3}", ids.len());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_restarted_mid_run_loses_nothing() {
+    let _serial = SERIAL.lock().await;
+    let logs = logs();
+    dev("kafka.sh", "start");
+    let db = fresh_db().await;
+    let topic = topic_name();
+    create_topic(&topic, 3).await;
+
+    let relay = Relay::new(&db, &kafka(), outbox::RelayConfig { batch_size: 100, ..relay_config() }).unwrap();
+    let (stop_relay, relay_stopped) = tokio::sync::oneshot::channel::<()>();
+    let relay_task = tokio::spawn(relay.run(async move {
+        let _ = relay_stopped.await;
+    }));
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let w = tokio::spawn(writer(db.clone(), topic.clone(), 300, stop_rx));
+
+    let c = client(&db).await;
+    wait_until(Duration::from_secs(20), "traffic flows", || async {
+        count(&c, "SELECT count(*) FROM outbox WHERE status = 'sent'").await >= 300
+    })
+    .await;
+    dev("postgres.sh", "restart");
+    // The old connections died with the server; use a new one.
+    let c = client(&db).await;
+    let sent_after_restart = count(&c, "SELECT count(*) FROM outbox WHERE status = 'sent'").await;
+    wait_until(Duration::from_secs(30), "relay resumes", || async {
+        count(&c, "SELECT count(*) FROM outbox WHERE status = 'sent'").await > sent_after_restart + 300
+    })
+    .await;
+    stop_tx.send(true).unwrap();
+    let ids = w.await.unwrap();
+    all_sent_and_in_kafka(&db, &topic, &ids, Duration::from_secs(60)).await;
+    stop_relay.send(()).unwrap();
+    relay_task.await.unwrap().unwrap();
+    let text = String::from_utf8_lossy(&logs.0.lock().unwrap()).into_owned();
+    assert!(text.contains("relay pass failed; backing off") || text.contains("notification connection lost"), "restart not logged");
+    eprintln!("postgres restart: {} messages", ids.len());
+}
