@@ -26,6 +26,7 @@
 //! |---|---|
 //! | `message` | [`Message`]: key = entity id, the four standard headers, JSON body |
 //! | `topic` | [`validate_topic`]: seed 002's topic naming rules |
+//! | `topics` | [`topics::apply_file`]: topics as code (main, retry chain, DLQ) |
 //! | `schema` | [`Schema`]: the validated Postgres schema holding the tables |
 //! | `sql` | every SQL statement, rendered once per schema |
 //! | `enqueue` | [`enqueue`], [`enqueue_batch`], [`Enqueuer`]: write in the caller's transaction |
@@ -55,6 +56,7 @@ mod schema;
 mod sql;
 mod status;
 mod topic;
+pub mod topics;
 
 pub use backoff::{Backoff, DEFAULT_BACKOFF_BASE, DEFAULT_BACKOFF_MAX};
 pub use cleanup::{cleanup, CleanupError, CleanupReport};

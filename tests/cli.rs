@@ -281,3 +281,40 @@ async fn sigterm_mid_backlog_exits_0_leaves_nothing_locked_and_a_new_relay_finis
     let got: HashSet<String> = read_all(&topic).await.iter().map(Record::message_id).collect();
     assert_eq!(got, ids.into_iter().collect::<HashSet<_>>(), "every message reached Kafka");
 }
+
+#[tokio::test]
+async fn topics_apply_creates_chain_then_verifies_and_reports_differences() {
+    use rdkafka::admin::{AdminClient, AdminOptions, ResourceSpecifier};
+    let db = fresh_db().await;
+    let base = topic_name();
+    let dir = std::env::temp_dir().join(format!("topics-{}", hex(8)));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("topics.toml");
+    std::fs::write(&file, format!("[defaults]\npartitions = 2\n[[topic]]\nname = \"{base}\"\n")).unwrap();
+    let f = file.to_str().unwrap();
+
+    let o = run(outbox_cmd(&db).args(["topics", "apply", f]));
+    assert!(o.status.success(), "{}", text(&o));
+    for suffix in ["", ".retry-5s", ".retry-30s", ".retry-5m", ".dlq"] {
+        assert!(text(&o).contains(&format!("created   {base}{suffix}\n")), "{}", text(&o));
+    }
+    let admin: AdminClient<rdkafka::client::DefaultClientContext> =
+        rdkafka::ClientConfig::new().set("bootstrap.servers", bootstrap()).create().unwrap();
+    let dlq = format!("{base}.dlq");
+    let cfg = admin.describe_configs([&ResourceSpecifier::Topic(&dlq)], &AdminOptions::new()).await.unwrap();
+    let retention = cfg[0].as_ref().unwrap().get("retention.ms").unwrap().value.clone().unwrap();
+    assert_eq!(retention, "2592000000", "DLQ keeps 30 days");
+
+    let o = run(outbox_cmd(&db).args(["topics", "apply", f]));
+    assert!(o.status.success() && text(&o).contains(&format!("ok        {base}\n")), "{}", text(&o));
+
+    std::fs::write(&file, format!("[[topic]]\nname = \"{base}\"\npartitions = 4\n")).unwrap();
+    let o = run(outbox_cmd(&db).args(["topics", "apply", f]));
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(text(&o).contains("DIFFERS") && text(&o).contains("2 partitions on the broker, 4 in the file"), "{}", text(&o));
+
+    std::fs::write(&file, "[[topic]]\nname = \"bad name\"\n").unwrap();
+    let o = run(outbox_cmd(&db).args(["topics", "apply", f]));
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("invalid topic name"), "{}", text(&o));
+}

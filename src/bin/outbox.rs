@@ -106,12 +106,28 @@ enum Command {
         #[arg(long)]
         id: Option<i64>,
     },
+    /// Topics as code: create/verify main, retry and dead-letter topics from a TOML file.
+    Topics {
+        #[command(subcommand)]
+        action: TopicsAction,
+    },
     /// Delete sent rows and processed_messages past retention, in bounded batches.
     Cleanup {
         #[command(flatten)]
         db: DbArgs,
         #[command(flatten)]
         cleanup: CleanupArgs,
+    },
+}
+
+#[derive(Subcommand)]
+enum TopicsAction {
+    /// Create missing topics and verify existing ones (exit 1 when one differs).
+    Apply {
+        /// The TOML file (see `topics.toml`).
+        file: String,
+        #[command(flatten)]
+        kafka: KafkaArgs,
     },
 }
 
@@ -244,6 +260,28 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 }
             }
         }
+        Command::Topics { action: TopicsAction::Apply { file, kafka } } => {
+            let kafka = kafka_config(&kafka)?;
+            let specs = match std::fs::read_to_string(&file) {
+                Ok(text) => outbox::topics::plan(&text).map_err(|e| UsageError(format!("{file}: {e}")))?,
+                Err(e) => return Err(UsageError(format!("cannot read {file}: {e}")).into()),
+            };
+            let results = outbox::topics::apply(&kafka, &specs).await.context("topics apply failed")?;
+            let mut differs = 0;
+            for r in &results {
+                match r {
+                    outbox::topics::Applied::Created(n) => println!("created   {n}"),
+                    outbox::topics::Applied::Unchanged(n) => println!("ok        {n}"),
+                    outbox::topics::Applied::Differs { name, actual, expected } => {
+                        differs += 1;
+                        println!("DIFFERS   {name}: {actual} partitions on the broker, {expected} in the file");
+                    }
+                }
+            }
+            if differs > 0 {
+                anyhow::bail!("{differs} topic(s) differ from {file}; change them by hand or fix the file");
+            }
+        }
         Command::Cleanup { db, cleanup } => {
             let db = db_config(&db)?;
             if cleanup.cleanup_batch_size == 0 {
@@ -266,6 +304,7 @@ fn main() -> ExitCode {
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info,tokio_postgres=warn,refinery_core=warn".into()),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let rt = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
         Ok(rt) => rt,

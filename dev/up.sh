@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Brings up everything the demo and the tests need on a fresh machine, loopback only:
+# build prerequisites, PostgreSQL (Debian package) and Apache Kafka 4.x (KRaft, Maven Central jars).
+# Idempotent: with everything already up it returns in about a second.
+set -euo pipefail
+DEV="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+
+need_apt=()
+command -v java >/dev/null || need_apt+=(openjdk-17-jre-headless)
+command -v mvn >/dev/null || need_apt+=(maven)
+command -v pkg-config >/dev/null || need_apt+=(pkg-config)
+pkg-config --exists openssl 2>/dev/null || need_apt+=(libssl-dev)
+[ -e /usr/include/zlib.h ] || need_apt+=(zlib1g-dev)
+command -v make >/dev/null || need_apt+=(build-essential)
+command -v psql >/dev/null || need_apt+=(postgresql-client)
+if [ ${#need_apt[@]} -gt 0 ]; then
+  echo "[up] installing ${need_apt[*]} from Debian's packages" >&2
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq "${need_apt[@]}" >/dev/null
+fi
+command -v cargo >/dev/null || { echo "[up] cargo not found: install Rust (rustup)" >&2; exit 1; }
+
+"$DEV/postgres.sh" start
+"$DEV/kafka.sh" start

@@ -1,0 +1,64 @@
+//! A domain service that writes an order and its `orders.created` event in ONE transaction.
+//!
+//! Run it after `outbox migrate` (the demo, `dev/demo.sh`, does all of it):
+//!
+//! ```sh
+//! DATABASE_URL=postgres://outbox:outbox@127.0.0.1:5432/outbox cargo run --example order_service -- 5
+//! ```
+//!
+//! The order row and the outbox row commit together: if anything fails before `commit`, neither
+//! exists and no event is ever published. After `commit`, `outbox relay` publishes the event —
+//! even if this process dies the next instant. Every fifth order here is deliberately rolled
+//! back to show that a rolled-back order announces nothing.
+
+use outbox::{Enqueuer, Message, Schema};
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let count: usize = std::env::args().nth(1).map_or(Ok(5), |s| s.parse())?;
+    let url = std::env::var("DATABASE_URL")?;
+    let schema = std::env::var("OUTBOX_SCHEMA").unwrap_or_else(|_| "public".into());
+    let db = outbox::DbConfig::new(&url, &schema)?;
+    let mut client = outbox::connect(&db).await?;
+    let outbox = Enqueuer::new(&Schema::new(&schema)?);
+
+    client
+        .batch_execute(
+            "CREATE TABLE IF NOT EXISTS orders (
+                 order_number text PRIMARY KEY,
+                 customer     text NOT NULL,
+                 total_cents  bigint NOT NULL,
+                 created_at   timestamptz NOT NULL DEFAULT now())",
+        )
+        .await?;
+
+    let run = uuid::Uuid::now_v7().simple().to_string();
+    for i in 1..=count {
+        let number = format!("A-{}-{i}", &run[20..]);
+        let customer = format!("customer-{}", i % 3);
+        let total_cents = 1000 + 250 * i as i64;
+
+        let tx = client.transaction().await?;
+        tx.execute(
+            "INSERT INTO orders (order_number, customer, total_cents) VALUES ($1, $2, $3)",
+            &[&number, &customer, &total_cents],
+        )
+        .await?;
+        let event = Message::new(
+            "orders.created",
+            "order_created",
+            &number, // the entity id: the Kafka key, so one order's events stay in order
+            serde_json::json!({ "order_number": number, "customer": customer, "total_cents": total_cents }),
+        );
+        outbox.enqueue(&tx, &event).await?;
+
+        if i % 5 == 0 {
+            tx.rollback().await?;
+            println!("rolled back {number} (no order row, no event)");
+        } else {
+            tx.commit().await?;
+            println!("created {number}  message_id={}", event.message_id());
+        }
+    }
+    Ok(())
+}
