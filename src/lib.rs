@@ -32,6 +32,7 @@
 //! | `enqueue` | [`enqueue`], [`enqueue_batch`], [`Enqueuer`]: write in the caller's transaction |
 //! | `migrate` | [`migrate()`]: embedded refinery migrations (`migrations/`) |
 //! | `relay` | [`Relay`]: take → send → mark, [`Relay::run_once`] and [`Relay::run`] |
+//! | `consumer` | [`consumer::Consumer`]: idempotent handlers, offsets, retries, dead letters; [`consumer::Inbox`] |
 //! | `cleanup` | [`cleanup()`]: retention deletes in bounded batches |
 //! | `status` | [`status()`] and [`requeue`]: operator views and repair |
 //! | `config` | [`DbConfig`], [`KafkaConfig`], [`RelayConfig`], [`CleanupConfig`] with named defaults |
@@ -47,6 +48,7 @@ mod backoff;
 pub mod classify;
 mod cleanup;
 mod config;
+pub mod consumer;
 mod db;
 mod enqueue;
 mod message;

@@ -220,3 +220,73 @@ pub async fn enqueue_n(db: &DbConfig, topic: &str, n: usize, keys: usize, per_tx
     }
     ids
 }
+
+/// Produces one record directly (bypassing the outbox), for duplicates and hostile input.
+pub async fn produce(topic: &str, key: Option<&[u8]>, headers: &[(&str, &[u8])], payload: Option<&[u8]>) {
+    use rdkafka::message::{Header, OwnedHeaders};
+    use rdkafka::producer::{FutureProducer, FutureRecord};
+    static PRODUCER: std::sync::OnceLock<FutureProducer> = std::sync::OnceLock::new();
+    let p = PRODUCER.get_or_init(|| {
+        ClientConfig::new().set("bootstrap.servers", bootstrap()).set("linger.ms", "1").create().unwrap()
+    });
+    let mut h = OwnedHeaders::new();
+    for (k, v) in headers {
+        h = h.insert(Header { key: k, value: Some(*v) });
+    }
+    let mut rec: rdkafka::producer::FutureRecord<'_, [u8], [u8]> = FutureRecord::to(topic).headers(h);
+    if let Some(k) = key {
+        rec = rec.key(k);
+    }
+    if let Some(pl) = payload {
+        rec = rec.payload(pl);
+    }
+    p.send(rec, Duration::from_secs(10)).await.expect("produce");
+}
+
+/// Produces a well-formed event with the four standard headers.
+pub async fn produce_event(topic: &str, key: &str, message_type: &str, message_id: &str, body: &serde_json::Value) {
+    let body = serde_json::to_vec(body).unwrap();
+    produce(
+        topic,
+        Some(key.as_bytes()),
+        &[
+            ("message_type", message_type.as_bytes()),
+            ("entity_id", key.as_bytes()),
+            ("message_id", message_id.as_bytes()),
+            ("timestamp", b"2026-01-15T12:34:56Z"),
+        ],
+        Some(&body),
+    )
+    .await;
+}
+
+/// The group's committed offset for one partition (None when nothing committed).
+pub async fn committed(group: &str, topic: &str, partition: i32) -> Option<i64> {
+    let (group, topic) = (group.to_owned(), topic.to_owned());
+    tokio::task::spawn_blocking(move || {
+        let c: BaseConsumer = ClientConfig::new()
+            .set("bootstrap.servers", bootstrap())
+            .set("group.id", &group)
+            .set("enable.auto.commit", "false")
+            .create()
+            .unwrap();
+        let mut tpl = TopicPartitionList::new();
+        tpl.add_partition(&topic, partition);
+        let got = c.committed_offsets(tpl, Duration::from_secs(10)).unwrap();
+        match got.find_partition(&topic, partition).unwrap().offset() {
+            Offset::Offset(o) => Some(o),
+            _ => None,
+        }
+    })
+    .await
+    .unwrap()
+}
+
+/// Creates `topic`, its `.dlq` and (for the given delays) its retry topics.
+pub async fn create_topic_family(topic: &str, partitions: i32, retry_suffixes: &[&str]) {
+    create_topic(topic, partitions).await;
+    create_topic(&format!("{topic}.dlq"), partitions).await;
+    for s in retry_suffixes {
+        create_topic(&format!("{topic}.{s}"), partitions).await;
+    }
+}

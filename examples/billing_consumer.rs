@@ -1,0 +1,77 @@
+//! A billing service that consumes `orders.created` (from `order_service`) and charges each
+//! order exactly once, however often Kafka delivers it.
+//!
+//! ```sh
+//! DATABASE_URL=postgres://outbox:outbox@127.0.0.1:5432/outbox \
+//! KAFKA_BOOTSTRAP_SERVERS=127.0.0.1:9092 cargo run --example billing_consumer
+//! ```
+//!
+//! At-least-once delivery means redeliveries after a crash or rebalance; the runtime records
+//! each message's id in `processed_messages` in the same transaction as the charge, so a
+//! redelivered order is skipped instead of charged twice. Offsets are committed only past
+//! messages whose outcome is final, so a `kill -9` loses nothing either. The `charges` table
+//! deliberately has no unique constraint: exactly-once here is the inbox's doing.
+//!
+//! Environment: `OUTBOX_SCHEMA` (default `public`), `BILLING_TOPIC` (`orders.created`),
+//! `BILLING_GROUP` (`billing-service`), `BILLING_CONCURRENCY` (16).
+
+use outbox::consumer::{BoxFuture, Consumer, ConsumerConfig, Delivered, HandlerError};
+
+/// Charges one order: validation failures are permanent (dead-lettered), database trouble is
+/// classified by SQLSTATE (serialization failures and lost connections are retried).
+fn charge<'a>(msg: &'a Delivered, tx: &'a tokio_postgres::Transaction<'a>) -> BoxFuture<'a, Result<(), HandlerError>> {
+    Box::pin(async move {
+        let body = msg.json();
+        let order = body["order_number"].as_str().ok_or_else(|| HandlerError::permanent("order_number missing"))?;
+        let cents = body["total_cents"].as_i64().ok_or_else(|| HandlerError::permanent("total_cents missing"))?;
+        if cents <= 0 {
+            return Err(HandlerError::permanent(format!("refusing to charge {cents} cents")));
+        }
+        tx.execute(
+            "INSERT INTO charges (order_number, amount_cents, message_id) VALUES ($1, $2, $3)",
+            &[&order, &cents, &msg.message_id],
+        )
+        .await?;
+        Ok(())
+    })
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
+        .init();
+    let env = |k: &str, d: &str| std::env::var(k).unwrap_or_else(|_| d.to_owned());
+    let db = outbox::DbConfig::new(&std::env::var("DATABASE_URL")?, &env("OUTBOX_SCHEMA", "public"))?;
+    let kafka = outbox::KafkaConfig::new(&std::env::var("KAFKA_BOOTSTRAP_SERVERS")?)?;
+
+    let client = outbox::connect(&db).await?;
+    client
+        .batch_execute(&format!(
+            "CREATE TABLE IF NOT EXISTS {}.charges (
+                 id           bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+                 order_number text   NOT NULL,
+                 amount_cents bigint NOT NULL,
+                 message_id   text   NOT NULL,
+                 charged_at   timestamptz NOT NULL DEFAULT now())",
+            db.schema.quoted()
+        ))
+        .await?;
+
+    let mut config = ConsumerConfig::new(env("BILLING_GROUP", "billing-service"), [env("BILLING_TOPIC", "orders.created")]);
+    config.concurrency = env("BILLING_CONCURRENCY", "16").parse()?;
+    let consumer = Consumer::new(&db, &kafka, config)?.handler("order_created", charge);
+    let stats = consumer.stats();
+    consumer
+        .run(async {
+            let _ = tokio::signal::ctrl_c().await;
+        })
+        .await?;
+    eprintln!(
+        "handled={} duplicates={} dead_lettered={}",
+        outbox::consumer::ConsumerStats::get(&stats.handled),
+        outbox::consumer::ConsumerStats::get(&stats.duplicates),
+        outbox::consumer::ConsumerStats::get(&stats.dead_lettered)
+    );
+    Ok(())
+}

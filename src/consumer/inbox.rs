@@ -1,0 +1,65 @@
+//! The inbox: `processed_messages` as a dedupe record written in the handler's transaction.
+
+use tokio_postgres::GenericClient;
+
+use crate::schema::Schema;
+
+/// Dedupe for idempotent handlers (seed 002, step 6), usable without the consumer runtime.
+///
+/// Call [`Inbox::mark`] first inside the transaction that applies the message's business
+/// change: it inserts `(consumer_group, topic, message_id)` with `ON CONFLICT DO NOTHING`.
+/// `true` means first delivery: do the work and commit both. `false` means a duplicate: do
+/// nothing. A rollback removes the mark with the work, so "marked but not done" cannot happen.
+///
+/// ```no_run
+/// # async fn demo(client: &mut tokio_postgres::Client) -> Result<(), tokio_postgres::Error> {
+/// let inbox = outbox::consumer::Inbox::new(&outbox::Schema::default(), "billing-service");
+/// let tx = client.transaction().await?;
+/// if inbox.mark(&tx, "orders.created", "01a2…").await? {
+///     tx.execute("UPDATE accounts SET balance = balance - 15 WHERE id = 7", &[]).await?;
+/// }
+/// tx.commit().await?;
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct Inbox {
+    insert: String,
+    group: String,
+}
+
+/// What [`Inbox`]-guarded handling did with a message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InboxOutcome {
+    /// First delivery: the handler ran and its transaction committed.
+    Processed,
+    /// Already processed by this group: skipped without side effects.
+    Duplicate,
+}
+
+impl Inbox {
+    /// An inbox for `group` over `schema.processed_messages`.
+    pub fn new(schema: &Schema, group: impl Into<String>) -> Self {
+        Self {
+            insert: format!(
+                "INSERT INTO {}.processed_messages (consumer_group, topic, message_id) \
+                 VALUES ($1, $2, $3) ON CONFLICT DO NOTHING RETURNING 1",
+                schema.quoted()
+            ),
+            group: group.into(),
+        }
+    }
+
+    /// The consumer group this inbox records for.
+    pub fn group(&self) -> &str {
+        &self.group
+    }
+
+    /// Records the message in the caller's transaction. Returns `true` on first delivery,
+    /// `false` for a duplicate.
+    ///
+    /// # Errors
+    /// The Postgres error; the caller's transaction is then aborted.
+    pub async fn mark<C: GenericClient>(&self, tx: &C, topic: &str, message_id: &str) -> Result<bool, tokio_postgres::Error> {
+        Ok(tx.query_opt(&self.insert, &[&self.group, &topic, &message_id]).await?.is_some())
+    }
+}

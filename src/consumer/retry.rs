@@ -1,0 +1,103 @@
+//! Retry strategies for transient handler failures.
+
+use std::time::Duration;
+
+/// Default in-place attempts (seed 002).
+pub const DEFAULT_IN_PLACE_ATTEMPTS: u32 = 3;
+/// Default first in-place backoff (seed 002).
+pub const DEFAULT_IN_PLACE_BASE: Duration = Duration::from_millis(500);
+/// Longest in-place backoff.
+pub const DEFAULT_IN_PLACE_MAX: Duration = Duration::from_secs(30);
+/// Default retry-topic schedule (seed 001): `.retry-5s`, `.retry-30s`, `.retry-5m`.
+pub const DEFAULT_RETRY_DELAYS: [Duration; 3] =
+    [Duration::from_secs(5), Duration::from_secs(30), Duration::from_secs(300)];
+
+/// How a transient failure is retried. Permanent failures, decode errors and panics are never
+/// retried: they go to `<topic>.dlq` at once.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RetryStrategy {
+    /// Retry within the consumer, holding the message's key (order-preserving, blocking that
+    /// key only): attempt `n` (1-based) waits `min(max, base * 2^(n-1))` ± 25 % jitter before
+    /// attempt `n+1`; after `attempts` attempts the message is dead-lettered as
+    /// `transient-exhausted`. With the defaults: 0.5 s, 1 s, then the DLQ.
+    InPlace {
+        /// Total attempts, at least 1.
+        attempts: u32,
+        /// First backoff.
+        base: Duration,
+        /// Backoff cap.
+        max: Duration,
+    },
+    /// Non-blocking retry topics (seed 001): a transient failure forwards the message to
+    /// `<topic>.retry-<delays[0]>`, then `.retry-<delays[1]>`, …, then `<topic>.dlq`. The
+    /// consumer reads the retry topics too and handles a record only once `delay` has passed
+    /// since it was written, pausing that retry partition meanwhile. Per-key order is not kept
+    /// across a retry (the price of not blocking the partition).
+    Topics {
+        /// Delay of each hop; whole seconds, at least 1 s.
+        delays: Vec<Duration>,
+    },
+}
+
+impl Default for RetryStrategy {
+    fn default() -> Self {
+        Self::InPlace { attempts: DEFAULT_IN_PLACE_ATTEMPTS, base: DEFAULT_IN_PLACE_BASE, max: DEFAULT_IN_PLACE_MAX }
+    }
+}
+
+impl RetryStrategy {
+    /// The retry-topic schedule of seed 001.
+    pub fn default_topics() -> Self {
+        Self::Topics { delays: DEFAULT_RETRY_DELAYS.to_vec() }
+    }
+
+    /// The in-place wait after failed attempt `n` (1-based).
+    pub(crate) fn in_place_delay(base: Duration, max: Duration, n: u32) -> Duration {
+        let raw = base.saturating_mul(1u32 << (n.saturating_sub(1)).min(20)).min(max);
+        raw.mul_f64(0.75 + fastrand::f64() * 0.5)
+    }
+}
+
+/// The suffix of a retry topic for `delay`: `retry-5s`, `retry-30s`, `retry-5m`, `retry-1h`.
+///
+/// # Errors
+/// A message when the delay is below 1 s or not a whole number of seconds.
+pub fn retry_suffix(delay: Duration) -> Result<String, String> {
+    if delay < Duration::from_secs(1) || delay.subsec_nanos() != 0 {
+        return Err(format!("retry delay {delay:?} must be a whole number of seconds, at least 1 s"));
+    }
+    let s = delay.as_secs();
+    Ok(if s % 3600 == 0 {
+        format!("retry-{}h", s / 3600)
+    } else if s % 60 == 0 {
+        format!("retry-{}m", s / 60)
+    } else {
+        format!("retry-{s}s")
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn suffixes_follow_seed_001() {
+        let names: Vec<_> = DEFAULT_RETRY_DELAYS.iter().map(|d| retry_suffix(*d).unwrap()).collect();
+        assert_eq!(names, ["retry-5s", "retry-30s", "retry-5m"]);
+        assert_eq!(retry_suffix(Duration::from_secs(7200)).unwrap(), "retry-2h");
+        assert!(retry_suffix(Duration::from_millis(1500)).is_err());
+        assert!(retry_suffix(Duration::from_millis(0)).is_err());
+    }
+
+    #[test]
+    fn in_place_delays_grow_and_cap() {
+        let b = Duration::from_millis(500);
+        let m = Duration::from_secs(2);
+        let d1 = RetryStrategy::in_place_delay(b, m, 1);
+        let d3 = RetryStrategy::in_place_delay(b, m, 3);
+        let d9 = RetryStrategy::in_place_delay(b, m, 9);
+        assert!(d1 >= Duration::from_millis(375) && d1 <= Duration::from_millis(625));
+        assert!(d3 >= Duration::from_millis(1500));
+        assert!(d9 <= Duration::from_millis(2500));
+    }
+}
