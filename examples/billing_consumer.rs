@@ -13,7 +13,8 @@
 //! deliberately has no unique constraint: exactly-once here is the inbox's doing.
 //!
 //! Environment: `OUTBOX_SCHEMA` (default `public`), `BILLING_TOPIC` (`orders.created`),
-//! `BILLING_GROUP` (`billing-service`), `BILLING_CONCURRENCY` (16).
+//! `BILLING_GROUP` (`billing-service`), `BILLING_CONCURRENCY` (16), `OUTBOX_KAFKA_PROPERTIES`
+//! (`name=value;…`, passed to librdkafka).
 
 use outbox::consumer::{BoxFuture, Consumer, ConsumerConfig, Delivered, HandlerError};
 
@@ -43,7 +44,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .init();
     let env = |k: &str, d: &str| std::env::var(k).unwrap_or_else(|_| d.to_owned());
     let db = outbox::DbConfig::new(&std::env::var("DATABASE_URL")?, &env("OUTBOX_SCHEMA", "public"))?;
-    let kafka = outbox::KafkaConfig::new(&std::env::var("KAFKA_BOOTSTRAP_SERVERS")?)?;
+    let mut kafka = outbox::KafkaConfig::new(&std::env::var("KAFKA_BOOTSTRAP_SERVERS")?)?;
+    // Extra librdkafka properties, `name=value;name=value` (e.g. SASL settings).
+    for pair in env("OUTBOX_KAFKA_PROPERTIES", "").split(';').filter(|p| !p.trim().is_empty()) {
+        kafka.set_from_pair(pair.trim())?;
+    }
 
     let client = outbox::connect(&db).await?;
     client

@@ -463,3 +463,78 @@ async fn graceful_stop_mid_retry_commits_nothing_past_the_unfinished_message() {
     h.await.unwrap().unwrap();
     assert_eq!(committed(&s.group, &s.topic, 0).await, Some(1), "commit stops at the unfinished message");
 }
+
+fn example_binary(name: &str) -> std::path::PathBuf {
+    // target/<profile>/deps/<test> → target/<profile>/examples/<name>; cargo test builds examples.
+    let exe = std::env::current_exe().unwrap();
+    let p = exe.parent().unwrap().parent().unwrap().join("examples").join(name);
+    assert!(p.exists(), "{} not built (run `cargo test`, which builds examples)", p.display());
+    p
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn billing_consumer_killed_with_sigkill_mid_run_charges_every_order_exactly_once() {
+    let s = setup(6, &[]).await;
+    let total: usize = 20_000;
+    s.c.batch_execute(
+        "CREATE TABLE charges (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, order_number text NOT NULL,
+                               amount_cents bigint NOT NULL, message_id text NOT NULL, charged_at timestamptz NOT NULL DEFAULT now())",
+    )
+    .await
+    .unwrap();
+    {
+        let mut c = client(&s.db).await;
+        let enq = outbox::Enqueuer::new(&s.db.schema);
+        for chunk in 0..(total / 2000) {
+            let tx = c.transaction().await.unwrap();
+            let msgs: Vec<_> = (chunk * 2000..(chunk + 1) * 2000)
+                .map(|i| {
+                    let order = format!("o-{i}");
+                    outbox::Message::new(&s.topic, "order_created", &order, serde_json::json!({"order_number": order, "total_cents": 100 + i}))
+                })
+                .collect();
+            enq.enqueue_batch(&tx, &msgs).await.unwrap();
+            tx.commit().await.unwrap();
+        }
+        let relay = outbox::Relay::new(&s.db, &kafka(), relay_config()).unwrap();
+        assert_eq!(drain(&relay).await, total);
+    }
+    let spawn = || {
+        std::process::Command::new(example_binary("billing_consumer"))
+            .env("DATABASE_URL", database_url())
+            .env("KAFKA_BOOTSTRAP_SERVERS", bootstrap())
+            .env("OUTBOX_SCHEMA", s.db.schema.name())
+            .env("BILLING_TOPIC", &s.topic)
+            .env("BILLING_GROUP", &s.group)
+            .env("BILLING_CONCURRENCY", "16")
+            .env("RUST_LOG", "warn")
+            // A SIGKILLed member stays in the group until its session times out; keep that short
+            // (the broker's minimum is 6 s) so restarts rebalance quickly.
+            .env("OUTBOX_KAFKA_PROPERTIES", "session.timeout.ms=6000;heartbeat.interval.ms=1000")
+            .stdin(std::process::Stdio::null())
+            .spawn()
+            .unwrap()
+    };
+    let charged = || async { count(&s.c, "SELECT count(DISTINCT order_number) FROM charges").await };
+    let mut kills = 0;
+    let t0 = std::time::Instant::now();
+    for threshold in [3_000i64, 9_000, 15_000] {
+        let mut child = spawn();
+        wait_until(Duration::from_secs(120), "consumer makes progress", || async { charged().await >= threshold }).await;
+        eprintln!("{:?}: {threshold} charged, killing", t0.elapsed());
+        child.kill().unwrap(); // SIGKILL: no graceful stop, no final commit
+        child.wait().unwrap();
+        kills += 1;
+    }
+    let mut child = spawn();
+    wait_until(Duration::from_secs(120), "every order charged", || async { charged().await == total as i64 }).await;
+    let charges = count(&s.c, "SELECT count(*) FROM charges").await;
+    let marks = count(&s.c, "SELECT count(*) FROM processed_messages").await;
+    std::process::Command::new("kill").args(["-INT", &child.id().to_string()]).status().unwrap();
+    let status = child.wait().unwrap();
+    assert!(status.success(), "graceful stop after the run");
+    eprintln!("billing consumer: {total} orders, {kills} SIGKILLs, {charges} charges, {marks} inbox marks");
+    assert_eq!(charges, total as i64, "every order charged exactly once despite {kills} kills");
+    assert_eq!(marks, total as i64);
+    assert_eq!(topic_len(&format!("{}.dlq", s.topic)).await, 0, "DLQ empty");
+}
