@@ -51,28 +51,40 @@ pub(crate) async fn run_with(
 ) -> Result<CleanupReport, CleanupError> {
     let mut report = CleanupReport::default();
     let batch = i64::try_from(config.batch_size).unwrap_or(i64::MAX);
-    for (sql, retention, is_outbox) in [
-        (&stmts.cleanup_outbox, config.sent_retention, true),
-        (&stmts.cleanup_processed, config.processed_retention, false),
-    ] {
-        let secs = retention.as_secs_f64();
-        loop {
-            if cancel.is_cancelled() {
-                return Ok(report);
-            }
-            let client = pool.get().await?;
-            let started = Instant::now();
-            let n = client.execute(sql.as_str(), &[&secs, &batch]).await?;
-            report.longest_statement = report.longest_statement.max(started.elapsed());
-            report.statements += 1;
-            if is_outbox {
-                report.outbox_deleted += n;
-            } else {
-                report.processed_deleted += n;
-            }
-            if n < batch as u64 {
-                break;
-            }
+    let mut last_id: i64 = 0;
+    loop {
+        if cancel.is_cancelled() {
+            return Ok(report);
+        }
+        let client = pool.get().await?;
+        let started = Instant::now();
+        let row = client
+            .query_one(stmts.cleanup_outbox.as_str(), &[&config.sent_retention.as_secs_f64(), &batch, &last_id])
+            .await?;
+        report.longest_statement = report.longest_statement.max(started.elapsed());
+        report.statements += 1;
+        let n: i64 = row.get(0);
+        last_id = row.get(1);
+        report.outbox_deleted += n as u64;
+        if n < batch {
+            break;
+        }
+    }
+    loop {
+        if cancel.is_cancelled() {
+            return Ok(report);
+        }
+        let client = pool.get().await?;
+        let started = Instant::now();
+        let n: i64 = client
+            .query_one(stmts.cleanup_processed.as_str(), &[&config.processed_retention.as_secs_f64(), &batch])
+            .await?
+            .get(0);
+        report.longest_statement = report.longest_statement.max(started.elapsed());
+        report.statements += 1;
+        report.processed_deleted += n as u64;
+        if n < batch {
+            break;
         }
     }
     Ok(report)

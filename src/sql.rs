@@ -43,24 +43,31 @@ const ENQUEUE_BATCH: &str = "\
 INSERT INTO {s}outbox (topic, message_key, headers, payload)
 SELECT * FROM unnest($1::text[], $2::text[], $3::jsonb[], $4::jsonb[])";
 
-/// Delete one bounded batch of sent rows older than `$1` seconds; `$2` = batch size.
-/// `SKIP LOCKED` keeps cleanup from ever waiting on a relay.
+/// Delete one bounded batch of sent rows older than `$1` seconds; `$2` = batch size, `$3` =
+/// the highest id deleted by the previous batch (keyset: each batch resumes where the last one
+/// stopped, so the deleted region is never rescanned and a whole run reads the table once).
+/// `SKIP LOCKED` keeps cleanup from ever waiting on a relay. Returns (deleted, max id).
 const CLEANUP_OUTBOX: &str = "\
 WITH doomed AS (
     SELECT id FROM {s}.outbox
-     WHERE status = 'sent' AND sent_at < now() - make_interval(secs => $1)
+     WHERE id > $3 AND status = 'sent' AND sent_at < now() - make_interval(secs => $1)
+     ORDER BY id
      LIMIT $2
-     FOR UPDATE SKIP LOCKED)
-DELETE FROM {s}.outbox AS o USING doomed WHERE o.id = doomed.id";
+     FOR UPDATE SKIP LOCKED),
+gone AS (DELETE FROM {s}.outbox AS o USING doomed WHERE o.id = doomed.id RETURNING o.id)
+SELECT count(*)::bigint, coalesce(max(id), $3) FROM gone";
 
-/// Delete one bounded batch of processed-message marks older than `$1` seconds; `$2` = batch size.
+/// Delete one bounded batch of processed-message marks older than `$1` seconds, oldest first
+/// through the `processed_at` index; `$2` = batch size. Returns the number deleted.
 const CLEANUP_PROCESSED: &str = "\
 WITH doomed AS (
     SELECT ctid FROM {s}.processed_messages
      WHERE processed_at < now() - make_interval(secs => $1)
+     ORDER BY processed_at
      LIMIT $2
-     FOR UPDATE SKIP LOCKED)
-DELETE FROM {s}.processed_messages AS p USING doomed WHERE p.ctid = doomed.ctid";
+     FOR UPDATE SKIP LOCKED),
+gone AS (DELETE FROM {s}.processed_messages AS p USING doomed WHERE p.ctid = doomed.ctid RETURNING 1)
+SELECT count(*)::bigint FROM gone";
 
 /// Counts and oldest row per status.
 const STATUS_COUNTS: &str = "\

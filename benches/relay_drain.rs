@@ -1,0 +1,58 @@
+//! Relay throughput: N pending rows (≈200-byte payloads, 1,000 keys, a 6-partition topic)
+//! drained to empty by one relay, then by two relays side by side → msgs/s.
+//!
+//! `cargo bench --bench relay_drain` (env: ROWS=200000, BATCH=…); smoke size under cargo test.
+
+#[path = "support.rs"]
+mod support;
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use support::*;
+
+async fn drain_with(relays: usize, rows: usize, batch: usize) -> serde_json::Value {
+    let db = fresh_db().await;
+    let topic = format!("bench.{}.created", rand_name(8));
+    create_topic(&topic, 6).await;
+    fill_outbox(&db, &topic, rows, 1000).await;
+    let cfg = outbox::RelayConfig { batch_size: batch, cleanup: outbox::CleanupConfig { interval: None, ..Default::default() }, ..Default::default() };
+    let rs: Vec<Arc<outbox::Relay>> = (0..relays).map(|_| Arc::new(outbox::Relay::new(&db, &kafka(), cfg.clone()).unwrap())).collect();
+    let started = Instant::now();
+    let tasks: Vec<_> = rs
+        .iter()
+        .map(|r| {
+            let r = r.clone();
+            tokio::spawn(async move {
+                let mut sent = 0usize;
+                while let outbox::Outcome::Published(b) = r.run_once().await.unwrap() {
+                    sent += b.sent;
+                }
+                sent
+            })
+        })
+        .collect();
+    let mut sent = 0;
+    for t in tasks {
+        sent += t.await.unwrap();
+    }
+    // One relay may stop on "empty" while the other still holds a batch: finish it.
+    while let outbox::Outcome::Published(b) = rs[0].run_once().await.unwrap() {
+        sent += b.sent;
+    }
+    let secs = started.elapsed().as_secs_f64();
+    assert_eq!(sent, rows, "every row sent");
+    drop_schema(&db).await;
+    delete_topic(&topic).await;
+    serde_json::json!({"relays": relays, "rows": rows, "seconds": round2(secs), "msgs_per_sec": (rows as f64 / secs).round()})
+}
+
+#[tokio::main]
+async fn main() {
+    let rows = param("ROWS", if full() { 200_000 } else { 2_000 });
+    let batch = param("BATCH", outbox::DEFAULT_BATCH_SIZE);
+    for relays in [1, 2] {
+        let r = drain_with(relays, rows, batch).await;
+        emit("relay_drain", serde_json::json!({"rows": rows, "keys": 1000, "partitions": 6, "batch": batch, "relays": relays}), r);
+    }
+}
