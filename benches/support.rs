@@ -41,8 +41,13 @@ pub async fn drop_schema(db: &outbox::DbConfig) {
     c.batch_execute(&format!("DROP SCHEMA {} CASCADE", db.schema.quoted())).await.unwrap();
 }
 
+/// Kafka settings; extra librdkafka properties from `KAFKA_PROPERTIES` (`name=value;…`).
 pub fn kafka() -> outbox::KafkaConfig {
-    outbox::KafkaConfig::new(&bootstrap()).unwrap()
+    let mut k = outbox::KafkaConfig::new(&bootstrap()).unwrap();
+    for pair in std::env::var("KAFKA_PROPERTIES").unwrap_or_default().split(';').filter(|p| !p.is_empty()) {
+        k.set_from_pair(pair).unwrap();
+    }
+    k
 }
 
 pub async fn create_topic(name: &str, partitions: i32) {

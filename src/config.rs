@@ -12,7 +12,7 @@ use std::time::Duration;
 use crate::schema::{InvalidSchema, Schema};
 
 /// Rows claimed per relay pass.
-pub const DEFAULT_BATCH_SIZE: usize = 1000;
+pub const DEFAULT_BATCH_SIZE: usize = 2000;
 /// Largest batch accepted: a claim transaction holds its row locks while the batch is in flight.
 pub const MAX_BATCH_SIZE: usize = 50_000;
 /// Produce attempts before a row becomes `failed` (seed 002).

@@ -378,14 +378,16 @@ async fn per_key_order_holds_under_concurrency_16_with_retries() {
 #[tokio::test]
 async fn backpressure_pauses_instead_of_buffering_without_limit() {
     let s = setup(2, &[]).await;
-    for i in 0..200 {
-        produce_event(&s.topic, &format!("k{i}"), "it_event", &format!("m{i}"), &body(&s, serde_json::json!({"seq": i, "sleep_ms": 5}))).await;
+    // A stalled downstream: each handler takes 250 ms, two at a time.
+    for i in 0..24 {
+        produce_event(&s.topic, &format!("k{i}"), "it_event", &format!("m{i}"), &body(&s, serde_json::json!({"seq": i, "sleep_ms": 250}))).await;
     }
     let mut cfg = ConsumerConfig::new(&s.group, [&s.topic]);
     cfg.concurrency = 2;
     cfg.max_buffered = 8;
+    cfg.pause_after = Duration::from_millis(100);
     let r = start(&s, cfg, Probe::new(&s).await);
-    wait_until(Duration::from_secs(60), "all handled", || async { get(&r.stats.handled) == 200 }).await;
+    wait_until(Duration::from_secs(60), "all handled", || async { get(&r.stats.handled) == 24 }).await;
     assert!(get(&r.stats.backpressure_pauses) > 0);
     r.stop().await;
 }
@@ -537,4 +539,50 @@ async fn billing_consumer_killed_with_sigkill_mid_run_charges_every_order_exactl
     assert_eq!(charges, total as i64, "every order charged exactly once despite {kills} kills");
     assert_eq!(marks, total as i64);
     assert_eq!(topic_len(&format!("{}.dlq", s.topic)).await, 0, "DLQ empty");
+}
+
+/// Batch handler for the test: fails the whole batch permanently when any message asks for it.
+struct BatchProbe;
+impl outbox::consumer::BatchHandler for BatchProbe {
+    fn handle_batch<'a>(&'a self, ms: &'a [&'a Delivered], tx: &'a tokio_postgres::Transaction<'a>) -> BoxFuture<'a, Result<(), HandlerError>> {
+        Box::pin(async move {
+            if ms.iter().any(|m| m.json()["permanent"].as_bool() == Some(true)) {
+                return Err(HandlerError::permanent("bad item in batch"));
+            }
+            let ids: Vec<&str> = ms.iter().map(|m| m.message_id.as_str()).collect();
+            let keys: Vec<&str> = ms.iter().map(|m| m.key_str().unwrap_or("")).collect();
+            let seqs: Vec<i64> = ms.iter().map(|m| m.json()["seq"].as_i64().unwrap_or(-1)).collect();
+            tx.execute("INSERT INTO effects (message_id, k, seq) SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[])", &[&ids, &keys, &seqs])
+                .await?;
+            Ok(())
+        })
+    }
+}
+
+#[tokio::test]
+async fn batched_handler_dedupes_keeps_key_order_and_dead_letters_only_the_bad_message() {
+    let s = setup(2, &[]).await;
+    for seq in 0..300 {
+        produce_event(&s.topic, &format!("k{}", seq % 7), "it_event", &format!("m{seq}"), &serde_json::json!({"seq": seq})).await;
+    }
+    produce_event(&s.topic, "k0", "it_event", "m5", &serde_json::json!({"seq": 5})).await; // a duplicate
+    produce_event(&s.topic, "bad", "it_event", "poison", &serde_json::json!({"permanent": true})).await;
+    let consumer = Consumer::new(&s.db, &kafka(), ConsumerConfig::new(&s.group, [&s.topic])).unwrap().batch_handler("it_event", 50, BatchProbe);
+    let stats = consumer.stats();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let h = tokio::spawn(consumer.run(async move {
+        let _ = stopped.await;
+    }));
+    wait_until(Duration::from_secs(30), "all settled", || async {
+        get(&stats.handled) == 300 && get(&stats.duplicates) == 1 && get(&stats.dead_lettered) == 1
+    })
+    .await;
+    assert_eq!(count(&s.c, "SELECT count(*) FROM effects").await, 300);
+    let violations = count(&s.c, "SELECT count(*) FROM (SELECT seq, lag(seq) OVER (PARTITION BY k ORDER BY id) prev FROM effects) x WHERE seq <= prev").await;
+    assert_eq!(violations, 0);
+    let dlq = read_all(&format!("{}.dlq", s.topic)).await;
+    assert_eq!(dlq.len(), 1);
+    assert_eq!(dlq[0].message_id(), "poison");
+    stop.send(()).unwrap();
+    h.await.unwrap().unwrap();
 }

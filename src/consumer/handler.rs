@@ -205,6 +205,20 @@ where
     }
 }
 
+/// A handler that takes many messages in one transaction — the fast path for high-volume
+/// streams (one commit per batch instead of per message).
+///
+/// The runtime gathers up to `max_batch` ready messages of one type (each the head of its key
+/// lane, so per-key order holds), records them all in `processed_messages` with one multi-row
+/// insert and passes only the first deliveries to `handle_batch`. If the batch fails, every
+/// message is retried on its own (a batch of one) so one bad message cannot sink the others:
+/// a permanent failure then dead-letters only that message.
+pub trait BatchHandler: Send + Sync + 'static {
+    /// Handles `msgs` (first deliveries only, never empty) within `tx`.
+    fn handle_batch<'a>(&'a self, msgs: &'a [&'a Delivered], tx: &'a tokio_postgres::Transaction<'a>)
+        -> BoxFuture<'a, Result<(), HandlerError>>;
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -24,6 +24,7 @@ use crate::schema::Schema;
 #[derive(Debug, Clone)]
 pub struct Inbox {
     insert: String,
+    insert_many: String,
     group: String,
 }
 
@@ -45,6 +46,12 @@ impl Inbox {
                  VALUES ($1, $2, $3) ON CONFLICT DO NOTHING RETURNING 1",
                 schema.quoted()
             ),
+            insert_many: format!(
+                "INSERT INTO {}.processed_messages (consumer_group, topic, message_id) \
+                 SELECT $1, t, m FROM unnest($2::text[], $3::text[]) AS u(t, m) \
+                 ON CONFLICT DO NOTHING RETURNING topic, message_id",
+                schema.quoted()
+            ),
             group: group.into(),
         }
     }
@@ -61,5 +68,21 @@ impl Inbox {
     /// The Postgres error; the caller's transaction is then aborted.
     pub async fn mark<C: GenericClient>(&self, tx: &C, topic: &str, message_id: &str) -> Result<bool, tokio_postgres::Error> {
         Ok(tx.query_opt(&self.insert, &[&self.group, &topic, &message_id]).await?.is_some())
+    }
+
+    /// Records many `(topic, message_id)` pairs with one statement; returns the pairs that were
+    /// new (first deliveries). A pair repeated within the call counts once.
+    ///
+    /// # Errors
+    /// The Postgres error; the caller's transaction is then aborted.
+    pub async fn mark_many<C: GenericClient>(
+        &self,
+        tx: &C,
+        items: &[(&str, &str)],
+    ) -> Result<std::collections::HashSet<(String, String)>, tokio_postgres::Error> {
+        let topics: Vec<&str> = items.iter().map(|(t, _)| *t).collect();
+        let ids: Vec<&str> = items.iter().map(|(_, m)| *m).collect();
+        let rows = tx.query(&self.insert_many, &[&self.group, &topics, &ids]).await?;
+        Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
     }
 }

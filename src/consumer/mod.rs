@@ -19,8 +19,10 @@
 //! # Concurrency and order
 //! Up to `concurrency` handlers run at once. Messages with the same key in the same partition
 //! form a lane and run one after another, so per-key order holds (in-place retries included).
-//! At most `max_buffered` messages are accepted but unfinished; beyond that every assigned
-//! partition is paused (backpressure) and resumed at half the bound.
+//! At most `max_buffered` messages are accepted but unfinished. At the bound the runtime stops
+//! pulling (librdkafka's prefetch queue, `queued.max.messages.kbytes`, is bounded too); if no
+//! handler finishes for 2 s meanwhile (a stalled downstream), every assigned partition is paused (backpressure) until the
+//! backlog is down to half the bound. Memory stays bounded either way.
 
 mod dead_letter;
 mod handler;
@@ -29,7 +31,7 @@ mod offsets;
 mod retry;
 
 pub use dead_letter::*;
-pub use handler::{BoxFuture, Delivered, ErrorKind, Handler, HandlerError};
+pub use handler::{BatchHandler, BoxFuture, Delivered, ErrorKind, Handler, HandlerError};
 pub use inbox::{Inbox, InboxOutcome};
 pub use retry::{
     retry_suffix, RetryStrategy, DEFAULT_IN_PLACE_ATTEMPTS, DEFAULT_IN_PLACE_BASE, DEFAULT_IN_PLACE_MAX,
@@ -64,7 +66,7 @@ use offsets::OffsetTracker;
 /// Default handler concurrency.
 pub const DEFAULT_CONCURRENCY: usize = 16;
 /// Default bound on accepted-but-unfinished messages before partitions are paused.
-pub const DEFAULT_MAX_BUFFERED: usize = 1024;
+pub const DEFAULT_MAX_BUFFERED: usize = 4096;
 /// Default dead-letter suffix.
 pub const DEFAULT_DLQ_SUFFIX: &str = "dlq";
 /// Longest accepted `message_id`.
@@ -91,6 +93,9 @@ pub struct ConsumerConfig {
     pub delivery_timeout: Duration,
     /// How long shutdown waits for running handlers (default 30 s).
     pub shutdown_timeout: Duration,
+    /// At `max_buffered` with no handler finishing for this long, every partition is paused
+    /// (default [`DEFAULT_PAUSE_AFTER`]).
+    pub pause_after: Duration,
 }
 
 impl ConsumerConfig {
@@ -105,6 +110,7 @@ impl ConsumerConfig {
             dlq_suffix: DEFAULT_DLQ_SUFFIX.into(),
             delivery_timeout: Duration::from_secs(30),
             shutdown_timeout: Duration::from_secs(30),
+            pause_after: DEFAULT_PAUSE_AFTER,
         }
     }
 
@@ -270,6 +276,16 @@ struct Envelope {
     raw: Raw,
     epoch: u64,
     due: Option<Instant>,
+    origin: Origin,
+    /// Decoded before dispatch: a decode error never reaches a handler or spends retries.
+    decoded: Result<Delivered, String>,
+}
+
+/// A registered handler.
+#[derive(Clone)]
+enum HandlerRef {
+    Single(Arc<dyn Handler>),
+    Batch(Arc<dyn BatchHandler>, usize),
 }
 
 #[derive(Default)]
@@ -286,7 +302,12 @@ enum Fate {
     Abandoned,
 }
 
+/// The outcome of one task (one message, or a batch of messages from different lanes).
 struct Done {
+    items: Vec<DoneItem>,
+}
+
+struct DoneItem {
     lane: LaneKey,
     tp: Tp,
     offset: i64,
@@ -295,6 +316,7 @@ struct Done {
 }
 
 /// Where a record originally came from (survives retry hops).
+#[derive(Debug, Clone)]
 struct Origin {
     topic: String,
     partition: i32,
@@ -305,7 +327,7 @@ struct Origin {
 struct Shared {
     pool: Pool,
     producer: FutureProducer,
-    handlers: HashMap<String, Arc<dyn Handler>>,
+    handlers: HashMap<String, HandlerRef>,
     config: ConsumerConfig,
     retry_topics: HashMap<String, (String, usize)>,
     inbox: Inbox,
@@ -318,7 +340,7 @@ pub struct Consumer {
     db: DbConfig,
     kafka: KafkaConfig,
     config: ConsumerConfig,
-    handlers: HashMap<String, Arc<dyn Handler>>,
+    handlers: HashMap<String, HandlerRef>,
     stats: Arc<ConsumerStats>,
 }
 
@@ -340,7 +362,15 @@ impl Consumer {
     /// Registers the handler for `message_type` (replacing any earlier one).
     #[must_use]
     pub fn handler(mut self, message_type: impl Into<String>, handler: impl Handler) -> Self {
-        self.handlers.insert(message_type.into(), Arc::new(handler));
+        self.handlers.insert(message_type.into(), HandlerRef::Single(Arc::new(handler)));
+        self
+    }
+
+    /// Registers a [`BatchHandler`] for `message_type`: up to `max_batch` messages per
+    /// transaction (replacing any earlier handler for the type).
+    #[must_use]
+    pub fn batch_handler(mut self, message_type: impl Into<String>, max_batch: usize, handler: impl BatchHandler) -> Self {
+        self.handlers.insert(message_type.into(), HandlerRef::Batch(Arc::new(handler), max_batch.max(1)));
         self
     }
 
@@ -445,6 +475,8 @@ impl Consumer {
             buffered: 0,
             delayed: HashMap::new(),
             bp_paused: false,
+            saturated_since: None,
+            last_progress: Instant::now(),
         };
         rt.run(cancel).await;
         Ok(())
@@ -461,7 +493,15 @@ struct Runtime<'c> {
     buffered: usize,
     delayed: HashMap<Tp, VecDeque<Envelope>>,
     bp_paused: bool,
+    saturated_since: Option<Instant>,
+    last_progress: Instant,
 }
+
+/// Default for [`ConsumerConfig::pause_after`]: how long the runtime may sit at
+/// `max_buffered` with no handler finishing before it pauses every partition. A full buffer
+/// that keeps draining costs nothing: librdkafka's bounded prefetch queue absorbs it, whereas a pause discards the prefetched data and refetches it on resume
+/// (measured: pausing at every saturation capped a 16-way consumer at ~1,000 msg/s).
+pub const DEFAULT_PAUSE_AFTER: Duration = Duration::from_secs(2);
 
 fn tpl_of<'a>(tps: impl IntoIterator<Item = &'a Tp>) -> TopicPartitionList {
     let mut tpl = TopicPartitionList::new();
@@ -483,14 +523,22 @@ impl Runtime<'_> {
             self.dispatch(&done_tx);
             self.backpressure();
             let next_due = self.delayed.values().filter_map(|q| q.front()).filter_map(|e| e.due).min();
+            let pause_at = self
+                .saturated_since
+                .filter(|_| !self.bp_paused)
+                .map(|t| t.max(self.last_progress) + self.shared.config.pause_after);
+            let next_wake = [next_due, pause_at].into_iter().flatten().min();
+            // At the bound, stop pulling from librdkafka (its prefetch queue is bounded too);
+            // once paused, keep polling so rebalances are served.
+            let accepting = self.buffered < self.shared.config.max_buffered || self.bp_paused;
             tokio::select! {
                 biased;
                 () = cancel.cancelled() => break,
                 Some(done) = done_rx.recv() => self.on_done(done),
-                () = tokio::time::sleep_until(next_due.unwrap_or_else(|| Instant::now() + Duration::from_secs(3600))), if next_due.is_some() => {
+                () = tokio::time::sleep_until(next_wake.unwrap_or_else(|| Instant::now() + Duration::from_secs(3600))), if next_wake.is_some() => {
                     self.release_due();
                 }
-                m = self.consumer.recv() => match m {
+                m = self.consumer.recv(), if accepting => match m {
                     Ok(m) => self.on_message(&m),
                     Err(e) => {
                         warn!(error = %e, "kafka consumer error");
@@ -564,7 +612,9 @@ impl Runtime<'_> {
             let due_ms = raw.timestamp_ms.unwrap_or_else(now_ms) + delays[*hop].as_millis() as i64;
             Instant::now() + Duration::from_millis(u64::try_from(due_ms - now_ms()).unwrap_or(0))
         });
-        let env = Envelope { raw, epoch, due };
+        let origin = origin(&raw, &self.shared);
+        let decoded = decode(&raw, &origin);
+        let env = Envelope { raw, epoch, due, origin, decoded };
         let waiting = self.delayed.get(&tp).is_some_and(|q| !q.is_empty());
         if waiting || env.due.is_some_and(|d| d > Instant::now()) {
             if !waiting {
@@ -618,79 +668,141 @@ impl Runtime<'_> {
         }
     }
 
-    fn dispatch(&mut self, done_tx: &mpsc::UnboundedSender<Done>) {
-        while self.running < self.shared.config.concurrency {
-            let Some(key) = self.ready.pop_front() else { return };
+    /// Pops the head of the next ready lane, or `None` when no lane is ready. Heads of
+    /// revoked partitions are dropped (the new owner redelivers them).
+    fn next_head(&mut self) -> Option<(LaneKey, Envelope)> {
+        loop {
+            let key = self.ready.pop_front()?;
             let Some(lane) = self.lanes.get_mut(&key) else { continue };
             let Some(env) = lane.queue.pop_front() else {
                 self.lanes.remove(&key);
                 continue;
             };
             let tp = (env.raw.topic.clone(), env.raw.partition);
-            if !self.epoch_valid(&tp, env.epoch) {
-                // Its partition was revoked: the new owner (maybe us again) will redeliver it.
-                self.buffered -= 1;
-                let lane = self.lanes.get_mut(&key).expect("lane");
-                if lane.queue.is_empty() {
-                    self.lanes.remove(&key);
-                } else {
-                    self.ready.push_back(key);
-                }
-                continue;
+            if self.epoch_valid(&tp, env.epoch) {
+                self.lanes.get_mut(&key).expect("lane").busy = true;
+                return Some((key, env));
             }
-            self.lanes.get_mut(&key).expect("lane").busy = true;
+            self.buffered -= 1;
+            let lane = self.lanes.get_mut(&key).expect("lane");
+            if lane.queue.is_empty() {
+                self.lanes.remove(&key);
+            } else {
+                self.ready.push_back(key);
+            }
+        }
+    }
+
+    /// The batch handler and bound for an envelope, if its type has one.
+    fn batch_of(&self, env: &Envelope) -> Option<(String, usize)> {
+        let d = env.decoded.as_ref().ok()?;
+        match self.shared.handlers.get(&d.message_type)? {
+            HandlerRef::Batch(_, max) => Some((d.message_type.clone(), *max)),
+            HandlerRef::Single(_) => None,
+        }
+    }
+
+    fn dispatch(&mut self, done_tx: &mpsc::UnboundedSender<Done>) {
+        while self.running < self.shared.config.concurrency {
+            let Some((key, env)) = self.next_head() else { return };
+            let mut batch = vec![(key, env)];
+            if let Some((ty, max)) = self.batch_of(&batch[0].1) {
+                // Gather following ready heads of the same type: different lanes, so per-key
+                // order is unaffected.
+                while batch.len() < max {
+                    let same = self.ready.front().and_then(|k| self.lanes.get(k)).and_then(|l| l.queue.front())
+                        .is_some_and(|e| self.batch_of(e).is_some_and(|(t, _)| t == ty));
+                    if !same {
+                        break;
+                    }
+                    match self.next_head() {
+                        Some(item) => batch.push(item),
+                        None => break,
+                    }
+                }
+            }
             self.running += 1;
             let shared = self.shared.clone();
             let tx = done_tx.clone();
             tokio::spawn(async move {
-                let offset = env.raw.offset;
-                let fate = process(&env.raw, &shared).await;
-                let _ = tx.send(Done { lane: key, tp, offset, epoch: env.epoch, fate });
+                let envs: Vec<&Envelope> = batch.iter().map(|(_, e)| e).collect();
+                let fates = if envs.len() == 1 {
+                    vec![process(envs[0], &shared).await]
+                } else {
+                    process_batch(&envs, &shared).await
+                };
+                let items = batch
+                    .iter()
+                    .zip(fates)
+                    .map(|((lane, env), fate)| DoneItem {
+                        lane: lane.clone(),
+                        tp: (env.raw.topic.clone(), env.raw.partition),
+                        offset: env.raw.offset,
+                        epoch: env.epoch,
+                        fate,
+                    })
+                    .collect();
+                let _ = tx.send(Done { items });
             });
         }
     }
 
     fn on_done(&mut self, done: Done) {
         self.running -= 1;
-        self.buffered -= 1;
-        if let Some(lane) = self.lanes.get_mut(&done.lane) {
-            lane.busy = false;
-            if lane.queue.is_empty() {
-                self.lanes.remove(&done.lane);
-            } else {
-                self.ready.push_back(done.lane);
+        self.last_progress = Instant::now();
+        let mut stores = TopicPartitionList::new();
+        for item in done.items {
+            self.buffered -= 1;
+            if let Some(lane) = self.lanes.get_mut(&item.lane) {
+                lane.busy = false;
+                if lane.queue.is_empty() {
+                    self.lanes.remove(&item.lane);
+                } else {
+                    self.ready.push_back(item.lane);
+                }
+            }
+            if let Fate::Final = item.fate {
+                let point = {
+                    let mut p = self.partitions.lock().expect("partitions lock");
+                    match p.trackers.get_mut(&item.tp) {
+                        Some(t) if t.epoch == item.epoch => t.finish(item.offset),
+                        _ => None,
+                    }
+                };
+                if let Some(next) = point {
+                    // A later item of the same partition overrides an earlier one: both are
+                    // commit points and offsets only grow.
+                    let _ = stores.add_partition_offset(&item.tp.0, item.tp.1, Offset::Offset(next));
+                }
             }
         }
-        if let Fate::Final = done.fate {
-            let point = {
-                let mut p = self.partitions.lock().expect("partitions lock");
-                match p.trackers.get_mut(&done.tp) {
-                    Some(t) if t.epoch == done.epoch => t.finish(done.offset),
-                    _ => None,
-                }
-            };
-            if let Some(next) = point {
-                let mut tpl = TopicPartitionList::new();
-                if tpl.add_partition_offset(&done.tp.0, done.tp.1, Offset::Offset(next)).is_ok() {
-                    if let Err(e) = self.consumer.store_offsets(&tpl) {
-                        debug!(error = %e, topic = %done.tp.0, partition = done.tp.1, "offset store refused (partition revoked?)");
-                    }
-                }
+        if stores.count() > 0 {
+            if let Err(e) = self.consumer.store_offsets(&stores) {
+                debug!(error = %e, "offset store refused (partition revoked?)");
             }
         }
     }
 
     fn backpressure(&mut self) {
         let max = self.shared.config.max_buffered;
-        if !self.bp_paused && self.buffered >= max {
-            if let Ok(a) = self.consumer.assignment() {
-                if self.consumer.pause(&a).is_ok() {
-                    self.bp_paused = true;
-                    ConsumerStats::inc(&self.shared.stats.backpressure_pauses);
-                    debug!(buffered = self.buffered, "backpressure: all partitions paused");
+        if self.buffered >= max {
+            // Stalled = at the bound and no handler finished for `pause_after`. A full buffer
+            // that keeps draining is just a backlog: pulling at the handlers' pace is enough.
+            let since = *self.saturated_since.get_or_insert_with(Instant::now);
+            let stalled_for = since.max(self.last_progress).elapsed();
+            if !self.bp_paused && stalled_for >= self.shared.config.pause_after {
+                if let Ok(a) = self.consumer.assignment() {
+                    if self.consumer.pause(&a).is_ok() {
+                        self.bp_paused = true;
+                        ConsumerStats::inc(&self.shared.stats.backpressure_pauses);
+                        info!(buffered = self.buffered, "backpressure: handlers saturated, all partitions paused");
+                    }
                 }
             }
-        } else if self.bp_paused && self.buffered <= max / 2 {
+        } else {
+            self.saturated_since = None;
+        }
+        if self.bp_paused && self.buffered <= max / 2 {
             if let Ok(a) = self.consumer.assignment() {
                 let mut tpl = TopicPartitionList::new();
                 for e in a.elements() {
@@ -701,7 +813,7 @@ impl Runtime<'_> {
                 }
                 if self.consumer.resume(&tpl).is_ok() {
                     self.bp_paused = false;
-                    debug!(buffered = self.buffered, "backpressure released");
+                    info!(buffered = self.buffered, "backpressure released: partitions resumed");
                 }
             }
         }
@@ -759,16 +871,67 @@ fn decode(raw: &Raw, origin: &Origin) -> Result<Delivered, String> {
 }
 
 /// The handler's transaction: mark first, then the handler; both commit or neither.
-async fn run_in_tx(shared: &Shared, handler: &dyn Handler, d: &Delivered) -> Result<InboxOutcome, HandlerError> {
+async fn run_in_tx(shared: &Shared, handler: &HandlerRef, d: &Delivered) -> Result<InboxOutcome, HandlerError> {
     let mut conn = shared.pool.get().await.map_err(|e| HandlerError::transient(format!("postgres pool: {e}")))?;
     let tx = conn.transaction().await?;
     if !shared.inbox.mark(&*tx, &d.topic, &d.message_id).await? {
         tx.rollback().await?;
         return Ok(InboxOutcome::Duplicate);
     }
-    handler.handle(d, &tx).await?;
+    match handler {
+        HandlerRef::Single(h) => h.handle(d, &tx).await?,
+        HandlerRef::Batch(h, _) => h.handle_batch(&[d], &tx).await?,
+    }
     tx.commit().await?;
     Ok(InboxOutcome::Processed)
+}
+
+/// One transaction for many messages: one multi-row mark, the batch handler on the first
+/// deliveries, one commit. Returns (handled, duplicates).
+async fn run_batch_in_tx(shared: &Shared, handler: &dyn BatchHandler, ds: &[&Delivered]) -> Result<(usize, usize), HandlerError> {
+    let mut conn = shared.pool.get().await.map_err(|e| HandlerError::transient(format!("postgres pool: {e}")))?;
+    let tx = conn.transaction().await?;
+    let keys: Vec<(&str, &str)> = ds.iter().map(|d| (d.topic.as_str(), d.message_id.as_str())).collect();
+    let mut fresh = shared.inbox.mark_many(&*tx, &keys).await?;
+    // Keep the first occurrence of each new pair, in batch order.
+    let first: Vec<&Delivered> = ds.iter().copied().filter(|d| fresh.remove(&(d.topic.clone(), d.message_id.clone()))).collect();
+    if !first.is_empty() {
+        handler.handle_batch(&first, &tx).await?;
+    }
+    tx.commit().await?;
+    Ok((first.len(), ds.len() - first.len()))
+}
+
+/// A batch of heads of different lanes, all of one batch-handled type. On any failure the
+/// batch is replayed message by message so each gets its own outcome.
+async fn process_batch(envs: &[&Envelope], shared: &Shared) -> Vec<Fate> {
+    let ds: Vec<&Delivered> = envs.iter().filter_map(|e| e.decoded.as_ref().ok()).collect();
+    let Some(HandlerRef::Batch(h, _)) = shared.handlers.get(&ds[0].message_type) else {
+        unreachable!("batches are formed only for batch handlers")
+    };
+    match AssertUnwindSafe(run_batch_in_tx(shared, h.as_ref(), &ds)).catch_unwind().await {
+        Ok(Ok((handled, dups))) => {
+            shared.stats.handled.fetch_add(handled as u64, Ordering::Relaxed);
+            shared.stats.duplicates.fetch_add(dups as u64, Ordering::Relaxed);
+            envs.iter().map(|_| Fate::Final).collect()
+        }
+        Ok(Err(e)) => {
+            debug!(error = %e, size = envs.len(), "batch failed: retrying its messages one by one");
+            let mut fates = Vec::with_capacity(envs.len());
+            for env in envs {
+                fates.push(process(env, shared).await);
+            }
+            fates
+        }
+        Err(_panic) => {
+            debug!(size = envs.len(), "batch handler panicked: retrying its messages one by one");
+            let mut fates = Vec::with_capacity(envs.len());
+            for env in envs {
+                fates.push(process(env, shared).await);
+            }
+            fates
+        }
+    }
 }
 
 fn panic_text(p: &(dyn std::any::Any + Send)) -> String {
@@ -778,14 +941,14 @@ fn panic_text(p: &(dyn std::any::Any + Send)) -> String {
         .unwrap_or_else(|| "handler panicked".into())
 }
 
-async fn process(raw: &Raw, shared: &Shared) -> Fate {
-    let origin = origin(raw, shared);
-    let d = match decode(raw, &origin) {
+async fn process(env: &Envelope, shared: &Shared) -> Fate {
+    let (raw, origin) = (&env.raw, &env.origin);
+    let d = match &env.decoded {
         Ok(d) => d,
         Err(reason) => {
             ConsumerStats::inc(&shared.stats.decode_errors);
             warn!(topic = %raw.topic, partition = raw.partition, offset = raw.offset, %reason, "undecodable message: dead-lettering");
-            return dead_letter(raw, &origin, shared, DeadLetterKind::Decode, &reason, 0).await;
+            return dead_letter(raw, origin, shared, DeadLetterKind::Decode, reason, 0).await;
         }
     };
     let Some(handler) = shared.handlers.get(&d.message_type) else {
@@ -796,7 +959,7 @@ async fn process(raw: &Raw, shared: &Shared) -> Fate {
     let mut attempt: u32 = 0;
     loop {
         attempt += 1;
-        let result = AssertUnwindSafe(run_in_tx(shared, handler.as_ref(), &d)).catch_unwind().await;
+        let result = AssertUnwindSafe(run_in_tx(shared, handler, d)).catch_unwind().await;
         let err = match result {
             Ok(Ok(InboxOutcome::Processed)) => {
                 ConsumerStats::inc(&shared.stats.handled);
@@ -810,19 +973,19 @@ async fn process(raw: &Raw, shared: &Shared) -> Fate {
                 ConsumerStats::inc(&shared.stats.panics);
                 let text = format!("panic: {}", panic_text(panic.as_ref()));
                 warn!(message_id = %d.message_id, error = %text, "handler panicked: dead-lettering");
-                return dead_letter(raw, &origin, shared, DeadLetterKind::Panic, &text, attempt).await;
+                return dead_letter(raw, origin, shared, DeadLetterKind::Panic, &text, attempt).await;
             }
             Ok(Err(e)) => e,
         };
         if !err.is_transient() {
             warn!(message_id = %d.message_id, error = %err, "permanent failure: dead-lettering");
-            return dead_letter(raw, &origin, shared, DeadLetterKind::Permanent, err.message(), attempt).await;
+            return dead_letter(raw, origin, shared, DeadLetterKind::Permanent, err.message(), attempt).await;
         }
         match &shared.config.retry {
             RetryStrategy::InPlace { attempts, base, max } => {
                 if attempt >= *attempts {
                     warn!(message_id = %d.message_id, error = %err, attempt, "retries exhausted: dead-lettering");
-                    return dead_letter(raw, &origin, shared, DeadLetterKind::TransientExhausted, err.message(), attempt)
+                    return dead_letter(raw, origin, shared, DeadLetterKind::TransientExhausted, err.message(), attempt)
                         .await;
                 }
                 ConsumerStats::inc(&shared.stats.in_place_retries);
@@ -836,7 +999,7 @@ async fn process(raw: &Raw, shared: &Shared) -> Fate {
             RetryStrategy::Topics { delays } => {
                 let hop = origin.hop as usize;
                 if hop >= delays.len() {
-                    return dead_letter(raw, &origin, shared, DeadLetterKind::TransientExhausted, err.message(), origin.hop + 1)
+                    return dead_letter(raw, origin, shared, DeadLetterKind::TransientExhausted, err.message(), origin.hop + 1)
                         .await;
                 }
                 let topic = format!("{}.{}", origin.topic, retry_suffix(delays[hop]).expect("validated"));

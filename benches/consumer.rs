@@ -1,0 +1,114 @@
+//! Idempotent consumer throughput: N messages through the consumer runtime into a business
+//! table (inbox mark + insert per message), at concurrency 1 and 16, and with a batched
+//! handler (many messages per transaction) → msgs/s.
+//!
+//! `cargo bench --bench consumer` (env: ROWS=200000, ROWS_C1=20000, MAX_BATCH=500).
+
+#[path = "support.rs"]
+mod support;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use outbox::consumer::{BatchHandler, BoxFuture, Consumer, ConsumerConfig, ConsumerStats, Delivered, Handler, HandlerError};
+use support::*;
+
+struct Charge(String);
+
+impl Handler for Charge {
+    fn handle<'a>(&'a self, m: &'a Delivered, tx: &'a tokio_postgres::Transaction<'a>) -> BoxFuture<'a, Result<(), HandlerError>> {
+        Box::pin(async move {
+            let b = m.json();
+            let order = b["order_number"].as_str().ok_or_else(|| HandlerError::permanent("no order"))?;
+            let cents = b["total_cents"].as_i64().ok_or_else(|| HandlerError::permanent("no total"))?;
+            tx.execute(&format!("INSERT INTO {} (order_number, amount_cents, message_id) VALUES ($1, $2, $3)", self.0), &[&order, &cents, &m.message_id])
+                .await?;
+            Ok(())
+        })
+    }
+}
+
+impl BatchHandler for Charge {
+    fn handle_batch<'a>(&'a self, ms: &'a [&'a Delivered], tx: &'a tokio_postgres::Transaction<'a>) -> BoxFuture<'a, Result<(), HandlerError>> {
+        Box::pin(async move {
+            let mut orders = Vec::with_capacity(ms.len());
+            let mut cents = Vec::with_capacity(ms.len());
+            let mut ids = Vec::with_capacity(ms.len());
+            for m in ms {
+                let b = m.json();
+                orders.push(b["order_number"].as_str().ok_or_else(|| HandlerError::permanent("no order"))?.to_owned());
+                cents.push(b["total_cents"].as_i64().ok_or_else(|| HandlerError::permanent("no total"))?);
+                ids.push(m.message_id.as_str());
+            }
+            tx.execute(
+                &format!("INSERT INTO {} (order_number, amount_cents, message_id) SELECT * FROM unnest($1::text[], $2::bigint[], $3::text[])", self.0),
+                &[&orders, &cents, &ids],
+            )
+            .await?;
+            Ok(())
+        })
+    }
+}
+
+async fn run(db: &outbox::DbConfig, topic: &str, rows: usize, mode: &str, concurrency: usize, max_batch: usize) -> serde_json::Value {
+    let table = format!("charges_{}", rand_name(6));
+    let c = outbox::connect(db).await.unwrap();
+    c.batch_execute(&format!(
+        "CREATE TABLE {}.{table} (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, order_number text NOT NULL, amount_cents bigint NOT NULL, message_id text NOT NULL)",
+        db.schema.quoted()
+    ))
+    .await
+    .unwrap();
+    let mut cfg = ConsumerConfig::new(format!("bench-{}", rand_name(8)), [topic]);
+    cfg.concurrency = concurrency;
+    cfg.max_buffered = param("MAX_BUFFERED", cfg.max_buffered);
+    let consumer = Consumer::new(db, &kafka(), cfg).unwrap();
+    let consumer = if max_batch > 1 {
+        consumer.batch_handler("order_created", max_batch, Charge(table.clone()))
+    } else {
+        consumer.handler("order_created", Charge(table.clone()))
+    };
+    let stats: Arc<ConsumerStats> = consumer.stats();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let started = Instant::now();
+    let h = tokio::spawn(consumer.run(async move {
+        let _ = stopped.await;
+    }));
+    let deadline = Instant::now() + Duration::from_secs(900);
+    while ConsumerStats::get(&stats.handled) < rows as u64 {
+        assert!(Instant::now() < deadline, "consumer bench timed out");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let secs = started.elapsed().as_secs_f64();
+    stop.send(()).unwrap();
+    h.await.unwrap().unwrap();
+    let n: i64 = c.query_one(&format!("SELECT count(*) FROM {}.{table}", db.schema.quoted()), &[]).await.unwrap().get(0);
+    // The run stops once `rows` are handled; a few more may have been handled by then.
+    assert_eq!(n as u64, ConsumerStats::get(&stats.handled), "each handled message's effect exactly once");
+    assert!(n as usize >= rows);
+    serde_json::json!({"mode": mode, "concurrency": concurrency, "max_batch": max_batch, "messages": rows,
+                       "seconds": round2(secs), "msgs_per_sec": (rows as f64 / secs).round()})
+}
+
+#[tokio::main]
+async fn main() {
+    let rows = param("ROWS", if full() { 200_000 } else { 2_000 });
+    let rows_c1 = param("ROWS_C1", if full() { 20_000 } else { 500 }).min(rows);
+    let max_batch = param("MAX_BATCH", 500);
+    let db = fresh_db().await;
+    let topic = format!("bench.{}.created", rand_name(8));
+    create_topic(&topic, 6).await;
+    create_topic(&format!("{topic}.dlq"), 6).await;
+    fill_outbox(&db, &topic, rows, 1000).await;
+    let relay = outbox::Relay::new(&db, &kafka(), outbox::RelayConfig::default()).unwrap();
+    while let outbox::Outcome::Published(_) = relay.run_once().await.unwrap() {}
+
+    for (mode, conc, batch, n) in [("per-message", 1, 1, rows_c1), ("per-message", 16, 1, rows), ("batched", 16, max_batch, rows)] {
+        // A topic prefix of n messages: the first n of the topic are consumed by a fresh group.
+        let r = run(&db, &topic, n, mode, conc, batch).await;
+        emit("consumer", serde_json::json!({"messages": n, "partitions": 6, "keys": 1000, "mode": mode, "concurrency": conc, "max_batch": batch}), r);
+    }
+    drop_schema(&db).await;
+    delete_topic(&topic).await;
+    delete_topic(&format!("{topic}.dlq")).await;
+}
