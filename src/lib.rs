@@ -74,3 +74,17 @@ pub use relay::{BatchReport, Outcome, Relay, RelayError, MAX_ERROR_LEN};
 pub use schema::{InvalidSchema, Schema, DEFAULT_SCHEMA};
 pub use status::{requeue, status, FailedGroup, Requeue, Status, StatusCount};
 pub use topic::{validate_topic, InvalidTopic, MAX_TOPIC_LEN};
+
+/// The relay's and cleanup's hot statements for `schema`, by name, for plan inspection
+/// (`EXPLAIN`) in tests and benchmarks. Not a stable API.
+#[doc(hidden)]
+pub fn hot_statements(schema: &Schema) -> Vec<(&'static str, String)> {
+    let s = sql::Statements::new(schema);
+    vec![
+        ("claim", s.claim),
+        ("mark_sent", s.mark_sent),
+        ("mark_failed", s.mark_failed),
+        ("cleanup_outbox", s.cleanup_outbox),
+        ("cleanup_processed", s.cleanup_processed),
+    ]
+}

@@ -23,16 +23,17 @@ UPDATE {s}.outbox SET status = 'sent', sent_at = now() WHERE id = ANY($1::bigint
 /// Back off rows whose produce failed, one statement per batch: `attempts + 1`, the error kept,
 /// `available_at = now() + min(300 s, 2^attempts s)` scaled by a jitter in [0.75, 1.25) (and still
 /// capped at 300 s), `failed` once `attempts + 1` reaches the maximum.
-/// `$1` = ids, `$2` = errors (same order), `$3` = max attempts.
+/// `$1` = ids, `$2` = errors (same order), `$3` = max attempts. The rows are found through the
+/// primary key (`id = ANY`), never by joining the table, so the cost follows the batch, not the
+/// table; the error is picked by position (failures are few, so the O(n²) lookup is cheap).
 const MARK_FAILED: &str = "\
 UPDATE {s}.outbox AS o
    SET attempts     = o.attempts + 1,
-       last_error   = f.err,
+       last_error   = ($2::text[])[array_position($1::bigint[], o.id)],
        available_at = now() + make_interval(secs => least(300.0,
                           power(2.0, least(o.attempts, 30)) * (0.75 + random() * 0.5))),
        status       = CASE WHEN o.attempts + 1 >= $3 THEN 'failed' ELSE 'pending' END
-  FROM unnest($1::bigint[], $2::text[]) AS f(id, err)
- WHERE o.id = f.id";
+ WHERE o.id = ANY($1::bigint[])";
 
 /// Insert one message. `$1..$4` = topic, key, headers, payload.
 const ENQUEUE: &str = "\
