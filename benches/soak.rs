@@ -1,0 +1,184 @@
+//! Soak: a steady RATE msg/s (each in its own transaction) for SECS seconds with the relay's
+//! cleanup running every minute (sent retention 60 s, so it really deletes), while another
+//! session holds a transaction open for HOLD_SECS (pinning the xmin horizon, as a forgotten
+//! `BEGIN` in production does). Prints one JSON line per WINDOW seconds (throughput, p50/p99
+//! commit→ack, dead tuples, pending-index size) and a summary line with the drift between the
+//! first and last windows.
+//!
+//! Full run (not in CI): `dev/soak.sh` = `cargo bench --bench soak` with RATE=2000 SECS=1800
+//! HOLD_SECS=600. Under `cargo test` it runs for a few seconds as a smoke test.
+
+#[path = "support.rs"]
+mod support;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::{Headers, Message};
+use rdkafka::{Offset, TopicPartitionList};
+use support::*;
+
+fn now_us() -> i64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_micros() as i64
+}
+
+#[tokio::main]
+async fn main() {
+    let rate = param("RATE", if full() { 2000 } else { 200 });
+    let secs = param("SECS", if full() { 1800 } else { 4 });
+    let hold = param("HOLD_SECS", if full() { 600 } else { 2 });
+    let window = param("WINDOW", if full() { 60 } else { 1 }) as i64;
+    let db = fresh_db().await;
+    let topic = format!("bench.{}.created", rand_name(8));
+    let admin: AdminClient<rdkafka::client::DefaultClientContext> =
+        rdkafka::ClientConfig::new().set("bootstrap.servers", bootstrap()).create().unwrap();
+    admin
+        .create_topics(
+            &[NewTopic::new(&topic, 6, TopicReplication::Fixed(1))
+                .set("message.timestamp.type", "LogAppendTime")
+                .set("retention.ms", "600000")],
+            &AdminOptions::new(),
+        )
+        .await
+        .unwrap()[0]
+        .as_ref()
+        .unwrap();
+
+    // Broker append times by message id.
+    let acked: Arc<Mutex<HashMap<String, i64>>> = Arc::default();
+    let stop = Arc::new(AtomicBool::new(false));
+    let rx = {
+        let (acked, stop, topic) = (acked.clone(), stop.clone(), topic.clone());
+        std::thread::spawn(move || {
+            let c: BaseConsumer = rdkafka::ClientConfig::new()
+                .set("bootstrap.servers", bootstrap())
+                .set("group.id", format!("soak-{}", rand_name(6)))
+                .set("enable.auto.commit", "false")
+                .create()
+                .unwrap();
+            let mut tpl = TopicPartitionList::new();
+            for p in 0..6 {
+                tpl.add_partition_offset(&topic, p, Offset::Beginning).unwrap();
+            }
+            c.assign(&tpl).unwrap();
+            while !stop.load(Ordering::Relaxed) {
+                if let Some(Ok(m)) = c.poll(Duration::from_millis(50)) {
+                    if let Some(id) = m.headers().and_then(|h| h.iter().find(|h| h.key == "message_id").and_then(|h| h.value.map(|v| String::from_utf8_lossy(v).into_owned()))) {
+                        acked.lock().unwrap().insert(id, m.timestamp().to_millis().unwrap_or(0));
+                    }
+                }
+            }
+        })
+    };
+
+    let cleanup = outbox::CleanupConfig { sent_retention: Duration::from_secs(60), interval: Some(Duration::from_secs(if full() { 60 } else { 1 })), ..Default::default() };
+    let relay = outbox::Relay::new(&db, &kafka(), outbox::RelayConfig { cleanup, ..Default::default() }).unwrap();
+    let (stop_relay, relay_stopped) = tokio::sync::oneshot::channel::<()>();
+    let relay_task = tokio::spawn(relay.run(async move {
+        let _ = relay_stopped.await;
+    }));
+
+    // The long transaction: holds a snapshot (and so the xmin horizon) for HOLD_SECS.
+    let holder = {
+        let db = db.clone();
+        tokio::spawn(async move {
+            let mut c = outbox::connect(&db).await.unwrap();
+            let tx = c.build_transaction().isolation_level(tokio_postgres::IsolationLevel::RepeatableRead).start().await.unwrap();
+            tx.query_one(&format!("SELECT count(*) FROM {}.outbox", db.schema.quoted()), &[]).await.unwrap();
+            tokio::time::sleep(Duration::from_secs(hold as u64)).await;
+            tx.commit().await.unwrap();
+        })
+    };
+
+    // Writers: two connections sharing the rate.
+    let committed: Arc<Mutex<Vec<(String, i64)>>> = Arc::default();
+    let t0 = now_us();
+    let mut writers = Vec::new();
+    for w in 0..2 {
+        let (db, topic, committed) = (db.clone(), topic.clone(), committed.clone());
+        writers.push(tokio::spawn(async move {
+            let mut c = outbox::connect(&db).await.unwrap();
+            let enq = outbox::Enqueuer::new(&db.schema);
+            let per = rate / 2;
+            let mut tick = tokio::time::interval(Duration::from_micros(1_000_000 / per as u64));
+            for i in 0..per * secs {
+                tick.tick().await;
+                let m = outbox::Message::new(&topic, "order_created", format!("key-{}", (i * 2 + w) % 1000), serde_json::json!({"n": i, "pad": "x".repeat(150)}));
+                let tx = c.transaction().await.unwrap();
+                enq.enqueue(&tx, &m).await.unwrap();
+                tx.commit().await.unwrap();
+                committed.lock().unwrap().push((m.message_id().to_string(), now_us()));
+            }
+        }));
+    }
+    // Sample table health once per window.
+    let probe = outbox::connect(&db).await.unwrap();
+    let s = db.schema.quoted();
+    let mut health: Vec<(i64, i64, i64)> = Vec::new(); // (dead tuples, pending index bytes, both pending indexes)
+    let windows = (secs as i64 + window - 1) / window;
+    for _ in 0..windows {
+        tokio::time::sleep(Duration::from_secs(window as u64)).await;
+        let r = probe
+            .query_one(
+                &format!(
+                    "SELECT coalesce((SELECT n_dead_tup FROM pg_stat_user_tables WHERE relid = '{s}.outbox'::regclass), 0),
+                            pg_relation_size('{s}.outbox_pending_idx'), pg_relation_size('{s}.outbox_pending_id_idx')"
+                ),
+                &[],
+            )
+            .await
+            .unwrap();
+        health.push((r.get(0), r.get(1), r.get(2)));
+    }
+    for w in writers {
+        w.await.unwrap();
+    }
+    let total = committed.lock().unwrap().len();
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    while acked.lock().unwrap().len() < total && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    stop.store(true, Ordering::Relaxed);
+    rx.join().unwrap();
+    stop_relay.send(()).unwrap();
+    relay_task.await.unwrap().unwrap();
+    holder.await.unwrap();
+
+    let acked = acked.lock().unwrap();
+    let committed = committed.lock().unwrap();
+    assert_eq!(acked.len(), total, "every message reached Kafka");
+    let mut per_window: Vec<Vec<f64>> = vec![Vec::new(); windows as usize];
+    for (id, at) in committed.iter() {
+        let wi = (((at - t0) / 1_000_000) / window).clamp(0, windows - 1) as usize;
+        per_window[wi].push(((acked[id] * 1000 - at) as f64 / 1000.0).max(0.0));
+    }
+    let mut rows = Vec::new();
+    for (i, mut lat) in per_window.into_iter().enumerate() {
+        lat.sort_by(f64::total_cmp);
+        let (dead, idx1, idx2) = health.get(i).copied().unwrap_or_default();
+        let row = serde_json::json!({"window": i, "msgs_per_sec": round2(lat.len() as f64 / window as f64),
+            "p50_ms": round2(percentile(&lat, 50.0)), "p99_ms": round2(percentile(&lat, 99.0)),
+            "dead_tuples": dead, "pending_idx_kib": idx1 / 1024, "pending_id_idx_kib": idx2 / 1024});
+        emit("soak_window", serde_json::json!({"rate": rate, "seconds": secs, "hold_secs": hold, "window_secs": window}), row.clone());
+        rows.push(row);
+    }
+    // Drift: last full window vs first full window (the first may include warm-up).
+    let first = &rows[usize::from(rows.len() > 2)];
+    let last = &rows[rows.len() - 1];
+    let drift = |k: &str| round2((last[k].as_f64().unwrap() - first[k].as_f64().unwrap()) / first[k].as_f64().unwrap() * 100.0);
+    emit(
+        "soak",
+        serde_json::json!({"rate": rate, "seconds": secs, "hold_secs": hold, "window_secs": window}),
+        serde_json::json!({"messages": total, "throughput_drift_pct": drift("msgs_per_sec"), "p99_drift_pct": drift("p99_ms"),
+            "max_dead_tuples": rows.iter().map(|r| r["dead_tuples"].as_i64().unwrap()).max(),
+            "final_dead_tuples": last["dead_tuples"], "max_pending_id_idx_kib": rows.iter().map(|r| r["pending_id_idx_kib"].as_i64().unwrap()).max()}),
+    );
+    drop(acked);
+    drop(committed);
+    drop_schema(&db).await;
+    delete_topic(&topic).await;
+}
