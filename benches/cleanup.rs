@@ -4,7 +4,7 @@
 //!
 //! `cargo bench --bench cleanup` (env: ROWS=1000000, BATCH=5000).
 
-#[path = "support.rs"]
+#[path = "support/mod.rs"]
 mod support;
 
 use std::time::{Duration, Instant};

@@ -4,7 +4,7 @@
 //!
 //! `cargo bench --bench consumer` (env: ROWS=200000, ROWS_C1=20000, MAX_BATCH=500).
 
-#[path = "support.rs"]
+#[path = "support/mod.rs"]
 mod support;
 
 use std::sync::Arc;

@@ -5,7 +5,7 @@
 //!
 //! `cargo bench --bench latency` (env: RATE=1000, SECS=30).
 
-#[path = "support.rs"]
+#[path = "support/mod.rs"]
 mod support;
 
 use std::collections::HashMap;

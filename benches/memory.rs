@@ -4,7 +4,7 @@
 //!
 //! `cargo bench --bench memory` (env: ROWS=1000000).
 
-#[path = "support.rs"]
+#[path = "support/mod.rs"]
 mod support;
 
 use std::process::{Command, Stdio};

@@ -3,7 +3,7 @@
 //!
 //! `cargo bench --bench relay_drain` (env: ROWS=200000, BATCH=…); smoke size under cargo test.
 
-#[path = "support.rs"]
+#[path = "support/mod.rs"]
 mod support;
 
 use std::sync::Arc;

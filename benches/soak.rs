@@ -8,7 +8,7 @@
 //! Full run (not in CI): `dev/soak.sh` = `cargo bench --bench soak` with RATE=2000 SECS=1800
 //! HOLD_SECS=600. Under `cargo test` it runs for a few seconds as a smoke test.
 
-#[path = "support.rs"]
+#[path = "support/mod.rs"]
 mod support;
 
 use std::collections::HashMap;
