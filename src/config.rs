@@ -248,6 +248,12 @@ pub struct RelayConfig {
     pub listen: bool,
     /// Cleanup schedule run by the relay.
     pub cleanup: CleanupConfig,
+    /// How often the relay re-counts relays and rebalances its ordering lanes.
+    pub rebalance_interval: Duration,
+    /// Fault injection for tests: the probability that a row is refused with
+    /// "injected produce failure" instead of being produced (exercises the backoff path).
+    #[doc(hidden)]
+    pub inject_refusals: f64,
 }
 
 impl Default for RelayConfig {
@@ -260,6 +266,8 @@ impl Default for RelayConfig {
             shutdown_timeout: DEFAULT_SHUTDOWN_TIMEOUT,
             listen: true,
             cleanup: CleanupConfig::default(),
+            rebalance_interval: crate::lanes::DEFAULT_REBALANCE_INTERVAL,
+            inject_refusals: 0.0,
         }
     }
 }
@@ -288,6 +296,9 @@ impl RelayConfig {
         }
         if self.cleanup.batch_size == 0 {
             return bad("cleanup batch size", "must be at least 1");
+        }
+        if self.rebalance_interval.is_zero() {
+            return bad("rebalance interval", "must be greater than zero");
         }
         if self.cleanup.interval.is_some_and(|d| d.is_zero()) {
             return bad("cleanup interval", "must be greater than zero (or off)");

@@ -36,6 +36,7 @@
 //! | `cleanup` | [`cleanup()`]: retention deletes in bounded batches |
 //! | `status` | [`status()`] and [`requeue`]: operator views and repair |
 //! | `config` | [`DbConfig`], [`KafkaConfig`], [`RelayConfig`], [`CleanupConfig`] with named defaults |
+//! | `lanes` | ordering lanes: advisory-lock ownership so per-key order holds across relays |
 //! | `backoff` | [`Backoff`]: capped exponential backoff for outages |
 //! | `classify` | transient vs permanent errors (seed 001's table) |
 //! | `db` | connection pool and single connections |
@@ -51,6 +52,7 @@ mod config;
 pub mod consumer;
 mod db;
 mod enqueue;
+mod lanes;
 mod message;
 mod migrate;
 mod relay;
@@ -65,6 +67,7 @@ pub use cleanup::{cleanup, CleanupError, CleanupReport};
 pub use config::*;
 pub use db::{connect, pool};
 pub use enqueue::{enqueue, enqueue_batch, EnqueueError, Enqueuer};
+pub use lanes::{DEFAULT_REBALANCE_INTERVAL, LANES};
 pub use message::{
     rfc3339, Message, HEADER_ENTITY_ID, HEADER_MESSAGE_ID, HEADER_MESSAGE_TYPE, HEADER_TIMESTAMP,
     STANDARD_HEADERS,

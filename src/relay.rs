@@ -94,6 +94,8 @@ pub struct BatchReport {
     pub backed_off: usize,
     /// Rows left `pending` untouched: no report in time, or the cluster was unreachable.
     pub deferred: usize,
+    /// Rows left `pending` because an earlier row of their key failed in the same batch.
+    pub held_back: usize,
 }
 
 /// One claimed row.
@@ -110,10 +112,14 @@ enum Fate {
     Sent,
     Refused(String),
     Deferred(String),
+    /// Not sent because an earlier row of the same key failed in this batch: it stays pending
+    /// and waits behind that row (per-key order).
+    HeldBack,
 }
 
 /// The publisher. Cheap to share: all state is behind `Arc`s.
 pub struct Relay {
+    lanes: tokio::sync::Mutex<crate::lanes::Lanes>,
     pool: Pool,
     producer: FutureProducer,
     stmts: Arc<Statements>,
@@ -241,6 +247,7 @@ impl Relay {
             .map_err(|e| ConfigError::DatabaseUrl(format!("cannot build pool: {e}")))?;
         let producer = producer(kafka, config.delivery_timeout)?;
         Ok(Self {
+            lanes: tokio::sync::Mutex::new(crate::lanes::Lanes::new(db, config.rebalance_interval)),
             pool,
             producer,
             stmts: Arc::new(Statements::new(&db.schema)),
@@ -253,6 +260,18 @@ impl Relay {
     /// The connection pool (shared with cleanup).
     pub fn pool(&self) -> &Pool {
         &self.pool
+    }
+
+    /// Re-counts live relays and moves this relay's ordering lanes towards its fair share now
+    /// (normally done every `rebalance_interval` by [`Relay::run_once`]). Tests call it to
+    /// converge several relays deterministically.
+    pub async fn rebalance(&self) {
+        self.lanes.lock().await.rebalance().await;
+    }
+
+    /// The ordering lanes this relay holds (out of [`LANES`](crate::LANES)).
+    pub async fn owned_lanes(&self) -> Vec<i32> {
+        self.lanes.lock().await.owned()
     }
 
     /// Checks that each topic is valid and exists; returns the reason for each one that is not.
@@ -313,11 +332,21 @@ impl Relay {
     /// [`RelayError`] when Postgres fails; the claim transaction is then rolled back (or dies
     /// with the connection) and its rows are claimable again.
     pub async fn run_once(&self) -> Result<Outcome, RelayError> {
+        // Lanes are rebalanced only here, between batches: a lane is never handed over while
+        // rows of it are in flight.
+        let lanes = {
+            let mut l = self.lanes.lock().await;
+            l.refresh_if_due().await;
+            l.owned()
+        };
+        if lanes.is_empty() {
+            return Ok(Outcome::Empty);
+        }
         let mut client = self.pool.get().await?;
         let tx = client.transaction().await?;
         let batch = i64::try_from(self.config.batch_size).unwrap_or(i64::MAX);
         let rows: Vec<Row> = tx
-            .query(&self.stmts.claim, &[&batch])
+            .query(&self.stmts.claim, &[&batch, &lanes])
             .await?
             .into_iter()
             .map(|r| Row {
@@ -351,6 +380,7 @@ impl Relay {
                     report.deferred += 1;
                     deferred_reason.get_or_insert(err);
                 }
+                Fate::HeldBack => report.held_back += 1,
             }
         }
         if !sent.is_empty() {
@@ -377,18 +407,28 @@ impl Relay {
 
         let mut fates: Vec<Option<Fate>> = Vec::with_capacity(rows.len());
         let mut in_flight = Vec::with_capacity(rows.len());
+        // Keys with a row refused before it left this process: their later rows must wait.
+        let mut blocked: HashSet<&str> = HashSet::new();
         for (i, row) in rows.iter().enumerate() {
-            if let Some(p) = problems.get(&row.topic) {
-                fates.push(Some(Fate::Refused(p.clone())));
+            if row.key.as_deref().is_some_and(|k| blocked.contains(k)) {
+                fates.push(Some(Fate::HeldBack));
                 continue;
             }
-            let headers = match kafka_headers(&row.headers) {
-                Ok(h) => h,
-                Err(e) => {
-                    fates.push(Some(Fate::Refused(e)));
-                    continue;
-                }
+            let refused = if let Some(p) = problems.get(&row.topic) {
+                Some(p.clone())
+            } else if self.config.inject_refusals > 0.0 && fastrand::f64() < self.config.inject_refusals {
+                Some("injected produce failure".to_owned())
+            } else {
+                kafka_headers(&row.headers).err()
             };
+            if let Some(reason) = refused {
+                if let Some(k) = row.key.as_deref() {
+                    blocked.insert(k);
+                }
+                fates.push(Some(Fate::Refused(reason)));
+                continue;
+            }
+            let headers = kafka_headers(&row.headers).expect("checked above");
             let mut record = FutureRecord::to(&row.topic).payload(row.payload.as_bytes()).headers(headers);
             if let Some(k) = &row.key {
                 record = record.key(k.as_bytes());
@@ -408,6 +448,11 @@ impl Relay {
                     Err((e, _)) => break Some(fate_of_error(&e)),
                 }
             };
+            if fate.is_some() {
+                if let Some(k) = row.key.as_deref() {
+                    blocked.insert(k);
+                }
+            }
             fates.push(fate);
         }
 

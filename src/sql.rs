@@ -5,16 +5,23 @@
 
 use crate::schema::Schema;
 
-/// Claim a batch of due rows (seed 002's "take"). `SKIP LOCKED` lets several relays work side by
-/// side: a row locked by one claim transaction is invisible to the others until it commits.
-/// `$1` = batch size.
+/// Claim a batch of due rows (seed 002's "take") of the relay's ordering lanes, in id order.
+/// `SKIP LOCKED` lets several relays work side by side; the lane filter keeps each key with one
+/// relay; `NOT EXISTS` holds a row back while an earlier pending row of its key is backed off,
+/// so per-key first deliveries follow id order. `$1` = batch size, `$2` = owned lanes.
+/// Uses `outbox_pending_id_idx` (scan in id order) and `outbox_pending_key_idx` (the check).
 const CLAIM: &str = "\
-SELECT id, topic, message_key, headers::text, payload::text
-  FROM {s}.outbox
- WHERE status = 'pending' AND available_at <= now()
- ORDER BY id
+SELECT o.id, o.topic, o.message_key, o.headers::text, o.payload::text
+  FROM {s}.outbox AS o
+ WHERE o.status = 'pending' AND o.available_at <= now()
+   AND abs(hashtext(coalesce(o.message_key, ''))) % 64 = ANY($2::int[])
+   AND NOT EXISTS (
+         SELECT 1 FROM {s}.outbox AS e
+          WHERE e.status = 'pending' AND e.message_key = o.message_key
+            AND e.id < o.id AND e.available_at > now())
+ ORDER BY o.id
  LIMIT $1
- FOR UPDATE SKIP LOCKED";
+ FOR UPDATE OF o SKIP LOCKED";
 
 /// Mark acknowledged rows sent, one statement per batch. `$1` = ids.
 const MARK_SENT: &str = "\

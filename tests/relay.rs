@@ -331,6 +331,15 @@ async fn two_relays_over_20000_rows_send_each_exactly_once() {
 
     let cfg = outbox::RelayConfig { batch_size: 500, ..relay_config() };
     let relays = [Arc::new(Relay::new(&db, &kafka(), cfg.clone()).unwrap()), Arc::new(Relay::new(&db, &kafka(), cfg).unwrap())];
+    // Converge lane ownership first (normally every rebalance interval): each takes half.
+    for _ in 0..2 {
+        for r in &relays {
+            r.rebalance().await;
+        }
+    }
+    let (a, b) = (relays[0].owned_lanes().await, relays[1].owned_lanes().await);
+    assert_eq!((a.len(), b.len()), (32, 32), "fair share of the 64 lanes");
+    assert!(a.iter().all(|l| !b.contains(l)), "no lane owned twice");
     let tasks: Vec<_> = relays
         .iter()
         .map(|r| {

@@ -86,6 +86,10 @@ enum Command {
         /// Do not LISTEN for the enqueue trigger's notifications; rely on polling only.
         #[arg(long)]
         no_listen: bool,
+        /// How often to re-count relays and rebalance ordering lanes (dead relays' lanes are
+        /// taken over within this interval).
+        #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
+        rebalance_interval: Duration,
     },
     /// Counts by status, oldest pending age, failed rows grouped by last_error.
     Status {
@@ -205,6 +209,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             shutdown_timeout,
             cleanup_interval,
             no_listen,
+            rebalance_interval,
         } => {
             let db = db_config(&db)?;
             let kafka = kafka_config(&kafka)?;
@@ -216,6 +221,8 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 shutdown_timeout,
                 listen: !no_listen,
                 cleanup: cleanup_config(&cleanup, cleanup_interval.0),
+                rebalance_interval,
+                inject_refusals: 0.0,
             };
             let relay = Relay::new(&db, &kafka, config).map_err(|e| match e {
                 outbox::RelayError::Config(c) => anyhow::Error::new(UsageError(c.to_string())),

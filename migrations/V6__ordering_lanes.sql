@@ -1,0 +1,12 @@
+-- Per-key order across several relays (DESIGN §3.6).
+--
+-- Lanes: every row belongs to lane abs(hashtext(coalesce(message_key, ''))) % 64, so all rows of
+-- one key share a lane. Each relay owns a share of the lanes through session advisory locks and
+-- claims only rows of its lanes: one key is never in flight in two relays at once, and a dead
+-- relay's lanes are free the moment Postgres sees its connection close.
+--
+-- Within a lane, a row is not claimed while an earlier pending row of the same key is backed
+-- off (available_at in the future): later rows of that key wait, other keys keep flowing.
+-- This index makes that check one probe per claimed row; like the other partial indexes it
+-- holds only pending rows.
+CREATE INDEX outbox_pending_key_idx ON outbox (message_key, id) WHERE status = 'pending';

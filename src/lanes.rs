@@ -1,0 +1,127 @@
+//! Ordering lanes: which relay may publish which keys.
+//!
+//! Rows are hashed by key into [`LANES`] lanes (`abs(hashtext(coalesce(message_key, ''))) % 64`,
+//! the same expression the claim query uses). A relay publishes only rows of lanes it holds a
+//! session advisory lock on, so one key is never in flight in two relays at once and per-key
+//! order follows outbox id order even with several relays.
+//!
+//! Fair share: every relay also holds a *member* lock; the number of member locks in `pg_locks`
+//! is the number of live relays, and each relay aims at `ceil(LANES / members)` lanes, releasing
+//! extras and taking free ones at each rebalance (between batches, never with a batch in flight).
+//! A relay that dies loses its locks with its connection; the survivors take its lanes at their
+//! next rebalance (every [`DEFAULT_REBALANCE_INTERVAL`]).
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use tracing::{debug, info, warn};
+
+use crate::config::DbConfig;
+
+/// Number of ordering lanes. Fixed: the claim query and every relay must agree.
+pub const LANES: i32 = 64;
+/// How often a relay re-counts relays and rebalances its lanes.
+pub const DEFAULT_REBALANCE_INTERVAL: Duration = Duration::from_secs(2);
+
+/// The lanes one relay holds, and the connection that holds their locks.
+pub(crate) struct Lanes {
+    db: DbConfig,
+    conn: Option<tokio_postgres::Client>,
+    owned: BTreeSet<i32>,
+    member_id: i32,
+    last: Option<Instant>,
+    interval: Duration,
+}
+
+impl Lanes {
+    pub fn new(db: &DbConfig, interval: Duration) -> Self {
+        Self {
+            db: db.clone(),
+            conn: None,
+            owned: BTreeSet::new(),
+            member_id: fastrand::i32(1..i32::MAX),
+            last: None,
+            interval,
+        }
+    }
+
+    /// The lanes held now, for the claim query. Empty when the lock connection is gone.
+    pub fn owned(&self) -> Vec<i32> {
+        match &self.conn {
+            Some(c) if !c.is_closed() => self.owned.iter().copied().collect(),
+            _ => Vec::new(),
+        }
+    }
+
+    /// Rebalances when the interval has passed (or the lock connection was lost).
+    pub async fn refresh_if_due(&mut self) {
+        let lost = self.conn.as_ref().is_none_or(tokio_postgres::Client::is_closed);
+        if lost || self.last.is_none_or(|t| t.elapsed() >= self.interval) {
+            self.rebalance().await;
+        }
+    }
+
+    /// Registers this relay, counts relays, and moves towards the fair share of lanes.
+    pub async fn rebalance(&mut self) {
+        self.last = Some(Instant::now());
+        if let Err(e) = self.try_rebalance().await {
+            warn!(error = %e, "lane rebalance failed; holding no lanes until the lock connection is back");
+            self.conn = None;
+            self.owned.clear();
+        }
+    }
+
+    async fn try_rebalance(&mut self) -> Result<(), tokio_postgres::Error> {
+        if self.conn.as_ref().is_none_or(tokio_postgres::Client::is_closed) {
+            // Locks died with the old connection (if any).
+            self.owned.clear();
+            self.conn = Some(crate::db::connect(&self.db).await?);
+        }
+        let c = self.conn.as_ref().expect("connected");
+        let schema = self.db.schema.name();
+        let ns = format!("hashtext('outbox-lanes:{schema}')");
+        let members_ns = format!("hashtext('outbox-relays:{schema}')");
+        c.query_one(&format!("SELECT pg_try_advisory_lock({members_ns}, $1)"), &[&self.member_id]).await?;
+        let members: i64 = c
+            .query_one(
+                &format!(
+                    "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted
+                       AND classid = ({members_ns})::oid AND objsubid = 2 AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+                ),
+                &[],
+            )
+            .await?
+            .get(0);
+        let members = members.max(1) as usize;
+        let target = (LANES as usize).div_ceil(members);
+        let before = self.owned.len();
+        while self.owned.len() > target {
+            let lane = *self.owned.iter().next_back().expect("non-empty");
+            c.query_one(&format!("SELECT pg_advisory_unlock({ns}, $1)"), &[&lane]).await?;
+            self.owned.remove(&lane);
+        }
+        if self.owned.len() < target {
+            // Start at a member-specific offset so relays do not all contend for lane 0 first.
+            let start = self.member_id.rem_euclid(LANES);
+            for i in 0..LANES {
+                if self.owned.len() >= target {
+                    break;
+                }
+                let lane = (start + i) % LANES;
+                if self.owned.contains(&lane) {
+                    continue;
+                }
+                let got: bool = c.query_one(&format!("SELECT pg_try_advisory_lock({ns}, $1)"), &[&lane]).await?.get(0);
+                if got {
+                    self.owned.insert(lane);
+                }
+            }
+        }
+        if self.owned.len() != before {
+            info!(relays = members, lanes = self.owned.len(), "ordering lanes rebalanced");
+        } else {
+            debug!(relays = members, lanes = self.owned.len(), "ordering lanes unchanged");
+        }
+        Ok(())
+    }
+}
