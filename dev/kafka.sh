@@ -10,6 +10,9 @@
 #   KAFKA_INSTANCE=single  name of the instance; state lives in dev/.state/kafka-$KAFKA_INSTANCE
 #   KAFKA_PORT=9092        client listener, 127.0.0.1 only
 #   KAFKA_CONTROLLER_PORT=9093
+#   KAFKA_SASL_PORT=9094   SASL_SSL listener (PLAIN, users outbox / outbox-secret and
+#                          scanner / scanner-Pa55-9f3k for the secret-scan test, certificate of
+#                          dev/tls.sh for 127.0.0.1); empty to disable
 #
 # Idempotent: when the broker is already up, `start` returns at once.
 set -euo pipefail
@@ -20,6 +23,7 @@ LIB="$STATE/kafka-lib"
 INSTANCE="${KAFKA_INSTANCE:-single}"
 PORT="${KAFKA_PORT:-9092}"
 CPORT="${KAFKA_CONTROLLER_PORT:-9093}"
+SASL_PORT="${KAFKA_SASL_PORT-9094}"
 DIR="$STATE/kafka-$INSTANCE"
 PIDFILE="$DIR/kafka.pid"
 
@@ -45,15 +49,33 @@ java_run() {
 
 write_config() {
   mkdir -p "$DIR/data" "$DIR/logs"
+  local listeners="PLAINTEXT://127.0.0.1:$PORT,CONTROLLER://127.0.0.1:$CPORT"
+  local advertised="PLAINTEXT://127.0.0.1:$PORT"
+  local protocols="CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT"
+  local sasl=""
+  if [ -n "$SASL_PORT" ]; then
+    "$DEV/tls.sh"
+    listeners="$listeners,SASL_SSL://127.0.0.1:$SASL_PORT"
+    advertised="$advertised,SASL_SSL://127.0.0.1:$SASL_PORT"
+    protocols="$protocols,SASL_SSL:SASL_SSL"
+    # Dev-only credentials for the SASL_SSL listener; clients verify dev/.state/tls/ca.pem.
+    sasl="sasl.enabled.mechanisms=PLAIN
+listener.name.sasl_ssl.plain.sasl.jaas.config=org.apache.kafka.common.security.plain.PlainLoginModule required username=\"outbox\" password=\"outbox-secret\" user_outbox=\"outbox-secret\" user_scanner=\"scanner-Pa55-9f3k\";
+ssl.keystore.location=$STATE/tls/server.p12
+ssl.keystore.type=PKCS12
+ssl.keystore.password=changeit
+ssl.key.password=changeit"
+  fi
   cat > "$DIR/server.properties" <<PROPS
 process.roles=broker,controller
 node.id=1
 controller.quorum.voters=1@127.0.0.1:$CPORT
-listeners=PLAINTEXT://127.0.0.1:$PORT,CONTROLLER://127.0.0.1:$CPORT
-advertised.listeners=PLAINTEXT://127.0.0.1:$PORT
+listeners=$listeners
+advertised.listeners=$advertised
 controller.listener.names=CONTROLLER
 inter.broker.listener.name=PLAINTEXT
-listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT
+listener.security.protocol.map=$protocols
+$sasl
 log.dirs=$DIR/data
 num.partitions=3
 auto.create.topics.enable=false
@@ -71,7 +93,11 @@ PROPS
 }
 
 start() {
-  if port_open "$PORT"; then log "already up on 127.0.0.1:$PORT"; return 0; fi
+  if port_open "$PORT"; then
+    if [ -z "$SASL_PORT" ] || port_open "$SASL_PORT"; then log "already up on 127.0.0.1:$PORT"; return 0; fi
+    log "up without its SASL_SSL listener (older config): restarting"
+    stop_with TERM
+  fi
   fetch_jars
   write_config
   if [ ! -f "$DIR/data/meta.properties" ]; then

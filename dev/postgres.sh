@@ -17,7 +17,7 @@ DB_NAME=outbox
 log() { echo "[postgres] $*" >&2; }
 port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 
-install() {
+install_pg() {
   if ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 && command -v pg_ctlcluster >/dev/null; then return; fi
   log "installing postgresql from Debian's packages (once)"
   export DEBIAN_FRONTEND=noninteractive
@@ -37,6 +37,15 @@ cluster() {
 
 configure() {
   mkdir -p "$CONF/conf.d"
+  # TLS with the dev CA's certificate for 127.0.0.1, so sslmode=verify-full works locally.
+  "$(dirname "${BASH_SOURCE[0]}")/tls.sh"
+  local tls="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/.state/tls"
+  for f in server.pem server.key; do
+    if ! cmp -s "$tls/$f" "$CONF/outbox-$f"; then
+      install -m 600 -o postgres -g postgres "$tls/$f" "$CONF/outbox-$f"
+      CHANGED=1
+    fi
+  done
   local want="$CONF/conf.d/outbox-dev.conf"
   local body
   body="# Written by dev/postgres.sh: loopback only, room for parallel tests and benches.
@@ -50,6 +59,9 @@ wal_buffers = 16MB
 max_wal_size = 4GB
 checkpoint_timeout = 15min
 log_min_messages = warning
+ssl = on
+ssl_cert_file = '$CONF/outbox-server.pem'
+ssl_key_file = '$CONF/outbox-server.key'
 "
   if ! printf '%s' "$body" | cmp -s - "$want"; then
     printf '%s' "$body" > "$want"
@@ -59,7 +71,7 @@ log_min_messages = warning
 }
 
 start() {
-  install
+  install_pg
   cluster
   CHANGED=0
   configure
@@ -98,7 +110,7 @@ SQL
 
 case "${1:-start}" in
   start) start ;;
-  restart) install; cluster; pg_ctlcluster "$PGVER" main restart -m fast; start ;;
-  stop) install; cluster; pg_ctlcluster "$PGVER" main stop -m fast || true ;;
+  restart) install_pg; cluster; pg_ctlcluster "$PGVER" main restart -m fast; start ;;
+  stop) install_pg; cluster; pg_ctlcluster "$PGVER" main stop -m fast || true ;;
   *) echo "usage: $0 start|restart|stop" >&2; exit 2 ;;
 esac

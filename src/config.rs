@@ -65,10 +65,25 @@ pub enum ConfigError {
     },
 }
 
+/// How the server certificate is checked (libpq's `sslmode` semantics).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TlsVerify {
+    /// No certificate check (`sslmode=disable|prefer|require` without `sslrootcert`): encrypted
+    /// when TLS is used, but open to an active man in the middle.
+    None,
+    /// The chain must lead to the root (`sslmode=verify-ca`, or `require` with `sslrootcert`).
+    Ca,
+    /// The chain and the host name must match (`sslmode=verify-full`): use this in production.
+    Full,
+}
+
 /// Where the outbox tables live.
 #[derive(Clone)]
 pub struct DbConfig {
     pub(crate) pg: tokio_postgres::Config,
+    pub(crate) tls: postgres_openssl::MakeTlsConnector,
+    /// Certificate checking derived from `sslmode` / `sslrootcert`.
+    pub tls_verify: TlsVerify,
     /// Schema holding `outbox` and `processed_messages`.
     pub schema: Schema,
     /// Pool size for the relay and operator commands.
@@ -81,13 +96,25 @@ impl DbConfig {
     /// # Errors
     /// [`ConfigError::DatabaseUrl`] when it does not parse or names no host;
     /// [`ConfigError::Schema`] for a bad schema name.
+    ///
+    /// TLS follows libpq: `sslmode=disable|prefer|require|verify-ca|verify-full` and
+    /// `sslrootcert=PATH` (PEM). tokio-postgres itself knows only the first three, so the
+    /// verification modes are taken out here and enforced by the OpenSSL connector.
     pub fn new(url: &str, schema: &str) -> Result<Self, ConfigError> {
         if url.trim().is_empty() {
             return Err(ConfigError::DatabaseUrl("it is empty (set DATABASE_URL)".into()));
         }
+        let (url, mode, root) = split_tls_params(url);
         // tokio-postgres' parse errors name the option, never its value, so they are safe to show.
-        let mut pg = tokio_postgres::Config::from_str(url)
+        let mut pg = tokio_postgres::Config::from_str(&url)
             .map_err(|e| ConfigError::DatabaseUrl(e.to_string()))?;
+        let tls_verify = match mode.as_deref() {
+            Some("verify-full") => TlsVerify::Full,
+            Some("verify-ca") => TlsVerify::Ca,
+            _ if root.is_some() => TlsVerify::Ca,
+            _ => TlsVerify::None,
+        };
+        let tls = tls_connector(tls_verify, root.as_deref())?;
         if pg.get_hosts().is_empty() {
             return Err(ConfigError::DatabaseUrl("no host given".into()));
         }
@@ -98,13 +125,86 @@ impl DbConfig {
             pg.application_name("outbox");
         }
         pg.keepalives(true).keepalives_idle(Duration::from_secs(30));
-        Ok(Self { pg, schema: Schema::new(schema)?, pool_size: DEFAULT_POOL_SIZE })
+        Ok(Self { pg, tls, tls_verify, schema: Schema::new(schema)?, pool_size: DEFAULT_POOL_SIZE })
     }
 
     /// The parsed connection settings.
     pub fn pg_config(&self) -> &tokio_postgres::Config {
         &self.pg
     }
+}
+
+/// Takes `sslmode=verify-*` and `sslrootcert` out of a URL or key=value string (tokio-postgres
+/// rejects them), leaving `sslmode=require` in their place.
+fn split_tls_params(url: &str) -> (String, Option<String>, Option<String>) {
+    let mut mode = None;
+    let mut root = None;
+    let mut keep = |k: &str, v: &str| -> bool {
+        match k {
+            "sslmode" if v == "verify-ca" || v == "verify-full" => {
+                mode = Some(v.to_owned());
+                false
+            }
+            "sslmode" => {
+                mode = Some(v.to_owned());
+                true
+            }
+            "sslrootcert" => {
+                root = Some(v.to_owned());
+                false
+            }
+            _ => true,
+        }
+    };
+    let rebuilt = if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+        match url.split_once('?') {
+            Some((base, query)) => {
+                let mut params: Vec<&str> = query
+                    .split('&')
+                    .filter(|p| p.split_once('=').is_none_or(|(k, v)| keep(k, v)))
+                    .collect();
+                if matches!(mode.as_deref(), Some("verify-ca" | "verify-full")) {
+                    params.push("sslmode=require");
+                }
+                if params.is_empty() { base.to_owned() } else { format!("{base}?{}", params.join("&")) }
+            }
+            None => url.to_owned(),
+        }
+    } else {
+        let mut parts: Vec<String> = url
+            .split_whitespace()
+            .filter(|p| p.split_once('=').is_none_or(|(k, v)| keep(k, v)))
+            .map(str::to_owned)
+            .collect();
+        if matches!(mode.as_deref(), Some("verify-ca" | "verify-full")) {
+            parts.push("sslmode=require".into());
+        }
+        parts.join(" ")
+    };
+    (rebuilt, mode, root)
+}
+
+fn tls_connector(verify: TlsVerify, root: Option<&str>) -> Result<postgres_openssl::MakeTlsConnector, ConfigError> {
+    use openssl::ssl::{SslConnector, SslMethod, SslVerifyMode};
+    let err = |e: openssl::error::ErrorStack| ConfigError::DatabaseUrl(format!("TLS setup: {e}"));
+    let mut b = SslConnector::builder(SslMethod::tls_client()).map_err(err)?;
+    match verify {
+        TlsVerify::None => b.set_verify(SslVerifyMode::NONE),
+        TlsVerify::Ca | TlsVerify::Full => {
+            if let Some(path) = root {
+                b.set_ca_file(path)
+                    .map_err(|e| ConfigError::DatabaseUrl(format!("cannot load sslrootcert {path:?}: {e}")))?;
+            }
+        }
+    }
+    let mut connector = postgres_openssl::MakeTlsConnector::new(b.build());
+    if verify != TlsVerify::Full {
+        connector.set_callback(|cfg, _domain| {
+            cfg.set_verify_hostname(false);
+            Ok(())
+        });
+    }
+    Ok(connector)
 }
 
 impl fmt::Debug for DbConfig {
@@ -115,6 +215,8 @@ impl fmt::Debug for DbConfig {
             .field("user", &self.pg.get_user())
             .field("dbname", &self.pg.get_dbname())
             .field("password", &self.pg.get_password().map(|_| "<redacted>"))
+            .field("ssl_mode", &self.pg.get_ssl_mode())
+            .field("tls_verify", &self.tls_verify)
             .field("schema", &self.schema)
             .field("pool_size", &self.pool_size)
             .finish()
@@ -317,6 +419,19 @@ mod tests {
         assert!(!e.to_string().contains("hunter2"), "{e}");
         let ok = DbConfig::new("postgres://u:hunter2@localhost:5432/db", "public").unwrap();
         assert!(!format!("{ok:?}").contains("hunter2"));
+    }
+
+    #[test]
+    fn verify_modes_are_taken_out_for_tokio_postgres() {
+        let (u, m, r) = split_tls_params("postgres://u@h/db?sslmode=verify-full&sslrootcert=/ca.pem&application_name=x");
+        assert_eq!((u.as_str(), m.as_deref(), r.as_deref()), ("postgres://u@h/db?application_name=x&sslmode=require", Some("verify-full"), Some("/ca.pem")));
+        let (u, m, _) = split_tls_params("host=h sslmode=verify-ca user=u");
+        assert_eq!((u.as_str(), m.as_deref()), ("host=h user=u sslmode=require", Some("verify-ca")));
+        let (u, m, r) = split_tls_params("postgres://u@h/db?sslmode=require");
+        assert_eq!((u.as_str(), m.as_deref(), r), ("postgres://u@h/db?sslmode=require", Some("require"), None));
+        assert_eq!(DbConfig::new("postgres://u@h/db?sslmode=verify-full", "public").unwrap().tls_verify, TlsVerify::Full);
+        let e = DbConfig::new("postgres://u@h/db?sslmode=verify-full&sslrootcert=/nonexistent.pem", "public").unwrap_err();
+        assert!(e.to_string().contains("cannot load sslrootcert"), "{e}");
     }
 
     #[test]

@@ -3,7 +3,6 @@
 use std::time::Duration;
 
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
-use tokio_postgres::NoTls;
 
 use crate::config::DbConfig;
 
@@ -18,7 +17,7 @@ const POOL_TIMEOUT: Duration = Duration::from_secs(10);
 pub fn pool(db: &DbConfig) -> Result<Pool, deadpool_postgres::BuildError> {
     let mgr = Manager::from_config(
         db.pg.clone(),
-        NoTls,
+        db.tls.clone(),
         // `Fast` recycling skips a round trip per checkout; a broken connection is detected by
         // `is_closed()` and the failing statement, and the caller retries with backoff.
         ManagerConfig { recycling_method: RecyclingMethod::Fast },
@@ -37,7 +36,7 @@ pub fn pool(db: &DbConfig) -> Result<Pool, deadpool_postgres::BuildError> {
 /// # Errors
 /// The connection error from tokio-postgres.
 pub async fn connect(db: &DbConfig) -> Result<tokio_postgres::Client, tokio_postgres::Error> {
-    let (client, conn) = db.pg.connect(NoTls).await?;
+    let (client, conn) = db.pg.connect(db.tls.clone()).await?;
     tokio::spawn(async move {
         if let Err(e) = conn.await {
             tracing::debug!(error = %e, "postgres connection closed");

@@ -570,7 +570,7 @@ async fn listen(db: DbConfig, wake: Arc<Notify>, cancel: CancellationToken) {
     let mut backoff = Backoff::default();
     while !cancel.is_cancelled() {
         let attempt = async {
-            let (client, mut conn) = db.pg.connect(tokio_postgres::NoTls).await?;
+            let (client, mut conn) = db.pg.connect(db.tls.clone()).await?;
             let notify = wake.clone();
             let driver = tokio::spawn(async move {
                 let mut stream = futures::stream::poll_fn(move |cx| conn.poll_message(cx));
