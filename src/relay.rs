@@ -257,6 +257,11 @@ impl Relay {
         })
     }
 
+    /// The schema whose outbox this relay publishes.
+    pub fn schema(&self) -> &crate::schema::Schema {
+        &self.db.schema
+    }
+
     /// The connection pool (shared with cleanup).
     pub fn pool(&self) -> &Pool {
         &self.pool

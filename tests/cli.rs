@@ -243,7 +243,7 @@ async fn sigterm_mid_backlog_exits_0_leaves_nothing_locked_and_a_new_relay_finis
     let ids = enqueue_n(&db, &topic, 30_000, 100, 2000).await;
     let c = client(&db).await;
 
-    let mut child = outbox_cmd(&db)
+    let child = outbox_cmd(&db)
         .args(["relay", "--batch-size", "200", "--cleanup-interval", "off"])
         .stdin(Stdio::null())
         .stdout(Stdio::null())

@@ -184,13 +184,24 @@ where
     }
 }
 
-/// Runs passes until one finds nothing due.
+/// Runs passes until nothing is due. A pass can find nothing while due rows exist when another
+/// relay (e.g. one that just exited) still held the ordering lanes; then rebalance and retry.
 pub async fn drain(relay: &outbox::Relay) -> usize {
     let mut sent = 0;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    let due = format!("SELECT count(*) FROM {}.outbox WHERE status = 'pending' AND available_at <= now()", relay.schema().quoted());
     loop {
         match relay.run_once().await.expect("relay pass") {
-            outbox::Outcome::Empty => return sent,
             outbox::Outcome::Published(r) => sent += r.sent,
+            outbox::Outcome::Empty => {
+                let c = relay.pool().get().await.unwrap();
+                if c.query_one(&due, &[]).await.unwrap().get::<_, i64>(0) == 0 {
+                    return sent;
+                }
+                assert!(tokio::time::Instant::now() < deadline, "due rows left but no lanes to claim them");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                relay.rebalance().await;
+            }
         }
     }
 }
