@@ -10,6 +10,9 @@
 #   KAFKA_INSTANCE=single  name of the instance; state lives in dev/.state/kafka-$KAFKA_INSTANCE
 #   KAFKA_PORT=9092        client listener, 127.0.0.1 only
 #   KAFKA_CONTROLLER_PORT=9093
+#   KAFKA_NODE_ID=1, KAFKA_VOTERS=1@127.0.0.1:$KAFKA_CONTROLLER_PORT, KAFKA_CLUSTER_ID (random
+#   at first format), KAFKA_RF=1 (replication of internal topics and the default for new topics;
+#   min.insync.replicas = RF-1 when RF > 1), KAFKA_HEAP=1g: set by dev/kafka-cluster.sh
 #   KAFKA_SASL_PORT=9094   SASL_SSL listener (PLAIN, users outbox / outbox-secret and
 #                          scanner / scanner-Pa55-9f3k for the secret-scan test, certificate of
 #                          dev/tls.sh for 127.0.0.1); empty to disable
@@ -24,6 +27,11 @@ INSTANCE="${KAFKA_INSTANCE:-single}"
 PORT="${KAFKA_PORT:-9092}"
 CPORT="${KAFKA_CONTROLLER_PORT:-9093}"
 SASL_PORT="${KAFKA_SASL_PORT-9094}"
+NODE_ID="${KAFKA_NODE_ID:-1}"
+VOTERS="${KAFKA_VOTERS:-$NODE_ID@127.0.0.1:$CPORT}"
+RF="${KAFKA_RF:-1}"
+MIN_ISR=$(( RF > 1 ? RF - 1 : 1 ))
+HEAP="${KAFKA_HEAP:-1g}"
 DIR="$STATE/kafka-$INSTANCE"
 PIDFILE="$DIR/kafka.pid"
 
@@ -68,8 +76,8 @@ ssl.key.password=changeit"
   fi
   cat > "$DIR/server.properties" <<PROPS
 process.roles=broker,controller
-node.id=1
-controller.quorum.voters=1@127.0.0.1:$CPORT
+node.id=$NODE_ID
+controller.quorum.voters=$VOTERS
 listeners=$listeners
 advertised.listeners=$advertised
 controller.listener.names=CONTROLLER
@@ -79,12 +87,14 @@ $sasl
 log.dirs=$DIR/data
 num.partitions=3
 auto.create.topics.enable=false
-offsets.topic.replication.factor=1
+offsets.topic.replication.factor=$RF
 offsets.topic.num.partitions=10
-transaction.state.log.replication.factor=1
-transaction.state.log.min.isr=1
-share.coordinator.state.topic.replication.factor=1
-share.coordinator.state.topic.min.isr=1
+transaction.state.log.replication.factor=$RF
+transaction.state.log.min.isr=$MIN_ISR
+share.coordinator.state.topic.replication.factor=$RF
+share.coordinator.state.topic.min.isr=$MIN_ISR
+default.replication.factor=$RF
+min.insync.replicas=$MIN_ISR
 group.initial.rebalance.delay.ms=0
 log.retention.hours=168
 num.network.threads=2
@@ -101,17 +111,21 @@ start() {
   fetch_jars
   write_config
   if [ ! -f "$DIR/data/meta.properties" ]; then
-    local id
-    id="$(java_run org.apache.kafka.tools.StorageTool random-uuid 2>/dev/null | tail -1 || true)"
+    local id="${KAFKA_CLUSTER_ID:-}"
     [ -n "$id" ] || id="$(java_run kafka.tools.StorageTool random-uuid | tail -1)"
     log "formatting storage (cluster id $id)"
     java_run kafka.tools.StorageTool format -t "$id" -c "$DIR/server.properties" >/dev/null
   fi
   log "starting on 127.0.0.1:$PORT"
-  nohup java -Xms256m -Xmx1g -XX:+UseG1GC -XX:MaxGCPauseMillis=20 \
+  nohup java -Xms256m -Xmx"$HEAP" -XX:+UseG1GC -XX:MaxGCPauseMillis=20 \
     -Dlog4j2.configurationFile="$DEV/kafka/log4j2.yaml" -Dkafka.logs.dir="$DIR/logs" \
     -cp "$LIB/*" kafka.Kafka "$DIR/server.properties" >"$DIR/logs/stdout.log" 2>&1 &
   echo $! > "$PIDFILE"
+  [ "${KAFKA_NO_WAIT:-}" = 1 ] && return 0
+  wait_ready
+}
+
+wait_ready() {
   local deadline=$((SECONDS + 120))
   until grep -q "Kafka Server started" "$DIR/logs/server.log" 2>/dev/null && port_open "$PORT"; do
     if ! kill -0 "$(cat "$PIDFILE")" 2>/dev/null; then
@@ -143,6 +157,8 @@ stop_with() {
 
 case "${1:-start}" in
   start) start ;;
+  wait) wait_ready ;;
+  fetch) fetch_jars ;;
   stop) stop_with TERM ;;
   kill) stop_with KILL ;;
   status) port_open "$PORT" ;;

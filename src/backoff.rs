@@ -5,14 +5,14 @@ use std::time::Duration;
 /// First wait after a failure.
 pub const DEFAULT_BACKOFF_BASE: Duration = Duration::from_millis(100);
 /// Longest wait between two tries.
-pub const DEFAULT_BACKOFF_MAX: Duration = Duration::from_secs(10);
+pub const DEFAULT_BACKOFF_MAX: Duration = Duration::from_secs(5);
 
 /// Capped exponential backoff: the n-th consecutive failure waits
 /// `min(max, base * 2^(n-1))`, scaled by a random factor in [0.5, 1.0] so that several relays
 /// that lost the same server do not come back in lockstep. [`Backoff::reset`] after a success.
 ///
-/// With the defaults: ~100 ms, 200 ms, 400 ms, … 6.4 s, then 10 s per try while the outage lasts:
-/// no busy loop, and recovery within ~10 s of the service's return.
+/// With the defaults: ~100 ms, 200 ms, 400 ms, … 3.2 s, then 5 s per try while the outage lasts:
+/// no busy loop, and recovery within ~5 s of the service coming back.
 #[derive(Debug, Clone)]
 pub struct Backoff {
     base: Duration,

@@ -26,3 +26,18 @@ pub fn postgres_is_transient(e: &tokio_postgres::Error) -> bool {
         None => e.is_closed() || std::error::Error::source(e).is_some(),
     }
 }
+
+/// True when the error means the server is unreachable rather than the statement failing:
+/// connection refused/lost/closed, SQLSTATE class `08`, or the server shutting down
+/// (`57P01`, `57P02`, `57P03`).
+pub fn postgres_is_unavailable(e: &tokio_postgres::Error) -> bool {
+    match e.code() {
+        Some(code) => {
+            code.code().starts_with("08")
+                || *code == SqlState::ADMIN_SHUTDOWN
+                || *code == SqlState::CRASH_SHUTDOWN
+                || *code == SqlState::CANNOT_CONNECT_NOW
+        }
+        None => e.is_closed() || std::error::Error::source(e).is_some_and(|s| s.is::<std::io::Error>()),
+    }
+}

@@ -70,6 +70,10 @@ async fn writer(db: outbox::DbConfig, topic: String, per_sec: u64, stop: tokio::
         tick.tick().await;
         if conn.as_ref().is_none_or(|c| c.is_closed()) {
             conn = outbox::connect(&db).await.ok();
+            if conn.is_none() {
+                tokio::time::sleep(Duration::from_millis(500)).await; // database down: don't spin
+                continue;
+            }
         }
         let Some(c) = conn.as_mut() else { continue };
         let m = Message::new(&topic, "fault_event", format!("k{}", seq % 50), serde_json::json!({"seq": seq}));
@@ -91,6 +95,63 @@ async fn writer(db: outbox::DbConfig, topic: String, per_sec: u64, stop: tokio::
         }
     }
     ids
+}
+
+struct Effect;
+impl outbox::consumer::Handler for Effect {
+    fn handle<'a>(
+        &'a self,
+        m: &'a outbox::consumer::Delivered,
+        tx: &'a tokio_postgres::Transaction<'a>,
+    ) -> outbox::consumer::BoxFuture<'a, Result<(), outbox::consumer::HandlerError>> {
+        Box::pin(async move {
+            tx.execute("INSERT INTO effects (message_id) VALUES ($1)", &[&m.message_id]).await?;
+            Ok(())
+        })
+    }
+}
+
+/// The idempotent consumer downstream of the relay for the whole run.
+struct Downstream {
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<Result<(), outbox::consumer::ConsumerError>>,
+    stats: Arc<outbox::consumer::ConsumerStats>,
+}
+
+async fn downstream(db: &outbox::DbConfig, topic: &str) -> Downstream {
+    create_topic(&format!("{topic}.dlq"), 3).await;
+    client(db).await.batch_execute("CREATE TABLE effects (message_id text NOT NULL)").await.unwrap();
+    let cfg = outbox::consumer::ConsumerConfig::new(format!("faults-{}", hex(6)), [topic]);
+    let consumer = outbox::consumer::Consumer::new(db, &kafka(), cfg).unwrap().handler("fault_event", Effect);
+    let stats = consumer.stats();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(consumer.run(async move {
+        let _ = stopped.await;
+    }));
+    Downstream { stop, task, stats }
+}
+
+impl Downstream {
+    /// Waits until every committed message had its effect exactly once and the DLQ is empty.
+    async fn check(self, db: &outbox::DbConfig, topic: &str, ids: &[String]) {
+        let c = client(db).await;
+        let n = ids.len() as i64;
+        wait_until(Duration::from_secs(90), "consumer handled everything", || async {
+            count(&c, "SELECT count(DISTINCT message_id) FROM effects").await >= n
+        })
+        .await;
+        self.stop.send(()).unwrap();
+        self.task.await.unwrap().unwrap();
+        let effects = count(&c, "SELECT count(*) FROM effects").await;
+        let distinct = count(&c, "SELECT count(DISTINCT message_id) FROM effects").await;
+        assert_eq!(effects, distinct, "no effect twice");
+        assert_eq!(topic_len(&format!("{topic}.dlq")).await, 0, "nothing dead-lettered by the outage");
+        eprintln!(
+            "downstream: {effects} effects, {} duplicates absorbed, {} outage waits",
+            outbox::consumer::ConsumerStats::get(&self.stats.duplicates),
+            outbox::consumer::ConsumerStats::get(&self.stats.outage_waits)
+        );
+    }
 }
 
 async fn all_sent_and_in_kafka(db: &outbox::DbConfig, topic: &str, ids: &[String], within: Duration) {
@@ -121,6 +182,7 @@ async fn kafka_stopped_for_20s_mid_run_loses_nothing() {
     let relay_task = tokio::spawn(relay.run(async move {
         let _ = relay_stopped.await;
     }));
+    let down = downstream(&db, &topic).await;
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let w = tokio::spawn(writer(db.clone(), topic.clone(), 200, stop_rx));
 
@@ -135,8 +197,14 @@ async fn kafka_stopped_for_20s_mid_run_loses_nothing() {
     tokio::time::sleep(Duration::from_secs(20)).await; // the outage itself, by definition timed
     let cpu_share = (cpu_secs() - cpu0) / t0.elapsed().as_secs_f64();
     let pending_during = count(&c, "SELECT count(*) FROM outbox WHERE status = 'pending'").await;
+    let sent_before = count(&c, "SELECT count(*) FROM outbox WHERE status = 'sent'").await;
     dev("kafka.sh", "start");
-
+    let back = Instant::now();
+    wait_until(Duration::from_secs(30), "first publish after Kafka is back", || async {
+        count(&c, "SELECT count(*) FROM outbox WHERE status = 'sent'").await > sent_before
+    })
+    .await;
+    let recovery = back.elapsed();
     wait_until(Duration::from_secs(60), "traffic flows again", || async {
         count(&c, "SELECT count(*) FROM outbox WHERE status = 'pending'").await < 100
     })
@@ -146,16 +214,18 @@ async fn kafka_stopped_for_20s_mid_run_loses_nothing() {
     all_sent_and_in_kafka(&db, &topic, &ids, Duration::from_secs(60)).await;
     stop_relay.send(()).unwrap();
     relay_task.await.unwrap().unwrap();
+    down.check(&db, &topic, &ids).await;
 
+    assert!(recovery < Duration::from_secs(15), "recovered {recovery:?} after Kafka returned");
     assert!(pending_during > 1000, "rows accumulated during the outage ({pending_during})");
     assert!(cpu_share < 0.5, "busy loop during the outage: {cpu_share:.2} CPU");
     let text = String::from_utf8_lossy(&logs.0.lock().unwrap()).into_owned();
     assert!(text.contains("rows left pending"), "the outage was not logged");
-    eprintln!("kafka outage: {} messages, cpu share during outage {cpu_share:.3}", ids.len());
+    eprintln!("kafka outage: {} messages, cpu share during outage {cpu_share:.3}, first publish {recovery:?} after restart", ids.len());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn postgres_restarted_mid_run_loses_nothing() {
+async fn postgres_down_for_10s_mid_run_loses_nothing() {
     let _serial = SERIAL.lock().await;
     let logs = logs();
     dev("kafka.sh", "start");
@@ -168,6 +238,7 @@ async fn postgres_restarted_mid_run_loses_nothing() {
     let relay_task = tokio::spawn(relay.run(async move {
         let _ = relay_stopped.await;
     }));
+    let down = downstream(&db, &topic).await;
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let w = tokio::spawn(writer(db.clone(), topic.clone(), 300, stop_rx));
 
@@ -176,11 +247,22 @@ async fn postgres_restarted_mid_run_loses_nothing() {
         count(&c, "SELECT count(*) FROM outbox WHERE status = 'sent'").await >= 300
     })
     .await;
-    dev("postgres.sh", "restart");
+    drop(c);
+    dev("postgres.sh", "stop");
+    let (cpu0, t0) = (cpu_secs(), Instant::now());
+    tokio::time::sleep(Duration::from_secs(10)).await; // the outage itself
+    let cpu_share = (cpu_secs() - cpu0) / t0.elapsed().as_secs_f64();
+    dev("postgres.sh", "start");
+    let back = Instant::now();
     // The old connections died with the server; use a new one.
     let c = client(&db).await;
     let sent_after_restart = count(&c, "SELECT count(*) FROM outbox WHERE status = 'sent'").await;
     wait_until(Duration::from_secs(30), "relay resumes", || async {
+        count(&c, "SELECT count(*) FROM outbox WHERE status = 'sent'").await > sent_after_restart
+    })
+    .await;
+    let recovery = back.elapsed();
+    wait_until(Duration::from_secs(30), "steady again", || async {
         count(&c, "SELECT count(*) FROM outbox WHERE status = 'sent'").await > sent_after_restart + 300
     })
     .await;
@@ -189,7 +271,11 @@ async fn postgres_restarted_mid_run_loses_nothing() {
     all_sent_and_in_kafka(&db, &topic, &ids, Duration::from_secs(60)).await;
     stop_relay.send(()).unwrap();
     relay_task.await.unwrap().unwrap();
+    down.check(&db, &topic, &ids).await;
     let text = String::from_utf8_lossy(&logs.0.lock().unwrap()).into_owned();
-    assert!(text.contains("relay pass failed; backing off") || text.contains("notification connection lost"), "restart not logged");
-    eprintln!("postgres restart: {} messages", ids.len());
+    assert!(text.contains("relay pass failed; backing off"), "outage not logged");
+    assert!(text.contains("database unavailable: holding messages"), "consumer did not report the outage");
+    assert!(cpu_share < 0.5, "busy loop while Postgres was down: {cpu_share:.2} CPU");
+    assert!(recovery < Duration::from_secs(15), "recovered {recovery:?} after Postgres returned");
+    eprintln!("postgres outage: {} messages, cpu share during outage {cpu_share:.3}, relay resumed {recovery:?} after restart", ids.len());
 }

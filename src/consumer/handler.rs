@@ -27,17 +27,31 @@ pub enum ErrorKind {
 pub struct HandlerError {
     kind: ErrorKind,
     message: String,
+    unavailable: bool,
 }
 
 impl HandlerError {
     /// A failure worth retrying.
     pub fn transient(message: impl fmt::Display) -> Self {
-        Self { kind: ErrorKind::Transient, message: message.to_string() }
+        Self { kind: ErrorKind::Transient, message: message.to_string(), unavailable: false }
     }
 
     /// A failure that retrying cannot fix.
     pub fn permanent(message: impl fmt::Display) -> Self {
-        Self { kind: ErrorKind::Permanent, message: message.to_string() }
+        Self { kind: ErrorKind::Permanent, message: message.to_string(), unavailable: false }
+    }
+
+    /// The consumer's own database is unreachable (connection refused or lost, server shutting
+    /// down). The runtime waits it out with capped backoff *without* spending the message's
+    /// retry budget: an outage must not push healthy messages into the dead-letter topic.
+    pub fn unavailable(message: impl fmt::Display) -> Self {
+        Self { kind: ErrorKind::Transient, message: message.to_string(), unavailable: true }
+    }
+
+    /// True for [`HandlerError::unavailable`] errors (and Postgres connection failures
+    /// converted with `?`).
+    pub fn is_unavailable(&self) -> bool {
+        self.unavailable
     }
 
     /// Classifies an HTTP response status from a downstream API: 408, 425, 429 and 5xx are
@@ -80,7 +94,9 @@ impl From<tokio_postgres::Error> for HandlerError {
             Some(db) => format!("postgres {}: {}", db.code().code(), db.message()),
             None => format!("postgres: {e}"),
         };
-        if crate::classify::postgres_is_transient(&e) {
+        if crate::classify::postgres_is_unavailable(&e) {
+            Self::unavailable(text)
+        } else if crate::classify::postgres_is_transient(&e) {
             Self::transient(text)
         } else {
             Self::permanent(text)

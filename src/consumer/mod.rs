@@ -198,6 +198,8 @@ pub struct ConsumerStats {
     pub forward_failures: AtomicU64,
     /// Times all partitions were paused for backpressure.
     pub backpressure_pauses: AtomicU64,
+    /// Waits for the consumer's database to come back (no retry budget spent).
+    pub outage_waits: AtomicU64,
 }
 
 impl ConsumerStats {
@@ -872,7 +874,7 @@ fn decode(raw: &Raw, origin: &Origin) -> Result<Delivered, String> {
 
 /// The handler's transaction: mark first, then the handler; both commit or neither.
 async fn run_in_tx(shared: &Shared, handler: &HandlerRef, d: &Delivered) -> Result<InboxOutcome, HandlerError> {
-    let mut conn = shared.pool.get().await.map_err(|e| HandlerError::transient(format!("postgres pool: {e}")))?;
+    let mut conn = shared.pool.get().await.map_err(|e| HandlerError::unavailable(format!("postgres pool: {e}")))?;
     let tx = conn.transaction().await?;
     if !shared.inbox.mark(&*tx, &d.topic, &d.message_id).await? {
         tx.rollback().await?;
@@ -889,7 +891,7 @@ async fn run_in_tx(shared: &Shared, handler: &HandlerRef, d: &Delivered) -> Resu
 /// One transaction for many messages: one multi-row mark, the batch handler on the first
 /// deliveries, one commit. Returns (handled, duplicates).
 async fn run_batch_in_tx(shared: &Shared, handler: &dyn BatchHandler, ds: &[&Delivered]) -> Result<(usize, usize), HandlerError> {
-    let mut conn = shared.pool.get().await.map_err(|e| HandlerError::transient(format!("postgres pool: {e}")))?;
+    let mut conn = shared.pool.get().await.map_err(|e| HandlerError::unavailable(format!("postgres pool: {e}")))?;
     let tx = conn.transaction().await?;
     let keys: Vec<(&str, &str)> = ds.iter().map(|d| (d.topic.as_str(), d.message_id.as_str())).collect();
     let mut fresh = shared.inbox.mark_many(&*tx, &keys).await?;
@@ -957,6 +959,7 @@ async fn process(env: &Envelope, shared: &Shared) -> Fate {
         return Fate::Final;
     };
     let mut attempt: u32 = 0;
+    let mut outage = Backoff::default();
     loop {
         attempt += 1;
         let result = AssertUnwindSafe(run_in_tx(shared, handler, d)).catch_unwind().await;
@@ -977,6 +980,20 @@ async fn process(env: &Envelope, shared: &Shared) -> Fate {
             }
             Ok(Err(e)) => e,
         };
+        if err.is_unavailable() {
+            // Our database is down: not this message's fault, so no attempt is spent.
+            attempt -= 1;
+            ConsumerStats::inc(&shared.stats.outage_waits);
+            let wait = outage.next_delay();
+            if outage.failures() == 1 {
+                warn!(error = %err, "database unavailable: holding messages until it is back");
+            }
+            tokio::select! {
+                () = shared.cancel.cancelled() => return Fate::Abandoned,
+                () = tokio::time::sleep(wait) => {}
+            }
+            continue;
+        }
         if !err.is_transient() {
             warn!(message_id = %d.message_id, error = %err, "permanent failure: dead-lettering");
             return dead_letter(raw, origin, shared, DeadLetterKind::Permanent, err.message(), attempt).await;

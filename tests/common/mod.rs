@@ -92,8 +92,12 @@ impl Record {
 }
 
 fn consumer() -> BaseConsumer {
+    consumer_on(&bootstrap())
+}
+
+fn consumer_on(servers: &str) -> BaseConsumer {
     ClientConfig::new()
-        .set("bootstrap.servers", bootstrap())
+        .set("bootstrap.servers", servers)
         .set("group.id", format!("it-reader-{}", hex(8)))
         .set("enable.auto.commit", "false")
         .set("enable.partition.eof", "false")
@@ -120,9 +124,15 @@ pub async fn topic_len(topic: &str) -> i64 {
 
 /// Every record currently in the topic (up to the high watermarks read at the start).
 pub async fn read_all(topic: &str) -> Vec<Record> {
+    read_all_from(&bootstrap(), topic).await
+}
+
+/// As [`read_all`], from another cluster.
+pub async fn read_all_from(servers: &str, topic: &str) -> Vec<Record> {
     let topic = topic.to_owned();
+    let servers = servers.to_owned();
     tokio::task::spawn_blocking(move || {
-        let c = consumer();
+        let c = consumer_on(&servers);
         let md = c.fetch_metadata(Some(&topic), Duration::from_secs(10)).unwrap();
         let mut tpl = TopicPartitionList::new();
         let mut remaining = BTreeMap::new();
