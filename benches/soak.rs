@@ -12,19 +12,10 @@
 mod support;
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::message::{Headers, Message};
-use rdkafka::{Offset, TopicPartitionList};
 use support::*;
-
-fn now_us() -> i64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_micros() as i64
-}
 
 #[tokio::main]
 async fn main() {
@@ -34,46 +25,8 @@ async fn main() {
     let window = param("WINDOW", if full() { 60 } else { 1 }) as i64;
     let db = fresh_db().await;
     let topic = format!("bench.{}.created", rand_name(8));
-    let admin: AdminClient<rdkafka::client::DefaultClientContext> =
-        rdkafka::ClientConfig::new().set("bootstrap.servers", bootstrap()).create().unwrap();
-    admin
-        .create_topics(
-            &[NewTopic::new(&topic, 6, TopicReplication::Fixed(1))
-                .set("message.timestamp.type", "LogAppendTime")
-                .set("retention.ms", "600000")],
-            &AdminOptions::new(),
-        )
-        .await
-        .unwrap()[0]
-        .as_ref()
-        .unwrap();
-
-    // Broker append times by message id.
-    let acked: Arc<Mutex<HashMap<String, i64>>> = Arc::default();
-    let stop = Arc::new(AtomicBool::new(false));
-    let rx = {
-        let (acked, stop, topic) = (acked.clone(), stop.clone(), topic.clone());
-        std::thread::spawn(move || {
-            let c: BaseConsumer = rdkafka::ClientConfig::new()
-                .set("bootstrap.servers", bootstrap())
-                .set("group.id", format!("soak-{}", rand_name(6)))
-                .set("enable.auto.commit", "false")
-                .create()
-                .unwrap();
-            let mut tpl = TopicPartitionList::new();
-            for p in 0..6 {
-                tpl.add_partition_offset(&topic, p, Offset::Beginning).unwrap();
-            }
-            c.assign(&tpl).unwrap();
-            while !stop.load(Ordering::Relaxed) {
-                if let Some(Ok(m)) = c.poll(Duration::from_millis(50)) {
-                    if let Some(id) = m.headers().and_then(|h| h.iter().find(|h| h.key == "message_id").and_then(|h| h.value.map(|v| String::from_utf8_lossy(v).into_owned()))) {
-                        acked.lock().unwrap().insert(id, m.timestamp().to_millis().unwrap_or(0));
-                    }
-                }
-            }
-        })
-    };
+    create_append_time_topic(&topic, &[("retention.ms", "600000")]).await;
+    let receiver = Receiver::start(&topic);
 
     let cleanup = outbox::CleanupConfig { sent_retention: Duration::from_secs(60), interval: Some(Duration::from_secs(if full() { 60 } else { 1 })), ..Default::default() };
     let relay = outbox::Relay::new(&db, &kafka(), outbox::RelayConfig { cleanup, ..Default::default() }).unwrap();
@@ -138,17 +91,12 @@ async fn main() {
         w.await.unwrap();
     }
     let total = committed.lock().unwrap().len();
-    let deadline = std::time::Instant::now() + Duration::from_secs(120);
-    while acked.lock().unwrap().len() < total && std::time::Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    stop.store(true, Ordering::Relaxed);
-    rx.join().unwrap();
+    receiver.wait_for(total, Duration::from_secs(120)).await;
+    let acked: HashMap<String, i64> = receiver.stop().into_iter().map(|(id, (_, append))| (id, append)).collect();
     stop_relay.send(()).unwrap();
     relay_task.await.unwrap().unwrap();
     holder.await.unwrap();
 
-    let acked = acked.lock().unwrap();
     let committed = committed.lock().unwrap();
     assert_eq!(acked.len(), total, "every message reached Kafka");
     let mut per_window: Vec<Vec<f64>> = vec![Vec::new(); windows as usize];
@@ -177,7 +125,6 @@ async fn main() {
             "max_dead_tuples": rows.iter().map(|r| r["dead_tuples"].as_i64().unwrap()).max(),
             "final_dead_tuples": last["dead_tuples"], "max_pending_id_idx_kib": rows.iter().map(|r| r["pending_id_idx_kib"].as_i64().unwrap()).max()}),
     );
-    drop(acked);
     drop(committed);
     drop_schema(&db).await;
     delete_topic(&topic).await;

@@ -36,10 +36,7 @@ async fn a_broker_killed_mid_run_loses_nothing_and_publishing_continues() {
 
     let kafka = outbox::KafkaConfig::new(CLUSTER).unwrap();
     let relay = outbox::Relay::new(&db, &kafka, relay_config()).unwrap();
-    let (stop_relay, relay_stopped) = tokio::sync::oneshot::channel::<()>();
-    let relay_task = tokio::spawn(relay.run(async move {
-        let _ = relay_stopped.await;
-    }));
+    let running = spawn_relay(relay);
     let writer = {
         let (db, topic) = (db.clone(), topic.clone());
         tokio::spawn(async move {
@@ -66,8 +63,7 @@ async fn a_broker_killed_mid_run_loses_nothing_and_publishing_continues() {
         count(&c, "SELECT count(*) FROM outbox WHERE status <> 'sent'").await == 0
     })
     .await;
-    stop_relay.send(()).unwrap();
-    relay_task.await.unwrap().unwrap();
+    running.stop().await;
     assert_eq!(count(&c, "SELECT count(*) FROM outbox WHERE attempts > 0").await, 0, "no row refused");
 
     let recs = read_all_from(CLUSTER, &topic).await;

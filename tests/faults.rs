@@ -178,10 +178,7 @@ async fn kafka_stopped_for_20s_mid_run_loses_nothing() {
         ..relay_config()
     };
     let relay = Relay::new(&db, &kafka(), cfg).unwrap();
-    let (stop_relay, relay_stopped) = tokio::sync::oneshot::channel::<()>();
-    let relay_task = tokio::spawn(relay.run(async move {
-        let _ = relay_stopped.await;
-    }));
+    let running = spawn_relay(relay);
     let down = downstream(&db, &topic).await;
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let w = tokio::spawn(writer(db.clone(), topic.clone(), 200, stop_rx));
@@ -212,8 +209,7 @@ async fn kafka_stopped_for_20s_mid_run_loses_nothing() {
     stop_tx.send(true).unwrap();
     let ids = w.await.unwrap();
     all_sent_and_in_kafka(&db, &topic, &ids, Duration::from_secs(60)).await;
-    stop_relay.send(()).unwrap();
-    relay_task.await.unwrap().unwrap();
+    running.stop().await;
     down.check(&db, &topic, &ids).await;
 
     assert!(recovery < Duration::from_secs(15), "recovered {recovery:?} after Kafka returned");
@@ -234,10 +230,7 @@ async fn postgres_down_for_10s_mid_run_loses_nothing() {
     create_topic(&topic, 3).await;
 
     let relay = Relay::new(&db, &kafka(), outbox::RelayConfig { batch_size: 100, ..relay_config() }).unwrap();
-    let (stop_relay, relay_stopped) = tokio::sync::oneshot::channel::<()>();
-    let relay_task = tokio::spawn(relay.run(async move {
-        let _ = relay_stopped.await;
-    }));
+    let running = spawn_relay(relay);
     let down = downstream(&db, &topic).await;
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let w = tokio::spawn(writer(db.clone(), topic.clone(), 300, stop_rx));
@@ -269,8 +262,7 @@ async fn postgres_down_for_10s_mid_run_loses_nothing() {
     stop_tx.send(true).unwrap();
     let ids = w.await.unwrap();
     all_sent_and_in_kafka(&db, &topic, &ids, Duration::from_secs(60)).await;
-    stop_relay.send(()).unwrap();
-    relay_task.await.unwrap().unwrap();
+    running.stop().await;
     down.check(&db, &topic, &ids).await;
     let text = String::from_utf8_lossy(&logs.0.lock().unwrap()).into_owned();
     assert!(text.contains("relay pass failed; backing off"), "outage not logged");

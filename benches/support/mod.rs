@@ -133,3 +133,79 @@ pub fn round2(x: f64) -> f64 {
 }
 
 pub const MINUTE: Duration = Duration::from_secs(60);
+
+pub fn now_us() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_micros() as i64
+}
+
+/// Creates a 6-partition topic whose record timestamps are the broker's append time
+/// (`LogAppendTime`), so a reader learns when the broker accepted each record.
+pub async fn create_append_time_topic(name: &str, extra: &[(&str, &str)]) {
+    let admin: AdminClient<DefaultClientContext> =
+        rdkafka::ClientConfig::new().set("bootstrap.servers", bootstrap()).create().unwrap();
+    let mut t = NewTopic::new(name, 6, TopicReplication::Fixed(1)).set("message.timestamp.type", "LogAppendTime");
+    for (k, v) in extra {
+        t = t.set(k, v);
+    }
+    admin.create_topics(&[t], &AdminOptions::new()).await.unwrap()[0].as_ref().unwrap();
+}
+
+/// Reads a 6-partition topic from the start on a thread until stopped, recording for each
+/// `message_id` header (receive time in µs, broker append time in ms).
+pub struct Receiver {
+    pub seen: std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, (i64, i64)>>>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl Receiver {
+    pub fn start(topic: &str) -> Self {
+        use rdkafka::consumer::{BaseConsumer, Consumer};
+        use rdkafka::message::{Headers, Message};
+        let seen: std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, (i64, i64)>>> = Default::default();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let thread = {
+            let (seen, stop, topic) = (seen.clone(), stop.clone(), topic.to_owned());
+            std::thread::spawn(move || {
+                let c: BaseConsumer = rdkafka::ClientConfig::new()
+                    .set("bootstrap.servers", bootstrap())
+                    .set("group.id", format!("bench-{}", rand_name(6)))
+                    .set("enable.auto.commit", "false")
+                    .set("fetch.wait.max.ms", "5")
+                    .create()
+                    .unwrap();
+                let mut tpl = rdkafka::TopicPartitionList::new();
+                for p in 0..6 {
+                    tpl.add_partition_offset(&topic, p, rdkafka::Offset::Beginning).unwrap();
+                }
+                c.assign(&tpl).unwrap();
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    if let Some(Ok(m)) = c.poll(Duration::from_millis(50)) {
+                        let at = now_us();
+                        let id = m.headers().and_then(|h| {
+                            h.iter().find(|h| h.key == "message_id").and_then(|h| h.value.map(|v| String::from_utf8_lossy(v).into_owned()))
+                        });
+                        if let Some(id) = id {
+                            seen.lock().unwrap().insert(id, (at, m.timestamp().to_millis().unwrap_or(0)));
+                        }
+                    }
+                }
+            })
+        };
+        Self { seen, stop, thread }
+    }
+
+    /// Waits (up to `within`) until `n` records were seen.
+    pub async fn wait_for(&self, n: usize, within: Duration) {
+        let deadline = std::time::Instant::now() + within;
+        while self.seen.lock().unwrap().len() < n && std::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    pub fn stop(self) -> std::collections::HashMap<String, (i64, i64)> {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.thread.join().unwrap();
+        std::mem::take(&mut *self.seen.lock().unwrap())
+    }
+}

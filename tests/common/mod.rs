@@ -311,3 +311,26 @@ pub async fn create_topic_family(topic: &str, partitions: i32, retry_suffixes: &
         create_topic(&format!("{topic}.{s}"), partitions).await;
     }
 }
+
+/// A relay running `run()` on a task until [`RunningRelay::stop`].
+pub struct RunningRelay {
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<Result<(), outbox::RelayError>>,
+}
+
+/// Starts `relay.run(..)` on a task.
+pub fn spawn_relay(relay: outbox::Relay) -> RunningRelay {
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(relay.run(async move {
+        let _ = stopped.await;
+    }));
+    RunningRelay { stop, task }
+}
+
+impl RunningRelay {
+    /// Signals shutdown and waits for a clean exit.
+    pub async fn stop(self) {
+        self.stop.send(()).unwrap();
+        self.task.await.unwrap().unwrap();
+    }
+}
