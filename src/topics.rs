@@ -147,8 +147,10 @@ pub fn plan(toml_text: &str) -> Result<Vec<TopicSpec>, TopicsError> {
             .unwrap_or_else(|| DEFAULT_RETRY_DELAYS.iter().map(|s| (*s).to_owned()).collect());
         out.push(TopicSpec { name: t.name.clone(), partitions, replication_factor: rf, config: config.clone() });
         for delay in &delays {
-            humantime::parse_duration(delay).map_err(|e| TopicsError::Parse(format!("retry delay {delay:?}: {e}")))?;
-            let name = format!("{}.retry-{delay}", t.name);
+            let d = humantime::parse_duration(delay).map_err(|e| TopicsError::Parse(format!("retry delay {delay:?}: {e}")))?;
+            // Named exactly as the consumer names them ("300s" → retry-5m), so both agree.
+            let suffix = crate::consumer::retry_suffix(d).map_err(TopicsError::Parse)?;
+            let name = format!("{}.{suffix}", t.name);
             validate_topic(&name)?;
             out.push(TopicSpec { name, partitions, replication_factor: rf, config: config.clone() });
         }
@@ -271,6 +273,9 @@ mod tests {
             partitions = 2
             retry_delays = []
             dlq_suffix = "dead"
+            [[topic]]
+            name = "billing.refunded"
+            retry_delays = ["300s", "90s"]
             "#,
         )
         .unwrap();
@@ -284,7 +289,11 @@ mod tests {
                 "orders.created.retry-5m",
                 "orders.created.dlq",
                 "billing.charged",
-                "billing.charged.dead"
+                "billing.charged.dead",
+                "billing.refunded",
+                "billing.refunded.retry-5m",
+                "billing.refunded.retry-90s",
+                "billing.refunded.dlq"
             ]
         );
         assert_eq!(specs[0].config["retention.ms"], "604800000");

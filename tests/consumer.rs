@@ -586,3 +586,44 @@ async fn batched_handler_dedupes_keeps_key_order_and_dead_letters_only_the_bad_m
     stop.send(()).unwrap();
     h.await.unwrap().unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_second_consumer_joining_mid_run_rebalances_without_loss_or_double_effect() {
+    let s = setup(6, &[]).await;
+    let total = 3000;
+    {
+        let mut c = client(&s.db).await;
+        let enq = outbox::Enqueuer::new(&s.db.schema);
+        let tx = c.transaction().await.unwrap();
+        let msgs: Vec<_> = (0..total)
+            .map(|i| outbox::Message::new(&s.topic, "it_event", format!("key-{}", i % 300), body(&s, serde_json::json!({"seq": i / 300, "sleep_ms": 3}))))
+            .collect();
+        enq.enqueue_batch(&tx, &msgs).await.unwrap();
+        tx.commit().await.unwrap();
+        let relay = outbox::Relay::new(&s.db, &kafka(), relay_config()).unwrap();
+        assert_eq!(drain(&relay).await, total);
+    }
+    let mut cfg = ConsumerConfig::new(&s.group, [&s.topic]);
+    cfg.concurrency = 8;
+    let a = start(&s, cfg.clone(), Probe::new(&s).await);
+    wait_until(Duration::from_secs(30), "first consumer busy", || async { get(&a.stats.handled) >= 300 }).await;
+    // B joins: partitions are revoked from A and split; in-flight work of A on revoked
+    // partitions finishes, their offsets are not stored, and B redelivers from the commit point.
+    let b = start(&s, cfg, Probe::new(&s).await);
+    wait_until(Duration::from_secs(60), "every message's effect", || async {
+        count(&s.c, "SELECT count(DISTINCT message_id) FROM effects").await == total as i64
+    })
+    .await;
+    assert!(get(&b.stats.handled) > 0, "the second consumer took over partitions");
+    assert_eq!(count(&s.c, "SELECT count(*) FROM effects").await, total as i64, "no double effect");
+    let violations = count(&s.c, "SELECT count(*) FROM (SELECT seq, lag(seq) OVER (PARTITION BY k ORDER BY id) prev FROM effects) x WHERE seq <= prev").await;
+    assert_eq!(violations, 0, "per-key order across the rebalance");
+    a.stop().await;
+    b.stop().await;
+    // Everything final is committed: the group's offsets reach the end of every partition.
+    let mut committed_total = 0;
+    for p in 0..6 {
+        committed_total += committed(&s.group, &s.topic, p).await.unwrap_or(0);
+    }
+    assert_eq!(committed_total, total as i64);
+}
