@@ -1,6 +1,6 @@
 -- Per-key order across several relays (DESIGN §3.6).
 --
--- Lanes: every row belongs to lane abs(hashtext(coalesce(message_key, ''))) % 64, so all rows of
+-- Lanes: every row belongs to lane hashtext(coalesce(message_key, '')) & 63, so all rows of
 -- one key share a lane. Each relay owns a share of the lanes through session advisory locks and
 -- claims only rows of its lanes: one key is never in flight in two relays at once, and a dead
 -- relay's lanes are free the moment Postgres sees its connection close.

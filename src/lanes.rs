@@ -1,6 +1,6 @@
 //! Ordering lanes: which relay may publish which keys.
 //!
-//! Rows are hashed by key into [`LANES`] lanes (`abs(hashtext(coalesce(message_key, ''))) % 64`,
+//! Rows are hashed by key into [`LANES`] lanes (`hashtext(coalesce(message_key, '')) & 63`,
 //! the same expression the claim query uses). A relay publishes only rows of lanes it holds a
 //! session advisory lock on, so one key is never in flight in two relays at once and per-key
 //! order follows outbox id order even with several relays.
@@ -10,6 +10,11 @@
 //! extras and taking free ones at each rebalance (between batches, never with a batch in flight).
 //! A relay that dies loses its locks with its connection; the survivors take its lanes at their
 //! next rebalance (every [`DEFAULT_REBALANCE_INTERVAL`]).
+//!
+//! Lanes are the fast path, not the only safeguard: before sending, the relay also checks that
+//! no earlier pending row of each claimed key exists outside its claim (see
+//! `sql::FIRST_PENDING`), so order holds even if a lock connection dies mid-batch and another
+//! relay takes the lane early.
 
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};

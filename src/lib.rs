@@ -85,6 +85,7 @@ pub fn hot_statements(schema: &Schema) -> Vec<(&'static str, String)> {
     let s = sql::Statements::new(schema);
     vec![
         ("claim", s.claim),
+        ("first_pending", s.first_pending),
         ("mark_sent", s.mark_sent),
         ("mark_failed", s.mark_failed),
         ("cleanup_outbox", s.cleanup_outbox),

@@ -121,7 +121,10 @@ enum Fate {
 pub struct Relay {
     lanes: tokio::sync::Mutex<crate::lanes::Lanes>,
     pool: Pool,
-    producer: FutureProducer,
+    /// Replaced when librdkafka reports a fatal error (an idempotent producer that lost its
+    /// sequence state cannot be used again).
+    producer: std::sync::RwLock<FutureProducer>,
+    kafka: KafkaConfig,
     stmts: Arc<Statements>,
     db: DbConfig,
     config: RelayConfig,
@@ -130,7 +133,7 @@ pub struct Relay {
 
 /// Builds the producer: the pass-through properties first, then the settings the guarantees
 /// rest on, which may not be weakened.
-fn producer(kafka: &KafkaConfig, delivery_timeout: Duration) -> Result<FutureProducer, RelayError> {
+fn producer_for(kafka: &KafkaConfig, delivery_timeout: Duration) -> Result<FutureProducer, RelayError> {
     for (name, required) in [("enable.idempotence", "true"), ("acks", "all")] {
         if let Some(v) = kafka.properties.get(name) {
             let ok = v.eq_ignore_ascii_case(required) || (name == "acks" && v == "-1");
@@ -245,16 +248,21 @@ impl Relay {
         config.validate()?;
         let pool = crate::db::pool(db)
             .map_err(|e| ConfigError::DatabaseUrl(format!("cannot build pool: {e}")))?;
-        let producer = producer(kafka, config.delivery_timeout)?;
+        let producer = producer_for(kafka, config.delivery_timeout)?;
         Ok(Self {
             lanes: tokio::sync::Mutex::new(crate::lanes::Lanes::new(db, config.rebalance_interval)),
             pool,
-            producer,
+            producer: std::sync::RwLock::new(producer),
+            kafka: kafka.clone(),
             stmts: Arc::new(Statements::new(&db.schema)),
             db: db.clone(),
             config,
             known_topics: Mutex::new(HashMap::new()),
         })
+    }
+
+    fn producer(&self) -> FutureProducer {
+        self.producer.read().expect("producer lock").clone()
     }
 
     /// The schema whose outbox this relay publishes.
@@ -298,7 +306,7 @@ impl Relay {
             if fresh {
                 continue;
             }
-            let producer = self.producer.clone();
+            let producer = self.producer();
             let name = t.clone();
             let looked_up = tokio::task::spawn_blocking(move || {
                 producer.client().fetch_metadata(Some(&name), Timeout::After(METADATA_TIMEOUT))
@@ -367,7 +375,35 @@ impl Relay {
             return Ok(Outcome::Empty);
         }
 
-        let fates = self.send(&rows).await;
+        // Keys with an earlier pending row outside this claim (another relay's batch, or a row
+        // backed off after the claim's snapshot) wait: per-key order never rests on lane
+        // ownership alone.
+        let mut first_of_key: HashMap<&str, i64> = HashMap::new();
+        for r in &rows {
+            if let Some(k) = r.key.as_deref() {
+                first_of_key.entry(k).or_insert(r.id);
+            }
+        }
+        let keys: Vec<&str> = first_of_key.keys().copied().collect();
+        let mut waiting: HashSet<String> = HashSet::new();
+        if !keys.is_empty() {
+            for r in tx.query(&self.stmts.first_pending, &[&keys]).await? {
+                let (k, lowest): (String, Option<i64>) = (r.get(0), r.get(1));
+                if lowest.is_some_and(|l| l < first_of_key[k.as_str()]) {
+                    waiting.insert(k);
+                }
+            }
+        }
+
+        let fates = self.send(&rows, &waiting).await;
+        let producer = self.producer();
+        if let Some(fatal) = producer.client().fatal_error() {
+            warn!(error = ?fatal, "kafka producer hit a fatal error: replacing it (unacked rows stay pending)");
+            match producer_for(&self.kafka, self.config.delivery_timeout) {
+                Ok(p) => *self.producer.write().expect("producer lock") = p,
+                Err(e) => warn!(error = %e, "cannot recreate the producer; will retry next pass"),
+            }
+        }
 
         let mut report = BatchReport { claimed: rows.len(), ..BatchReport::default() };
         let mut sent = Vec::new();
@@ -406,14 +442,15 @@ impl Relay {
     }
 
     /// Produces every row, keeping them all in flight, and returns each row's fate in order.
-    async fn send(&self, rows: &[Row]) -> Vec<Fate> {
+    async fn send(&self, rows: &[Row], waiting: &HashSet<String>) -> Vec<Fate> {
+        let producer = self.producer();
         let topics: HashSet<String> = rows.iter().map(|r| r.topic.clone()).collect();
         let problems = self.topic_problems(topics).await;
 
         let mut fates: Vec<Option<Fate>> = Vec::with_capacity(rows.len());
         let mut in_flight = Vec::with_capacity(rows.len());
         // Keys with a row refused before it left this process: their later rows must wait.
-        let mut blocked: HashSet<&str> = HashSet::new();
+        let mut blocked: HashSet<&str> = waiting.iter().map(String::as_str).collect();
         for (i, row) in rows.iter().enumerate() {
             if row.key.as_deref().is_some_and(|k| blocked.contains(k)) {
                 fates.push(Some(Fate::HeldBack));
@@ -441,7 +478,7 @@ impl Relay {
             // Enqueue in id order; when librdkafka's queue is full, wait for it to drain rather
             // than skipping ahead, so per-partition order follows outbox order.
             let fate = loop {
-                match self.producer.send_result(record) {
+                match producer.send_result(record) {
                     Ok(delivery) => {
                         in_flight.push((i, delivery));
                         break None;
@@ -519,8 +556,9 @@ impl Relay {
                         Some(backoff.next_delay())
                     } else {
                         backoff.reset();
-                        // A full batch means more may be due right away.
-                        if r.claimed >= self.config.batch_size { continue } else { None }
+                        // A full batch means more may be due right away (unless nothing in it could
+                        // move: then wait like an idle relay instead of spinning).
+                        if r.claimed >= self.config.batch_size && r.held_back < r.claimed { continue } else { None }
                     }
                 }
                 Ok(Outcome::Empty) => {
@@ -553,7 +591,7 @@ impl Relay {
         info!(total_sent, "relay stopping: flushing producer");
         cancel.cancel();
         tracker.close();
-        let producer = self.producer.clone();
+        let producer = self.producer();
         let budget = self.config.shutdown_timeout;
         let flushed = tokio::task::spawn_blocking(move || producer.flush(Timeout::After(budget))).await;
         if let Ok(Err(e)) = flushed {

@@ -14,7 +14,7 @@ const CLAIM: &str = "\
 SELECT o.id, o.topic, o.message_key, o.headers::text, o.payload::text
   FROM {s}.outbox AS o
  WHERE o.status = 'pending' AND o.available_at <= now()
-   AND abs(hashtext(coalesce(o.message_key, ''))) % 64 = ANY($2::int[])
+   AND (hashtext(coalesce(o.message_key, '')) & 63) = ANY($2::int[])
    AND NOT EXISTS (
          SELECT 1 FROM {s}.outbox AS e
           WHERE e.status = 'pending' AND e.message_key = o.message_key
@@ -22,6 +22,14 @@ SELECT o.id, o.topic, o.message_key, o.headers::text, o.payload::text
  ORDER BY o.id
  LIMIT $1
  FOR UPDATE OF o SKIP LOCKED";
+
+/// For each key (`$1`), the lowest pending id: a claimed row whose key has an earlier pending
+/// row outside this claim (locked by another relay, or not due) must not be sent yet. One index
+/// probe per key (`outbox_pending_key_idx`), whatever the backlog.
+const FIRST_PENDING: &str = "\
+SELECT k, (SELECT e.id FROM {s}.outbox AS e
+            WHERE e.status = 'pending' AND e.message_key = k ORDER BY e.id LIMIT 1)
+  FROM unnest($1::text[]) AS k";
 
 /// Mark acknowledged rows sent, one statement per batch. `$1` = ids.
 const MARK_SENT: &str = "\
@@ -107,6 +115,7 @@ UPDATE {s}.outbox SET status = 'pending', attempts = 0, available_at = now()
 #[derive(Debug, Clone)]
 pub(crate) struct Statements {
     pub claim: String,
+    pub first_pending: String,
     pub mark_sent: String,
     pub mark_failed: String,
     pub enqueue: String,
@@ -128,6 +137,7 @@ impl Statements {
         let qualified_prefix = format!("{q}.");
         Self {
             claim: r(CLAIM),
+            first_pending: r(FIRST_PENDING),
             mark_sent: r(MARK_SENT),
             mark_failed: r(MARK_FAILED),
             enqueue: ENQUEUE.replace("{s}", &qualified_prefix),

@@ -79,7 +79,8 @@ pub(crate) fn rebuild(
 ) -> OwnedHeaders {
     let mut h = OwnedHeaders::new_with_capacity(original.len() + extra.len());
     for (k, v) in original {
-        if replace.contains(&k.as_str()) {
+        // The unreadable-headers marker is internal, never forwarded.
+        if replace.contains(&k.as_str()) || k.starts_with('\u{0}') {
             continue;
         }
         h = h.insert(Header { key: k, value: v.as_deref() });

@@ -225,14 +225,19 @@ struct Partitions {
 
 struct Ctx {
     partitions: Arc<Mutex<Partitions>>,
+    /// Mirrors the runtime's backpressure pause, so partitions assigned meanwhile start paused.
+    backpressure: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl ClientContext for Ctx {}
 
 impl ConsumerContext for Ctx {
-    fn pre_rebalance(&self, _c: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+    fn pre_rebalance(&self, c: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         match rebalance {
             Rebalance::Revoke(tpl) => {
+                // A pause set by us survives revoke and re-assign in librdkafka: lift it, or a
+                // retry partition held until due (its queue is dropped below) would stay paused.
+                let _ = c.resume(tpl);
                 // librdkafka commits the stored offsets (final messages only) right after this.
                 // Forget the trackers so late outcomes of revoked partitions store nothing.
                 let mut p = self.partitions.lock().expect("partitions lock");
@@ -245,6 +250,15 @@ impl ConsumerContext for Ctx {
             }
             Rebalance::Assign(tpl) => info!(partitions = tpl.count(), "partitions assigned"),
             Rebalance::Error(e) => warn!(error = %e, "rebalance error"),
+        }
+    }
+
+    fn post_rebalance(&self, c: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        if let Rebalance::Assign(tpl) = rebalance {
+            if self.backpressure.load(Ordering::SeqCst) {
+                // Backpressure is on: new partitions must not flow in unbounded.
+                let _ = c.pause(tpl);
+            }
         }
     }
 }
@@ -297,6 +311,7 @@ struct Lane {
 }
 
 /// How processing of one message ended.
+#[derive(Clone, Copy)]
 enum Fate {
     /// Handled, duplicate, skipped, forwarded or dead-lettered with the broker's ack.
     Final,
@@ -416,7 +431,9 @@ impl Consumer {
             // Bounds librdkafka's prefetch buffer (per partition), part of "bounded memory".
             cc.set("queued.max.messages.kbytes", "8192");
         }
-        let consumer: StreamConsumer<Ctx> = cc.create_with_context(Ctx { partitions: partitions.clone() })?;
+        let backpressure = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let consumer: StreamConsumer<Ctx> =
+            cc.create_with_context(Ctx { partitions: partitions.clone(), backpressure: backpressure.clone() })?;
 
         let mut pc = self.kafka.client_config();
         pc.set("enable.idempotence", "true")
@@ -477,6 +494,7 @@ impl Consumer {
             buffered: 0,
             delayed: HashMap::new(),
             bp_paused: false,
+            backpressure,
             saturated_since: None,
             last_progress: Instant::now(),
         };
@@ -495,6 +513,7 @@ struct Runtime<'c> {
     buffered: usize,
     delayed: HashMap<Tp, VecDeque<Envelope>>,
     bp_paused: bool,
+    backpressure: Arc<std::sync::atomic::AtomicBool>,
     saturated_since: Option<Instant>,
     last_progress: Instant,
 }
@@ -590,10 +609,16 @@ impl Runtime<'_> {
             offset: m.offset(),
             key: m.key().map(<[u8]>::to_vec),
             payload: m.payload().map(<[u8]>::to_vec),
-            headers: m
-                .headers()
-                .map(|h| h.iter().map(|h| (h.key.to_owned(), h.value.map(<[u8]>::to_vec))).collect())
-                .unwrap_or_default(),
+            // rdkafka's header iterator panics on a header *name* that is not UTF-8; such a
+            // record is unreadable and goes to the DLQ as a decode error (key and body intact).
+            headers: match std::panic::catch_unwind(AssertUnwindSafe(|| {
+                m.headers()
+                    .map(|h| h.iter().map(|h| (h.key.to_owned(), h.value.map(<[u8]>::to_vec))).collect::<Vec<_>>())
+                    .unwrap_or_default()
+            })) {
+                Ok(h) => h,
+                Err(_) => vec![(UNREADABLE_HEADERS.to_owned(), None)],
+            },
             timestamp_ms: m.timestamp().to_millis(),
         };
         let tp = (raw.topic.clone(), raw.partition);
@@ -611,8 +636,13 @@ impl Runtime<'_> {
         self.buffered += 1;
         let due = self.shared.retry_topics.get(&raw.topic).map(|(_, hop)| {
             let RetryStrategy::Topics { delays } = &self.shared.config.retry else { unreachable!() };
-            let due_ms = raw.timestamp_ms.unwrap_or_else(now_ms) + delays[*hop].as_millis() as i64;
-            Instant::now() + Duration::from_millis(u64::try_from(due_ms - now_ms()).unwrap_or(0))
+            // A record is due `delay` after it was written; a timestamp from the future (clock
+            // skew, a hostile producer) cannot hold the partition longer than `delay`.
+            let delay = delays[*hop];
+            let written = raw.timestamp_ms.unwrap_or_else(now_ms).min(now_ms());
+            let due_ms = written.saturating_add(delay.as_millis() as i64);
+            let wait = u64::try_from(due_ms.saturating_sub(now_ms())).unwrap_or(0).min(delay.as_millis() as u64);
+            Instant::now() + Duration::from_millis(wait)
         });
         let origin = origin(&raw, &self.shared);
         let decoded = decode(&raw, &origin);
@@ -718,7 +748,16 @@ impl Runtime<'_> {
                         break;
                     }
                     match self.next_head() {
-                        Some(item) => batch.push(item),
+                        // next_head may have skipped revoked heads and returned another lane's
+                        // head: take it only if it is of the same batch type.
+                        Some(item) if self.batch_of(&item.1).is_some_and(|(t, _)| t == ty) => batch.push(item),
+                        Some((k, env)) => {
+                            let lane = self.lanes.get_mut(&k).expect("lane");
+                            lane.queue.push_front(env);
+                            lane.busy = false;
+                            self.ready.push_front(k);
+                            break;
+                        }
                         None => break,
                     }
                 }
@@ -728,11 +767,19 @@ impl Runtime<'_> {
             let tx = done_tx.clone();
             tokio::spawn(async move {
                 let envs: Vec<&Envelope> = batch.iter().map(|(_, e)| e).collect();
-                let fates = if envs.len() == 1 {
-                    vec![process(envs[0], &shared).await]
-                } else {
-                    process_batch(&envs, &shared).await
+                let work = async {
+                    if envs.len() == 1 {
+                        vec![process(envs[0], &shared).await]
+                    } else {
+                        process_batch(&envs, &shared).await
+                    }
                 };
+                // Whatever happens, the slot and the lanes come back; a bug here abandons the
+                // messages (offsets stay before them) instead of wedging the consumer.
+                let fates = AssertUnwindSafe(work).catch_unwind().await.unwrap_or_else(|_| {
+                    warn!("message task panicked: its messages stay uncommitted");
+                    vec![Fate::Abandoned; envs.len()]
+                });
                 let items = batch
                     .iter()
                     .zip(fates)
@@ -796,6 +843,7 @@ impl Runtime<'_> {
                 if let Ok(a) = self.consumer.assignment() {
                     if self.consumer.pause(&a).is_ok() {
                         self.bp_paused = true;
+                        self.backpressure.store(true, Ordering::SeqCst);
                         ConsumerStats::inc(&self.shared.stats.backpressure_pauses);
                         info!(buffered = self.buffered, "backpressure: handlers saturated, all partitions paused");
                     }
@@ -815,6 +863,7 @@ impl Runtime<'_> {
                 }
                 if self.consumer.resume(&tpl).is_ok() {
                     self.bp_paused = false;
+                    self.backpressure.store(false, Ordering::SeqCst);
                     info!(buffered = self.buffered, "backpressure released: partitions resumed");
                 }
             }
@@ -834,8 +883,14 @@ fn origin(raw: &Raw, shared: &Shared) -> Origin {
     }
 }
 
+/// Marks a record whose headers could not be read (a header name that is not UTF-8).
+const UNREADABLE_HEADERS: &str = "\u{0}outbox-unreadable-headers";
+
 /// Validates a record into a [`Delivered`], or says why it cannot be handled.
 fn decode(raw: &Raw, origin: &Origin) -> Result<Delivered, String> {
+    if raw.headers.iter().any(|(k, _)| k == UNREADABLE_HEADERS) {
+        return Err("a header name is not valid UTF-8".into());
+    }
     let required = |name: &str| -> Result<String, String> {
         let mut values = raw.headers.iter().filter(|(k, _)| k == name).map(|(_, v)| v.as_deref());
         let first = values.next().ok_or_else(|| format!("missing {name} header"))?;
@@ -908,8 +963,15 @@ async fn run_batch_in_tx(shared: &Shared, handler: &dyn BatchHandler, ds: &[&Del
 /// batch is replayed message by message so each gets its own outcome.
 async fn process_batch(envs: &[&Envelope], shared: &Shared) -> Vec<Fate> {
     let ds: Vec<&Delivered> = envs.iter().filter_map(|e| e.decoded.as_ref().ok()).collect();
-    let Some(HandlerRef::Batch(h, _)) = shared.handlers.get(&ds[0].message_type) else {
-        unreachable!("batches are formed only for batch handlers")
+    let handler = ds.first().and_then(|d| shared.handlers.get(&d.message_type));
+    let uniform = ds.len() == envs.len() && ds.iter().all(|d| d.message_type == ds[0].message_type);
+    let (Some(HandlerRef::Batch(h, _)), true) = (handler, uniform) else {
+        // Defensive: batches are formed only from one batch type; anything else goes one by one.
+        let mut fates = Vec::with_capacity(envs.len());
+        for env in envs {
+            fates.push(process(env, shared).await);
+        }
+        return fates;
     };
     match AssertUnwindSafe(run_batch_in_tx(shared, h.as_ref(), &ds)).catch_unwind().await {
         Ok(Ok((handled, dups))) => {
@@ -1045,7 +1107,7 @@ async fn process(env: &Envelope, shared: &Shared) -> Fate {
 
 async fn dead_letter(raw: &Raw, origin: &Origin, shared: &Shared, kind: DeadLetterKind, error: &str, attempts: u32) -> Fate {
     let now = crate::message::rfc3339(SystemTime::now());
-    let dlq_retries = raw.header(X_DLQ_RETRIES).and_then(|v| v.parse::<u64>().ok()).map_or(0, |n| n + 1);
+    let dlq_retries = raw.header(X_DLQ_RETRIES).and_then(|v| v.parse::<u64>().ok()).map_or(0, |n| n.saturating_add(1));
     let first_failed = raw.header(X_FIRST_FAILED_AT).map_or_else(|| now.clone(), str::to_owned);
     let headers = rebuild(
         &raw.headers,
