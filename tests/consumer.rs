@@ -596,7 +596,7 @@ async fn a_second_consumer_joining_mid_run_rebalances_without_loss_or_double_eff
         let enq = outbox::Enqueuer::new(&s.db.schema);
         let tx = c.transaction().await.unwrap();
         let msgs: Vec<_> = (0..total)
-            .map(|i| outbox::Message::new(&s.topic, "it_event", format!("key-{}", i % 300), body(&s, serde_json::json!({"seq": i / 300, "sleep_ms": 3}))))
+            .map(|i| outbox::Message::new(&s.topic, "it_event", format!("key-{}", i % 300), body(&s, serde_json::json!({"seq": i / 300, "sleep_ms": 20}))))
             .collect();
         enq.enqueue_batch(&tx, &msgs).await.unwrap();
         tx.commit().await.unwrap();
@@ -610,10 +610,11 @@ async fn a_second_consumer_joining_mid_run_rebalances_without_loss_or_double_eff
     // B joins: partitions are revoked from A and split; in-flight work of A on revoked
     // partitions finishes, their offsets are not stored, and B redelivers from the commit point.
     let b = start(&s, cfg, Probe::new(&s).await);
-    wait_until(Duration::from_secs(60), "every message's effect", || async {
+    wait_until(Duration::from_secs(120), "every message's effect", || async {
         count(&s.c, "SELECT count(DISTINCT message_id) FROM effects").await == total as i64
     })
     .await;
+    // ~7.5 s of work at 20 ms × 3,000 / 8: B joins long before A could finish alone.
     assert!(get(&b.stats.handled) > 0, "the second consumer took over partitions");
     assert_eq!(count(&s.c, "SELECT count(*) FROM effects").await, total as i64, "no double effect");
     let violations = count(&s.c, "SELECT count(*) FROM (SELECT seq, lag(seq) OVER (PARTITION BY k ORDER BY id) prev FROM effects) x WHERE seq <= prev").await;
