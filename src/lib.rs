@@ -86,7 +86,6 @@ pub fn hot_statements(schema: &Schema) -> Vec<(&'static str, String)> {
     vec![
         ("claim", s.claim),
         ("first_pending", s.first_pending),
-        ("pending_floor", s.pending_floor),
         ("mark_sent", s.mark_sent),
         ("mark_failed", s.mark_failed),
         ("cleanup_outbox", s.cleanup_outbox),

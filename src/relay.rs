@@ -42,10 +42,6 @@ pub const MAX_ERROR_LEN: usize = 500;
 const REPORT_MARGIN: Duration = Duration::from_secs(5);
 /// A topic seen in the broker's metadata is trusted for this long before it is checked again.
 const TOPIC_CACHE_TTL: Duration = Duration::from_secs(60);
-/// How often the pending floor (lowest pending id) is recomputed. A row that becomes visible
-/// below the floor (its inserting transaction started before and committed after the
-/// computation) waits at most this long: a delay, never a loss.
-const FLOOR_REFRESH: Duration = Duration::from_secs(5);
 /// Budget for one metadata lookup of a topic.
 const METADATA_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -133,8 +129,6 @@ pub struct Relay {
     db: DbConfig,
     config: RelayConfig,
     known_topics: Mutex<HashMap<String, Instant>>,
-    /// (lowest pending id, when it was computed).
-    floor: Mutex<Option<(i64, Instant)>>,
 }
 
 /// Builds the producer: the pass-through properties first, then the settings the guarantees
@@ -264,7 +258,6 @@ impl Relay {
             db: db.clone(),
             config,
             known_topics: Mutex::new(HashMap::new()),
-            floor: Mutex::new(None),
         })
     }
 
@@ -363,19 +356,10 @@ impl Relay {
             return Ok(Outcome::Empty);
         }
         let mut client = self.pool.get().await?;
-        let cached = *self.floor.lock().expect("floor lock");
-        let floor = match cached {
-            Some((f, at)) if at.elapsed() < FLOOR_REFRESH => f,
-            _ => {
-                let f: i64 = client.query_one(&self.stmts.pending_floor, &[]).await?.get(0);
-                *self.floor.lock().expect("floor lock") = Some((f, Instant::now()));
-                f
-            }
-        };
         let tx = client.transaction().await?;
         let batch = i64::try_from(self.config.batch_size).unwrap_or(i64::MAX);
         let rows: Vec<Row> = tx
-            .query(&self.stmts.claim, &[&batch, &lanes, &floor])
+            .query(&self.stmts.claim, &[&batch, &lanes])
             .await?
             .into_iter()
             .map(|r| Row {
@@ -403,7 +387,7 @@ impl Relay {
         let keys: Vec<&str> = first_of_key.keys().copied().collect();
         let mut waiting: HashSet<String> = HashSet::new();
         if !keys.is_empty() {
-            for r in tx.query(&self.stmts.first_pending, &[&keys, &floor]).await? {
+            for r in tx.query(&self.stmts.first_pending, &[&keys]).await? {
                 let (k, lowest): (String, Option<i64>) = (r.get(0), r.get(1));
                 if lowest.is_some_and(|l| l < first_of_key[k.as_str()]) {
                     waiting.insert(k);

@@ -8,13 +8,12 @@ use crate::schema::Schema;
 /// Claim a batch of due rows (seed 002's "take") of the relay's ordering lanes, in id order.
 /// `SKIP LOCKED` lets several relays work side by side; the lane filter keeps each key with one
 /// relay; `NOT EXISTS` holds a row back while an earlier pending row of its key is backed off,
-/// so per-key first deliveries follow id order. `$1` = batch size, `$2` = owned lanes, `$3` =
-/// the pending floor (`PENDING_FLOOR`).
+/// so per-key first deliveries follow id order. `$1` = batch size, `$2` = owned lanes.
 /// Uses `outbox_pending_id_idx` (scan in id order) and `outbox_pending_key_idx` (the check).
 const CLAIM: &str = "\
 SELECT o.id, o.topic, o.message_key, o.headers::text, o.payload::text
   FROM {s}.outbox AS o
- WHERE o.status = 'pending' AND o.available_at <= now() AND o.id >= $3
+ WHERE o.status = 'pending' AND o.available_at <= now()
    AND (hashtext(coalesce(o.message_key, '')) & 63) = ANY($2::int[])
    AND NOT EXISTS (
          SELECT 1 FROM {s}.outbox AS e
@@ -29,16 +28,8 @@ SELECT o.id, o.topic, o.message_key, o.headers::text, o.payload::text
 /// probe per key (`outbox_pending_key_idx`), whatever the backlog.
 const FIRST_PENDING: &str = "\
 SELECT k, (SELECT e.id FROM {s}.outbox AS e
-            WHERE e.status = 'pending' AND e.message_key = k AND e.id >= $2 ORDER BY e.id LIMIT 1)
+            WHERE e.status = 'pending' AND e.message_key = k ORDER BY e.id LIMIT 1)
   FROM unnest($1::text[]) AS k";
-
-/// The lowest pending id: the floor the claim and the per-key probe start from. Index entries
-/// of rows already sent stay in the partial indexes until vacuum removes them, and a long
-/// transaction elsewhere (a held snapshot) stops vacuum; starting every scan at the floor keeps
-/// the claim's cost at O(batch) instead of O(rows sent since the snapshot). Computed every few
-/// seconds (one walk over those entries), never per batch.
-const PENDING_FLOOR: &str = "\
-SELECT coalesce(min(id), 0)::bigint FROM {s}.outbox WHERE status = 'pending'";
 
 /// Mark acknowledged rows sent, one statement per batch. `$1` = ids.
 const MARK_SENT: &str = "\
@@ -125,7 +116,6 @@ UPDATE {s}.outbox SET status = 'pending', attempts = 0, available_at = now()
 pub(crate) struct Statements {
     pub claim: String,
     pub first_pending: String,
-    pub pending_floor: String,
     pub mark_sent: String,
     pub mark_failed: String,
     pub enqueue: String,
@@ -148,7 +138,6 @@ impl Statements {
         Self {
             claim: r(CLAIM),
             first_pending: r(FIRST_PENDING),
-            pending_floor: r(PENDING_FLOOR),
             mark_sent: r(MARK_SENT),
             mark_failed: r(MARK_FAILED),
             enqueue: ENQUEUE.replace("{s}", &qualified_prefix),

@@ -39,9 +39,8 @@ async fn claim_mark_and_cleanup_use_indexes_not_table_scans() {
     let keys: Vec<String> = (0..100).map(|k| format!("k{k}")).collect();
     let lanes: Vec<i32> = (0..outbox::LANES).collect();
     let plans = [
-        ("claim", explain(&c, &stmts["claim"], &[&2000i64, &lanes, &200_001i64]).await, "outbox_pending_id_idx"),
-        ("first_pending", explain(&c, &stmts["first_pending"], &[&keys, &200_001i64]).await, "outbox_pending_key_idx"),
-        ("pending_floor", explain(&c, &stmts["pending_floor"], &[]).await, "outbox_pending_id_idx"),
+        ("claim", explain(&c, &stmts["claim"], &[&2000i64, &lanes]).await, "outbox_pending_id_idx"),
+        ("first_pending", explain(&c, &stmts["first_pending"], &[&keys]).await, "outbox_pending_key_idx"),
         ("mark_sent", explain(&c, &stmts["mark_sent"], &[&ids]).await, "outbox_pkey"),
         ("mark_failed", explain(&c, &stmts["mark_failed"], &[&ids, &errs, &10i32]).await, "outbox_pkey"),
         ("cleanup_outbox", explain(&c, &stmts["cleanup_outbox"], &[&(7.0 * 86400.0), &5000i64, &0i64]).await, "outbox_pkey"),

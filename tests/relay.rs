@@ -368,28 +368,3 @@ async fn two_relays_over_20000_rows_send_each_exactly_once() {
     assert!(seen.values().all(|n| *n == 1));
     assert_eq!(seen.keys().cloned().collect::<HashSet<_>>(), ids.into_iter().collect::<HashSet<_>>());
 }
-
-#[tokio::test]
-async fn a_row_committed_late_below_the_pending_floor_is_still_published() {
-    let db = fresh_db().await;
-    let topic = topic_name();
-    create_topic(&topic, 1).await;
-    let enq = Enqueuer::new(&db.schema);
-    // T1 takes the lower id but commits last.
-    let mut slow = client(&db).await;
-    let t1 = slow.transaction().await.unwrap();
-    enq.enqueue(&t1, &Message::new(&topic, "t", "late", serde_json::json!({"n": 1}))).await.unwrap();
-    let ids = enqueue_n(&db, &topic, 5, 5, 5).await;
-    let relay = Relay::new(&db, &kafka(), relay_config()).unwrap();
-    assert_eq!(drain(&relay).await, 5); // the floor now sits above T1's id
-    t1.commit().await.unwrap();
-    let c = client(&db).await;
-    wait_until(Duration::from_secs(15), "late row published after the floor refresh", || async {
-        let _ = relay.run_once().await.unwrap();
-        count(&c, "SELECT count(*) FROM outbox WHERE status = 'pending'").await == 0
-    })
-    .await;
-    let got: Vec<String> = read_all(&topic).await.iter().map(|r| r.key.clone().map(|k| String::from_utf8(k).unwrap()).unwrap()).collect();
-    assert_eq!(got.len(), ids.len() + 1);
-    assert!(got.contains(&"late".to_string()));
-}
