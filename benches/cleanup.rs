@@ -34,15 +34,27 @@ async fn main() {
     ))
     .await
     .unwrap();
-    c.batch_execute(&format!("VACUUM ANALYZE {s}.outbox")).await.unwrap();
-    c.batch_execute(&format!("VACUUM ANALYZE {s}.processed_messages")).await.unwrap();
-    let cfg = outbox::CleanupConfig { batch_size: batch, interval: None, ..Default::default() };
+    c.batch_execute(&format!("VACUUM ANALYZE {s}.outbox"))
+        .await
+        .unwrap();
+    c.batch_execute(&format!("VACUUM ANALYZE {s}.processed_messages"))
+        .await
+        .unwrap();
+    let cfg = outbox::CleanupConfig {
+        batch_size: batch,
+        interval: None,
+        ..Default::default()
+    };
     let started = Instant::now();
     let r = outbox::cleanup(&db, &cfg).await.unwrap();
     let secs = started.elapsed().as_secs_f64();
     assert_eq!(r.outbox_deleted as usize, rows);
     assert_eq!(r.processed_deleted as usize, keep);
-    let left: i64 = c.query_one(&format!("SELECT count(*) FROM {s}.outbox"), &[]).await.unwrap().get(0);
+    let left: i64 = c
+        .query_one(&format!("SELECT count(*) FROM {s}.outbox"), &[])
+        .await
+        .unwrap()
+        .get(0);
     assert_eq!(left as usize, keep + 2, "only rows past retention deleted");
     let total = r.outbox_deleted + r.processed_deleted;
     emit(

@@ -10,34 +10,64 @@ mod support;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use outbox::consumer::{BatchHandler, BoxFuture, Consumer, ConsumerConfig, ConsumerStats, Delivered, Handler, HandlerError};
+use outbox::consumer::{
+    BatchHandler, BoxFuture, Consumer, ConsumerConfig, ConsumerStats, Delivered, Handler,
+    HandlerError,
+};
 use support::*;
 
 struct Charge(String);
 
 impl Handler for Charge {
-    fn handle<'a>(&'a self, m: &'a Delivered, tx: &'a tokio_postgres::Transaction<'a>) -> BoxFuture<'a, Result<(), HandlerError>> {
+    fn handle<'a>(
+        &'a self,
+        m: &'a Delivered,
+        tx: &'a tokio_postgres::Transaction<'a>,
+    ) -> BoxFuture<'a, Result<(), HandlerError>> {
         Box::pin(async move {
             let b = m.json();
-            let order = b["order_number"].as_str().ok_or_else(|| HandlerError::permanent("no order"))?;
-            let cents = b["total_cents"].as_i64().ok_or_else(|| HandlerError::permanent("no total"))?;
-            tx.execute(&format!("INSERT INTO {} (order_number, amount_cents, message_id) VALUES ($1, $2, $3)", self.0), &[&order, &cents, &m.message_id])
-                .await?;
+            let order = b["order_number"]
+                .as_str()
+                .ok_or_else(|| HandlerError::permanent("no order"))?;
+            let cents = b["total_cents"]
+                .as_i64()
+                .ok_or_else(|| HandlerError::permanent("no total"))?;
+            tx.execute(
+                &format!(
+                    "INSERT INTO {} (order_number, amount_cents, message_id) VALUES ($1, $2, $3)",
+                    self.0
+                ),
+                &[&order, &cents, &m.message_id],
+            )
+            .await?;
             Ok(())
         })
     }
 }
 
 impl BatchHandler for Charge {
-    fn handle_batch<'a>(&'a self, ms: &'a [&'a Delivered], tx: &'a tokio_postgres::Transaction<'a>) -> BoxFuture<'a, Result<(), HandlerError>> {
+    fn handle_batch<'a>(
+        &'a self,
+        ms: &'a [&'a Delivered],
+        tx: &'a tokio_postgres::Transaction<'a>,
+    ) -> BoxFuture<'a, Result<(), HandlerError>> {
         Box::pin(async move {
             let mut orders = Vec::with_capacity(ms.len());
             let mut cents = Vec::with_capacity(ms.len());
             let mut ids = Vec::with_capacity(ms.len());
             for m in ms {
                 let b = m.json();
-                orders.push(b["order_number"].as_str().ok_or_else(|| HandlerError::permanent("no order"))?.to_owned());
-                cents.push(b["total_cents"].as_i64().ok_or_else(|| HandlerError::permanent("no total"))?);
+                orders.push(
+                    b["order_number"]
+                        .as_str()
+                        .ok_or_else(|| HandlerError::permanent("no order"))?
+                        .to_owned(),
+                );
+                cents.push(
+                    b["total_cents"]
+                        .as_i64()
+                        .ok_or_else(|| HandlerError::permanent("no total"))?,
+                );
                 ids.push(m.message_id.as_str());
             }
             tx.execute(
@@ -50,7 +80,14 @@ impl BatchHandler for Charge {
     }
 }
 
-async fn run(db: &outbox::DbConfig, topic: &str, rows: usize, mode: &str, concurrency: usize, max_batch: usize) -> serde_json::Value {
+async fn run(
+    db: &outbox::DbConfig,
+    topic: &str,
+    rows: usize,
+    mode: &str,
+    concurrency: usize,
+    max_batch: usize,
+) -> serde_json::Value {
     let table = format!("charges_{}", rand_name(6));
     let c = outbox::connect(db).await.unwrap();
     c.batch_execute(&format!(
@@ -82,9 +119,20 @@ async fn run(db: &outbox::DbConfig, topic: &str, rows: usize, mode: &str, concur
     let secs = started.elapsed().as_secs_f64();
     stop.send(()).unwrap();
     h.await.unwrap().unwrap();
-    let n: i64 = c.query_one(&format!("SELECT count(*) FROM {}.{table}", db.schema.quoted()), &[]).await.unwrap().get(0);
+    let n: i64 = c
+        .query_one(
+            &format!("SELECT count(*) FROM {}.{table}", db.schema.quoted()),
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
     // The run stops once `rows` are handled; a few more may have been handled by then.
-    assert_eq!(n as u64, ConsumerStats::get(&stats.handled), "each handled message's effect exactly once");
+    assert_eq!(
+        n as u64,
+        ConsumerStats::get(&stats.handled),
+        "each handled message's effect exactly once"
+    );
     assert!(n as usize >= rows);
     serde_json::json!({"mode": mode, "concurrency": concurrency, "max_batch": max_batch, "messages": rows,
                        "seconds": round2(secs), "msgs_per_sec": (rows as f64 / secs).round()})
@@ -103,10 +151,18 @@ async fn main() {
     let relay = outbox::Relay::new(&db, &kafka(), outbox::RelayConfig::default()).unwrap();
     while let outbox::Outcome::Published(_) = relay.run_once().await.unwrap() {}
 
-    for (mode, conc, batch, n) in [("per-message", 1, 1, rows_c1), ("per-message", 16, 1, rows), ("batched", 16, max_batch, rows)] {
+    for (mode, conc, batch, n) in [
+        ("per-message", 1, 1, rows_c1),
+        ("per-message", 16, 1, rows),
+        ("batched", 16, max_batch, rows),
+    ] {
         // A topic prefix of n messages: the first n of the topic are consumed by a fresh group.
         let r = run(&db, &topic, n, mode, conc, batch).await;
-        emit("consumer", serde_json::json!({"messages": n, "partitions": 6, "keys": 1000, "mode": mode, "concurrency": conc, "max_batch": batch}), r);
+        emit(
+            "consumer",
+            serde_json::json!({"messages": n, "partitions": 6, "keys": 1000, "mode": mode, "concurrency": conc, "max_batch": batch}),
+            r,
+        );
     }
     drop_schema(&db).await;
     delete_topic(&topic).await;

@@ -22,7 +22,13 @@ async fn main() {
     create_append_time_topic(&topic, &[]).await;
     let receiver = Receiver::start(&topic);
 
-    let cfg = outbox::RelayConfig { cleanup: outbox::CleanupConfig { interval: None, ..Default::default() }, ..Default::default() };
+    let cfg = outbox::RelayConfig {
+        cleanup: outbox::CleanupConfig {
+            interval: None,
+            ..Default::default()
+        },
+        ..Default::default()
+    };
     let relay = outbox::Relay::new(&db, &kafka(), cfg).unwrap();
     let (stop_relay, relay_stopped) = tokio::sync::oneshot::channel::<()>();
     let relay_task = tokio::spawn(relay.run(async move {
@@ -37,7 +43,12 @@ async fn main() {
     let total = rate * secs;
     for i in 0..total {
         tick.tick().await;
-        let m = outbox::Message::new(&topic, "order_created", format!("key-{}", i % 1000), serde_json::json!({"n": i, "pad": "x".repeat(150)}));
+        let m = outbox::Message::new(
+            &topic,
+            "order_created",
+            format!("key-{}", i % 1000),
+            serde_json::json!({"n": i, "pad": "x".repeat(150)}),
+        );
         let tx = c.transaction().await.unwrap();
         enq.enqueue(&tx, &m).await.unwrap();
         tx.commit().await.unwrap();
@@ -59,9 +70,7 @@ async fn main() {
     }
     ack.sort_by(f64::total_cmp);
     recv.sort_by(f64::total_cmp);
-    let stats = |v: &[f64]| {
-        serde_json::json!({"p50_ms": round2(percentile(v, 50.0)), "p99_ms": round2(percentile(v, 99.0)), "max_ms": round2(*v.last().unwrap())})
-    };
+    let stats = |v: &[f64]| serde_json::json!({"p50_ms": round2(percentile(v, 50.0)), "p99_ms": round2(percentile(v, 99.0)), "max_ms": round2(*v.last().unwrap())});
     emit(
         "latency",
         serde_json::json!({"rate_per_sec": rate, "seconds": secs, "tx_per_message": 1, "wake": "notify"}),

@@ -24,7 +24,10 @@ async fn measure(rows: usize) -> serde_json::Value {
     create_topic(&topic, 6).await;
     fill_outbox(&db, &topic, rows, 1000).await;
     let c = outbox::connect(&db).await.unwrap();
-    let pending_sql = format!("SELECT count(*) FROM {}.outbox WHERE status = 'pending'", db.schema.quoted());
+    let pending_sql = format!(
+        "SELECT count(*) FROM {}.outbox WHERE status = 'pending'",
+        db.schema.quoted()
+    );
     let mut child = Command::new(env!("CARGO_BIN_EXE_outbox"))
         .args(["relay", "--cleanup-interval", "off"])
         .env("DATABASE_URL", database_url())
@@ -52,12 +55,18 @@ async fn measure(rows: usize) -> serde_json::Value {
         if pending == 0 {
             break;
         }
-        assert!(started.elapsed() < Duration::from_secs(600), "drain timed out");
+        assert!(
+            started.elapsed() < Duration::from_secs(600),
+            "drain timed out"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let secs = started.elapsed().as_secs_f64();
     let hwm = status_kib(pid, "VmHWM:").unwrap_or(max_rss);
-    Command::new("kill").args(["-TERM", &pid.to_string()]).status().unwrap();
+    Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .unwrap();
     assert!(child.wait().unwrap().success());
     drop_schema(&db).await;
     delete_topic(&topic).await;
@@ -71,6 +80,10 @@ async fn main() {
     let big = param("ROWS", if full() { 1_000_000 } else { 3_000 });
     for rows in [big / 10, big] {
         let r = measure(rows).await;
-        emit("memory", serde_json::json!({"rows": rows, "batch": outbox::DEFAULT_BATCH_SIZE, "process": "outbox relay"}), r);
+        emit(
+            "memory",
+            serde_json::json!({"rows": rows, "batch": outbox::DEFAULT_BATCH_SIZE, "process": "outbox relay"}),
+            r,
+        );
     }
 }

@@ -16,8 +16,17 @@ async fn drain_with(relays: usize, rows: usize, batch: usize) -> serde_json::Val
     let topic = format!("bench.{}.created", rand_name(8));
     create_topic(&topic, 6).await;
     fill_outbox(&db, &topic, rows, 1000).await;
-    let cfg = outbox::RelayConfig { batch_size: batch, cleanup: outbox::CleanupConfig { interval: None, ..Default::default() }, ..Default::default() };
-    let rs: Vec<Arc<outbox::Relay>> = (0..relays).map(|_| Arc::new(outbox::Relay::new(&db, &kafka(), cfg.clone()).unwrap())).collect();
+    let cfg = outbox::RelayConfig {
+        batch_size: batch,
+        cleanup: outbox::CleanupConfig {
+            interval: None,
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let rs: Vec<Arc<outbox::Relay>> = (0..relays)
+        .map(|_| Arc::new(outbox::Relay::new(&db, &kafka(), cfg.clone()).unwrap()))
+        .collect();
     // Converge the ordering lanes (each relay its share) before the clock starts.
     for _ in 0..2 {
         for r in &rs {
@@ -47,7 +56,10 @@ async fn drain_with(relays: usize, rows: usize, batch: usize) -> serde_json::Val
     let first = rs[0].clone();
     drop(rs);
     let c = outbox::connect(&db).await.unwrap();
-    let pending = format!("SELECT count(*) FROM {}.outbox WHERE status = 'pending'", db.schema.quoted());
+    let pending = format!(
+        "SELECT count(*) FROM {}.outbox WHERE status = 'pending'",
+        db.schema.quoted()
+    );
     while c.query_one(&pending, &[]).await.unwrap().get::<_, i64>(0) > 0 {
         first.rebalance().await;
         while let outbox::Outcome::Published(b) = first.run_once().await.unwrap() {
@@ -67,6 +79,10 @@ async fn main() {
     let batch = param("BATCH", outbox::DEFAULT_BATCH_SIZE);
     for relays in [1, 2] {
         let r = drain_with(relays, rows, batch).await;
-        emit("relay_drain", serde_json::json!({"rows": rows, "keys": 1000, "partitions": 6, "batch": batch, "relays": relays}), r);
+        emit(
+            "relay_drain",
+            serde_json::json!({"rows": rows, "keys": 1000, "partitions": 6, "batch": batch, "relays": relays}),
+            r,
+        );
     }
 }

@@ -28,8 +28,20 @@ async fn main() {
     create_append_time_topic(&topic, &[("retention.ms", "600000")]).await;
     let receiver = Receiver::start(&topic);
 
-    let cleanup = outbox::CleanupConfig { sent_retention: Duration::from_secs(60), interval: Some(Duration::from_secs(if full() { 60 } else { 1 })), ..Default::default() };
-    let relay = outbox::Relay::new(&db, &kafka(), outbox::RelayConfig { cleanup, ..Default::default() }).unwrap();
+    let cleanup = outbox::CleanupConfig {
+        sent_retention: Duration::from_secs(60),
+        interval: Some(Duration::from_secs(if full() { 60 } else { 1 })),
+        ..Default::default()
+    };
+    let relay = outbox::Relay::new(
+        &db,
+        &kafka(),
+        outbox::RelayConfig {
+            cleanup,
+            ..Default::default()
+        },
+    )
+    .unwrap();
     let (stop_relay, relay_stopped) = tokio::sync::oneshot::channel::<()>();
     let relay_task = tokio::spawn(relay.run(async move {
         let _ = relay_stopped.await;
@@ -40,8 +52,18 @@ async fn main() {
         let db = db.clone();
         tokio::spawn(async move {
             let mut c = outbox::connect(&db).await.unwrap();
-            let tx = c.build_transaction().isolation_level(tokio_postgres::IsolationLevel::RepeatableRead).start().await.unwrap();
-            tx.query_one(&format!("SELECT count(*) FROM {}.outbox", db.schema.quoted()), &[]).await.unwrap();
+            let tx = c
+                .build_transaction()
+                .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
+                .start()
+                .await
+                .unwrap();
+            tx.query_one(
+                &format!("SELECT count(*) FROM {}.outbox", db.schema.quoted()),
+                &[],
+            )
+            .await
+            .unwrap();
             tokio::time::sleep(Duration::from_secs(hold as u64)).await;
             tx.commit().await.unwrap();
         })
@@ -60,11 +82,19 @@ async fn main() {
             let mut tick = tokio::time::interval(Duration::from_micros(1_000_000 / per as u64));
             for i in 0..per * secs {
                 tick.tick().await;
-                let m = outbox::Message::new(&topic, "order_created", format!("key-{}", (i * 2 + w) % 1000), serde_json::json!({"n": i, "pad": "x".repeat(150)}));
+                let m = outbox::Message::new(
+                    &topic,
+                    "order_created",
+                    format!("key-{}", (i * 2 + w) % 1000),
+                    serde_json::json!({"n": i, "pad": "x".repeat(150)}),
+                );
                 let tx = c.transaction().await.unwrap();
                 enq.enqueue(&tx, &m).await.unwrap();
                 tx.commit().await.unwrap();
-                committed.lock().unwrap().push((m.message_id().to_string(), now_us()));
+                committed
+                    .lock()
+                    .unwrap()
+                    .push((m.message_id().to_string(), now_us()));
             }
         }));
     }
@@ -92,7 +122,11 @@ async fn main() {
     }
     let total = committed.lock().unwrap().len();
     receiver.wait_for(total, Duration::from_secs(120)).await;
-    let acked: HashMap<String, i64> = receiver.stop().into_iter().map(|(id, (_, append))| (id, append)).collect();
+    let acked: HashMap<String, i64> = receiver
+        .stop()
+        .into_iter()
+        .map(|(id, (_, append))| (id, append))
+        .collect();
     stop_relay.send(()).unwrap();
     relay_task.await.unwrap().unwrap();
     holder.await.unwrap();
@@ -111,13 +145,22 @@ async fn main() {
         let row = serde_json::json!({"window": i, "msgs_per_sec": round2(lat.len() as f64 / window as f64),
             "p50_ms": round2(percentile(&lat, 50.0)), "p99_ms": round2(percentile(&lat, 99.0)),
             "dead_tuples": dead, "pending_idx_kib": idx1 / 1024, "pending_id_idx_kib": idx2 / 1024});
-        emit("soak_window", serde_json::json!({"rate": rate, "seconds": secs, "hold_secs": hold, "window_secs": window}), row.clone());
+        emit(
+            "soak_window",
+            serde_json::json!({"rate": rate, "seconds": secs, "hold_secs": hold, "window_secs": window}),
+            row.clone(),
+        );
         rows.push(row);
     }
     // Drift: last full window vs first full window (the first may include warm-up).
     let first = &rows[usize::from(rows.len() > 2)];
     let last = &rows[rows.len() - 1];
-    let drift = |k: &str| round2((last[k].as_f64().unwrap() - first[k].as_f64().unwrap()) / first[k].as_f64().unwrap() * 100.0);
+    let drift = |k: &str| {
+        round2(
+            (last[k].as_f64().unwrap() - first[k].as_f64().unwrap()) / first[k].as_f64().unwrap()
+                * 100.0,
+        )
+    };
     emit(
         "soak",
         serde_json::json!({"rate": rate, "seconds": secs, "hold_secs": hold, "window_secs": window}),

@@ -20,13 +20,22 @@ use outbox::consumer::{BoxFuture, Consumer, ConsumerConfig, Delivered, HandlerEr
 
 /// Charges one order: validation failures are permanent (dead-lettered), database trouble is
 /// classified by SQLSTATE (serialization failures and lost connections are retried).
-fn charge<'a>(msg: &'a Delivered, tx: &'a tokio_postgres::Transaction<'a>) -> BoxFuture<'a, Result<(), HandlerError>> {
+fn charge<'a>(
+    msg: &'a Delivered,
+    tx: &'a tokio_postgres::Transaction<'a>,
+) -> BoxFuture<'a, Result<(), HandlerError>> {
     Box::pin(async move {
         let body = msg.json();
-        let order = body["order_number"].as_str().ok_or_else(|| HandlerError::permanent("order_number missing"))?;
-        let cents = body["total_cents"].as_i64().ok_or_else(|| HandlerError::permanent("total_cents missing"))?;
+        let order = body["order_number"]
+            .as_str()
+            .ok_or_else(|| HandlerError::permanent("order_number missing"))?;
+        let cents = body["total_cents"]
+            .as_i64()
+            .ok_or_else(|| HandlerError::permanent("total_cents missing"))?;
         if cents <= 0 {
-            return Err(HandlerError::permanent(format!("refusing to charge {cents} cents")));
+            return Err(HandlerError::permanent(format!(
+                "refusing to charge {cents} cents"
+            )));
         }
         tx.execute(
             "INSERT INTO charges (order_number, amount_cents, message_id) VALUES ($1, $2, $3)",
@@ -40,13 +49,21 @@ fn charge<'a>(msg: &'a Delivered, tx: &'a tokio_postgres::Transaction<'a>) -> Bo
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
         .init();
     let env = |k: &str, d: &str| std::env::var(k).unwrap_or_else(|_| d.to_owned());
-    let db = outbox::DbConfig::new(&std::env::var("DATABASE_URL")?, &env("OUTBOX_SCHEMA", "public"))?;
+    let db = outbox::DbConfig::new(
+        &std::env::var("DATABASE_URL")?,
+        &env("OUTBOX_SCHEMA", "public"),
+    )?;
     let mut kafka = outbox::KafkaConfig::new(&std::env::var("KAFKA_BOOTSTRAP_SERVERS")?)?;
     // Extra librdkafka properties, `name=value;name=value` (e.g. SASL settings).
-    for pair in env("OUTBOX_KAFKA_PROPERTIES", "").split(';').filter(|p| !p.trim().is_empty()) {
+    for pair in env("OUTBOX_KAFKA_PROPERTIES", "")
+        .split(';')
+        .filter(|p| !p.trim().is_empty())
+    {
         kafka.set_from_pair(pair.trim())?;
     }
 
@@ -63,7 +80,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         ))
         .await?;
 
-    let mut config = ConsumerConfig::new(env("BILLING_GROUP", "billing-service"), [env("BILLING_TOPIC", "orders.created")]);
+    let mut config = ConsumerConfig::new(
+        env("BILLING_GROUP", "billing-service"),
+        [env("BILLING_TOPIC", "orders.created")],
+    );
     config.concurrency = env("BILLING_CONCURRENCY", "16").parse()?;
     let consumer = Consumer::new(&db, &kafka, config)?.handler("order_created", charge);
     let stats = consumer.stats();

@@ -23,7 +23,11 @@ pub struct Backoff {
 impl Backoff {
     /// A backoff starting at `base` and never exceeding `max`.
     pub fn new(base: Duration, max: Duration) -> Self {
-        Self { base, max, failures: 0 }
+        Self {
+            base,
+            max,
+            failures: 0,
+        }
     }
 
     /// The wait before the next try; each call counts one more consecutive failure.

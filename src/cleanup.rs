@@ -40,7 +40,13 @@ pub struct CleanupReport {
 /// [`CleanupError`] when Postgres fails midway.
 pub async fn cleanup(db: &DbConfig, config: &CleanupConfig) -> Result<CleanupReport, CleanupError> {
     let pool = crate::db::pool(db).expect("pool configuration is static");
-    run_with(&pool, &Statements::new(&db.schema), config, &CancellationToken::new()).await
+    run_with(
+        &pool,
+        &Statements::new(&db.schema),
+        config,
+        &CancellationToken::new(),
+    )
+    .await
 }
 
 pub(crate) async fn run_with(
@@ -59,7 +65,10 @@ pub(crate) async fn run_with(
         let client = pool.get().await?;
         let started = Instant::now();
         let row = client
-            .query_one(stmts.cleanup_outbox.as_str(), &[&config.sent_retention.as_secs_f64(), &batch, &last_id])
+            .query_one(
+                stmts.cleanup_outbox.as_str(),
+                &[&config.sent_retention.as_secs_f64(), &batch, &last_id],
+            )
             .await?;
         report.longest_statement = report.longest_statement.max(started.elapsed());
         report.statements += 1;
@@ -77,7 +86,10 @@ pub(crate) async fn run_with(
         let client = pool.get().await?;
         let started = Instant::now();
         let n: i64 = client
-            .query_one(stmts.cleanup_processed.as_str(), &[&config.processed_retention.as_secs_f64(), &batch])
+            .query_one(
+                stmts.cleanup_processed.as_str(),
+                &[&config.processed_retention.as_secs_f64(), &batch],
+            )
             .await?
             .get(0);
         report.longest_statement = report.longest_statement.max(started.elapsed());

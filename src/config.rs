@@ -102,7 +102,9 @@ impl DbConfig {
     /// verification modes are taken out here and enforced by the OpenSSL connector.
     pub fn new(url: &str, schema: &str) -> Result<Self, ConfigError> {
         if url.trim().is_empty() {
-            return Err(ConfigError::DatabaseUrl("it is empty (set DATABASE_URL)".into()));
+            return Err(ConfigError::DatabaseUrl(
+                "it is empty (set DATABASE_URL)".into(),
+            ));
         }
         let (url, mode, root) = split_tls_params(url);
         // tokio-postgres' parse errors name the option, never its value, so they are safe to show.
@@ -125,7 +127,13 @@ impl DbConfig {
             pg.application_name("outbox");
         }
         pg.keepalives(true).keepalives_idle(Duration::from_secs(30));
-        Ok(Self { pg, tls, tls_verify, schema: Schema::new(schema)?, pool_size: DEFAULT_POOL_SIZE })
+        Ok(Self {
+            pg,
+            tls,
+            tls_verify,
+            schema: Schema::new(schema)?,
+            pool_size: DEFAULT_POOL_SIZE,
+        })
     }
 
     /// The parsed connection settings.
@@ -166,7 +174,11 @@ fn split_tls_params(url: &str) -> (String, Option<String>, Option<String>) {
                 if matches!(mode.as_deref(), Some("verify-ca" | "verify-full")) {
                     params.push("sslmode=require");
                 }
-                if params.is_empty() { base.to_owned() } else { format!("{base}?{}", params.join("&")) }
+                if params.is_empty() {
+                    base.to_owned()
+                } else {
+                    format!("{base}?{}", params.join("&"))
+                }
             }
             None => url.to_owned(),
         }
@@ -184,7 +196,10 @@ fn split_tls_params(url: &str) -> (String, Option<String>, Option<String>) {
     (rebuilt, mode, root)
 }
 
-fn tls_connector(verify: TlsVerify, root: Option<&str>) -> Result<postgres_openssl::MakeTlsConnector, ConfigError> {
+fn tls_connector(
+    verify: TlsVerify,
+    root: Option<&str>,
+) -> Result<postgres_openssl::MakeTlsConnector, ConfigError> {
     use openssl::ssl::{SslConnector, SslMethod, SslVerifyMode};
     let err = |e: openssl::error::ErrorStack| ConfigError::DatabaseUrl(format!("TLS setup: {e}"));
     let mut b = SslConnector::builder(SslMethod::tls_client()).map_err(err)?;
@@ -192,8 +207,9 @@ fn tls_connector(verify: TlsVerify, root: Option<&str>) -> Result<postgres_opens
         TlsVerify::None => b.set_verify(SslVerifyMode::NONE),
         TlsVerify::Ca | TlsVerify::Full => {
             if let Some(path) = root {
-                b.set_ca_file(path)
-                    .map_err(|e| ConfigError::DatabaseUrl(format!("cannot load sslrootcert {path:?}: {e}")))?;
+                b.set_ca_file(path).map_err(|e| {
+                    ConfigError::DatabaseUrl(format!("cannot load sslrootcert {path:?}: {e}"))
+                })?;
             }
         }
     }
@@ -235,8 +251,12 @@ pub struct KafkaConfig {
 /// Property names whose values are secrets and are never shown.
 fn is_secret_property(name: &str) -> bool {
     let n = name.to_ascii_lowercase();
-    n.contains("password") || n.contains("secret") || n.ends_with(".key.pem") || n == "ssl.key.pem"
-        || n.contains("sasl.oauthbearer.config") || n.contains("jaas")
+    n.contains("password")
+        || n.contains("secret")
+        || n.ends_with(".key.pem")
+        || n == "ssl.key.pem"
+        || n.contains("sasl.oauthbearer.config")
+        || n.contains("jaas")
 }
 
 impl KafkaConfig {
@@ -247,7 +267,9 @@ impl KafkaConfig {
     pub fn new(bootstrap_servers: &str) -> Result<Self, ConfigError> {
         let servers = bootstrap_servers.trim();
         if servers.is_empty() {
-            return Err(ConfigError::Bootstrap("it is empty (set KAFKA_BOOTSTRAP_SERVERS)".into()));
+            return Err(ConfigError::Bootstrap(
+                "it is empty (set KAFKA_BOOTSTRAP_SERVERS)".into(),
+            ));
         }
         for entry in servers.split(',') {
             let entry = entry.trim();
@@ -256,10 +278,15 @@ impl KafkaConfig {
                 .rsplit_once(':')
                 .is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok_and(|p| p > 0));
             if !ok {
-                return Err(ConfigError::Bootstrap(format!("{entry:?} is not host:port")));
+                return Err(ConfigError::Bootstrap(format!(
+                    "{entry:?} is not host:port"
+                )));
             }
         }
-        Ok(Self { bootstrap_servers: servers.to_owned(), properties: BTreeMap::new() })
+        Ok(Self {
+            bootstrap_servers: servers.to_owned(),
+            properties: BTreeMap::new(),
+        })
     }
 
     /// Adds a librdkafka property from `name=value`.
@@ -271,13 +298,20 @@ impl KafkaConfig {
             // Show only the part before any secret could start.
             let shown: String = pair.chars().take_while(|c| *c != ' ').take(40).collect();
             return Err(ConfigError::KafkaProperty {
-                name: if is_secret_property(&shown) { "<redacted>".into() } else { shown },
+                name: if is_secret_property(&shown) {
+                    "<redacted>".into()
+                } else {
+                    shown
+                },
                 reason: "expected name=value".into(),
             });
         };
         let name = name.trim();
         if name.is_empty() {
-            return Err(ConfigError::KafkaProperty { name: String::new(), reason: "empty name".into() });
+            return Err(ConfigError::KafkaProperty {
+                name: String::new(),
+                reason: "empty name".into(),
+            });
         }
         self.properties.insert(name.to_owned(), value.to_owned());
         Ok(())
@@ -299,7 +333,16 @@ impl fmt::Debug for KafkaConfig {
         let props: BTreeMap<&str, &str> = self
             .properties
             .iter()
-            .map(|(k, v)| (k.as_str(), if is_secret_property(k) { "<redacted>" } else { v.as_str() }))
+            .map(|(k, v)| {
+                (
+                    k.as_str(),
+                    if is_secret_property(k) {
+                        "<redacted>"
+                    } else {
+                        v.as_str()
+                    },
+                )
+            })
             .collect();
         f.debug_struct("KafkaConfig")
             .field("bootstrap_servers", &self.bootstrap_servers)
@@ -380,7 +423,12 @@ impl RelayConfig {
     /// # Errors
     /// [`ConfigError::Value`] naming the first setting out of range.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        let bad = |name, reason: &str| Err(ConfigError::Value { name, reason: reason.into() });
+        let bad = |name, reason: &str| {
+            Err(ConfigError::Value {
+                name,
+                reason: reason.into(),
+            })
+        };
         if self.batch_size == 0 || self.batch_size > MAX_BATCH_SIZE {
             return bad("batch size", "must be between 1 and 50000");
         }
@@ -423,14 +471,38 @@ mod tests {
 
     #[test]
     fn verify_modes_are_taken_out_for_tokio_postgres() {
-        let (u, m, r) = split_tls_params("postgres://u@h/db?sslmode=verify-full&sslrootcert=/ca.pem&application_name=x");
-        assert_eq!((u.as_str(), m.as_deref(), r.as_deref()), ("postgres://u@h/db?application_name=x&sslmode=require", Some("verify-full"), Some("/ca.pem")));
+        let (u, m, r) = split_tls_params(
+            "postgres://u@h/db?sslmode=verify-full&sslrootcert=/ca.pem&application_name=x",
+        );
+        assert_eq!(
+            (u.as_str(), m.as_deref(), r.as_deref()),
+            (
+                "postgres://u@h/db?application_name=x&sslmode=require",
+                Some("verify-full"),
+                Some("/ca.pem")
+            )
+        );
         let (u, m, _) = split_tls_params("host=h sslmode=verify-ca user=u");
-        assert_eq!((u.as_str(), m.as_deref()), ("host=h user=u sslmode=require", Some("verify-ca")));
+        assert_eq!(
+            (u.as_str(), m.as_deref()),
+            ("host=h user=u sslmode=require", Some("verify-ca"))
+        );
         let (u, m, r) = split_tls_params("postgres://u@h/db?sslmode=require");
-        assert_eq!((u.as_str(), m.as_deref(), r), ("postgres://u@h/db?sslmode=require", Some("require"), None));
-        assert_eq!(DbConfig::new("postgres://u@h/db?sslmode=verify-full", "public").unwrap().tls_verify, TlsVerify::Full);
-        let e = DbConfig::new("postgres://u@h/db?sslmode=verify-full&sslrootcert=/nonexistent.pem", "public").unwrap_err();
+        assert_eq!(
+            (u.as_str(), m.as_deref(), r),
+            ("postgres://u@h/db?sslmode=require", Some("require"), None)
+        );
+        assert_eq!(
+            DbConfig::new("postgres://u@h/db?sslmode=verify-full", "public")
+                .unwrap()
+                .tls_verify,
+            TlsVerify::Full
+        );
+        let e = DbConfig::new(
+            "postgres://u@h/db?sslmode=verify-full&sslrootcert=/nonexistent.pem",
+            "public",
+        )
+        .unwrap_err();
         assert!(e.to_string().contains("cannot load sslrootcert"), "{e}");
     }
 
@@ -440,7 +512,10 @@ mod tests {
         k.set_from_pair("sasl.password=hunter2").unwrap();
         k.set_from_pair("security.protocol=SASL_SSL").unwrap();
         let shown = format!("{k:?}");
-        assert!(!shown.contains("hunter2") && shown.contains("SASL_SSL"), "{shown}");
+        assert!(
+            !shown.contains("hunter2") && shown.contains("SASL_SSL"),
+            "{shown}"
+        );
     }
 
     #[test]
@@ -454,9 +529,15 @@ mod tests {
     #[test]
     fn relay_config_ranges() {
         RelayConfig::default().validate().unwrap();
-        let c = RelayConfig { batch_size: 0, ..RelayConfig::default() };
+        let c = RelayConfig {
+            batch_size: 0,
+            ..RelayConfig::default()
+        };
         assert!(c.validate().unwrap_err().to_string().contains("batch size"));
-        let c = RelayConfig { max_attempts: 0, ..RelayConfig::default() };
+        let c = RelayConfig {
+            max_attempts: 0,
+            ..RelayConfig::default()
+        };
         assert!(c.validate().is_err());
     }
 }

@@ -20,7 +20,9 @@ pub fn pool(db: &DbConfig) -> Result<Pool, deadpool_postgres::BuildError> {
         db.tls.clone(),
         // `Fast` recycling skips a round trip per checkout; a broken connection is detected by
         // `is_closed()` and the failing statement, and the caller retries with backoff.
-        ManagerConfig { recycling_method: RecyclingMethod::Fast },
+        ManagerConfig {
+            recycling_method: RecyclingMethod::Fast,
+        },
     );
     Pool::builder(mgr)
         .max_size(db.pool_size.max(1))

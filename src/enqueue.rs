@@ -75,7 +75,10 @@ fn validate(msg: &Message) -> Result<(), EnqueueError> {
 
 fn headers_json(msg: &Message) -> serde_json::Value {
     serde_json::Value::Object(
-        msg.all_headers().into_iter().map(|(k, v)| (k, serde_json::Value::String(v))).collect(),
+        msg.all_headers()
+            .into_iter()
+            .map(|(k, v)| (k, serde_json::Value::String(v)))
+            .collect(),
     )
 }
 
@@ -99,7 +102,10 @@ pub async fn enqueue<C: GenericClient>(client: &C, msg: &Message) -> Result<(), 
 ///
 /// # Errors
 /// As [`enqueue`]; one invalid message refuses the whole batch.
-pub async fn enqueue_batch<C: GenericClient>(client: &C, msgs: &[Message]) -> Result<u64, EnqueueError> {
+pub async fn enqueue_batch<C: GenericClient>(
+    client: &C,
+    msgs: &[Message],
+) -> Result<u64, EnqueueError> {
     let (_, batch) = Statements::unqualified_enqueue();
     insert_many(client, &batch, msgs).await
 }
@@ -115,14 +121,21 @@ impl Enqueuer {
     /// An enqueuer for the tables in `schema`.
     pub fn new(schema: &Schema) -> Self {
         let s = Statements::new(schema);
-        Self { single: s.enqueue, batch: s.enqueue_batch }
+        Self {
+            single: s.enqueue,
+            batch: s.enqueue_batch,
+        }
     }
 
     /// As [`enqueue`], into this schema's outbox.
     ///
     /// # Errors
     /// As [`enqueue`].
-    pub async fn enqueue<C: GenericClient>(&self, client: &C, msg: &Message) -> Result<(), EnqueueError> {
+    pub async fn enqueue<C: GenericClient>(
+        &self,
+        client: &C,
+        msg: &Message,
+    ) -> Result<(), EnqueueError> {
         insert_one(client, &self.single, msg).await
     }
 
@@ -130,19 +143,33 @@ impl Enqueuer {
     ///
     /// # Errors
     /// As [`enqueue_batch`].
-    pub async fn enqueue_batch<C: GenericClient>(&self, client: &C, msgs: &[Message]) -> Result<u64, EnqueueError> {
+    pub async fn enqueue_batch<C: GenericClient>(
+        &self,
+        client: &C,
+        msgs: &[Message],
+    ) -> Result<u64, EnqueueError> {
         insert_many(client, &self.batch, msgs).await
     }
 }
 
-async fn insert_one<C: GenericClient>(client: &C, sql: &str, msg: &Message) -> Result<(), EnqueueError> {
+async fn insert_one<C: GenericClient>(
+    client: &C,
+    sql: &str,
+    msg: &Message,
+) -> Result<(), EnqueueError> {
     validate(msg)?;
     let headers = headers_json(msg);
-    client.execute(sql, &[&msg.topic, &msg.key, &headers, &msg.payload]).await?;
+    client
+        .execute(sql, &[&msg.topic, &msg.key, &headers, &msg.payload])
+        .await?;
     Ok(())
 }
 
-async fn insert_many<C: GenericClient>(client: &C, sql: &str, msgs: &[Message]) -> Result<u64, EnqueueError> {
+async fn insert_many<C: GenericClient>(
+    client: &C,
+    sql: &str,
+    msgs: &[Message],
+) -> Result<u64, EnqueueError> {
     if msgs.is_empty() {
         return Ok(0);
     }
@@ -153,5 +180,7 @@ async fn insert_many<C: GenericClient>(client: &C, sql: &str, msgs: &[Message]) 
     let keys: Vec<Option<&str>> = msgs.iter().map(|m| m.key.as_deref()).collect();
     let headers: Vec<serde_json::Value> = msgs.iter().map(headers_json).collect();
     let payloads: Vec<&serde_json::Value> = msgs.iter().map(|m| &m.payload).collect();
-    Ok(client.execute(sql, &[&topics, &keys, &headers, &payloads]).await?)
+    Ok(client
+        .execute(sql, &[&topics, &keys, &headers, &payloads])
+        .await?)
 }

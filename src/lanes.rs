@@ -60,7 +60,10 @@ impl Lanes {
 
     /// Rebalances when the interval has passed (or the lock connection was lost).
     pub async fn refresh_if_due(&mut self) {
-        let lost = self.conn.as_ref().is_none_or(tokio_postgres::Client::is_closed);
+        let lost = self
+            .conn
+            .as_ref()
+            .is_none_or(tokio_postgres::Client::is_closed);
         if lost || self.last.is_none_or(|t| t.elapsed() >= self.interval) {
             self.rebalance().await;
         }
@@ -77,7 +80,11 @@ impl Lanes {
     }
 
     async fn try_rebalance(&mut self) -> Result<(), tokio_postgres::Error> {
-        if self.conn.as_ref().is_none_or(tokio_postgres::Client::is_closed) {
+        if self
+            .conn
+            .as_ref()
+            .is_none_or(tokio_postgres::Client::is_closed)
+        {
             // Locks died with the old connection (if any).
             self.owned.clear();
             self.conn = Some(crate::db::connect(&self.db).await?);
@@ -86,7 +93,11 @@ impl Lanes {
         let schema = self.db.schema.name();
         let ns = format!("hashtext('outbox-lanes:{schema}')");
         let members_ns = format!("hashtext('outbox-relays:{schema}')");
-        c.query_one(&format!("SELECT pg_try_advisory_lock({members_ns}, $1)"), &[&self.member_id]).await?;
+        c.query_one(
+            &format!("SELECT pg_try_advisory_lock({members_ns}, $1)"),
+            &[&self.member_id],
+        )
+        .await?;
         let members: i64 = c
             .query_one(
                 &format!(
@@ -102,7 +113,8 @@ impl Lanes {
         let before = self.owned.len();
         while self.owned.len() > target {
             let lane = *self.owned.iter().next_back().expect("non-empty");
-            c.query_one(&format!("SELECT pg_advisory_unlock({ns}, $1)"), &[&lane]).await?;
+            c.query_one(&format!("SELECT pg_advisory_unlock({ns}, $1)"), &[&lane])
+                .await?;
             self.owned.remove(&lane);
         }
         if self.owned.len() < target {
@@ -116,16 +128,27 @@ impl Lanes {
                 if self.owned.contains(&lane) {
                     continue;
                 }
-                let got: bool = c.query_one(&format!("SELECT pg_try_advisory_lock({ns}, $1)"), &[&lane]).await?.get(0);
+                let got: bool = c
+                    .query_one(&format!("SELECT pg_try_advisory_lock({ns}, $1)"), &[&lane])
+                    .await?
+                    .get(0);
                 if got {
                     self.owned.insert(lane);
                 }
             }
         }
         if self.owned.len() != before {
-            info!(relays = members, lanes = self.owned.len(), "ordering lanes rebalanced");
+            info!(
+                relays = members,
+                lanes = self.owned.len(),
+                "ordering lanes rebalanced"
+            );
         } else {
-            debug!(relays = members, lanes = self.owned.len(), "ordering lanes unchanged");
+            debug!(
+                relays = members,
+                lanes = self.owned.len(),
+                "ordering lanes unchanged"
+            );
         }
         Ok(())
     }

@@ -15,8 +15,12 @@ pub const HEADER_MESSAGE_ID: &str = "message_id";
 pub const HEADER_TIMESTAMP: &str = "timestamp";
 
 /// The headers the library sets itself; users may not override them.
-pub const STANDARD_HEADERS: [&str; 4] =
-    [HEADER_MESSAGE_TYPE, HEADER_ENTITY_ID, HEADER_MESSAGE_ID, HEADER_TIMESTAMP];
+pub const STANDARD_HEADERS: [&str; 4] = [
+    HEADER_MESSAGE_TYPE,
+    HEADER_ENTITY_ID,
+    HEADER_MESSAGE_ID,
+    HEADER_TIMESTAMP,
+];
 
 /// One event to publish.
 ///
@@ -61,7 +65,10 @@ impl Message {
         message_type: impl Into<String>,
         payload: serde_json::Value,
     ) -> Self {
-        Self { key: None, ..Self::new(topic, message_type, String::new(), payload) }
+        Self {
+            key: None,
+            ..Self::new(topic, message_type, String::new(), payload)
+        }
     }
 
     /// Adds a user header, e.g. `traceparent`. The four standard headers cannot be overridden;
@@ -121,13 +128,21 @@ mod tests {
 
     #[test]
     fn standard_headers_are_set_and_win() {
-        let m = Message::new("orders.created", "order_created", "A-1", serde_json::json!({}))
-            .with_header("traceparent", "00-abc");
+        let m = Message::new(
+            "orders.created",
+            "order_created",
+            "A-1",
+            serde_json::json!({}),
+        )
+        .with_header("traceparent", "00-abc");
         let h = m.all_headers();
         assert_eq!(h["message_type"], "order_created");
         assert_eq!(h["entity_id"], "A-1");
         assert_eq!(h["traceparent"], "00-abc");
-        assert_eq!(Uuid::parse_str(&h["message_id"]).unwrap().get_version_num(), 7);
+        assert_eq!(
+            Uuid::parse_str(&h["message_id"]).unwrap().get_version_num(),
+            7
+        );
         assert!(h["timestamp"].ends_with('Z'), "{}", h["timestamp"]);
         assert_eq!(m.key(), Some("A-1"));
     }

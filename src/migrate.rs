@@ -47,14 +47,21 @@ pub async fn migrate(db: &DbConfig) -> Result<MigrateReport, MigrateError> {
             name = db.schema.name()
         ))
         .await?;
-    let report = embedded::migrations::runner().set_grouped(false).run_async(&mut client).await?;
+    let report = embedded::migrations::runner()
+        .set_grouped(false)
+        .run_async(&mut client)
+        .await?;
     client
         .batch_execute(&format!(
             "SELECT pg_advisory_unlock(hashtext('outbox-migrate:' || '{}'))",
             db.schema.name()
         ))
         .await?;
-    let applied = report.applied_migrations().iter().map(|m| format!("V{}__{}", m.version(), m.name())).collect();
+    let applied = report
+        .applied_migrations()
+        .iter()
+        .map(|m| format!("V{}__{}", m.version(), m.name()))
+        .collect();
     Ok(MigrateReport { applied })
 }
 

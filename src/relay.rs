@@ -133,7 +133,10 @@ pub struct Relay {
 
 /// Builds the producer: the pass-through properties first, then the settings the guarantees
 /// rest on, which may not be weakened.
-fn producer_for(kafka: &KafkaConfig, delivery_timeout: Duration) -> Result<FutureProducer, RelayError> {
+fn producer_for(
+    kafka: &KafkaConfig,
+    delivery_timeout: Duration,
+) -> Result<FutureProducer, RelayError> {
     for (name, required) in [("enable.idempotence", "true"), ("acks", "all")] {
         if let Some(v) = kafka.properties.get(name) {
             let ok = v.eq_ignore_ascii_case(required) || (name == "acks" && v == "-1");
@@ -162,11 +165,18 @@ fn producer_for(kafka: &KafkaConfig, delivery_timeout: Duration) -> Result<Futur
     c.set("enable.idempotence", "true")
         .set("acks", "all")
         .set("allow.auto.create.topics", "false")
-        .set("message.timeout.ms", delivery_timeout.as_millis().to_string());
+        .set(
+            "message.timeout.ms",
+            delivery_timeout.as_millis().to_string(),
+        );
     c.create().map_err(|e| match e {
         // librdkafka's message repeats the value, which may be a secret: keep only the name.
         KafkaError::ClientConfig(_, desc, name, _value) => {
-            let reason = desc.split(':').next().unwrap_or("refused by librdkafka").to_owned();
+            let reason = desc
+                .split(':')
+                .next()
+                .unwrap_or("refused by librdkafka")
+                .to_owned();
             RelayError::Config(ConfigError::KafkaProperty { name, reason })
         }
         other => RelayError::Kafka(other),
@@ -232,7 +242,10 @@ fn kafka_headers(raw: &str) -> Result<OwnedHeaders, String> {
             serde_json::Value::Null => continue,
             other => other.to_string(),
         };
-        h = h.insert(Header { key: k, value: Some(text.as_bytes()) });
+        h = h.insert(Header {
+            key: k,
+            value: Some(text.as_bytes()),
+        });
     }
     Ok(h)
 }
@@ -244,7 +257,11 @@ impl Relay {
     /// # Errors
     /// [`RelayError::Config`] for invalid settings, [`RelayError::Kafka`] when librdkafka refuses
     /// a property.
-    pub fn new(db: &DbConfig, kafka: &KafkaConfig, config: RelayConfig) -> Result<Self, RelayError> {
+    pub fn new(
+        db: &DbConfig,
+        kafka: &KafkaConfig,
+        config: RelayConfig,
+    ) -> Result<Self, RelayError> {
         config.validate()?;
         let pool = crate::db::pool(db)
             .map_err(|e| ConfigError::DatabaseUrl(format!("cannot build pool: {e}")))?;
@@ -309,7 +326,9 @@ impl Relay {
             let producer = self.producer();
             let name = t.clone();
             let looked_up = tokio::task::spawn_blocking(move || {
-                producer.client().fetch_metadata(Some(&name), Timeout::After(METADATA_TIMEOUT))
+                producer
+                    .client()
+                    .fetch_metadata(Some(&name), Timeout::After(METADATA_TIMEOUT))
             })
             .await;
             match looked_up {
@@ -328,7 +347,10 @@ impl Relay {
                             )),
                         );
                     } else {
-                        self.known_topics.lock().expect("topic cache poisoned").insert(t, Instant::now());
+                        self.known_topics
+                            .lock()
+                            .expect("topic cache poisoned")
+                            .insert(t, Instant::now());
                     }
                 }
                 Ok(Err(e)) => debug!(topic = %t, error = %e, "topic metadata lookup failed"),
@@ -405,7 +427,10 @@ impl Relay {
             }
         }
 
-        let mut report = BatchReport { claimed: rows.len(), ..BatchReport::default() };
+        let mut report = BatchReport {
+            claimed: rows.len(),
+            ..BatchReport::default()
+        };
         let mut sent = Vec::new();
         let (mut refused_ids, mut refused_errs) = (Vec::new(), Vec::new());
         let mut deferred_reason = None;
@@ -428,8 +453,11 @@ impl Relay {
             tx.execute(&self.stmts.mark_sent, &[&sent]).await?;
         }
         if !refused_ids.is_empty() {
-            tx.execute(&self.stmts.mark_failed, &[&refused_ids, &refused_errs, &self.config.max_attempts])
-                .await?;
+            tx.execute(
+                &self.stmts.mark_failed,
+                &[&refused_ids, &refused_errs, &self.config.max_attempts],
+            )
+            .await?;
         }
         tx.commit().await?;
         report.sent = sent.len();
@@ -458,7 +486,9 @@ impl Relay {
             }
             let refused = if let Some(p) = problems.get(&row.topic) {
                 Some(p.clone())
-            } else if self.config.inject_refusals > 0.0 && fastrand::f64() < self.config.inject_refusals {
+            } else if self.config.inject_refusals > 0.0
+                && fastrand::f64() < self.config.inject_refusals
+            {
                 Some("injected produce failure".to_owned())
             } else {
                 kafka_headers(&row.headers).err()
@@ -471,7 +501,9 @@ impl Relay {
                 continue;
             }
             let headers = kafka_headers(&row.headers).expect("checked above");
-            let mut record = FutureRecord::to(&row.topic).payload(row.payload.as_bytes()).headers(headers);
+            let mut record = FutureRecord::to(&row.topic)
+                .payload(row.payload.as_bytes())
+                .headers(headers);
             if let Some(k) = &row.key {
                 record = record.key(k.as_bytes());
             }
@@ -500,7 +532,9 @@ impl Relay {
 
         let deadline = tokio::time::Instant::now() + self.config.delivery_timeout + REPORT_MARGIN;
         let reports = join_all(
-            in_flight.into_iter().map(|(i, d)| async move { (i, tokio::time::timeout_at(deadline, d).await) }),
+            in_flight
+                .into_iter()
+                .map(|(i, d)| async move { (i, tokio::time::timeout_at(deadline, d).await) }),
         )
         .await;
         for (i, report) in reports {
@@ -511,7 +545,10 @@ impl Relay {
                 Err(_elapsed) => Fate::Deferred("no delivery report before the timeout".into()),
             });
         }
-        fates.into_iter().map(|f| f.expect("every row has a fate")).collect()
+        fates
+            .into_iter()
+            .map(|f| f.expect("every row has a fate"))
+            .collect()
     }
 
     /// Runs passes until `shutdown` resolves, then finishes the current batch, flushes the
@@ -521,7 +558,10 @@ impl Relay {
     ///
     /// # Errors
     /// None at present; the `Result` leaves room for fatal conditions.
-    pub async fn run(self, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), RelayError> {
+    pub async fn run(
+        self,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> Result<(), RelayError> {
         let cancel = CancellationToken::new();
         let tracker = TaskTracker::new();
         let wake = Arc::new(Notify::new());
@@ -558,7 +598,11 @@ impl Relay {
                         backoff.reset();
                         // A full batch means more may be due right away (unless nothing in it could
                         // move: then wait like an idle relay instead of spinning).
-                        if r.claimed >= self.config.batch_size && r.held_back < r.claimed { continue } else { None }
+                        if r.claimed >= self.config.batch_size && r.held_back < r.claimed {
+                            continue;
+                        } else {
+                            None
+                        }
                     }
                 }
                 Ok(Outcome::Empty) => {
@@ -593,7 +637,8 @@ impl Relay {
         tracker.close();
         let producer = self.producer();
         let budget = self.config.shutdown_timeout;
-        let flushed = tokio::task::spawn_blocking(move || producer.flush(Timeout::After(budget))).await;
+        let flushed =
+            tokio::task::spawn_blocking(move || producer.flush(Timeout::After(budget))).await;
         if let Ok(Err(e)) = flushed {
             warn!(error = %e, "producer flush incomplete at shutdown; unacked rows stay pending");
         }
@@ -627,7 +672,9 @@ async fn listen(db: DbConfig, wake: Arc<Notify>, cancel: CancellationToken) {
                 }
                 Ok(())
             });
-            client.batch_execute(&format!("LISTEN \"{channel}\"")).await?;
+            client
+                .batch_execute(&format!("LISTEN \"{channel}\""))
+                .await?;
             Ok::<_, tokio_postgres::Error>((client, driver))
         };
         match attempt.await {
@@ -672,7 +719,11 @@ async fn cleanup_schedule(
             _ = tick.tick() => {}
         }
         match cleanup::run_with(&pool, &stmts, &config, &cancel).await {
-            Ok(r) => info!(outbox_deleted = r.outbox_deleted, processed_deleted = r.processed_deleted, "scheduled cleanup done"),
+            Ok(r) => info!(
+                outbox_deleted = r.outbox_deleted,
+                processed_deleted = r.processed_deleted,
+                "scheduled cleanup done"
+            ),
             Err(e) => warn!(error = %e, "scheduled cleanup failed; will retry at the next tick"),
         }
     }

@@ -34,7 +34,12 @@ impl Schema {
     /// anything but lowercase ASCII letters, digits and `_`.
     pub fn new(name: impl Into<String>) -> Result<Self, InvalidSchema> {
         let name = name.into();
-        let err = |reason| Err(InvalidSchema { name: name.clone(), reason });
+        let err = |reason| {
+            Err(InvalidSchema {
+                name: name.clone(),
+                reason,
+            })
+        };
         if name.is_empty() {
             return err("it is empty");
         }
@@ -47,7 +52,10 @@ impl Schema {
         if name.as_bytes()[0].is_ascii_digit() {
             return err("it starts with a digit");
         }
-        if !name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_') {
+        if !name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+        {
             return err("only lowercase ASCII letters, digits and _ are allowed");
         }
         Ok(Self(name))

@@ -41,7 +41,10 @@ pub struct Status {
 impl Status {
     /// Rows in `status`, 0 when none.
     pub fn count(&self, status: &str) -> i64 {
-        self.counts.iter().find(|c| c.status == status).map_or(0, |c| c.count)
+        self.counts
+            .iter()
+            .find(|c| c.status == status)
+            .map_or(0, |c| c.count)
     }
 }
 
@@ -56,16 +59,29 @@ pub async fn status(db: &DbConfig) -> Result<Status, tokio_postgres::Error> {
         .query(&s.status_counts, &[])
         .await?
         .iter()
-        .map(|r| StatusCount { status: r.get(0), count: r.get(1), oldest: r.get(2) })
+        .map(|r| StatusCount {
+            status: r.get(0),
+            count: r.get(1),
+            oldest: r.get(2),
+        })
         .collect();
     let oldest_pending_age_secs = client.query_one(&s.oldest_pending_age, &[]).await?.get(0);
     let failed_by_error = client
         .query(&s.failed_by_error, &[&20i64])
         .await?
         .iter()
-        .map(|r| FailedGroup { last_error: r.get(0), count: r.get(1), min_id: r.get(2), max_id: r.get(3) })
+        .map(|r| FailedGroup {
+            last_error: r.get(0),
+            count: r.get(1),
+            min_id: r.get(2),
+            max_id: r.get(3),
+        })
         .collect();
-    Ok(Status { counts, oldest_pending_age_secs, failed_by_error })
+    Ok(Status {
+        counts,
+        oldest_pending_age_secs,
+        failed_by_error,
+    })
 }
 
 /// Which rows to put back to pending.

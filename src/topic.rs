@@ -24,7 +24,10 @@ pub struct InvalidTopic {
 pub fn validate_topic(name: &str) -> Result<(), InvalidTopic> {
     let err = |reason| {
         let shown: String = name.chars().take(80).collect();
-        Err(InvalidTopic { name: shown, reason })
+        Err(InvalidTopic {
+            name: shown,
+            reason,
+        })
     };
     if name.is_empty() {
         return err("it is empty");
@@ -32,7 +35,10 @@ pub fn validate_topic(name: &str) -> Result<(), InvalidTopic> {
     if name.len() > MAX_TOPIC_LEN {
         return err("it is longer than 249 characters");
     }
-    if !name.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-')) {
+    if !name
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+    {
         return err("only ASCII letters, digits, '.', '_' and '-' are allowed");
     }
     if name.contains('.') && name.contains('_') {
@@ -50,7 +56,13 @@ mod tests {
 
     #[test]
     fn accepts_seed_style_names() {
-        for ok in ["orders.created", "billing.invoice-paid.v2", "orders_created", "a", "x-1"] {
+        for ok in [
+            "orders.created",
+            "billing.invoice-paid.v2",
+            "orders_created",
+            "a",
+            "x-1",
+        ] {
             validate_topic(ok).unwrap();
         }
     }

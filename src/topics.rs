@@ -133,7 +133,10 @@ pub fn plan(toml_text: &str) -> Result<Vec<TopicSpec>, TopicsError> {
         let partitions = t.partitions.or(d.partitions).unwrap_or(3);
         let rf = t.replication_factor.or(d.replication_factor).unwrap_or(1);
         if partitions < 1 || rf < 1 {
-            return Err(TopicsError::Parse(format!("{}: partitions and replication_factor must be >= 1", t.name)));
+            return Err(TopicsError::Parse(format!(
+                "{}: partitions and replication_factor must be >= 1",
+                t.name
+            )));
         }
         let mut config = d.config.clone();
         config.extend(t.config.clone());
@@ -144,17 +147,37 @@ pub fn plan(toml_text: &str) -> Result<Vec<TopicSpec>, TopicsError> {
             .retry_delays
             .clone()
             .or(d.retry_delays.clone())
-            .unwrap_or_else(|| DEFAULT_RETRY_DELAYS.iter().map(|s| (*s).to_owned()).collect());
-        out.push(TopicSpec { name: t.name.clone(), partitions, replication_factor: rf, config: config.clone() });
+            .unwrap_or_else(|| {
+                DEFAULT_RETRY_DELAYS
+                    .iter()
+                    .map(|s| (*s).to_owned())
+                    .collect()
+            });
+        out.push(TopicSpec {
+            name: t.name.clone(),
+            partitions,
+            replication_factor: rf,
+            config: config.clone(),
+        });
         for delay in &delays {
-            let d = humantime::parse_duration(delay).map_err(|e| TopicsError::Parse(format!("retry delay {delay:?}: {e}")))?;
+            let d = humantime::parse_duration(delay)
+                .map_err(|e| TopicsError::Parse(format!("retry delay {delay:?}: {e}")))?;
             // Named exactly as the consumer names them ("300s" → retry-5m), so both agree.
             let suffix = crate::consumer::retry_suffix(d).map_err(TopicsError::Parse)?;
             let name = format!("{}.{suffix}", t.name);
             validate_topic(&name)?;
-            out.push(TopicSpec { name, partitions, replication_factor: rf, config: config.clone() });
+            out.push(TopicSpec {
+                name,
+                partitions,
+                replication_factor: rf,
+                config: config.clone(),
+            });
         }
-        let suffix = t.dlq_suffix.as_ref().or(d.dlq_suffix.as_ref()).map_or(DEFAULT_DLQ_SUFFIX, String::as_str);
+        let suffix = t
+            .dlq_suffix
+            .as_ref()
+            .or(d.dlq_suffix.as_ref())
+            .map_or(DEFAULT_DLQ_SUFFIX, String::as_str);
         let dlq = format!("{}.{suffix}", t.name);
         validate_topic(&dlq)?;
         let mut dlq_config = config;
@@ -163,7 +186,12 @@ pub fn plan(toml_text: &str) -> Result<Vec<TopicSpec>, TopicsError> {
             None => DEFAULT_DLQ_RETENTION.as_millis().to_string(),
         };
         dlq_config.insert("retention.ms".into(), dlq_retention);
-        out.push(TopicSpec { name: dlq, partitions, replication_factor: rf, config: dlq_config });
+        out.push(TopicSpec {
+            name: dlq,
+            partitions,
+            replication_factor: rf,
+            config: dlq_config,
+        });
     }
     Ok(out)
 }
@@ -193,15 +221,24 @@ pub enum Applied {
 pub async fn apply(kafka: &KafkaConfig, specs: &[TopicSpec]) -> Result<Vec<Applied>, TopicsError> {
     let admin: AdminClient<DefaultClientContext> = kafka.client_config().create()?;
     // Blocking librdkafka call; acceptable in a one-shot operator command.
-    let md = admin.inner().fetch_metadata(None, Timeout::After(Duration::from_secs(15)))?;
-    let existing: BTreeMap<String, i32> =
-        md.topics().iter().map(|t| (t.name().to_owned(), t.partitions().len() as i32)).collect();
+    let md = admin
+        .inner()
+        .fetch_metadata(None, Timeout::After(Duration::from_secs(15)))?;
+    let existing: BTreeMap<String, i32> = md
+        .topics()
+        .iter()
+        .map(|t| (t.name().to_owned(), t.partitions().len() as i32))
+        .collect();
     let mut results = Vec::new();
     let mut to_create = Vec::new();
     for s in specs {
         match existing.get(&s.name) {
             Some(&n) if n == s.partitions => results.push(Applied::Unchanged(s.name.clone())),
-            Some(&n) => results.push(Applied::Differs { name: s.name.clone(), actual: n, expected: s.partitions }),
+            Some(&n) => results.push(Applied::Differs {
+                name: s.name.clone(),
+                actual: n,
+                expected: s.partitions,
+            }),
             None => to_create.push(s),
         }
     }
@@ -209,7 +246,11 @@ pub async fn apply(kafka: &KafkaConfig, specs: &[TopicSpec]) -> Result<Vec<Appli
         let new: Vec<NewTopic<'_>> = to_create
             .iter()
             .map(|s| {
-                let mut nt = NewTopic::new(&s.name, s.partitions, TopicReplication::Fixed(s.replication_factor));
+                let mut nt = NewTopic::new(
+                    &s.name,
+                    s.partitions,
+                    TopicReplication::Fixed(s.replication_factor),
+                );
                 for (k, v) in &s.config {
                     nt = nt.set(k, v);
                 }
@@ -238,13 +279,22 @@ pub async fn apply(kafka: &KafkaConfig, specs: &[TopicSpec]) -> Result<Vec<Appli
 /// # Errors
 /// See [`plan`] and [`apply`]; [`TopicsError::Mismatch`] when existing topics differ.
 pub async fn apply_file(kafka: &KafkaConfig, path: &str) -> Result<Vec<Applied>, TopicsError> {
-    let text = std::fs::read_to_string(path).map_err(|source| TopicsError::Read { path: path.into(), source })?;
+    let text = std::fs::read_to_string(path).map_err(|source| TopicsError::Read {
+        path: path.into(),
+        source,
+    })?;
     let specs = plan(&text)?;
     let results = apply(kafka, &specs).await?;
     let differs: Vec<String> = results
         .iter()
         .filter_map(|r| match r {
-            Applied::Differs { name, actual, expected } => Some(format!("{name} has {actual} partitions, file says {expected}")),
+            Applied::Differs {
+                name,
+                actual,
+                expected,
+            } => Some(format!(
+                "{name} has {actual} partitions, file says {expected}"
+            )),
             _ => None,
         })
         .collect();
@@ -303,12 +353,27 @@ mod tests {
 
     #[test]
     fn refuses_bad_files() {
-        assert!(matches!(plan("[[topic]]\nname = \"a b\""), Err(TopicsError::InvalidTopic(_))));
+        assert!(matches!(
+            plan("[[topic]]\nname = \"a b\""),
+            Err(TopicsError::InvalidTopic(_))
+        ));
         // orders_created + ".retry-5s" would mix '.' and '_'.
-        assert!(matches!(plan("[[topic]]\nname = \"orders_created\""), Err(TopicsError::InvalidTopic(_))));
-        assert!(matches!(plan("[[topic]]\nname = \"a.b\"\nretention = \"soon\""), Err(TopicsError::Parse(_))));
-        assert!(matches!(plan("[[topic]]\nname = \"a.b\"\nbogus = 1"), Err(TopicsError::Parse(_))));
+        assert!(matches!(
+            plan("[[topic]]\nname = \"orders_created\""),
+            Err(TopicsError::InvalidTopic(_))
+        ));
+        assert!(matches!(
+            plan("[[topic]]\nname = \"a.b\"\nretention = \"soon\""),
+            Err(TopicsError::Parse(_))
+        ));
+        assert!(matches!(
+            plan("[[topic]]\nname = \"a.b\"\nbogus = 1"),
+            Err(TopicsError::Parse(_))
+        ));
         assert!(matches!(plan(""), Err(TopicsError::Parse(_))));
-        assert!(matches!(plan("[[topic]]\nname = \"a.b\"\npartitions = 0"), Err(TopicsError::Parse(_))));
+        assert!(matches!(
+            plan("[[topic]]\nname = \"a.b\"\npartitions = 0"),
+            Err(TopicsError::Parse(_))
+        ));
     }
 }

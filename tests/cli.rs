@@ -23,7 +23,11 @@ fn run(cmd: &mut Command) -> Output {
 }
 
 fn text(o: &Output) -> String {
-    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
 }
 
 /// Everything migrations create, as text, to compare before and after a second run.
@@ -38,7 +42,9 @@ async fn catalog(c: &tokio_postgres::Client, schema: &str) -> String {
          WHERE c.relnamespace = $1::regnamespace AND NOT t.tgisinternal
         UNION ALL SELECT 'history:' || version || ':' || name || ':' || applied_on
           FROM refinery_schema_history) s";
-    c.batch_execute(&format!("SET search_path TO \"{schema}\"")).await.unwrap();
+    c.batch_execute(&format!("SET search_path TO \"{schema}\""))
+        .await
+        .unwrap();
     c.query_one(q, &[&schema]).await.unwrap().get(0)
 }
 
@@ -54,7 +60,11 @@ async fn migrate_twice_is_a_no_op_and_creates_the_seed_schema() {
     let second = run(outbox_cmd(&db).arg("migrate"));
     assert!(second.status.success(), "{}", text(&second));
     assert!(text(&second).contains("up to date"), "{}", text(&second));
-    assert_eq!(before, catalog(&c, &schema).await, "second migrate changed the schema");
+    assert_eq!(
+        before,
+        catalog(&c, &schema).await,
+        "second migrate changed the schema"
+    );
 
     // Seed 002's table, constraint and indexes, exactly.
     for expected in [
@@ -101,18 +111,48 @@ async fn status_requeue_and_their_errors() {
     let o = run(outbox_cmd(&db).args(["status", "--json"]));
     assert!(o.status.success(), "{}", text(&o));
     let s: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
-    assert_eq!(s["failed_by_error"][0]["last_error"], "topic does not exist");
+    assert_eq!(
+        s["failed_by_error"][0]["last_error"],
+        "topic does not exist"
+    );
     assert_eq!(s["failed_by_error"][0]["count"], 2);
     assert!(s["oldest_pending_age_secs"].as_f64().unwrap() >= 0.0);
     let o = run(outbox_cmd(&db).arg("status"));
     let t = text(&o);
-    assert!(t.contains("failed") && t.contains("message too large") && t.contains("oldest pending age"), "{t}");
+    assert!(
+        t.contains("failed") && t.contains("message too large") && t.contains("oldest pending age"),
+        "{t}"
+    );
 
-    let id: i64 = c.query_one("SELECT min(id) FROM outbox WHERE last_error = 'message too large'", &[]).await.unwrap().get(0);
+    let id: i64 = c
+        .query_one(
+            "SELECT min(id) FROM outbox WHERE last_error = 'message too large'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
     let o = run(outbox_cmd(&db).args(["requeue", "--id", &id.to_string()]));
-    assert!(o.status.success() && text(&o).contains("requeued 1"), "{}", text(&o));
-    let row = c.query_one("SELECT status, attempts, available_at <= now() FROM outbox WHERE id = $1", &[&id]).await.unwrap();
-    assert_eq!((row.get::<_, &str>(0), row.get::<_, i32>(1), row.get::<_, bool>(2)), ("pending", 0, true));
+    assert!(
+        o.status.success() && text(&o).contains("requeued 1"),
+        "{}",
+        text(&o)
+    );
+    let row = c
+        .query_one(
+            "SELECT status, attempts, available_at <= now() FROM outbox WHERE id = $1",
+            &[&id],
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        (
+            row.get::<_, &str>(0),
+            row.get::<_, i32>(1),
+            row.get::<_, bool>(2)
+        ),
+        ("pending", 0, true)
+    );
 
     // Requeueing a row that is not failed is refused with a clear message and exit != 0.
     let o = run(outbox_cmd(&db).args(["requeue", "--id", &id.to_string()]));
@@ -120,12 +160,27 @@ async fn status_requeue_and_their_errors() {
     assert!(text(&o).contains("no failed row with id"), "{}", text(&o));
 
     let o = run(outbox_cmd(&db).args(["requeue", "--failed"]));
-    assert!(o.status.success() && text(&o).contains("requeued 2"), "{}", text(&o));
-    assert_eq!(count(&c, "SELECT count(*) FROM outbox WHERE status = 'failed'").await, 0);
-    assert_eq!(count(&c, "SELECT count(*) FROM outbox WHERE status = 'sent'").await, 1);
+    assert!(
+        o.status.success() && text(&o).contains("requeued 2"),
+        "{}",
+        text(&o)
+    );
+    assert_eq!(
+        count(&c, "SELECT count(*) FROM outbox WHERE status = 'failed'").await,
+        0
+    );
+    assert_eq!(
+        count(&c, "SELECT count(*) FROM outbox WHERE status = 'sent'").await,
+        1
+    );
 
     let o = run(outbox_cmd(&db).arg("requeue"));
-    assert_eq!(o.status.code(), Some(2), "requeue needs --failed or --id: {}", text(&o));
+    assert_eq!(
+        o.status.code(),
+        Some(2),
+        "requeue needs --failed or --id: {}",
+        text(&o)
+    );
 }
 
 #[tokio::test]
@@ -151,7 +206,12 @@ async fn cleanup_deletes_only_rows_past_retention_in_bounded_batches() {
     assert!(o.status.success(), "{}", text(&o));
     let t = text(&o);
     // 7 sent rows in batches of 3 → 3 statements; 5 marks → 2 statements.
-    assert!(t.contains("deleted 7 sent outbox row(s) and 5 processed_messages row(s) in 5 statement(s)"), "{t}");
+    assert!(
+        t.contains(
+            "deleted 7 sent outbox row(s) and 5 processed_messages row(s) in 5 statement(s)"
+        ),
+        "{t}"
+    );
     let kept: Vec<String> = c
         .query("SELECT payload->>'keep' FROM outbox ORDER BY id", &[])
         .await
@@ -160,12 +220,32 @@ async fn cleanup_deletes_only_rows_past_retention_in_bounded_batches() {
         .map(|r| r.get(0))
         .collect();
     assert_eq!(kept, ["recent sent", "old pending", "old failed"]);
-    assert_eq!(count(&c, "SELECT count(*) FROM processed_messages WHERE message_id = 'recent'").await, 1);
-    assert_eq!(count(&c, "SELECT count(*) FROM processed_messages").await, 1);
+    assert_eq!(
+        count(
+            &c,
+            "SELECT count(*) FROM processed_messages WHERE message_id = 'recent'"
+        )
+        .await,
+        1
+    );
+    assert_eq!(
+        count(&c, "SELECT count(*) FROM processed_messages").await,
+        1
+    );
 
     // Retention is configurable.
-    let o = run(outbox_cmd(&db).args(["cleanup", "--sent-retention", "5d", "--processed-retention", "1d"]));
-    assert!(text(&o).contains("deleted 1 sent outbox row(s) and 1 processed_messages"), "{}", text(&o));
+    let o = run(outbox_cmd(&db).args([
+        "cleanup",
+        "--sent-retention",
+        "5d",
+        "--processed-retention",
+        "1d",
+    ]));
+    assert!(
+        text(&o).contains("deleted 1 sent outbox row(s) and 1 processed_messages"),
+        "{}",
+        text(&o)
+    );
 }
 
 #[tokio::test]
@@ -179,7 +259,10 @@ async fn relay_runs_cleanup_on_its_schedule() {
     .await
     .unwrap();
     let cfg = outbox::RelayConfig {
-        cleanup: outbox::CleanupConfig { interval: Some(Duration::from_millis(200)), ..Default::default() },
+        cleanup: outbox::CleanupConfig {
+            interval: Some(Duration::from_millis(200)),
+            ..Default::default()
+        },
         ..relay_config()
     };
     let relay = Relay::new(&db, &kafka(), cfg).unwrap();
@@ -188,7 +271,12 @@ async fn relay_runs_cleanup_on_its_schedule() {
         let _ = stopped.await;
     }));
     wait_until(Duration::from_secs(10), "scheduled cleanup", || async {
-        count(&c, "SELECT (SELECT count(*) FROM outbox) + (SELECT count(*) FROM processed_messages)").await == 0
+        count(
+            &c,
+            "SELECT (SELECT count(*) FROM outbox) + (SELECT count(*) FROM processed_messages)",
+        )
+        .await
+            == 0
     })
     .await;
     stop.send(()).unwrap();
@@ -199,21 +287,61 @@ async fn relay_runs_cleanup_on_its_schedule() {
 async fn invalid_configuration_is_refused_with_a_clear_message_and_exit_2() {
     let db = fresh_db().await;
     let cases: Vec<(Vec<&str>, Vec<(&str, &str)>, &str)> = vec![
-        (vec!["migrate", "--schema", "x\"; drop table outbox; --"], vec![], "invalid schema name"),
-        (vec!["status"], vec![("DATABASE_URL", "postgres://u:sekrit@h:notaport/db")], "invalid DATABASE_URL"),
+        (
+            vec!["migrate", "--schema", "x\"; drop table outbox; --"],
+            vec![],
+            "invalid schema name",
+        ),
+        (
+            vec!["status"],
+            vec![("DATABASE_URL", "postgres://u:sekrit@h:notaport/db")],
+            "invalid DATABASE_URL",
+        ),
         (vec!["status"], vec![("DATABASE_URL", "")], "DATABASE_URL"),
-        (vec!["relay"], vec![("KAFKA_BOOTSTRAP_SERVERS", "")], "KAFKA_BOOTSTRAP_SERVERS"),
-        (vec!["relay"], vec![("KAFKA_BOOTSTRAP_SERVERS", "nohostport")], "not host:port"),
+        (
+            vec!["relay"],
+            vec![("KAFKA_BOOTSTRAP_SERVERS", "")],
+            "KAFKA_BOOTSTRAP_SERVERS",
+        ),
+        (
+            vec!["relay"],
+            vec![("KAFKA_BOOTSTRAP_SERVERS", "nohostport")],
+            "not host:port",
+        ),
         (vec!["relay", "--batch-size", "0"], vec![], "batch size"),
-        (vec!["relay", "--batch-size", "many"], vec![], "invalid value"),
+        (
+            vec!["relay", "--batch-size", "many"],
+            vec![],
+            "invalid value",
+        ),
         (vec!["relay", "--max-attempts", "0"], vec![], "max attempts"),
-        (vec!["relay", "--poll-interval", "soon"], vec![], "invalid value"),
-        (vec!["relay", "--cleanup-interval", "0s"], vec![], "greater than zero"),
+        (
+            vec!["relay", "--poll-interval", "soon"],
+            vec![],
+            "invalid value",
+        ),
+        (
+            vec!["relay", "--cleanup-interval", "0s"],
+            vec![],
+            "greater than zero",
+        ),
         (vec!["relay", "-X", "acks=1"], vec![], "acks=all"),
-        (vec!["relay", "-X", "enable.idempotence=false"], vec![], "enable.idempotence=true"),
-        (vec!["relay", "-X", "no.such.property=sekrit"], vec![], "no.such.property"),
+        (
+            vec!["relay", "-X", "enable.idempotence=false"],
+            vec![],
+            "enable.idempotence=true",
+        ),
+        (
+            vec!["relay", "-X", "no.such.property=sekrit"],
+            vec![],
+            "no.such.property",
+        ),
         (vec!["relay", "-X", "novalue"], vec![], "name=value"),
-        (vec!["cleanup", "--cleanup-batch-size", "0"], vec![], "at least 1"),
+        (
+            vec!["cleanup", "--cleanup-batch-size", "0"],
+            vec![],
+            "at least 1",
+        ),
         (vec!["bogus-verb"], vec![], "unrecognized subcommand"),
     ];
     for (args, envs, expect) in cases {
@@ -230,9 +358,16 @@ async fn invalid_configuration_is_refused_with_a_clear_message_and_exit_2() {
         assert!(!t.contains("panicked"), "{t}");
     }
     // Unreachable Postgres for a one-shot command: exit 1 with a message, no panic.
-    let o = run(outbox_cmd(&db).arg("status").env("DATABASE_URL", "postgres://outbox:sekrit@127.0.0.1:1/outbox"));
+    let o = run(outbox_cmd(&db).arg("status").env(
+        "DATABASE_URL",
+        "postgres://outbox:sekrit@127.0.0.1:1/outbox",
+    ));
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));
-    assert!(text(&o).contains("status failed") && !text(&o).contains("sekrit"), "{}", text(&o));
+    assert!(
+        text(&o).contains("status failed") && !text(&o).contains("sekrit"),
+        "{}",
+        text(&o)
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -254,21 +389,39 @@ async fn sigterm_mid_backlog_exits_0_leaves_nothing_locked_and_a_new_relay_finis
         count(&c, "SELECT count(*) FROM outbox WHERE status = 'sent'").await >= 1000
     })
     .await;
-    let kill = Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
+    let kill = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
     assert!(kill.success());
-    let out = tokio::task::spawn_blocking(move || child.wait_with_output().unwrap()).await.unwrap();
+    let out = tokio::task::spawn_blocking(move || child.wait_with_output().unwrap())
+        .await
+        .unwrap();
     let log = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(0), "{log}");
-    assert!(log.contains("SIGTERM received") && log.contains("relay stopped"), "{log}");
+    assert!(
+        log.contains("SIGTERM received") && log.contains("relay stopped"),
+        "{log}"
+    );
 
     let sent_at_stop = count(&c, "SELECT count(*) FROM outbox WHERE status = 'sent'").await;
-    assert!(sent_at_stop < 30_000, "stopped mid-backlog ({sent_at_stop} sent)");
+    assert!(
+        sent_at_stop < 30_000,
+        "stopped mid-backlog ({sent_at_stop} sent)"
+    );
     // No row left locked: every pending row can be locked right now.
     let mut c2 = client(&db).await;
     let tx = c2.transaction().await.unwrap();
-    let pending: i64 = tx.query_one("SELECT count(*) FROM outbox WHERE status = 'pending'", &[]).await.unwrap().get(0);
+    let pending: i64 = tx
+        .query_one("SELECT count(*) FROM outbox WHERE status = 'pending'", &[])
+        .await
+        .unwrap()
+        .get(0);
     let lockable = tx
-        .query("SELECT id FROM outbox WHERE status = 'pending' FOR UPDATE SKIP LOCKED", &[])
+        .query(
+            "SELECT id FROM outbox WHERE status = 'pending' FOR UPDATE SKIP LOCKED",
+            &[],
+        )
         .await
         .unwrap()
         .len() as i64;
@@ -277,9 +430,20 @@ async fn sigterm_mid_backlog_exits_0_leaves_nothing_locked_and_a_new_relay_finis
 
     let relay = Relay::new(&db, &kafka(), relay_config()).unwrap();
     drain(&relay).await;
-    assert_eq!(count(&c, "SELECT count(*) FROM outbox WHERE status = 'sent'").await, 30_000);
-    let got: HashSet<String> = read_all(&topic).await.iter().map(Record::message_id).collect();
-    assert_eq!(got, ids.into_iter().collect::<HashSet<_>>(), "every message reached Kafka");
+    assert_eq!(
+        count(&c, "SELECT count(*) FROM outbox WHERE status = 'sent'").await,
+        30_000
+    );
+    let got: HashSet<String> = read_all(&topic)
+        .await
+        .iter()
+        .map(Record::message_id)
+        .collect();
+    assert_eq!(
+        got,
+        ids.into_iter().collect::<HashSet<_>>(),
+        "every message reached Kafka"
+    );
 }
 
 #[tokio::test]
@@ -290,28 +454,61 @@ async fn topics_apply_creates_chain_then_verifies_and_reports_differences() {
     let dir = std::env::temp_dir().join(format!("topics-{}", hex(8)));
     std::fs::create_dir_all(&dir).unwrap();
     let file = dir.join("topics.toml");
-    std::fs::write(&file, format!("[defaults]\npartitions = 2\n[[topic]]\nname = \"{base}\"\n")).unwrap();
+    std::fs::write(
+        &file,
+        format!("[defaults]\npartitions = 2\n[[topic]]\nname = \"{base}\"\n"),
+    )
+    .unwrap();
     let f = file.to_str().unwrap();
 
     let o = run(outbox_cmd(&db).args(["topics", "apply", f]));
     assert!(o.status.success(), "{}", text(&o));
     for suffix in ["", ".retry-5s", ".retry-30s", ".retry-5m", ".dlq"] {
-        assert!(text(&o).contains(&format!("created   {base}{suffix}\n")), "{}", text(&o));
+        assert!(
+            text(&o).contains(&format!("created   {base}{suffix}\n")),
+            "{}",
+            text(&o)
+        );
     }
-    let admin: AdminClient<rdkafka::client::DefaultClientContext> =
-        rdkafka::ClientConfig::new().set("bootstrap.servers", bootstrap()).create().unwrap();
+    let admin: AdminClient<rdkafka::client::DefaultClientContext> = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", bootstrap())
+        .create()
+        .unwrap();
     let dlq = format!("{base}.dlq");
-    let cfg = admin.describe_configs([&ResourceSpecifier::Topic(&dlq)], &AdminOptions::new()).await.unwrap();
-    let retention = cfg[0].as_ref().unwrap().get("retention.ms").unwrap().value.clone().unwrap();
+    let cfg = admin
+        .describe_configs([&ResourceSpecifier::Topic(&dlq)], &AdminOptions::new())
+        .await
+        .unwrap();
+    let retention = cfg[0]
+        .as_ref()
+        .unwrap()
+        .get("retention.ms")
+        .unwrap()
+        .value
+        .clone()
+        .unwrap();
     assert_eq!(retention, "2592000000", "DLQ keeps 30 days");
 
     let o = run(outbox_cmd(&db).args(["topics", "apply", f]));
-    assert!(o.status.success() && text(&o).contains(&format!("ok        {base}\n")), "{}", text(&o));
+    assert!(
+        o.status.success() && text(&o).contains(&format!("ok        {base}\n")),
+        "{}",
+        text(&o)
+    );
 
-    std::fs::write(&file, format!("[[topic]]\nname = \"{base}\"\npartitions = 4\n")).unwrap();
+    std::fs::write(
+        &file,
+        format!("[[topic]]\nname = \"{base}\"\npartitions = 4\n"),
+    )
+    .unwrap();
     let o = run(outbox_cmd(&db).args(["topics", "apply", f]));
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));
-    assert!(text(&o).contains("DIFFERS") && text(&o).contains("2 partitions on the broker, 4 in the file"), "{}", text(&o));
+    assert!(
+        text(&o).contains("DIFFERS")
+            && text(&o).contains("2 partitions on the broker, 4 in the file"),
+        "{}",
+        text(&o)
+    );
 
     std::fs::write(&file, "[[topic]]\nname = \"bad name\"\n").unwrap();
     let o = run(outbox_cmd(&db).args(["topics", "apply", f]));

@@ -14,7 +14,15 @@ const CLUSTER: &str = "127.0.0.1:19092,127.0.0.1:19192,127.0.0.1:19292";
 
 fn cluster(args: &[&str]) {
     let script = format!("{}/dev/kafka-cluster.sh", env!("CARGO_MANIFEST_DIR"));
-    assert!(Command::new("bash").arg(script).args(args).status().unwrap().success(), "kafka-cluster.sh {args:?}");
+    assert!(
+        Command::new("bash")
+            .arg(script)
+            .args(args)
+            .status()
+            .unwrap()
+            .success(),
+        "kafka-cluster.sh {args:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -22,11 +30,16 @@ async fn a_broker_killed_mid_run_loses_nothing_and_publishing_continues() {
     cluster(&["start"]);
     let db = fresh_db().await;
     let topic = topic_name();
-    let admin: AdminClient<rdkafka::client::DefaultClientContext> =
-        rdkafka::ClientConfig::new().set("bootstrap.servers", CLUSTER).create().unwrap();
+    let admin: AdminClient<rdkafka::client::DefaultClientContext> = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", CLUSTER)
+        .create()
+        .unwrap();
     admin
         .create_topics(
-            &[NewTopic::new(&topic, 6, TopicReplication::Fixed(3)).set("min.insync.replicas", "2")],
+            &[
+                NewTopic::new(&topic, 6, TopicReplication::Fixed(3))
+                    .set("min.insync.replicas", "2"),
+            ],
             &AdminOptions::new().operation_timeout(Some(Duration::from_secs(30))),
         )
         .await
@@ -50,12 +63,20 @@ async fn a_broker_killed_mid_run_loses_nothing_and_publishing_continues() {
     };
     let c = client(&db).await;
     let sent = || async { count(&c, "SELECT count(*) FROM outbox WHERE status = 'sent'").await };
-    wait_until(Duration::from_secs(30), "publishing", || async { sent().await >= 2000 }).await;
+    wait_until(Duration::from_secs(30), "publishing", || async {
+        sent().await >= 2000
+    })
+    .await;
 
     cluster(&["kill", "2"]);
     let killed_at = Instant::now();
     let at_kill = sent().await;
-    wait_until(Duration::from_secs(30), "publishing continues without broker 2", || async { sent().await >= at_kill + 2000 }).await;
+    wait_until(
+        Duration::from_secs(30),
+        "publishing continues without broker 2",
+        || async { sent().await >= at_kill + 2000 },
+    )
+    .await;
     let resumed_after = killed_at.elapsed();
 
     let ids = writer.await.unwrap();
@@ -64,7 +85,11 @@ async fn a_broker_killed_mid_run_loses_nothing_and_publishing_continues() {
     })
     .await;
     running.stop().await;
-    assert_eq!(count(&c, "SELECT count(*) FROM outbox WHERE attempts > 0").await, 0, "no row refused");
+    assert_eq!(
+        count(&c, "SELECT count(*) FROM outbox WHERE attempts > 0").await,
+        0,
+        "no row refused"
+    );
 
     let recs = read_all_from(CLUSTER, &topic).await;
     let got: HashSet<String> = recs.iter().map(Record::message_id).collect();

@@ -9,7 +9,8 @@ use std::time::Duration;
 
 use common::*;
 use outbox::consumer::{
-    BoxFuture, Consumer, ConsumerConfig, ConsumerError, ConsumerStats, Delivered, Handler, HandlerError, Inbox, RetryStrategy,
+    BoxFuture, Consumer, ConsumerConfig, ConsumerError, ConsumerStats, Delivered, Handler,
+    HandlerError, Inbox, RetryStrategy,
 };
 
 /// Test handler. The body decides: `{"fail": n}` fails transiently n times, `{"fail": -1}`
@@ -25,12 +26,20 @@ struct Probe {
 
 impl Probe {
     async fn new(s: &Setup) -> Self {
-        Self { tries: Arc::default(), random_transient_pct: 0, recorder: Arc::new(client(&s.db).await) }
+        Self {
+            tries: Arc::default(),
+            random_transient_pct: 0,
+            recorder: Arc::new(client(&s.db).await),
+        }
     }
 }
 
 impl Handler for Probe {
-    fn handle<'a>(&'a self, msg: &'a Delivered, tx: &'a tokio_postgres::Transaction<'a>) -> BoxFuture<'a, Result<(), HandlerError>> {
+    fn handle<'a>(
+        &'a self,
+        msg: &'a Delivered,
+        tx: &'a tokio_postgres::Transaction<'a>,
+    ) -> BoxFuture<'a, Result<(), HandlerError>> {
         Box::pin(async move {
             let b = msg.json();
             let n = {
@@ -40,7 +49,10 @@ impl Handler for Probe {
                 *e
             };
             self.recorder
-                .execute("INSERT INTO attempts (message_id, source_topic) VALUES ($1, $2)", &[&msg.message_id, &msg.source_topic])
+                .execute(
+                    "INSERT INTO attempts (message_id, source_topic) VALUES ($1, $2)",
+                    &[&msg.message_id, &msg.source_topic],
+                )
                 .await
                 .unwrap();
             if let Some(ms) = b["sleep_ms"].as_u64() {
@@ -54,14 +66,20 @@ impl Handler for Probe {
             }
             let fail = b["fail"].as_i64().unwrap_or(0);
             if fail < 0 || n <= fail {
-                return Err(HandlerError::transient(format!("downstream timeout (try {n})")));
+                return Err(HandlerError::transient(format!(
+                    "downstream timeout (try {n})"
+                )));
             }
             if self.random_transient_pct > 0 && fastrand::u32(0..100) < self.random_transient_pct {
                 return Err(HandlerError::transient("random transient"));
             }
             tx.execute(
                 "INSERT INTO effects (message_id, k, seq) VALUES ($1, $2, $3)",
-                &[&msg.message_id, &msg.key_str().unwrap_or(""), &b["seq"].as_i64().unwrap_or(-1)],
+                &[
+                    &msg.message_id,
+                    &msg.key_str().unwrap_or(""),
+                    &b["seq"].as_i64().unwrap_or(-1),
+                ],
             )
             .await?;
             Ok(())
@@ -88,7 +106,12 @@ async fn setup(partitions: i32, retry_suffixes: &[&str]) -> Setup {
     )
     .await
     .unwrap();
-    Setup { db, topic, group: format!("it-group-{}", hex(8)), c }
+    Setup {
+        db,
+        topic,
+        group: format!("it-group-{}", hex(8)),
+        c,
+    }
 }
 
 fn body(s: &Setup, v: serde_json::Value) -> serde_json::Value {
@@ -104,13 +127,19 @@ struct Running {
 }
 
 fn start(s: &Setup, config: ConsumerConfig, probe: Probe) -> Running {
-    let consumer = Consumer::new(&s.db, &kafka(), config).unwrap().handler("it_event", probe);
+    let consumer = Consumer::new(&s.db, &kafka(), config)
+        .unwrap()
+        .handler("it_event", probe);
     let stats = consumer.stats();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let handle = tokio::spawn(consumer.run(async move {
         let _ = stopped.await;
     }));
-    Running { stop, handle, stats }
+    Running {
+        stop,
+        handle,
+        stats,
+    }
 }
 
 impl Running {
@@ -125,7 +154,11 @@ fn get(c: &std::sync::atomic::AtomicU64) -> u64 {
 }
 
 fn in_place(attempts: u32, base_ms: u64) -> RetryStrategy {
-    RetryStrategy::InPlace { attempts, base: Duration::from_millis(base_ms), max: Duration::from_secs(1) }
+    RetryStrategy::InPlace {
+        attempts,
+        base: Duration::from_millis(base_ms),
+        max: Duration::from_secs(1),
+    }
 }
 
 #[tokio::test]
@@ -133,36 +166,106 @@ async fn the_same_message_delivered_twice_has_its_effect_once() {
     let s = setup(1, &[]).await;
     let id = uuid::Uuid::now_v7().to_string();
     for _ in 0..2 {
-        produce_event(&s.topic, "k1", "it_event", &id, &body(&s, serde_json::json!({"seq": 1}))).await;
+        produce_event(
+            &s.topic,
+            "k1",
+            "it_event",
+            &id,
+            &body(&s, serde_json::json!({"seq": 1})),
+        )
+        .await;
     }
-    produce_event(&s.topic, "k2", "it_event", "other", &body(&s, serde_json::json!({"seq": 2}))).await;
-    let r = start(&s, ConsumerConfig::new(&s.group, [&s.topic]), Probe::new(&s).await);
+    produce_event(
+        &s.topic,
+        "k2",
+        "it_event",
+        "other",
+        &body(&s, serde_json::json!({"seq": 2})),
+    )
+    .await;
+    let r = start(
+        &s,
+        ConsumerConfig::new(&s.group, [&s.topic]),
+        Probe::new(&s).await,
+    );
     wait_until(Duration::from_secs(30), "3 deliveries settled", || async {
         get(&r.stats.handled) + get(&r.stats.duplicates) == 3
     })
     .await;
     assert_eq!(get(&r.stats.duplicates), 1);
-    assert_eq!(count(&s.c, &format!("SELECT count(*) FROM effects WHERE message_id = '{id}'")).await, 1);
-    assert_eq!(count(&s.c, "SELECT count(*) FROM processed_messages").await, 2);
-    wait_until(Duration::from_secs(10), "offset committed past all", || async { committed(&s.group, &s.topic, 0).await == Some(3) }).await;
+    assert_eq!(
+        count(
+            &s.c,
+            &format!("SELECT count(*) FROM effects WHERE message_id = '{id}'")
+        )
+        .await,
+        1
+    );
+    assert_eq!(
+        count(&s.c, "SELECT count(*) FROM processed_messages").await,
+        2
+    );
+    wait_until(
+        Duration::from_secs(10),
+        "offset committed past all",
+        || async { committed(&s.group, &s.topic, 0).await == Some(3) },
+    )
+    .await;
     r.stop().await;
 }
 
 #[tokio::test]
 async fn transient_twice_then_success_is_handled_once_and_before_the_same_keys_later_messages() {
     let s = setup(1, &[]).await;
-    produce_event(&s.topic, "k", "it_event", "m1", &body(&s, serde_json::json!({"seq": 1, "fail": 2}))).await;
+    produce_event(
+        &s.topic,
+        "k",
+        "it_event",
+        "m1",
+        &body(&s, serde_json::json!({"seq": 1, "fail": 2})),
+    )
+    .await;
     for seq in 2..=4 {
-        produce_event(&s.topic, "k", "it_event", &format!("m{seq}"), &body(&s, serde_json::json!({"seq": seq}))).await;
+        produce_event(
+            &s.topic,
+            "k",
+            "it_event",
+            &format!("m{seq}"),
+            &body(&s, serde_json::json!({"seq": seq})),
+        )
+        .await;
     }
-    produce_event(&s.topic, "other", "it_event", "o1", &body(&s, serde_json::json!({"seq": 100}))).await;
+    produce_event(
+        &s.topic,
+        "other",
+        "it_event",
+        "o1",
+        &body(&s, serde_json::json!({"seq": 100})),
+    )
+    .await;
     let mut cfg = ConsumerConfig::new(&s.group, [&s.topic]);
     cfg.retry = in_place(3, 100);
     let r = start(&s, cfg, Probe::new(&s).await);
-    wait_until(Duration::from_secs(30), "all handled", || async { get(&r.stats.handled) == 5 }).await;
+    wait_until(Duration::from_secs(30), "all handled", || async {
+        get(&r.stats.handled) == 5
+    })
+    .await;
     assert_eq!(get(&r.stats.in_place_retries), 2);
-    assert_eq!(count(&s.c, "SELECT count(*) FROM attempts WHERE message_id = 'm1'").await, 3);
-    let seqs: Vec<i64> = s.c.query("SELECT seq FROM effects WHERE k = 'k' ORDER BY id", &[]).await.unwrap().iter().map(|r| r.get(0)).collect();
+    assert_eq!(
+        count(
+            &s.c,
+            "SELECT count(*) FROM attempts WHERE message_id = 'm1'"
+        )
+        .await,
+        3
+    );
+    let seqs: Vec<i64> =
+        s.c.query("SELECT seq FROM effects WHERE k = 'k' ORDER BY id", &[])
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
     assert_eq!(seqs, [1, 2, 3, 4], "m1 handled once and first");
     // Another key was not blocked by k's retries.
     let other_first: bool = s.c
@@ -175,13 +278,17 @@ async fn transient_twice_then_success_is_handled_once_and_before_the_same_keys_l
 }
 
 fn header<'a>(r: &'a Record, k: &str) -> &'a str {
-    r.headers.get(k).map_or_else(|| panic!("header {k} missing in {:?}", r.headers), String::as_str)
+    r.headers.get(k).map_or_else(
+        || panic!("header {k} missing in {:?}", r.headers),
+        String::as_str,
+    )
 }
 
 #[tokio::test]
 async fn permanent_decode_and_panic_go_to_the_dlq_with_byte_identical_key_body_and_headers() {
     let s = setup(1, &[]).await;
-    let perm_body = serde_json::to_vec(&body(&s, serde_json::json!({"seq": 1, "permanent": true}))).unwrap();
+    let perm_body =
+        serde_json::to_vec(&body(&s, serde_json::json!({"seq": 1, "permanent": true}))).unwrap();
     produce(
         &s.topic,
         Some(b"key-perm"),
@@ -196,37 +303,102 @@ async fn permanent_decode_and_panic_go_to_the_dlq_with_byte_identical_key_body_a
     )
     .await;
     // Not JSON.
-    produce(&s.topic, Some(b"key-decode"), &[("message_type", b"it_event"), ("message_id", b"dec-1")], Some(b"\xff\xfenot json")).await;
+    produce(
+        &s.topic,
+        Some(b"key-decode"),
+        &[("message_type", b"it_event"), ("message_id", b"dec-1")],
+        Some(b"\xff\xfenot json"),
+    )
+    .await;
     // Missing message_id.
-    produce(&s.topic, Some(b"key-noid"), &[("message_type", b"it_event")], Some(b"{}")).await;
+    produce(
+        &s.topic,
+        Some(b"key-noid"),
+        &[("message_type", b"it_event")],
+        Some(b"{}"),
+    )
+    .await;
     // Contradictory duplicated header.
-    produce(&s.topic, None, &[("message_type", b"it_event"), ("message_id", b"a"), ("message_id", b"b")], Some(b"{}")).await;
-    produce_event(&s.topic, "key-panic", "it_event", "panic-1", &body(&s, serde_json::json!({"panic": true}))).await;
-    produce_event(&s.topic, "key-ok", "it_event", "ok-1", &body(&s, serde_json::json!({"seq": 9}))).await;
+    produce(
+        &s.topic,
+        None,
+        &[
+            ("message_type", b"it_event"),
+            ("message_id", b"a"),
+            ("message_id", b"b"),
+        ],
+        Some(b"{}"),
+    )
+    .await;
+    produce_event(
+        &s.topic,
+        "key-panic",
+        "it_event",
+        "panic-1",
+        &body(&s, serde_json::json!({"panic": true})),
+    )
+    .await;
+    produce_event(
+        &s.topic,
+        "key-ok",
+        "it_event",
+        "ok-1",
+        &body(&s, serde_json::json!({"seq": 9})),
+    )
+    .await;
     // No handler for this type: skipped and counted, not dead-lettered.
-    produce_event(&s.topic, "key-unknown", "something_else", "unk-1", &serde_json::json!({})).await;
+    produce_event(
+        &s.topic,
+        "key-unknown",
+        "something_else",
+        "unk-1",
+        &serde_json::json!({}),
+    )
+    .await;
 
     let mut cfg = ConsumerConfig::new(&s.group, [&s.topic]);
     cfg.retry = in_place(3, 50);
     let r = start(&s, cfg, Probe::new(&s).await);
     wait_until(Duration::from_secs(30), "all settled", || async {
-        get(&r.stats.dead_lettered) == 5 && get(&r.stats.handled) == 1 && get(&r.stats.skipped_unknown) == 1
+        get(&r.stats.dead_lettered) == 5
+            && get(&r.stats.handled) == 1
+            && get(&r.stats.skipped_unknown) == 1
     })
     .await;
     assert_eq!(get(&r.stats.panics), 1);
     assert_eq!(get(&r.stats.decode_errors), 3);
-    assert_eq!(count(&s.c, "SELECT count(*) FROM attempts WHERE message_id = 'perm-1'").await, 1, "permanent: no retry");
-    wait_until(Duration::from_secs(10), "offsets committed past everything", || async {
-        committed(&s.group, &s.topic, 0).await == Some(7)
-    })
+    assert_eq!(
+        count(
+            &s.c,
+            "SELECT count(*) FROM attempts WHERE message_id = 'perm-1'"
+        )
+        .await,
+        1,
+        "permanent: no retry"
+    );
+    wait_until(
+        Duration::from_secs(10),
+        "offsets committed past everything",
+        || async { committed(&s.group, &s.topic, 0).await == Some(7) },
+    )
     .await;
 
     let dlq = read_all(&format!("{}.dlq", s.topic)).await;
     assert_eq!(dlq.len(), 5, "exactly one DLQ record each");
-    let by_key = |k: &[u8]| dlq.iter().find(|r| r.key.as_deref() == Some(k)).unwrap().clone();
+    let by_key = |k: &[u8]| {
+        dlq.iter()
+            .find(|r| r.key.as_deref() == Some(k))
+            .unwrap()
+            .clone()
+    };
     let p = by_key(b"key-perm");
     assert_eq!(p.payload, perm_body, "body byte-identical");
-    for (k, v) in [("message_type", "it_event"), ("entity_id", "key-perm"), ("message_id", "perm-1"), ("traceparent", "00-abc-01")] {
+    for (k, v) in [
+        ("message_type", "it_event"),
+        ("entity_id", "key-perm"),
+        ("message_id", "perm-1"),
+        ("traceparent", "00-abc-01"),
+    ] {
         assert_eq!(header(&p, k), v, "original header {k} kept");
     }
     assert_eq!(header(&p, "x-original-topic"), s.topic);
@@ -239,9 +411,16 @@ async fn permanent_decode_and_panic_go_to_the_dlq_with_byte_identical_key_body_a
     assert!(humantime::parse_rfc3339(header(&p, "x-failed-at")).is_ok());
 
     let d = by_key(b"key-decode");
-    assert_eq!(d.payload, b"\xff\xfenot json", "undecodable body forwarded byte-identical");
+    assert_eq!(
+        d.payload, b"\xff\xfenot json",
+        "undecodable body forwarded byte-identical"
+    );
     assert_eq!(header(&d, "x-error-kind"), "decode");
-    assert_eq!(header(&d, "x-attempts"), "0", "decode errors spend no retries");
+    assert_eq!(
+        header(&d, "x-attempts"),
+        "0",
+        "decode errors spend no retries"
+    );
     assert!(header(&d, "x-error").contains("not valid JSON"));
     assert!(header(&by_key(b"key-noid"), "x-error").contains("missing message_id"));
     let contradictory = dlq.iter().find(|r| r.key.is_none()).unwrap();
@@ -252,8 +431,18 @@ async fn permanent_decode_and_panic_go_to_the_dlq_with_byte_identical_key_body_a
     assert!(header(&pa, "x-error").contains("boom in handler"));
 
     // Still alive after the panic: a new message is handled.
-    produce_event(&s.topic, "key-ok", "it_event", "ok-2", &body(&s, serde_json::json!({"seq": 10}))).await;
-    wait_until(Duration::from_secs(20), "handled after panic", || async { get(&r.stats.handled) == 2 }).await;
+    produce_event(
+        &s.topic,
+        "key-ok",
+        "it_event",
+        "ok-2",
+        &body(&s, serde_json::json!({"seq": 10})),
+    )
+    .await;
+    wait_until(Duration::from_secs(20), "handled after panic", || async {
+        get(&r.stats.handled) == 2
+    })
+    .await;
     r.stop().await;
 }
 
@@ -261,23 +450,62 @@ async fn permanent_decode_and_panic_go_to_the_dlq_with_byte_identical_key_body_a
 async fn retry_topic_chain_waits_each_hop_then_dead_letters_while_others_flow() {
     let s = setup(2, &["retry-1s", "retry-2s"]).await;
     let mut cfg = ConsumerConfig::new(&s.group, [&s.topic]);
-    cfg.retry = RetryStrategy::Topics { delays: vec![Duration::from_secs(1), Duration::from_secs(2)] };
+    cfg.retry = RetryStrategy::Topics {
+        delays: vec![Duration::from_secs(1), Duration::from_secs(2)],
+    };
     let r = start(&s, cfg, Probe::new(&s).await);
-    produce_event(&s.topic, "bad", "it_event", "always-fails", &body(&s, serde_json::json!({"fail": -1}))).await;
-    produce_event(&s.topic, "flaky", "it_event", "fails-once", &body(&s, serde_json::json!({"fail": 1, "seq": 1}))).await;
+    produce_event(
+        &s.topic,
+        "bad",
+        "it_event",
+        "always-fails",
+        &body(&s, serde_json::json!({"fail": -1})),
+    )
+    .await;
+    produce_event(
+        &s.topic,
+        "flaky",
+        "it_event",
+        "fails-once",
+        &body(&s, serde_json::json!({"fail": 1, "seq": 1})),
+    )
+    .await;
     for i in 0..40 {
-        produce_event(&s.topic, &format!("k{i}"), "it_event", &format!("ok-{i}"), &body(&s, serde_json::json!({"seq": i}))).await;
+        produce_event(
+            &s.topic,
+            &format!("k{i}"),
+            "it_event",
+            &format!("ok-{i}"),
+            &body(&s, serde_json::json!({"seq": i})),
+        )
+        .await;
     }
-    wait_until(Duration::from_secs(40), "failing message dead-lettered", || async { get(&r.stats.dead_lettered) == 1 }).await;
+    wait_until(
+        Duration::from_secs(40),
+        "failing message dead-lettered",
+        || async { get(&r.stats.dead_lettered) == 1 },
+    )
+    .await;
     assert_eq!(get(&r.stats.handled), 41);
-    assert_eq!(get(&r.stats.forwarded_to_retry), 3, "2 hops for the bad one, 1 for the flaky one");
+    assert_eq!(
+        get(&r.stats.forwarded_to_retry),
+        3,
+        "2 hops for the bad one, 1 for the flaky one"
+    );
 
     let rows = s.c
         .query("SELECT source_topic, extract(epoch FROM at)::float8 FROM attempts WHERE message_id = 'always-fails' ORDER BY id", &[])
         .await
         .unwrap();
     let topics: Vec<String> = rows.iter().map(|r| r.get(0)).collect();
-    assert_eq!(topics, [s.topic.clone(), format!("{}.retry-1s", s.topic), format!("{}.retry-2s", s.topic)]);
+    assert_eq!(
+        topics,
+        [
+            s.topic.clone(),
+            format!("{}.retry-1s", s.topic),
+            format!("{}.retry-2s", s.topic)
+        ]
+    );
     let at: Vec<f64> = rows.iter().map(|r| r.get(1)).collect();
     let (hop1, hop2) = (at[1] - at[0], at[2] - at[1]);
     eprintln!("measured hop delays: {hop1:.3}s (>= 1s), {hop2:.3}s (>= 2s)");
@@ -285,7 +513,10 @@ async fn retry_topic_chain_waits_each_hop_then_dead_letters_while_others_flow() 
     assert!(hop2 >= 2.0, "second hop waited {hop2}");
     // The others flowed meanwhile: all 40 were handled before the bad message's last attempt.
     let last_ok: f64 = s.c.query_one("SELECT extract(epoch FROM max(a.at))::float8 FROM attempts a WHERE message_id LIKE 'ok-%'", &[]).await.unwrap().get(0);
-    assert!(last_ok < at[1], "other messages were not blocked by the retrying one");
+    assert!(
+        last_ok < at[1],
+        "other messages were not blocked by the retrying one"
+    );
 
     let dlq = read_all(&format!("{}.dlq", s.topic)).await;
     assert_eq!(dlq.len(), 1);
@@ -293,9 +524,15 @@ async fn retry_topic_chain_waits_each_hop_then_dead_letters_while_others_flow() 
     assert_eq!(header(d, "x-error-kind"), "transient-exhausted");
     assert_eq!(header(d, "x-attempts"), "3");
     assert_eq!(header(d, "x-original-topic"), s.topic);
-    assert!(!d.headers.contains_key("x-retry-attempt"), "retry headers replaced in the DLQ");
+    assert!(
+        !d.headers.contains_key("x-retry-attempt"),
+        "retry headers replaced in the DLQ"
+    );
     let retry1 = read_all(&format!("{}.retry-1s", s.topic)).await;
-    let hop = retry1.iter().find(|r| r.message_id() == "always-fails").unwrap();
+    let hop = retry1
+        .iter()
+        .find(|r| r.message_id() == "always-fails")
+        .unwrap();
     assert_eq!(header(hop, "x-retry-attempt"), "1");
     assert_eq!(header(hop, "x-original-topic"), s.topic);
     assert!(header(hop, "x-error").contains("downstream timeout"));
@@ -310,28 +547,78 @@ async fn dlq_unavailable_holds_the_offset_then_delivers_once_it_is_back() {
     let mut cfg = ConsumerConfig::new(&s.group, [&s.topic]);
     cfg.delivery_timeout = Duration::from_secs(2);
     let r = start(&s, cfg, Probe::new(&s).await);
-    produce_event(&s.topic, "warmup", "it_event", "w", &body(&s, serde_json::json!({"seq": 0}))).await;
-    wait_until(Duration::from_secs(30), "consumer running", || async { get(&r.stats.handled) == 1 }).await;
-
-    let admin: AdminClient<rdkafka::client::DefaultClientContext> =
-        rdkafka::ClientConfig::new().set("bootstrap.servers", bootstrap()).create().unwrap();
-    admin.delete_topics(&[&dlq], &AdminOptions::new()).await.unwrap()[0].as_ref().unwrap();
-
-    produce_event(&s.topic, "bad", "it_event", "perm", &body(&s, serde_json::json!({"permanent": true}))).await; // offset 1
-    produce_event(&s.topic, "good", "it_event", "after", &body(&s, serde_json::json!({"seq": 2}))).await; // offset 2
-    wait_until(Duration::from_secs(30), "other key handled, DLQ write failing", || async {
-        get(&r.stats.handled) == 2 && get(&r.stats.forward_failures) >= 2
+    produce_event(
+        &s.topic,
+        "warmup",
+        "it_event",
+        "w",
+        &body(&s, serde_json::json!({"seq": 0})),
+    )
+    .await;
+    wait_until(Duration::from_secs(30), "consumer running", || async {
+        get(&r.stats.handled) == 1
     })
+    .await;
+
+    let admin: AdminClient<rdkafka::client::DefaultClientContext> = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", bootstrap())
+        .create()
+        .unwrap();
+    admin
+        .delete_topics(&[&dlq], &AdminOptions::new())
+        .await
+        .unwrap()[0]
+        .as_ref()
+        .unwrap();
+
+    produce_event(
+        &s.topic,
+        "bad",
+        "it_event",
+        "perm",
+        &body(&s, serde_json::json!({"permanent": true})),
+    )
+    .await; // offset 1
+    produce_event(
+        &s.topic,
+        "good",
+        "it_event",
+        "after",
+        &body(&s, serde_json::json!({"seq": 2})),
+    )
+    .await; // offset 2
+    wait_until(
+        Duration::from_secs(30),
+        "other key handled, DLQ write failing",
+        || async { get(&r.stats.handled) == 2 && get(&r.stats.forward_failures) >= 2 },
+    )
     .await;
     // Wait past an auto-commit interval: the committed offset must not pass the failed message.
     let before = get(&r.stats.forward_failures);
-    wait_until(Duration::from_secs(30), "more failed DLQ writes", || async { get(&r.stats.forward_failures) >= before + 2 }).await;
-    assert_eq!(committed(&s.group, &s.topic, 0).await, Some(1), "offset held at the undead-lettered message");
+    wait_until(
+        Duration::from_secs(30),
+        "more failed DLQ writes",
+        || async { get(&r.stats.forward_failures) >= before + 2 },
+    )
+    .await;
+    assert_eq!(
+        committed(&s.group, &s.topic, 0).await,
+        Some(1),
+        "offset held at the undead-lettered message"
+    );
     assert_eq!(get(&r.stats.dead_lettered), 0);
 
     create_topic(&dlq, 1).await;
-    wait_until(Duration::from_secs(60), "dead letter written once the DLQ is back", || async { get(&r.stats.dead_lettered) == 1 }).await;
-    wait_until(Duration::from_secs(10), "offset moves on", || async { committed(&s.group, &s.topic, 0).await == Some(3) }).await;
+    wait_until(
+        Duration::from_secs(60),
+        "dead letter written once the DLQ is back",
+        || async { get(&r.stats.dead_lettered) == 1 },
+    )
+    .await;
+    wait_until(Duration::from_secs(10), "offset moves on", || async {
+        committed(&s.group, &s.topic, 0).await == Some(3)
+    })
+    .await;
     let recs = read_all(&dlq).await;
     assert_eq!(recs.len(), 1);
     assert_eq!(recs[0].message_id(), "perm");
@@ -350,7 +637,14 @@ async fn per_key_order_holds_under_concurrency_16_with_retries() {
         let tx = c.transaction().await.unwrap();
         let msgs: Vec<_> = (0..per_key)
             .flat_map(|seq| (0..keys).map(move |k| (k, seq)))
-            .map(|(k, seq)| outbox::Message::new(&s.topic, "it_event", format!("key-{k}"), body(&s, serde_json::json!({"seq": seq}))))
+            .map(|(k, seq)| {
+                outbox::Message::new(
+                    &s.topic,
+                    "it_event",
+                    format!("key-{k}"),
+                    body(&s, serde_json::json!({"seq": seq})),
+                )
+            })
             .collect();
         enq.enqueue_batch(&tx, &msgs).await.unwrap();
         tx.commit().await.unwrap();
@@ -361,8 +655,18 @@ async fn per_key_order_holds_under_concurrency_16_with_retries() {
     let mut cfg = ConsumerConfig::new(&s.group, [&s.topic]);
     cfg.concurrency = 16;
     cfg.retry = in_place(10, 5);
-    let r = start(&s, cfg, Probe { random_transient_pct: 10, ..Probe::new(&s).await });
-    wait_until(Duration::from_secs(60), "all handled", || async { get(&r.stats.handled) == (keys * per_key) as u64 }).await;
+    let r = start(
+        &s,
+        cfg,
+        Probe {
+            random_transient_pct: 10,
+            ..Probe::new(&s).await
+        },
+    );
+    wait_until(Duration::from_secs(60), "all handled", || async {
+        get(&r.stats.handled) == (keys * per_key) as u64
+    })
+    .await;
     assert!(get(&r.stats.in_place_retries) > 0, "retries were exercised");
     let violations = count(
         &s.c,
@@ -370,8 +674,14 @@ async fn per_key_order_holds_under_concurrency_16_with_retries() {
     )
     .await;
     assert_eq!(violations, 0, "per-key sequence numbers strictly increase");
-    assert_eq!(count(&s.c, "SELECT count(DISTINCT message_id) FROM effects").await, (keys * per_key) as i64);
-    assert_eq!(count(&s.c, "SELECT count(*) FROM effects").await, (keys * per_key) as i64);
+    assert_eq!(
+        count(&s.c, "SELECT count(DISTINCT message_id) FROM effects").await,
+        (keys * per_key) as i64
+    );
+    assert_eq!(
+        count(&s.c, "SELECT count(*) FROM effects").await,
+        (keys * per_key) as i64
+    );
     r.stop().await;
 }
 
@@ -380,14 +690,24 @@ async fn backpressure_pauses_instead_of_buffering_without_limit() {
     let s = setup(2, &[]).await;
     // A stalled downstream: each handler takes 250 ms, two at a time.
     for i in 0..24 {
-        produce_event(&s.topic, &format!("k{i}"), "it_event", &format!("m{i}"), &body(&s, serde_json::json!({"seq": i, "sleep_ms": 250}))).await;
+        produce_event(
+            &s.topic,
+            &format!("k{i}"),
+            "it_event",
+            &format!("m{i}"),
+            &body(&s, serde_json::json!({"seq": i, "sleep_ms": 250})),
+        )
+        .await;
     }
     let mut cfg = ConsumerConfig::new(&s.group, [&s.topic]);
     cfg.concurrency = 2;
     cfg.max_buffered = 8;
     cfg.pause_after = Duration::from_millis(100);
     let r = start(&s, cfg, Probe::new(&s).await);
-    wait_until(Duration::from_secs(60), "all handled", || async { get(&r.stats.handled) == 24 }).await;
+    wait_until(Duration::from_secs(60), "all handled", || async {
+        get(&r.stats.handled) == 24
+    })
+    .await;
     assert!(get(&r.stats.backpressure_pauses) > 0);
     r.stop().await;
 }
@@ -399,7 +719,11 @@ async fn missing_retry_or_dlq_topics_are_reported_at_startup() {
     create_topic(&topic, 1).await; // no .dlq, no retry topics
     let mut cfg = ConsumerConfig::new("g", [&topic]);
     cfg.retry = RetryStrategy::default_topics();
-    let err = Consumer::new(&db, &kafka(), cfg).unwrap().run(async {}).await.unwrap_err();
+    let err = Consumer::new(&db, &kafka(), cfg)
+        .unwrap()
+        .run(async {})
+        .await
+        .unwrap_err();
     let text = err.to_string();
     for suffix in [".retry-5s", ".retry-30s", ".retry-5m", ".dlq"] {
         assert!(text.contains(&format!("{topic}{suffix}")), "{text}");
@@ -407,12 +731,22 @@ async fn missing_retry_or_dlq_topics_are_reported_at_startup() {
     assert!(text.contains("outbox topics apply"), "{text}");
     assert!(matches!(err, ConsumerError::MissingTopics(ref v) if v.len() == 4));
 
-    for bad in [ConsumerConfig::new("", [&topic]), ConsumerConfig::new("g", Vec::<String>::new()), ConsumerConfig::new("g", ["bad topic"])] {
-        assert!(matches!(Consumer::new(&db, &kafka(), bad), Err(ConsumerError::Config(_))));
+    for bad in [
+        ConsumerConfig::new("", [&topic]),
+        ConsumerConfig::new("g", Vec::<String>::new()),
+        ConsumerConfig::new("g", ["bad topic"]),
+    ] {
+        assert!(matches!(
+            Consumer::new(&db, &kafka(), bad),
+            Err(ConsumerError::Config(_))
+        ));
     }
     let mut k = kafka();
     k.set_from_pair("enable.auto.offset.store=true").unwrap();
-    assert!(matches!(Consumer::new(&db, &k, ConsumerConfig::new("g", [&topic])), Err(ConsumerError::Config(_))));
+    assert!(matches!(
+        Consumer::new(&db, &k, ConsumerConfig::new("g", [&topic])),
+        Err(ConsumerError::Config(_))
+    ));
 }
 
 #[tokio::test]
@@ -424,11 +758,23 @@ async fn inbox_alone_dedupes_and_rolls_back_with_the_work() {
     assert!(inbox.mark(&tx, "orders.created", "m1").await.unwrap());
     tx.rollback().await.unwrap();
     let tx = c.transaction().await.unwrap();
-    assert!(inbox.mark(&tx, "orders.created", "m1").await.unwrap(), "rollback removed the mark");
+    assert!(
+        inbox.mark(&tx, "orders.created", "m1").await.unwrap(),
+        "rollback removed the mark"
+    );
     tx.commit().await.unwrap();
     let tx = c.transaction().await.unwrap();
-    assert!(!inbox.mark(&tx, "orders.created", "m1").await.unwrap(), "duplicate");
-    assert!(Inbox::new(&db.schema, "other-svc").mark(&tx, "orders.created", "m1").await.unwrap(), "groups dedupe separately");
+    assert!(
+        !inbox.mark(&tx, "orders.created", "m1").await.unwrap(),
+        "duplicate"
+    );
+    assert!(
+        Inbox::new(&db.schema, "other-svc")
+            .mark(&tx, "orders.created", "m1")
+            .await
+            .unwrap(),
+        "groups dedupe separately"
+    );
     tx.commit().await.unwrap();
 }
 
@@ -436,7 +782,11 @@ async fn inbox_alone_dedupes_and_rolls_back_with_the_work() {
 #[derive(Clone, Default)]
 struct AlwaysTransient(Arc<AtomicU32>);
 impl Handler for AlwaysTransient {
-    fn handle<'a>(&'a self, _m: &'a Delivered, _tx: &'a tokio_postgres::Transaction<'a>) -> BoxFuture<'a, Result<(), HandlerError>> {
+    fn handle<'a>(
+        &'a self,
+        _m: &'a Delivered,
+        _tx: &'a tokio_postgres::Transaction<'a>,
+    ) -> BoxFuture<'a, Result<(), HandlerError>> {
         self.0.fetch_add(1, Ordering::SeqCst);
         Box::pin(async { Err(HandlerError::transient("down")) })
     }
@@ -445,32 +795,65 @@ impl Handler for AlwaysTransient {
 #[tokio::test]
 async fn graceful_stop_mid_retry_commits_nothing_past_the_unfinished_message() {
     let s = setup(1, &[]).await;
-    produce_event(&s.topic, "k", "it_event", "first", &body(&s, serde_json::json!({"seq": 1}))).await;
+    produce_event(
+        &s.topic,
+        "k",
+        "it_event",
+        "first",
+        &body(&s, serde_json::json!({"seq": 1})),
+    )
+    .await;
     produce_event(&s.topic, "k2", "stuck", "second", &serde_json::json!({})).await;
-    produce_event(&s.topic, "k3", "it_event", "third", &body(&s, serde_json::json!({"seq": 3}))).await;
+    produce_event(
+        &s.topic,
+        "k3",
+        "it_event",
+        "third",
+        &body(&s, serde_json::json!({"seq": 3})),
+    )
+    .await;
     let calls = AlwaysTransient::default();
     let mut cfg = ConsumerConfig::new(&s.group, [&s.topic]);
     cfg.retry = in_place(1000, 200);
-    let consumer = Consumer::new(&s.db, &kafka(), cfg).unwrap().handler("it_event", Probe::new(&s).await).handler("stuck", calls.clone());
+    let consumer = Consumer::new(&s.db, &kafka(), cfg)
+        .unwrap()
+        .handler("it_event", Probe::new(&s).await)
+        .handler("stuck", calls.clone());
     let stats = consumer.stats();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let h = tokio::spawn(consumer.run(async move {
         let _ = stopped.await;
     }));
-    wait_until(Duration::from_secs(30), "others handled, stuck one retrying", || async {
-        get(&stats.handled) == 2 && calls.0.load(Ordering::SeqCst) >= 2
-    })
+    wait_until(
+        Duration::from_secs(30),
+        "others handled, stuck one retrying",
+        || async { get(&stats.handled) == 2 && calls.0.load(Ordering::SeqCst) >= 2 },
+    )
     .await;
     stop.send(()).unwrap();
     h.await.unwrap().unwrap();
-    assert_eq!(committed(&s.group, &s.topic, 0).await, Some(1), "commit stops at the unfinished message");
+    assert_eq!(
+        committed(&s.group, &s.topic, 0).await,
+        Some(1),
+        "commit stops at the unfinished message"
+    );
 }
 
 fn example_binary(name: &str) -> std::path::PathBuf {
     // target/<profile>/deps/<test> → target/<profile>/examples/<name>; cargo test builds examples.
     let exe = std::env::current_exe().unwrap();
-    let p = exe.parent().unwrap().parent().unwrap().join("examples").join(name);
-    assert!(p.exists(), "{} not built (run `cargo test`, which builds examples)", p.display());
+    let p = exe
+        .parent()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .join("examples")
+        .join(name);
+    assert!(
+        p.exists(),
+        "{} not built (run `cargo test`, which builds examples)",
+        p.display()
+    );
     p
 }
 
@@ -492,7 +875,12 @@ async fn billing_consumer_killed_with_sigkill_mid_run_charges_every_order_exactl
             let msgs: Vec<_> = (chunk * 2000..(chunk + 1) * 2000)
                 .map(|i| {
                     let order = format!("o-{i}");
-                    outbox::Message::new(&s.topic, "order_created", &order, serde_json::json!({"order_number": order, "total_cents": 100 + i}))
+                    outbox::Message::new(
+                        &s.topic,
+                        "order_created",
+                        &order,
+                        serde_json::json!({"order_number": order, "total_cents": 100 + i}),
+                    )
                 })
                 .collect();
             enq.enqueue_batch(&tx, &msgs).await.unwrap();
@@ -512,31 +900,49 @@ async fn billing_consumer_killed_with_sigkill_mid_run_charges_every_order_exactl
             .env("RUST_LOG", "warn")
             // A SIGKILLed member stays in the group until its session times out; keep that short
             // (the broker's minimum is 6 s) so restarts rebalance quickly.
-            .env("OUTBOX_KAFKA_PROPERTIES", "session.timeout.ms=6000;heartbeat.interval.ms=1000")
+            .env(
+                "OUTBOX_KAFKA_PROPERTIES",
+                "session.timeout.ms=6000;heartbeat.interval.ms=1000",
+            )
             .stdin(std::process::Stdio::null())
             .spawn()
             .unwrap()
     };
-    let charged = || async { count(&s.c, "SELECT count(DISTINCT order_number) FROM charges").await };
+    let charged =
+        || async { count(&s.c, "SELECT count(DISTINCT order_number) FROM charges").await };
     let mut kills = 0;
     let t0 = std::time::Instant::now();
     for threshold in [3_000i64, 9_000, 15_000] {
         let mut child = spawn();
-        wait_until(Duration::from_secs(120), "consumer makes progress", || async { charged().await >= threshold }).await;
+        wait_until(
+            Duration::from_secs(120),
+            "consumer makes progress",
+            || async { charged().await >= threshold },
+        )
+        .await;
         eprintln!("{:?}: {threshold} charged, killing", t0.elapsed());
         child.kill().unwrap(); // SIGKILL: no graceful stop, no final commit
         child.wait().unwrap();
         kills += 1;
     }
     let mut child = spawn();
-    wait_until(Duration::from_secs(120), "every order charged", || async { charged().await == total as i64 }).await;
+    wait_until(Duration::from_secs(120), "every order charged", || async {
+        charged().await == total as i64
+    })
+    .await;
     let charges = count(&s.c, "SELECT count(*) FROM charges").await;
     let marks = count(&s.c, "SELECT count(*) FROM processed_messages").await;
-    std::process::Command::new("kill").args(["-INT", &child.id().to_string()]).status().unwrap();
+    std::process::Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
     let status = child.wait().unwrap();
     assert!(status.success(), "graceful stop after the run");
     eprintln!("billing consumer: {total} orders, {kills} SIGKILLs, {charges} charges, {marks} inbox marks");
-    assert_eq!(charges, total as i64, "every order charged exactly once despite {kills} kills");
+    assert_eq!(
+        charges, total as i64,
+        "every order charged exactly once despite {kills} kills"
+    );
     assert_eq!(marks, total as i64);
     assert_eq!(topic_len(&format!("{}.dlq", s.topic)).await, 0, "DLQ empty");
 }
@@ -544,14 +950,24 @@ async fn billing_consumer_killed_with_sigkill_mid_run_charges_every_order_exactl
 /// Batch handler for the test: fails the whole batch permanently when any message asks for it.
 struct BatchProbe;
 impl outbox::consumer::BatchHandler for BatchProbe {
-    fn handle_batch<'a>(&'a self, ms: &'a [&'a Delivered], tx: &'a tokio_postgres::Transaction<'a>) -> BoxFuture<'a, Result<(), HandlerError>> {
+    fn handle_batch<'a>(
+        &'a self,
+        ms: &'a [&'a Delivered],
+        tx: &'a tokio_postgres::Transaction<'a>,
+    ) -> BoxFuture<'a, Result<(), HandlerError>> {
         Box::pin(async move {
-            if ms.iter().any(|m| m.json()["permanent"].as_bool() == Some(true)) {
+            if ms
+                .iter()
+                .any(|m| m.json()["permanent"].as_bool() == Some(true))
+            {
                 return Err(HandlerError::permanent("bad item in batch"));
             }
             let ids: Vec<&str> = ms.iter().map(|m| m.message_id.as_str()).collect();
             let keys: Vec<&str> = ms.iter().map(|m| m.key_str().unwrap_or("")).collect();
-            let seqs: Vec<i64> = ms.iter().map(|m| m.json()["seq"].as_i64().unwrap_or(-1)).collect();
+            let seqs: Vec<i64> = ms
+                .iter()
+                .map(|m| m.json()["seq"].as_i64().unwrap_or(-1))
+                .collect();
             tx.execute("INSERT INTO effects (message_id, k, seq) SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[])", &[&ids, &keys, &seqs])
                 .await?;
             Ok(())
@@ -563,11 +979,34 @@ impl outbox::consumer::BatchHandler for BatchProbe {
 async fn batched_handler_dedupes_keeps_key_order_and_dead_letters_only_the_bad_message() {
     let s = setup(2, &[]).await;
     for seq in 0..300 {
-        produce_event(&s.topic, &format!("k{}", seq % 7), "it_event", &format!("m{seq}"), &serde_json::json!({"seq": seq})).await;
+        produce_event(
+            &s.topic,
+            &format!("k{}", seq % 7),
+            "it_event",
+            &format!("m{seq}"),
+            &serde_json::json!({"seq": seq}),
+        )
+        .await;
     }
-    produce_event(&s.topic, "k0", "it_event", "m5", &serde_json::json!({"seq": 5})).await; // a duplicate
-    produce_event(&s.topic, "bad", "it_event", "poison", &serde_json::json!({"permanent": true})).await;
-    let consumer = Consumer::new(&s.db, &kafka(), ConsumerConfig::new(&s.group, [&s.topic])).unwrap().batch_handler("it_event", 50, BatchProbe);
+    produce_event(
+        &s.topic,
+        "k0",
+        "it_event",
+        "m5",
+        &serde_json::json!({"seq": 5}),
+    )
+    .await; // a duplicate
+    produce_event(
+        &s.topic,
+        "bad",
+        "it_event",
+        "poison",
+        &serde_json::json!({"permanent": true}),
+    )
+    .await;
+    let consumer = Consumer::new(&s.db, &kafka(), ConsumerConfig::new(&s.group, [&s.topic]))
+        .unwrap()
+        .batch_handler("it_event", 50, BatchProbe);
     let stats = consumer.stats();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let h = tokio::spawn(consumer.run(async move {
@@ -596,7 +1035,14 @@ async fn a_second_consumer_joining_mid_run_rebalances_without_loss_or_double_eff
         let enq = outbox::Enqueuer::new(&s.db.schema);
         let tx = c.transaction().await.unwrap();
         let msgs: Vec<_> = (0..total)
-            .map(|i| outbox::Message::new(&s.topic, "it_event", format!("key-{}", i % 300), body(&s, serde_json::json!({"seq": i / 300, "sleep_ms": 20}))))
+            .map(|i| {
+                outbox::Message::new(
+                    &s.topic,
+                    "it_event",
+                    format!("key-{}", i % 300),
+                    body(&s, serde_json::json!({"seq": i / 300, "sleep_ms": 20})),
+                )
+            })
             .collect();
         enq.enqueue_batch(&tx, &msgs).await.unwrap();
         tx.commit().await.unwrap();
@@ -606,17 +1052,31 @@ async fn a_second_consumer_joining_mid_run_rebalances_without_loss_or_double_eff
     let mut cfg = ConsumerConfig::new(&s.group, [&s.topic]);
     cfg.concurrency = 8;
     let a = start(&s, cfg.clone(), Probe::new(&s).await);
-    wait_until(Duration::from_secs(30), "first consumer busy", || async { get(&a.stats.handled) >= 300 }).await;
+    wait_until(Duration::from_secs(30), "first consumer busy", || async {
+        get(&a.stats.handled) >= 300
+    })
+    .await;
     // B joins: partitions are revoked from A and split; in-flight work of A on revoked
     // partitions finishes, their offsets are not stored, and B redelivers from the commit point.
     let b = start(&s, cfg, Probe::new(&s).await);
-    wait_until(Duration::from_secs(120), "every message's effect", || async {
-        count(&s.c, "SELECT count(DISTINCT message_id) FROM effects").await == total as i64
-    })
+    wait_until(
+        Duration::from_secs(120),
+        "every message's effect",
+        || async {
+            count(&s.c, "SELECT count(DISTINCT message_id) FROM effects").await == total as i64
+        },
+    )
     .await;
     // ~7.5 s of work at 20 ms × 3,000 / 8: B joins long before A could finish alone.
-    assert!(get(&b.stats.handled) > 0, "the second consumer took over partitions");
-    assert_eq!(count(&s.c, "SELECT count(*) FROM effects").await, total as i64, "no double effect");
+    assert!(
+        get(&b.stats.handled) > 0,
+        "the second consumer took over partitions"
+    );
+    assert_eq!(
+        count(&s.c, "SELECT count(*) FROM effects").await,
+        total as i64,
+        "no double effect"
+    );
     let violations = count(&s.c, "SELECT count(*) FROM (SELECT seq, lag(seq) OVER (PARTITION BY k ORDER BY id) prev FROM effects) x WHERE seq <= prev").await;
     assert_eq!(violations, 0, "per-key order across the rebalance");
     a.stop().await;

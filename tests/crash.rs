@@ -11,13 +11,23 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::*;
-use outbox::consumer::{BoxFuture, Consumer, ConsumerConfig, ConsumerStats, Delivered, Handler, HandlerError};
+use outbox::consumer::{
+    BoxFuture, Consumer, ConsumerConfig, ConsumerStats, Delivered, Handler, HandlerError,
+};
 
 struct Effect;
 impl Handler for Effect {
-    fn handle<'a>(&'a self, m: &'a Delivered, tx: &'a tokio_postgres::Transaction<'a>) -> BoxFuture<'a, Result<(), HandlerError>> {
+    fn handle<'a>(
+        &'a self,
+        m: &'a Delivered,
+        tx: &'a tokio_postgres::Transaction<'a>,
+    ) -> BoxFuture<'a, Result<(), HandlerError>> {
         Box::pin(async move {
-            tx.execute("INSERT INTO effects (message_id) VALUES ($1)", &[&m.message_id]).await?;
+            tx.execute(
+                "INSERT INTO effects (message_id) VALUES ($1)",
+                &[&m.message_id],
+            )
+            .await?;
             Ok(())
         })
     }
@@ -25,7 +35,15 @@ impl Handler for Effect {
 
 fn spawn_relay(db: &outbox::DbConfig, batch: usize) -> Child {
     Command::new(env!("CARGO_BIN_EXE_outbox"))
-        .args(["relay", "--batch-size", &batch.to_string(), "--cleanup-interval", "off", "--rebalance-interval", "500ms"])
+        .args([
+            "relay",
+            "--batch-size",
+            &batch.to_string(),
+            "--cleanup-interval",
+            "off",
+            "--rebalance-interval",
+            "500ms",
+        ])
         .env("DATABASE_URL", database_url())
         .env("OUTBOX_SCHEMA", db.schema.name())
         .env("KAFKA_BOOTSTRAP_SERVERS", bootstrap())
@@ -47,11 +65,17 @@ async fn relays_killed_with_sigkill_lose_nothing_and_the_effect_is_exactly_once(
     create_topic(&topic, 6).await;
     create_topic(&format!("{topic}.dlq"), 6).await;
     let c = client(&db).await;
-    c.batch_execute("CREATE TABLE effects (id bigint GENERATED ALWAYS AS IDENTITY, message_id text NOT NULL)").await.unwrap();
+    c.batch_execute(
+        "CREATE TABLE effects (id bigint GENERATED ALWAYS AS IDENTITY, message_id text NOT NULL)",
+    )
+    .await
+    .unwrap();
 
     // The idempotent consumer downstream, for the whole run.
     let group = format!("crash-{}", hex(6));
-    let consumer = Consumer::new(&db, &kafka(), ConsumerConfig::new(&group, [&topic])).unwrap().handler("it_event", Effect);
+    let consumer = Consumer::new(&db, &kafka(), ConsumerConfig::new(&group, [&topic]))
+        .unwrap()
+        .handler("it_event", Effect);
     let stats = consumer.stats();
     let (stop_consumer, consumer_stopped) = tokio::sync::oneshot::channel::<()>();
     let consumer_task = tokio::spawn(consumer.run(async move {
@@ -87,7 +111,10 @@ async fn relays_killed_with_sigkill_lose_nothing_and_the_effect_is_exactly_once(
         relays[victim].wait().unwrap();
         kills += 1;
         relays[victim] = spawn_relay(&db, batch);
-        assert!(started.elapsed() < Duration::from_secs(300), "run took too long");
+        assert!(
+            started.elapsed() < Duration::from_secs(300),
+            "run took too long"
+        );
     }
     let ids = writer.await.unwrap();
     wait_until(Duration::from_secs(60), "every row sent", || async {
@@ -95,7 +122,10 @@ async fn relays_killed_with_sigkill_lose_nothing_and_the_effect_is_exactly_once(
     })
     .await;
     for mut r in relays {
-        Command::new("kill").args(["-TERM", &r.id().to_string()]).status().unwrap();
+        Command::new("kill")
+            .args(["-TERM", &r.id().to_string()])
+            .status()
+            .unwrap();
         assert!(r.wait().unwrap().success());
     }
 
@@ -122,7 +152,14 @@ async fn relays_killed_with_sigkill_lose_nothing_and_the_effect_is_exactly_once(
     );
     assert!(kills >= 3, "the run saw kills ({kills})");
     assert_eq!(lost, 0, "zero lost");
-    assert!(duplicates <= kills * batch, "duplicates ({duplicates}) only from batches in flight at the kills");
-    assert_eq!((effects, distinct), (total, total), "business effect exactly once");
+    assert!(
+        duplicates <= kills * batch,
+        "duplicates ({duplicates}) only from batches in flight at the kills"
+    );
+    assert_eq!(
+        (effects, distinct),
+        (total, total),
+        "business effect exactly once"
+    );
     assert_eq!(topic_len(&format!("{topic}.dlq")).await, 0);
 }

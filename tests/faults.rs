@@ -53,14 +53,24 @@ fn dev(script: &str, arg: &str) {
 /// CPU seconds used by this process so far (user + system).
 fn cpu_secs() -> f64 {
     let stat = std::fs::read_to_string("/proc/self/stat").unwrap();
-    let fields: Vec<&str> = stat.rsplit_once(')').unwrap().1.split_whitespace().collect();
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .unwrap()
+        .1
+        .split_whitespace()
+        .collect();
     let ticks: f64 = fields[11].parse::<f64>().unwrap() + fields[12].parse::<f64>().unwrap();
     ticks / 100.0
 }
 
 /// Enqueues one message per transaction, `per_sec` per second, until `stop`; retries through a
 /// Postgres outage and records only ids whose commit succeeded.
-async fn writer(db: outbox::DbConfig, topic: String, per_sec: u64, stop: tokio::sync::watch::Receiver<bool>) -> Vec<String> {
+async fn writer(
+    db: outbox::DbConfig,
+    topic: String,
+    per_sec: u64,
+    stop: tokio::sync::watch::Receiver<bool>,
+) -> Vec<String> {
     let enq = outbox::Enqueuer::new(&db.schema);
     let mut ids = Vec::new();
     let mut conn: Option<tokio_postgres::Client> = None;
@@ -76,7 +86,12 @@ async fn writer(db: outbox::DbConfig, topic: String, per_sec: u64, stop: tokio::
             }
         }
         let Some(c) = conn.as_mut() else { continue };
-        let m = Message::new(&topic, "fault_event", format!("k{}", seq % 50), serde_json::json!({"seq": seq}));
+        let m = Message::new(
+            &topic,
+            "fault_event",
+            format!("k{}", seq % 50),
+            serde_json::json!({"seq": seq}),
+        );
         let res = async {
             let tx = c.transaction().await?;
             enq.enqueue(&tx, &m).await.map_err(|e| match e {
@@ -105,7 +120,11 @@ impl outbox::consumer::Handler for Effect {
         tx: &'a tokio_postgres::Transaction<'a>,
     ) -> outbox::consumer::BoxFuture<'a, Result<(), outbox::consumer::HandlerError>> {
         Box::pin(async move {
-            tx.execute("INSERT INTO effects (message_id) VALUES ($1)", &[&m.message_id]).await?;
+            tx.execute(
+                "INSERT INTO effects (message_id) VALUES ($1)",
+                &[&m.message_id],
+            )
+            .await?;
             Ok(())
         })
     }
@@ -120,9 +139,15 @@ struct Downstream {
 
 async fn downstream(db: &outbox::DbConfig, topic: &str) -> Downstream {
     create_topic(&format!("{topic}.dlq"), 3).await;
-    client(db).await.batch_execute("CREATE TABLE effects (message_id text NOT NULL)").await.unwrap();
+    client(db)
+        .await
+        .batch_execute("CREATE TABLE effects (message_id text NOT NULL)")
+        .await
+        .unwrap();
     let cfg = outbox::consumer::ConsumerConfig::new(format!("faults-{}", hex(6)), [topic]);
-    let consumer = outbox::consumer::Consumer::new(db, &kafka(), cfg).unwrap().handler("fault_event", Effect);
+    let consumer = outbox::consumer::Consumer::new(db, &kafka(), cfg)
+        .unwrap()
+        .handler("fault_event", Effect);
     let stats = consumer.stats();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let task = tokio::spawn(consumer.run(async move {
@@ -136,16 +161,22 @@ impl Downstream {
     async fn check(self, db: &outbox::DbConfig, topic: &str, ids: &[String]) {
         let c = client(db).await;
         let n = ids.len() as i64;
-        wait_until(Duration::from_secs(90), "consumer handled everything", || async {
-            count(&c, "SELECT count(DISTINCT message_id) FROM effects").await >= n
-        })
+        wait_until(
+            Duration::from_secs(90),
+            "consumer handled everything",
+            || async { count(&c, "SELECT count(DISTINCT message_id) FROM effects").await >= n },
+        )
         .await;
         self.stop.send(()).unwrap();
         self.task.await.unwrap().unwrap();
         let effects = count(&c, "SELECT count(*) FROM effects").await;
         let distinct = count(&c, "SELECT count(DISTINCT message_id) FROM effects").await;
         assert_eq!(effects, distinct, "no effect twice");
-        assert_eq!(topic_len(&format!("{topic}.dlq")).await, 0, "nothing dead-lettered by the outage");
+        assert_eq!(
+            topic_len(&format!("{topic}.dlq")).await,
+            0,
+            "nothing dead-lettered by the outage"
+        );
         eprintln!(
             "downstream: {effects} effects, {} duplicates absorbed, {} outage waits",
             outbox::consumer::ConsumerStats::get(&self.stats.duplicates),
@@ -154,13 +185,34 @@ impl Downstream {
     }
 }
 
-async fn all_sent_and_in_kafka(db: &outbox::DbConfig, topic: &str, ids: &[String], within: Duration) {
+async fn all_sent_and_in_kafka(
+    db: &outbox::DbConfig,
+    topic: &str,
+    ids: &[String],
+    within: Duration,
+) {
     let c = client(db).await;
-    wait_until(within, "every row sent", || async { count(&c, "SELECT count(*) FROM outbox WHERE status <> 'sent'").await == 0 }).await;
-    let got: HashSet<String> = read_all(topic).await.iter().map(Record::message_id).collect();
+    wait_until(within, "every row sent", || async {
+        count(&c, "SELECT count(*) FROM outbox WHERE status <> 'sent'").await == 0
+    })
+    .await;
+    let got: HashSet<String> = read_all(topic)
+        .await
+        .iter()
+        .map(Record::message_id)
+        .collect();
     let missing = ids.iter().filter(|id| !got.contains(*id)).count();
-    assert_eq!(missing, 0, "{missing} of {} committed messages missing from Kafka", ids.len());
-    assert_eq!(count(&c, "SELECT count(*) FROM outbox WHERE attempts > 0").await, 0, "outage spent attempts");
+    assert_eq!(
+        missing,
+        0,
+        "{missing} of {} committed messages missing from Kafka",
+        ids.len()
+    );
+    assert_eq!(
+        count(&c, "SELECT count(*) FROM outbox WHERE attempts > 0").await,
+        0,
+        "outage spent attempts"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -197,9 +249,13 @@ async fn kafka_stopped_for_20s_mid_run_loses_nothing() {
     let sent_before = count(&c, "SELECT count(*) FROM outbox WHERE status = 'sent'").await;
     dev("kafka.sh", "start");
     let back = Instant::now();
-    wait_until(Duration::from_secs(30), "first publish after Kafka is back", || async {
-        count(&c, "SELECT count(*) FROM outbox WHERE status = 'sent'").await > sent_before
-    })
+    wait_until(
+        Duration::from_secs(30),
+        "first publish after Kafka is back",
+        || async {
+            count(&c, "SELECT count(*) FROM outbox WHERE status = 'sent'").await > sent_before
+        },
+    )
     .await;
     let recovery = back.elapsed();
     wait_until(Duration::from_secs(60), "traffic flows again", || async {
@@ -212,11 +268,23 @@ async fn kafka_stopped_for_20s_mid_run_loses_nothing() {
     running.stop().await;
     down.check(&db, &topic, &ids).await;
 
-    assert!(recovery < Duration::from_secs(15), "recovered {recovery:?} after Kafka returned");
-    assert!(pending_during > 1000, "rows accumulated during the outage ({pending_during})");
-    assert!(cpu_share < 0.5, "busy loop during the outage: {cpu_share:.2} CPU");
+    assert!(
+        recovery < Duration::from_secs(15),
+        "recovered {recovery:?} after Kafka returned"
+    );
+    assert!(
+        pending_during > 1000,
+        "rows accumulated during the outage ({pending_during})"
+    );
+    assert!(
+        cpu_share < 0.5,
+        "busy loop during the outage: {cpu_share:.2} CPU"
+    );
     let text = String::from_utf8_lossy(&logs.0.lock().unwrap()).into_owned();
-    assert!(text.contains("rows left pending"), "the outage was not logged");
+    assert!(
+        text.contains("rows left pending"),
+        "the outage was not logged"
+    );
     eprintln!("kafka outage: {} messages, cpu share during outage {cpu_share:.3}, first publish {recovery:?} after restart", ids.len());
 }
 
@@ -229,7 +297,15 @@ async fn postgres_down_for_10s_mid_run_loses_nothing() {
     let topic = topic_name();
     create_topic(&topic, 3).await;
 
-    let relay = Relay::new(&db, &kafka(), outbox::RelayConfig { batch_size: 100, ..relay_config() }).unwrap();
+    let relay = Relay::new(
+        &db,
+        &kafka(),
+        outbox::RelayConfig {
+            batch_size: 100,
+            ..relay_config()
+        },
+    )
+    .unwrap();
     let running = spawn_relay(relay);
     let down = downstream(&db, &topic).await;
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
@@ -256,7 +332,8 @@ async fn postgres_down_for_10s_mid_run_loses_nothing() {
     .await;
     let recovery = back.elapsed();
     wait_until(Duration::from_secs(30), "steady again", || async {
-        count(&c, "SELECT count(*) FROM outbox WHERE status = 'sent'").await > sent_after_restart + 300
+        count(&c, "SELECT count(*) FROM outbox WHERE status = 'sent'").await
+            > sent_after_restart + 300
     })
     .await;
     stop_tx.send(true).unwrap();
@@ -265,10 +342,19 @@ async fn postgres_down_for_10s_mid_run_loses_nothing() {
     running.stop().await;
     down.check(&db, &topic, &ids).await;
     let text = String::from_utf8_lossy(&logs.0.lock().unwrap()).into_owned();
-    assert!(text.contains("relay pass failed; backing off"), "outage not logged");
+    assert!(
+        text.contains("relay pass failed; backing off"),
+        "outage not logged"
+    );
     // (The consumer logs "database unavailable" only if it had messages in flight at that moment,
     // which depends on timing; its correctness is checked by `down.check` above.)
-    assert!(cpu_share < 0.5, "busy loop while Postgres was down: {cpu_share:.2} CPU");
-    assert!(recovery < Duration::from_secs(15), "recovered {recovery:?} after Postgres returned");
+    assert!(
+        cpu_share < 0.5,
+        "busy loop while Postgres was down: {cpu_share:.2} CPU"
+    );
+    assert!(
+        recovery < Duration::from_secs(15),
+        "recovered {recovery:?} after Postgres returned"
+    );
     eprintln!("postgres outage: {} messages, cpu share during outage {cpu_share:.3}, relay resumed {recovery:?} after restart", ids.len());
 }

@@ -9,13 +9,23 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use common::*;
-use outbox::consumer::{BoxFuture, Consumer, ConsumerConfig, ConsumerStats, Delivered, Handler, HandlerError};
+use outbox::consumer::{
+    BoxFuture, Consumer, ConsumerConfig, ConsumerStats, Delivered, Handler, HandlerError,
+};
 
 struct Record2;
 impl Handler for Record2 {
-    fn handle<'a>(&'a self, m: &'a Delivered, tx: &'a tokio_postgres::Transaction<'a>) -> BoxFuture<'a, Result<(), HandlerError>> {
+    fn handle<'a>(
+        &'a self,
+        m: &'a Delivered,
+        tx: &'a tokio_postgres::Transaction<'a>,
+    ) -> BoxFuture<'a, Result<(), HandlerError>> {
         Box::pin(async move {
-            tx.execute("INSERT INTO seen (message_id, key) VALUES ($1, $2)", &[&m.message_id, &m.key]).await?;
+            tx.execute(
+                "INSERT INTO seen (message_id, key) VALUES ($1, $2)",
+                &[&m.message_id, &m.key],
+            )
+            .await?;
             Ok(())
         })
     }
@@ -27,37 +37,106 @@ async fn odd_headers_keys_and_bodies_are_handled_or_dead_lettered_never_crash() 
     let topic = topic_name();
     create_topic_family(&topic, 1, &[]).await;
     let c = client(&db).await;
-    c.batch_execute("CREATE TABLE seen (message_id text, key bytea)").await.unwrap();
+    c.batch_execute("CREATE TABLE seen (message_id text, key bytea)")
+        .await
+        .unwrap();
     let huge = vec![b'h'; 600 * 1024];
     // Handled: a 600 KiB unknown header, binary header values, an empty header name, a null
     // header, a non-UTF-8 key; unknown headers are ignored.
     {
         use rdkafka::message::{Header, OwnedHeaders};
         use rdkafka::producer::{FutureProducer, FutureRecord};
-        let p: FutureProducer = rdkafka::ClientConfig::new().set("bootstrap.servers", bootstrap()).set("message.max.bytes", "1000000").create().unwrap();
-        let h = OwnedHeaders::new()
-            .insert(Header { key: "message_type", value: Some(b"it_event".as_slice()) })
-            .insert(Header { key: "message_id", value: Some(b"odd-1".as_slice()) })
-            .insert(Header { key: "x-huge", value: Some(huge.as_slice()) })
-            .insert(Header { key: "x-binary", value: Some(b"\x00\xff\xfe".as_slice()) })
-            .insert(Header { key: "", value: Some(b"empty name".as_slice()) })
-            .insert(Header::<&[u8]> { key: "x-null", value: None });
-        p.send(FutureRecord::<[u8], [u8]>::to(&topic).key(b"\xff\x00key".as_slice()).payload(b"{\"a\":1}".as_slice()).headers(h), Duration::from_secs(10))
-            .await
+        let p: FutureProducer = rdkafka::ClientConfig::new()
+            .set("bootstrap.servers", bootstrap())
+            .set("message.max.bytes", "1000000")
+            .create()
             .unwrap();
+        let h = OwnedHeaders::new()
+            .insert(Header {
+                key: "message_type",
+                value: Some(b"it_event".as_slice()),
+            })
+            .insert(Header {
+                key: "message_id",
+                value: Some(b"odd-1".as_slice()),
+            })
+            .insert(Header {
+                key: "x-huge",
+                value: Some(huge.as_slice()),
+            })
+            .insert(Header {
+                key: "x-binary",
+                value: Some(b"\x00\xff\xfe".as_slice()),
+            })
+            .insert(Header {
+                key: "",
+                value: Some(b"empty name".as_slice()),
+            })
+            .insert(Header::<&[u8]> {
+                key: "x-null",
+                value: None,
+            });
+        p.send(
+            FutureRecord::<[u8], [u8]>::to(&topic)
+                .key(b"\xff\x00key".as_slice())
+                .payload(b"{\"a\":1}".as_slice())
+                .headers(h),
+            Duration::from_secs(10),
+        )
+        .await
+        .unwrap();
     }
     // Dead-lettered as decode errors: non-UTF-8 message_type, empty message_id, a JSON body
     // that is only a prefix (truncated), a 201-byte message_id, and a tombstone (null body).
-    produce(&topic, Some(b"k1"), &[("message_type", b"\xff\xfe"), ("message_id", b"d1")], Some(b"{}")).await;
-    produce(&topic, Some(b"k2"), &[("message_type", b"it_event"), ("message_id", b"")], Some(b"{}")).await;
-    produce(&topic, Some(b"k3"), &[("message_type", b"it_event"), ("message_id", b"d3")], Some(b"{\"order\": {\"id\": 1")).await;
-    produce(&topic, Some(b"k4"), &[("message_type", b"it_event"), ("message_id", &[b'x'; 201])], Some(b"{}")).await;
-    produce(&topic, Some(b"k5"), &[("message_type", b"it_event"), ("message_id", b"d5")], None).await;
-    produce_event(&topic, "k6", "it_event", "ok-after", &serde_json::json!({"fine": true})).await;
+    produce(
+        &topic,
+        Some(b"k1"),
+        &[("message_type", b"\xff\xfe"), ("message_id", b"d1")],
+        Some(b"{}"),
+    )
+    .await;
+    produce(
+        &topic,
+        Some(b"k2"),
+        &[("message_type", b"it_event"), ("message_id", b"")],
+        Some(b"{}"),
+    )
+    .await;
+    produce(
+        &topic,
+        Some(b"k3"),
+        &[("message_type", b"it_event"), ("message_id", b"d3")],
+        Some(b"{\"order\": {\"id\": 1"),
+    )
+    .await;
+    produce(
+        &topic,
+        Some(b"k4"),
+        &[("message_type", b"it_event"), ("message_id", &[b'x'; 201])],
+        Some(b"{}"),
+    )
+    .await;
+    produce(
+        &topic,
+        Some(b"k5"),
+        &[("message_type", b"it_event"), ("message_id", b"d5")],
+        None,
+    )
+    .await;
+    produce_event(
+        &topic,
+        "k6",
+        "it_event",
+        "ok-after",
+        &serde_json::json!({"fine": true}),
+    )
+    .await;
 
     // A consumer group name that looks like SQL is just a value.
     let group = format!("g'; DROP TABLE processed_messages; -- {}", hex(4));
-    let consumer = Consumer::new(&db, &kafka(), ConsumerConfig::new(&group, [&topic])).unwrap().handler("it_event", Record2);
+    let consumer = Consumer::new(&db, &kafka(), ConsumerConfig::new(&group, [&topic]))
+        .unwrap()
+        .handler("it_event", Record2);
     let stats = consumer.stats();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let h = tokio::spawn(consumer.run(async move {
@@ -70,16 +149,42 @@ async fn odd_headers_keys_and_bodies_are_handled_or_dead_lettered_never_crash() 
     stop.send(()).unwrap();
     h.await.unwrap().unwrap();
     assert_eq!(ConsumerStats::get(&stats.decode_errors), 5);
-    let key: Vec<u8> = c.query_one("SELECT key FROM seen WHERE message_id = 'odd-1'", &[]).await.unwrap().get(0);
+    let key: Vec<u8> = c
+        .query_one("SELECT key FROM seen WHERE message_id = 'odd-1'", &[])
+        .await
+        .unwrap()
+        .get(0);
     assert_eq!(key, b"\xff\x00key", "binary key passed through");
-    assert_eq!(count(&c, &format!("SELECT count(*) FROM processed_messages WHERE consumer_group = '{}'", group.replace('\'', "''"))).await, 2);
+    assert_eq!(
+        count(
+            &c,
+            &format!(
+                "SELECT count(*) FROM processed_messages WHERE consumer_group = '{}'",
+                group.replace('\'', "''")
+            )
+        )
+        .await,
+        2
+    );
     let dlq = read_all(&format!("{topic}.dlq")).await;
     assert_eq!(dlq.len(), 5);
     let errors: Vec<&str> = dlq.iter().map(|r| r.headers["x-error"].as_str()).collect();
-    for expected in ["message_type header is empty or not UTF-8", "message_id header is empty", "not valid JSON", "longer than 200", "no body"] {
-        assert!(errors.iter().any(|e| e.contains(expected)), "{expected:?} not in {errors:?}");
+    for expected in [
+        "message_type header is empty or not UTF-8",
+        "message_id header is empty",
+        "not valid JSON",
+        "longer than 200",
+        "no body",
+    ] {
+        assert!(
+            errors.iter().any(|e| e.contains(expected)),
+            "{expected:?} not in {errors:?}"
+        );
     }
-    let tomb = dlq.iter().find(|r| r.key.as_deref() == Some(b"k5")).unwrap();
+    let tomb = dlq
+        .iter()
+        .find(|r| r.key.as_deref() == Some(b"k5"))
+        .unwrap();
     assert!(tomb.payload.is_empty(), "a null body stays null");
 }
 
@@ -91,7 +196,15 @@ async fn enqueue_refuses_what_postgres_cannot_store_and_writes_nothing() {
     let tx = c.transaction().await.unwrap();
     // jsonb cannot hold U+0000: a typed, permanent error, and the transaction is aborted.
     let e = enq
-        .enqueue(&tx, &outbox::Message::new("orders.created", "t", "k", serde_json::json!({"s": "nul\u{0}byte"})))
+        .enqueue(
+            &tx,
+            &outbox::Message::new(
+                "orders.created",
+                "t",
+                "k",
+                serde_json::json!({"s": "nul\u{0}byte"}),
+            ),
+        )
         .await
         .unwrap_err();
     assert!(matches!(e, outbox::EnqueueError::Postgres(_)), "{e}");
@@ -102,40 +215,122 @@ async fn enqueue_refuses_what_postgres_cannot_store_and_writes_nothing() {
 
 fn run_cli(args: &[&str], envs: &[(&str, &str)]) -> (Option<i32>, String) {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_outbox"));
-    cmd.args(args).env_remove("DATABASE_URL").env_remove("KAFKA_BOOTSTRAP_SERVERS").stdin(Stdio::null());
+    cmd.args(args)
+        .env_remove("DATABASE_URL")
+        .env_remove("KAFKA_BOOTSTRAP_SERVERS")
+        .stdin(Stdio::null());
     for (k, v) in envs {
         cmd.env(k, v);
     }
     let o = cmd.output().unwrap();
-    (o.status.code(), format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr)))
+    (
+        o.status.code(),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        ),
+    )
 }
 
 #[test]
 fn truncated_missing_and_contradictory_configuration_exit_2_with_a_message() {
     let url = database_url();
     let cases: Vec<(Vec<&str>, Vec<(&str, &str)>, &str)> = vec![
-        (vec!["status"], vec![], "DATABASE_URL"),                                                 // missing entirely
-        (vec!["status"], vec![("DATABASE_URL", "postgres://outbox:pw@")], "DATABASE_URL"),           // truncated: no host
-        (vec!["status"], vec![("DATABASE_URL", "postgres://outbox:pw@127.0.0.1:54x")], "DATABASE_URL"), // truncated port
-        (vec!["status"], vec![("DATABASE_URL", "host=127.0.0.1 port=")], "DATABASE_URL"),          // truncated key=value
-        (vec!["relay"], vec![("DATABASE_URL", &url)], "KAFKA_BOOTSTRAP_SERVERS"),                  // missing Kafka
-        (vec!["requeue", "--failed", "--id", "3"], vec![("DATABASE_URL", &url)], "cannot be used with"),
-        (vec!["cleanup", "--sent-retention", "banana"], vec![("DATABASE_URL", &url)], "invalid value"),
-        (vec!["relay", "--batch-size", "-5"], vec![("DATABASE_URL", &url), ("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9092")], "unexpected argument"),
-        (vec!["relay", "--batch-size", "999999999"], vec![("DATABASE_URL", &url), ("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9092")], "batch size"),
-        (vec!["relay"], vec![("DATABASE_URL", &url), ("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9092,")], "not host:port"),
-        (vec!["relay", "-X", "=x"], vec![("DATABASE_URL", &url), ("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9092")], "empty name"),
-        (vec!["migrate", "--schema", ""], vec![("DATABASE_URL", &url)], "invalid schema name"),
-        (vec!["migrate", "--schema", "pg_catalog"], vec![("DATABASE_URL", &url)], "reserved"),
+        (vec!["status"], vec![], "DATABASE_URL"), // missing entirely
+        (
+            vec!["status"],
+            vec![("DATABASE_URL", "postgres://outbox:pw@")],
+            "DATABASE_URL",
+        ), // truncated: no host
+        (
+            vec!["status"],
+            vec![("DATABASE_URL", "postgres://outbox:pw@127.0.0.1:54x")],
+            "DATABASE_URL",
+        ), // truncated port
+        (
+            vec!["status"],
+            vec![("DATABASE_URL", "host=127.0.0.1 port=")],
+            "DATABASE_URL",
+        ), // truncated key=value
+        (
+            vec!["relay"],
+            vec![("DATABASE_URL", &url)],
+            "KAFKA_BOOTSTRAP_SERVERS",
+        ), // missing Kafka
+        (
+            vec!["requeue", "--failed", "--id", "3"],
+            vec![("DATABASE_URL", &url)],
+            "cannot be used with",
+        ),
+        (
+            vec!["cleanup", "--sent-retention", "banana"],
+            vec![("DATABASE_URL", &url)],
+            "invalid value",
+        ),
+        (
+            vec!["relay", "--batch-size", "-5"],
+            vec![
+                ("DATABASE_URL", &url),
+                ("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9092"),
+            ],
+            "unexpected argument",
+        ),
+        (
+            vec!["relay", "--batch-size", "999999999"],
+            vec![
+                ("DATABASE_URL", &url),
+                ("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9092"),
+            ],
+            "batch size",
+        ),
+        (
+            vec!["relay"],
+            vec![
+                ("DATABASE_URL", &url),
+                ("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9092,"),
+            ],
+            "not host:port",
+        ),
+        (
+            vec!["relay", "-X", "=x"],
+            vec![
+                ("DATABASE_URL", &url),
+                ("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9092"),
+            ],
+            "empty name",
+        ),
+        (
+            vec!["migrate", "--schema", ""],
+            vec![("DATABASE_URL", &url)],
+            "invalid schema name",
+        ),
+        (
+            vec!["migrate", "--schema", "pg_catalog"],
+            vec![("DATABASE_URL", &url)],
+            "reserved",
+        ),
     ];
     // Wrong credentials are a runtime failure (exit 1) with the server's reason.
-    let (code, text) = run_cli(&["status"], &[("DATABASE_URL", "postgres://outbox:wrong-pw@127.0.0.1:5432/outbox")]);
+    let (code, text) = run_cli(
+        &["status"],
+        &[(
+            "DATABASE_URL",
+            "postgres://outbox:wrong-pw@127.0.0.1:5432/outbox",
+        )],
+    );
     assert_eq!(code, Some(1), "{text}");
-    assert!(text.contains("password authentication failed") && !text.contains("wrong-pw"), "{text}");
+    assert!(
+        text.contains("password authentication failed") && !text.contains("wrong-pw"),
+        "{text}"
+    );
     for (args, envs, expect) in cases {
         let (code, text) = run_cli(&args, &envs);
         assert_eq!(code, Some(2), "{args:?} {envs:?}: {text}");
-        assert!(text.contains(expect), "{args:?}: expected {expect:?} in {text}");
+        assert!(
+            text.contains(expect),
+            "{args:?}: expected {expect:?} in {text}"
+        );
         assert!(!text.contains("panicked"), "{text}");
     }
 }

@@ -37,7 +37,9 @@ async fn three_relays_with_injected_failures_and_a_dead_relay_keep_per_key_order
         rebalance_interval: Duration::from_millis(500),
         ..relay_config()
     };
-    let relays: Vec<Relay> = (0..3).map(|_| Relay::new(&db, &kafka(), cfg.clone()).unwrap()).collect();
+    let relays: Vec<Relay> = (0..3)
+        .map(|_| Relay::new(&db, &kafka(), cfg.clone()).unwrap())
+        .collect();
     for _ in 0..2 {
         for r in &relays {
             r.rebalance().await;
@@ -47,7 +49,11 @@ async fn three_relays_with_injected_failures_and_a_dead_relay_keep_per_key_order
     for r in &relays {
         shares.push(r.owned_lanes().await.len());
     }
-    assert_eq!(shares.iter().sum::<usize>(), 64, "every lane owned once: {shares:?}");
+    assert_eq!(
+        shares.iter().sum::<usize>(),
+        64,
+        "every lane owned once: {shares:?}"
+    );
 
     let mut tasks = Vec::new();
     let mut stops = Vec::new();
@@ -72,16 +78,27 @@ async fn three_relays_with_injected_failures_and_a_dead_relay_keep_per_key_order
         (r.get::<_, i64>(0), r.get::<_, i64>(1))
     };
     let sent = || async { count(&c, "SELECT count(*) FROM outbox WHERE status = 'sent'").await };
-    wait_until(Duration::from_secs(60), "a fifth sent", || async { sent().await >= total / 5 }).await;
+    wait_until(Duration::from_secs(60), "a fifth sent", || async {
+        sent().await >= total / 5
+    })
+    .await;
     assert_eq!(lanes_held().await, (64, 3));
 
     // Kill relay 0 mid-run: its connections close, Postgres frees its lane locks.
     tasks[0].take().unwrap().abort();
     let killed_at = Instant::now();
-    wait_until(Duration::from_secs(10), "survivors hold all 64 lanes", || async { lanes_held().await == (64, 2) }).await;
+    wait_until(
+        Duration::from_secs(10),
+        "survivors hold all 64 lanes",
+        || async { lanes_held().await == (64, 2) },
+    )
+    .await;
     let takeover = killed_at.elapsed();
 
-    wait_until(Duration::from_secs(120), "every row sent", || async { sent().await == total }).await;
+    wait_until(Duration::from_secs(120), "every row sent", || async {
+        sent().await == total
+    })
+    .await;
     for (i, t) in tasks.iter_mut().enumerate() {
         if let Some(t) = t.take() {
             stops[i].take().unwrap().send(()).unwrap();
@@ -89,13 +106,20 @@ async fn three_relays_with_injected_failures_and_a_dead_relay_keep_per_key_order
         }
     }
     let backed_off = count(&c, "SELECT count(*) FROM outbox WHERE attempts > 0").await;
-    assert!(backed_off > 100, "injected failures exercised the backoff path ({backed_off} rows)");
+    assert!(
+        backed_off > 100,
+        "injected failures exercised the backoff path ({backed_off} rows)"
+    );
 
     // Consumer side: per key, the first delivery of each seq must come in seq order.
     let recs = read_all(&topic).await;
     let mut by_key: HashMap<Vec<u8>, Vec<(i32, i64, i64)>> = HashMap::new();
     for r in &recs {
-        by_key.entry(r.key.clone().unwrap()).or_default().push((r.partition, r.offset, r.json()["seq"].as_i64().unwrap()));
+        by_key.entry(r.key.clone().unwrap()).or_default().push((
+            r.partition,
+            r.offset,
+            r.json()["seq"].as_i64().unwrap(),
+        ));
     }
     let mut duplicates = 0;
     for (key, mut v) in by_key {
@@ -108,7 +132,12 @@ async fn three_relays_with_injected_failures_and_a_dead_relay_keep_per_key_order
                 duplicates += 1; // a re-send of an already delivered row
                 continue;
             }
-            assert_eq!(seq, next, "key {}: first delivery of seq {seq} before {next}", String::from_utf8_lossy(&key));
+            assert_eq!(
+                seq,
+                next,
+                "key {}: first delivery of seq {seq} before {next}",
+                String::from_utf8_lossy(&key)
+            );
             next += 1;
         }
         assert_eq!(next, per_key as i64, "every seq delivered");

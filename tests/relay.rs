@@ -16,8 +16,16 @@ async fn committed_enqueue_publishes_exactly_one_message_with_key_headers_and_bo
     create_topic(&topic, 3).await;
     let mut c = client(&db).await;
 
-    let msg = Message::new(&topic, "order_created", "A-1024", serde_json::json!({"items": 3, "total": 1500}))
-        .with_header("traceparent", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01");
+    let msg = Message::new(
+        &topic,
+        "order_created",
+        "A-1024",
+        serde_json::json!({"items": 3, "total": 1500}),
+    )
+    .with_header(
+        "traceparent",
+        "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+    );
     let tx = c.transaction().await.unwrap();
     // The free function resolves `outbox` through search_path, like plain SQL does.
     enqueue(&tx, &msg).await.unwrap();
@@ -34,13 +42,25 @@ async fn committed_enqueue_publishes_exactly_one_message_with_key_headers_and_bo
     assert_eq!(r.headers["message_type"], "order_created");
     assert_eq!(r.headers["entity_id"], "A-1024");
     assert_eq!(r.headers["message_id"], msg.message_id().to_string());
-    assert_eq!(uuid::Uuid::parse_str(&r.headers["message_id"]).unwrap().get_version_num(), 7);
+    assert_eq!(
+        uuid::Uuid::parse_str(&r.headers["message_id"])
+            .unwrap()
+            .get_version_num(),
+        7
+    );
     let ts = &r.headers["timestamp"];
-    assert!(ts.ends_with('Z') && humantime::parse_rfc3339(ts).is_ok(), "timestamp {ts}");
+    assert!(
+        ts.ends_with('Z') && humantime::parse_rfc3339(ts).is_ok(),
+        "timestamp {ts}"
+    );
     assert!(r.headers["traceparent"].starts_with("00-4bf9"));
     assert_eq!(r.json(), serde_json::json!({"items": 3, "total": 1500}));
 
-    let sent = count(&c, "SELECT count(*) FROM outbox WHERE status = 'sent' AND sent_at IS NOT NULL").await;
+    let sent = count(
+        &c,
+        "SELECT count(*) FROM outbox WHERE status = 'sent' AND sent_at IS NOT NULL",
+    )
+    .await;
     assert_eq!(sent, 1);
 }
 
@@ -51,16 +71,26 @@ async fn batch_enqueue_keeps_order_and_keyless_must_be_explicit() {
     create_topic(&topic, 1).await;
     let mut c = client(&db).await;
     let enq = Enqueuer::new(&db.schema);
-    let msgs: Vec<_> = (0..50).map(|i| Message::new(&topic, "t", "same-key", serde_json::json!({"seq": i}))).collect();
+    let msgs: Vec<_> = (0..50)
+        .map(|i| Message::new(&topic, "t", "same-key", serde_json::json!({"seq": i})))
+        .collect();
     let tx = c.transaction().await.unwrap();
     assert_eq!(enq.enqueue_batch(&tx, &msgs).await.unwrap(), 50);
-    enq.enqueue(&tx, &Message::keyless(&topic, "t", serde_json::json!({"seq": 50}))).await.unwrap();
+    enq.enqueue(
+        &tx,
+        &Message::keyless(&topic, "t", serde_json::json!({"seq": 50})),
+    )
+    .await
+    .unwrap();
     tx.commit().await.unwrap();
 
     let relay = Relay::new(&db, &kafka(), relay_config()).unwrap();
     assert_eq!(drain(&relay).await, 51);
     let recs = read_all(&topic).await;
-    let seqs: Vec<i64> = recs.iter().map(|r| r.json()["seq"].as_i64().unwrap()).collect();
+    let seqs: Vec<i64> = recs
+        .iter()
+        .map(|r| r.json()["seq"].as_i64().unwrap())
+        .collect();
     assert_eq!(seqs, (0..51).collect::<Vec<_>>());
     assert!(recs[50].key.is_none());
     assert!(!recs[50].headers.contains_key("entity_id"));
@@ -75,15 +105,30 @@ async fn rolled_back_enqueue_publishes_nothing() {
     let enq = Enqueuer::new(&db.schema);
 
     let tx = c.transaction().await.unwrap();
-    enq.enqueue(&tx, &Message::new(&topic, "t", "rolled", serde_json::json!({"n": 1}))).await.unwrap();
+    enq.enqueue(
+        &tx,
+        &Message::new(&topic, "t", "rolled", serde_json::json!({"n": 1})),
+    )
+    .await
+    .unwrap();
     tx.rollback().await.unwrap();
     {
         // Dropped without commit: rolled back too.
         let tx = c.transaction().await.unwrap();
-        enq.enqueue(&tx, &Message::new(&topic, "t", "dropped", serde_json::json!({"n": 2}))).await.unwrap();
+        enq.enqueue(
+            &tx,
+            &Message::new(&topic, "t", "dropped", serde_json::json!({"n": 2})),
+        )
+        .await
+        .unwrap();
     }
     let tx = c.transaction().await.unwrap();
-    enq.enqueue(&tx, &Message::new(&topic, "t", "committed", serde_json::json!({"n": 3}))).await.unwrap();
+    enq.enqueue(
+        &tx,
+        &Message::new(&topic, "t", "committed", serde_json::json!({"n": 3})),
+    )
+    .await
+    .unwrap();
     tx.commit().await.unwrap();
 
     let relay = Relay::new(&db, &kafka(), relay_config()).unwrap();
@@ -102,19 +147,40 @@ async fn invalid_messages_are_refused_and_nothing_is_written() {
     let tx = c.transaction().await.unwrap();
     let ok = Message::new("orders.created", "t", "k", serde_json::json!({}));
     for (bad, what) in [
-        (Message::new("orders.created_v2", "t", "k", serde_json::json!({})), "mixes"),
-        (Message::new("orders created", "t", "k", serde_json::json!({})), "only ASCII"),
+        (
+            Message::new("orders.created_v2", "t", "k", serde_json::json!({})),
+            "mixes",
+        ),
+        (
+            Message::new("orders created", "t", "k", serde_json::json!({})),
+            "only ASCII",
+        ),
         (Message::new("", "t", "k", serde_json::json!({})), "empty"),
-        (Message::new(&"a".repeat(250), "t", "k", serde_json::json!({})), "249"),
-        (Message::new("orders.created", "", "k", serde_json::json!({})), "message_type"),
-        (Message::new("orders.created", "t", "", serde_json::json!({})), "keyless"),
-        (ok.clone().with_header("message_id", "forged"), "cannot be overridden"),
+        (
+            Message::new(&"a".repeat(250), "t", "k", serde_json::json!({})),
+            "249",
+        ),
+        (
+            Message::new("orders.created", "", "k", serde_json::json!({})),
+            "message_type",
+        ),
+        (
+            Message::new("orders.created", "t", "", serde_json::json!({})),
+            "keyless",
+        ),
+        (
+            ok.clone().with_header("message_id", "forged"),
+            "cannot be overridden",
+        ),
     ] {
         let e = enq.enqueue(&tx, &bad).await.unwrap_err();
         assert!(e.to_string().contains(what), "{e} should mention {what}");
         assert!(!e.is_transient());
         // A batch with one bad message writes none of them.
-        let e = enq.enqueue_batch(&tx, &[ok.clone(), bad]).await.unwrap_err();
+        let e = enq
+            .enqueue_batch(&tx, &[ok.clone(), bad])
+            .await
+            .unwrap_err();
         assert!(e.to_string().contains(what));
     }
     tx.commit().await.unwrap();
@@ -127,7 +193,9 @@ async fn plain_sql_enqueue_from_sql_dir_is_delivered() {
     let topic = topic_name();
     create_topic(&topic, 1).await;
     let c = client(&db).await;
-    c.batch_execute("CREATE TABLE orders (order_number text, total int, status text)").await.unwrap();
+    c.batch_execute("CREATE TABLE orders (order_number text, total int, status text)")
+        .await
+        .unwrap();
     let script = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/sql/enqueue.sql"))
         .unwrap()
         .replace("'orders.created'", &format!("'{topic}'"));
@@ -141,8 +209,17 @@ async fn plain_sql_enqueue_from_sql_dir_is_delivered() {
     assert_eq!(r.key.as_deref(), Some(&b"A-1024"[..]));
     assert_eq!(r.headers["message_type"], "order_created");
     assert_eq!(r.headers["entity_id"], "A-1024");
-    assert_eq!(uuid::Uuid::parse_str(&r.headers["message_id"]).unwrap().get_version_num(), 7);
-    assert!(humantime::parse_rfc3339(&r.headers["timestamp"]).is_ok(), "{}", r.headers["timestamp"]);
+    assert_eq!(
+        uuid::Uuid::parse_str(&r.headers["message_id"])
+            .unwrap()
+            .get_version_num(),
+        7
+    );
+    assert!(
+        humantime::parse_rfc3339(&r.headers["timestamp"]).is_ok(),
+        "{}",
+        r.headers["timestamp"]
+    );
     assert_eq!(r.json()["total"], 1500);
     assert_eq!(count(&c, "SELECT count(*) FROM orders").await, 1);
 }
@@ -153,7 +230,10 @@ async fn commit_wakes_the_relay_through_notify_for_both_enqueue_paths() {
     let topic = topic_name();
     create_topic(&topic, 1).await;
     // Polling once an hour: only the trigger's notification can make delivery quick.
-    let cfg = outbox::RelayConfig { poll_interval: Duration::from_secs(3600), ..relay_config() };
+    let cfg = outbox::RelayConfig {
+        poll_interval: Duration::from_secs(3600),
+        ..relay_config()
+    };
     let relay = Relay::new(&db, &kafka(), cfg).unwrap();
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let running = tokio::spawn(relay.run(async move {
@@ -165,16 +245,31 @@ async fn commit_wakes_the_relay_through_notify_for_both_enqueue_paths() {
         let lc = &lc;
         let ch = db.schema.notify_channel();
         async move {
-            count(lc, &format!("SELECT count(*) FROM pg_stat_activity WHERE query = 'LISTEN \"{ch}\"'")).await > 0
+            count(
+                lc,
+                &format!("SELECT count(*) FROM pg_stat_activity WHERE query = 'LISTEN \"{ch}\"'"),
+            )
+            .await
+                > 0
         }
     })
     .await;
 
     let mut c = client(&db).await;
     let tx = c.transaction().await.unwrap();
-    enqueue(&tx, &Message::new(&topic, "t", "lib", serde_json::json!({}))).await.unwrap();
+    enqueue(
+        &tx,
+        &Message::new(&topic, "t", "lib", serde_json::json!({})),
+    )
+    .await
+    .unwrap();
     tx.commit().await.unwrap();
-    wait_until(Duration::from_secs(10), "library enqueue delivered", || async { topic_len(&topic).await == 1 }).await;
+    wait_until(
+        Duration::from_secs(10),
+        "library enqueue delivered",
+        || async { topic_len(&topic).await == 1 },
+    )
+    .await;
 
     c.batch_execute(&format!(
         "INSERT INTO outbox (topic, message_key, headers, payload) VALUES ('{topic}', 'sql', \
@@ -183,7 +278,12 @@ async fn commit_wakes_the_relay_through_notify_for_both_enqueue_paths() {
     ))
     .await
     .unwrap();
-    wait_until(Duration::from_secs(10), "plain SQL enqueue delivered", || async { topic_len(&topic).await == 2 }).await;
+    wait_until(
+        Duration::from_secs(10),
+        "plain SQL enqueue delivered",
+        || async { topic_len(&topic).await == 2 },
+    )
+    .await;
 
     stop_tx.send(()).unwrap();
     running.await.unwrap().unwrap();
@@ -207,12 +307,24 @@ async fn unknown_topic_and_oversize_rows_back_off_then_fail_while_others_flow() 
     let good = enqueue_n(&db, &topic, 20, 5, 20).await;
 
     let max_attempts = 3;
-    let cfg = outbox::RelayConfig { max_attempts, ..relay_config() };
+    let cfg = outbox::RelayConfig {
+        max_attempts,
+        ..relay_config()
+    };
     let relay = Relay::new(&db, &kafka(), cfg).unwrap();
-    let Outcome::Published(r) = relay.run_once().await.unwrap() else { panic!("nothing claimed") };
-    assert_eq!((r.claimed, r.sent, r.backed_off, r.deferred), (22, 20, 2, 0));
+    let Outcome::Published(r) = relay.run_once().await.unwrap() else {
+        panic!("nothing claimed")
+    };
+    assert_eq!(
+        (r.claimed, r.sent, r.backed_off, r.deferred),
+        (22, 20, 2, 0)
+    );
     // The good rows went through in the same pass.
-    let got: HashSet<String> = read_all(&topic).await.iter().map(Record::message_id).collect();
+    let got: HashSet<String> = read_all(&topic)
+        .await
+        .iter()
+        .map(Record::message_id)
+        .collect();
     assert_eq!(got, good.iter().cloned().collect());
 
     // First failure: attempts 1, readable error, available_at ≈ now + 1 s (±25 % jitter).
@@ -242,8 +354,12 @@ async fn unknown_topic_and_oversize_rows_back_off_then_fail_while_others_flow() 
 
     // Make them due (instead of sleeping) and fail them to the maximum.
     for attempt in 2..=max_attempts {
-        c.batch_execute("UPDATE outbox SET available_at = now() WHERE status = 'pending'").await.unwrap();
-        let Outcome::Published(r) = relay.run_once().await.unwrap() else { panic!("nothing claimed") };
+        c.batch_execute("UPDATE outbox SET available_at = now() WHERE status = 'pending'")
+            .await
+            .unwrap();
+        let Outcome::Published(r) = relay.run_once().await.unwrap() else {
+            panic!("nothing claimed")
+        };
         assert_eq!(r.backed_off, 2, "attempt {attempt}");
         if attempt == 2 {
             let delay: f64 = c
@@ -255,16 +371,27 @@ async fn unknown_topic_and_oversize_rows_back_off_then_fail_while_others_flow() 
         }
     }
     let failed = c
-        .query("SELECT attempts, last_error FROM outbox WHERE status = 'failed' ORDER BY id", &[])
+        .query(
+            "SELECT attempts, last_error FROM outbox WHERE status = 'failed' ORDER BY id",
+            &[],
+        )
         .await
         .unwrap();
     assert_eq!(failed.len(), 2);
     assert!(failed.iter().all(|r| r.get::<_, i32>(0) == max_attempts));
-    c.batch_execute("UPDATE outbox SET available_at = now()").await.unwrap();
-    assert!(matches!(relay.run_once().await.unwrap(), Outcome::Empty), "failed rows are not retried");
+    c.batch_execute("UPDATE outbox SET available_at = now()")
+        .await
+        .unwrap();
+    assert!(
+        matches!(relay.run_once().await.unwrap(), Outcome::Empty),
+        "failed rows are not retried"
+    );
 
     let st = outbox::status(&db).await.unwrap();
-    assert_eq!((st.count("sent"), st.count("failed"), st.count("pending")), (20, 2, 0));
+    assert_eq!(
+        (st.count("sent"), st.count("failed"), st.count("pending")),
+        (20, 2, 0)
+    );
     assert_eq!(st.failed_by_error.len(), 2);
 }
 
@@ -284,9 +411,15 @@ async fn broker_side_size_limit_is_reported_too() {
     // Let the client send it so the broker (message.max.bytes ≈ 1 MB) is the one that refuses.
     k.set_from_pair("message.max.bytes=10000000").unwrap();
     let relay = Relay::new(&db, &k, relay_config()).unwrap();
-    let Outcome::Published(r) = relay.run_once().await.unwrap() else { panic!() };
+    let Outcome::Published(r) = relay.run_once().await.unwrap() else {
+        panic!()
+    };
     assert_eq!(r.backed_off, 1);
-    let err: String = c.query_one("SELECT last_error FROM outbox", &[]).await.unwrap().get(0);
+    let err: String = c
+        .query_one("SELECT last_error FROM outbox", &[])
+        .await
+        .unwrap()
+        .get(0);
     assert!(err.to_lowercase().contains("too large"), "{err}");
 }
 
@@ -305,10 +438,15 @@ async fn garbage_headers_and_invalid_topic_rows_from_plain_sql_fail_cleanly() {
     .await
     .unwrap();
     let relay = Relay::new(&db, &kafka(), relay_config()).unwrap();
-    let Outcome::Published(r) = relay.run_once().await.unwrap() else { panic!() };
+    let Outcome::Published(r) = relay.run_once().await.unwrap() else {
+        panic!()
+    };
     assert_eq!((r.sent, r.backed_off), (1, 2));
     let errs: Vec<String> = c
-        .query("SELECT last_error FROM outbox WHERE status <> 'sent' ORDER BY id", &[])
+        .query(
+            "SELECT last_error FROM outbox WHERE status <> 'sent' ORDER BY id",
+            &[],
+        )
         .await
         .unwrap()
         .iter()
@@ -329,8 +467,14 @@ async fn two_relays_over_20000_rows_send_each_exactly_once() {
     create_topic(&topic, 6).await;
     let ids = enqueue_n(&db, &topic, 20_000, 1000, 1000).await;
 
-    let cfg = outbox::RelayConfig { batch_size: 500, ..relay_config() };
-    let relays = [Arc::new(Relay::new(&db, &kafka(), cfg.clone()).unwrap()), Arc::new(Relay::new(&db, &kafka(), cfg).unwrap())];
+    let cfg = outbox::RelayConfig {
+        batch_size: 500,
+        ..relay_config()
+    };
+    let relays = [
+        Arc::new(Relay::new(&db, &kafka(), cfg.clone()).unwrap()),
+        Arc::new(Relay::new(&db, &kafka(), cfg).unwrap()),
+    ];
     // Converge lane ownership first (normally every rebalance interval): each takes half.
     for _ in 0..2 {
         for r in &relays {
@@ -354,10 +498,16 @@ async fn two_relays_over_20000_rows_send_each_exactly_once() {
     // A relay may see "empty" while the other still holds rows; finish with one more drain.
     let tail = drain(&relays[0]).await;
     assert_eq!(per_relay.iter().sum::<usize>() + tail, 20_000);
-    assert!(per_relay.iter().all(|n| *n > 0), "both relays worked: {per_relay:?}");
+    assert!(
+        per_relay.iter().all(|n| *n > 0),
+        "both relays worked: {per_relay:?}"
+    );
 
     let c = client(&db).await;
-    assert_eq!(count(&c, "SELECT count(*) FROM outbox WHERE status = 'sent'").await, 20_000);
+    assert_eq!(
+        count(&c, "SELECT count(*) FROM outbox WHERE status = 'sent'").await,
+        20_000
+    );
 
     let recs = read_all(&topic).await;
     assert_eq!(recs.len(), 20_000, "no message twice");
@@ -366,5 +516,8 @@ async fn two_relays_over_20000_rows_send_each_exactly_once() {
         *seen.entry(r.message_id()).or_default() += 1;
     }
     assert!(seen.values().all(|n| *n == 1));
-    assert_eq!(seen.keys().cloned().collect::<HashSet<_>>(), ids.into_iter().collect::<HashSet<_>>());
+    assert_eq!(
+        seen.keys().cloned().collect::<HashSet<_>>(),
+        ids.into_iter().collect::<HashSet<_>>()
+    );
 }

@@ -29,13 +29,23 @@ fn tls_url(extra: &str) -> String {
 
 async fn ssl_in_use(db: &DbConfig) -> bool {
     let c = outbox::connect(db).await.unwrap();
-    c.query_one("SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()", &[]).await.unwrap().get(0)
+    c.query_one(
+        "SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()",
+        &[],
+    )
+    .await
+    .unwrap()
+    .get(0)
 }
 
 #[tokio::test]
 async fn postgres_over_tls_verify_full_and_a_wrong_ca_is_refused() {
     let schema = format!("s_{}", hex(10));
-    let db = DbConfig::new(&tls_url(&format!("sslmode=verify-full&sslrootcert={}", ca())), &schema).unwrap();
+    let db = DbConfig::new(
+        &tls_url(&format!("sslmode=verify-full&sslrootcert={}", ca())),
+        &schema,
+    )
+    .unwrap();
     assert_eq!(db.tls_verify, outbox::TlsVerify::Full);
     outbox::migrate(&db).await.unwrap();
     assert!(ssl_in_use(&db).await, "the session is encrypted");
@@ -45,7 +55,13 @@ async fn postgres_over_tls_verify_full_and_a_wrong_ca_is_refused() {
     create_topic(&topic, 1).await;
     let mut c = outbox::connect(&db).await.unwrap();
     let tx = c.transaction().await.unwrap();
-    outbox::Enqueuer::new(&db.schema).enqueue(&tx, &outbox::Message::new(&topic, "t", "k", serde_json::json!({}))).await.unwrap();
+    outbox::Enqueuer::new(&db.schema)
+        .enqueue(
+            &tx,
+            &outbox::Message::new(&topic, "t", "k", serde_json::json!({})),
+        )
+        .await
+        .unwrap();
     tx.commit().await.unwrap();
     let relay = Relay::new(&db, &kafka(), relay_config()).unwrap();
     assert_eq!(drain(&relay).await, 1);
@@ -56,9 +72,15 @@ async fn postgres_over_tls_verify_full_and_a_wrong_ca_is_refused() {
     assert!(ssl_in_use(&req).await);
 
     // A CA that did not sign the server certificate: verification really happens.
-    let wrong = DbConfig::new(&tls_url("sslmode=verify-full&sslrootcert=/etc/ssl/certs/ssl-cert-snakeoil.pem"), &schema);
+    let wrong = DbConfig::new(
+        &tls_url("sslmode=verify-full&sslrootcert=/etc/ssl/certs/ssl-cert-snakeoil.pem"),
+        &schema,
+    );
     if let Ok(wrong) = wrong {
-        let e = outbox::connect(&wrong).await.err().expect("connection with an untrusted certificate must fail");
+        let e = outbox::connect(&wrong)
+            .await
+            .err()
+            .expect("connection with an untrusted certificate must fail");
         let text = format!("{e:?}");
         assert!(text.contains("certificate verify failed"), "{text}");
     }
@@ -86,28 +108,50 @@ async fn kafka_over_sasl_ssl_publishes_and_bad_credentials_lose_nothing() {
     let ids = enqueue_n(&db, &topic, 20, 5, 20).await;
 
     // Wrong password: nothing is lost, rows stay pending (no attempt spent), no crash.
-    let cfg = outbox::RelayConfig { delivery_timeout: Duration::from_secs(2), ..relay_config() };
+    let cfg = outbox::RelayConfig {
+        delivery_timeout: Duration::from_secs(2),
+        ..relay_config()
+    };
     let bad = Relay::new(&db, &sasl_kafka(KAFKA_USER, "wrong-password"), cfg).unwrap();
     let outcome = bad.run_once().await.unwrap();
-    let outbox::Outcome::Published(r) = outcome else { panic!("claimed nothing") };
+    let outbox::Outcome::Published(r) = outcome else {
+        panic!("claimed nothing")
+    };
     assert_eq!((r.sent, r.deferred), (0, 20), "{r:?}");
     let c = client(&db).await;
-    assert_eq!(count(&c, "SELECT count(*) FROM outbox WHERE status = 'pending' AND attempts = 0").await, 20);
+    assert_eq!(
+        count(
+            &c,
+            "SELECT count(*) FROM outbox WHERE status = 'pending' AND attempts = 0"
+        )
+        .await,
+        20
+    );
 
     drop(bad); // frees its ordering lanes, as a stopped relay does
     let good = Relay::new(&db, &sasl_kafka(KAFKA_USER, KAFKA_PASSWORD), relay_config()).unwrap();
     assert_eq!(drain(&good).await, 20);
-    let got: std::collections::HashSet<String> = read_all(&topic).await.iter().map(Record::message_id).collect();
+    let got: std::collections::HashSet<String> = read_all(&topic)
+        .await
+        .iter()
+        .map(Record::message_id)
+        .collect();
     assert_eq!(got, ids.into_iter().collect());
 }
 
 fn output_text(o: &std::process::Output) -> String {
-    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_password_appears_in_any_log_line_or_error_of_a_full_run() {
-    let admin = outbox::connect(&DbConfig::new(&database_url(), "public").unwrap()).await.unwrap();
+    let admin = outbox::connect(&DbConfig::new(&database_url(), "public").unwrap())
+        .await
+        .unwrap();
     admin
         .batch_execute(&format!(
             "DO $$ BEGIN
@@ -119,13 +163,25 @@ async fn no_password_appears_in_any_log_line_or_error_of_a_full_run() {
         .await
         .unwrap();
     let pg = tokio_postgres::Config::from_str_url(&database_url());
-    let url = format!("postgres://scan_user:{PG_PASSWORD}@{}/{}?sslmode=verify-full&sslrootcert={}", pg.0, pg.1, ca());
-    let bad_url = format!("postgres://scan_user:{PG_PASSWORD}-wrong@{}/{}?sslmode=require", pg.0, pg.1);
+    let url = format!(
+        "postgres://scan_user:{PG_PASSWORD}@{}/{}?sslmode=verify-full&sslrootcert={}",
+        pg.0,
+        pg.1,
+        ca()
+    );
+    let bad_url = format!(
+        "postgres://scan_user:{PG_PASSWORD}-wrong@{}/{}?sslmode=require",
+        pg.0, pg.1
+    );
     let schema = format!("s_{}", hex(10));
     let topic = topic_name();
     let dir = std::env::temp_dir().join(format!("scan-{}", hex(6)));
     std::fs::create_dir_all(&dir).unwrap();
-    std::fs::write(dir.join("topics.toml"), format!("[[topic]]\nname = \"{topic}\"\npartitions = 2\n")).unwrap();
+    std::fs::write(
+        dir.join("topics.toml"),
+        format!("[[topic]]\nname = \"{topic}\"\npartitions = 2\n"),
+    )
+    .unwrap();
     let x = |p: &str| ["-X".to_owned(), p.to_owned()];
     let sasl: Vec<String> = [
         x("security.protocol=SASL_SSL"),
@@ -153,33 +209,68 @@ async fn no_password_appears_in_any_log_line_or_error_of_a_full_run() {
     let o = outbox_cmd(&s(&["migrate"]), &url).output().unwrap();
     assert!(o.status.success(), "{}", output_text(&o));
     log += &output_text(&o);
-    let o = outbox_cmd(&[s(&["topics", "apply", dir.join("topics.toml").to_str().unwrap()]), sasl.clone()].concat(), &url).output().unwrap();
+    let o = outbox_cmd(
+        &[
+            s(&["topics", "apply", dir.join("topics.toml").to_str().unwrap()]),
+            sasl.clone(),
+        ]
+        .concat(),
+        &url,
+    )
+    .output()
+    .unwrap();
     assert!(o.status.success(), "{}", output_text(&o));
     log += &output_text(&o);
 
     // Enqueue, then a relay over TLS + SASL_SSL with debug logging until everything is sent.
     let db = DbConfig::new(&url, &schema).unwrap();
     let ids = enqueue_n(&db, &topic, 200, 10, 50).await;
-    let child = outbox_cmd(&[s(&["relay", "--cleanup-interval", "200ms"]), sasl.clone()].concat(), &url).spawn().unwrap();
+    let child = outbox_cmd(
+        &[s(&["relay", "--cleanup-interval", "200ms"]), sasl.clone()].concat(),
+        &url,
+    )
+    .spawn()
+    .unwrap();
     let c = outbox::connect(&db).await.unwrap();
     let pending = format!("SELECT count(*) FROM \"{schema}\".outbox WHERE status <> 'sent'");
-    wait_until(Duration::from_secs(30), "relay sent everything", || async { count(&c, &pending).await == 0 }).await;
-    Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
+    wait_until(Duration::from_secs(30), "relay sent everything", || async {
+        count(&c, &pending).await == 0
+    })
+    .await;
+    Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
     let o = child.wait_with_output().unwrap();
     assert!(o.status.success(), "{}", output_text(&o));
     log += &output_text(&o);
-    let got: std::collections::HashSet<String> = read_all(&topic).await.iter().map(Record::message_id).collect();
+    let got: std::collections::HashSet<String> = read_all(&topic)
+        .await
+        .iter()
+        .map(Record::message_id)
+        .collect();
     assert!(ids.iter().all(|i| got.contains(i)));
 
     // Failure paths: wrong database password, wrong Kafka password, misspelt secret property.
     let o = outbox_cmd(&s(&["status"]), &bad_url).output().unwrap();
     assert_eq!(o.status.code(), Some(1));
     log += &output_text(&o);
-    let bad_sasl: Vec<String> = sasl.iter().map(|a| a.replace(KAFKA_PASSWORD, &format!("{KAFKA_PASSWORD}-wrong"))).collect();
-    let mut child = outbox_cmd(&[s(&["relay", "--delivery-timeout", "1s"]), bad_sasl].concat(), &url).spawn().unwrap();
+    let bad_sasl: Vec<String> = sasl
+        .iter()
+        .map(|a| a.replace(KAFKA_PASSWORD, &format!("{KAFKA_PASSWORD}-wrong")))
+        .collect();
+    let mut child = outbox_cmd(
+        &[s(&["relay", "--delivery-timeout", "1s"]), bad_sasl].concat(),
+        &url,
+    )
+    .spawn()
+    .unwrap();
     enqueue_n(&db, &topic, 5, 5, 5).await;
     tokio::time::sleep(Duration::from_secs(4)).await; // let it fail to authenticate and log it
-    Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
+    Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
     let o = tokio::task::spawn_blocking(move || {
         let _ = child.stdin.take();
         child.wait_with_output().unwrap()
@@ -187,15 +278,34 @@ async fn no_password_appears_in_any_log_line_or_error_of_a_full_run() {
     .await
     .unwrap();
     let text = output_text(&o);
-    assert!(text.to_lowercase().contains("authentication"), "the auth failure is reported: {text}");
+    assert!(
+        text.to_lowercase().contains("authentication"),
+        "the auth failure is reported: {text}"
+    );
     log += &text;
-    let o = outbox_cmd(&[s(&["relay"]), x(&format!("sasl.pasword={KAFKA_PASSWORD}")).to_vec()].concat(), &url).output().unwrap();
+    let o = outbox_cmd(
+        &[
+            s(&["relay"]),
+            x(&format!("sasl.pasword={KAFKA_PASSWORD}")).to_vec(),
+        ]
+        .concat(),
+        &url,
+    )
+    .output()
+    .unwrap();
     assert_eq!(o.status.code(), Some(2));
     log += &output_text(&o);
 
     assert!(log.len() > 1000, "the scan saw real output");
     for secret in [PG_PASSWORD, KAFKA_PASSWORD] {
-        assert!(!log.contains(secret), "secret {secret} leaked:\n{}", log.lines().filter(|l| l.contains(secret)).collect::<Vec<_>>().join("\n"));
+        assert!(
+            !log.contains(secret),
+            "secret {secret} leaked:\n{}",
+            log.lines()
+                .filter(|l| l.contains(secret))
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
     }
 }
 
@@ -211,6 +321,12 @@ impl UrlParts for tokio_postgres::Config {
             #[allow(unreachable_patterns)]
             _ => "127.0.0.1".into(),
         };
-        (format!("{host}:{}", cfg.get_ports().first().copied().unwrap_or(5432)), cfg.get_dbname().unwrap_or("outbox").to_owned())
+        (
+            format!(
+                "{host}:{}",
+                cfg.get_ports().first().copied().unwrap_or(5432)
+            ),
+            cfg.get_dbname().unwrap_or("outbox").to_owned(),
+        )
     }
 }

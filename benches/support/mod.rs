@@ -9,7 +9,8 @@ use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 
 pub fn database_url() -> String {
-    std::env::var("DATABASE_URL").unwrap_or_else(|_| "postgres://outbox:outbox@127.0.0.1:5432/outbox".into())
+    std::env::var("DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://outbox:outbox@127.0.0.1:5432/outbox".into())
 }
 
 pub fn bootstrap() -> String {
@@ -23,38 +24,56 @@ pub fn full() -> bool {
 
 /// `name` from the environment as a number, else `default`.
 pub fn param(name: &str, default: usize) -> usize {
-    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
 }
 
 pub fn rand_name(n: usize) -> String {
-    (0..n).map(|_| fastrand::alphanumeric().to_ascii_lowercase()).collect()
+    (0..n)
+        .map(|_| fastrand::alphanumeric().to_ascii_lowercase())
+        .collect()
 }
 
 pub async fn fresh_db() -> outbox::DbConfig {
     let db = outbox::DbConfig::new(&database_url(), &format!("bench_{}", rand_name(10))).unwrap();
-    outbox::migrate(&db).await.expect("migrate: are dev/up.sh services running?");
+    outbox::migrate(&db)
+        .await
+        .expect("migrate: are dev/up.sh services running?");
     db
 }
 
 pub async fn drop_schema(db: &outbox::DbConfig) {
     let c = outbox::connect(db).await.unwrap();
-    c.batch_execute(&format!("DROP SCHEMA {} CASCADE", db.schema.quoted())).await.unwrap();
+    c.batch_execute(&format!("DROP SCHEMA {} CASCADE", db.schema.quoted()))
+        .await
+        .unwrap();
 }
 
 /// Kafka settings; extra librdkafka properties from `KAFKA_PROPERTIES` (`name=value;…`).
 pub fn kafka() -> outbox::KafkaConfig {
     let mut k = outbox::KafkaConfig::new(&bootstrap()).unwrap();
-    for pair in std::env::var("KAFKA_PROPERTIES").unwrap_or_default().split(';').filter(|p| !p.is_empty()) {
+    for pair in std::env::var("KAFKA_PROPERTIES")
+        .unwrap_or_default()
+        .split(';')
+        .filter(|p| !p.is_empty())
+    {
         k.set_from_pair(pair).unwrap();
     }
     k
 }
 
 pub async fn create_topic(name: &str, partitions: i32) {
-    let admin: AdminClient<DefaultClientContext> =
-        rdkafka::ClientConfig::new().set("bootstrap.servers", bootstrap()).create().unwrap();
+    let admin: AdminClient<DefaultClientContext> = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", bootstrap())
+        .create()
+        .unwrap();
     for r in admin
-        .create_topics(&[NewTopic::new(name, partitions, TopicReplication::Fixed(1))], &AdminOptions::new())
+        .create_topics(
+            &[NewTopic::new(name, partitions, TopicReplication::Fixed(1))],
+            &AdminOptions::new(),
+        )
         .await
         .unwrap()
     {
@@ -63,8 +82,10 @@ pub async fn create_topic(name: &str, partitions: i32) {
 }
 
 pub async fn delete_topic(name: &str) {
-    let admin: AdminClient<DefaultClientContext> =
-        rdkafka::ClientConfig::new().set("bootstrap.servers", bootstrap()).create().unwrap();
+    let admin: AdminClient<DefaultClientContext> = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", bootstrap())
+        .create()
+        .unwrap();
     let _ = admin.delete_topics(&[name], &AdminOptions::new()).await;
 }
 
@@ -94,7 +115,9 @@ pub async fn fill_outbox(db: &outbox::DbConfig, topic: &str, rows: usize, keys: 
         .unwrap();
         done += n;
     }
-    c.batch_execute(&format!("ANALYZE {}.outbox", db.schema.quoted())).await.unwrap();
+    c.batch_execute(&format!("ANALYZE {}.outbox", db.schema.quoted()))
+        .await
+        .unwrap();
 }
 
 pub fn git_commit() -> String {
@@ -135,19 +158,30 @@ pub fn round2(x: f64) -> f64 {
 pub const MINUTE: Duration = Duration::from_secs(60);
 
 pub fn now_us() -> i64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_micros() as i64
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_micros() as i64
 }
 
 /// Creates a 6-partition topic whose record timestamps are the broker's append time
 /// (`LogAppendTime`), so a reader learns when the broker accepted each record.
 pub async fn create_append_time_topic(name: &str, extra: &[(&str, &str)]) {
-    let admin: AdminClient<DefaultClientContext> =
-        rdkafka::ClientConfig::new().set("bootstrap.servers", bootstrap()).create().unwrap();
-    let mut t = NewTopic::new(name, 6, TopicReplication::Fixed(1)).set("message.timestamp.type", "LogAppendTime");
+    let admin: AdminClient<DefaultClientContext> = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", bootstrap())
+        .create()
+        .unwrap();
+    let mut t = NewTopic::new(name, 6, TopicReplication::Fixed(1))
+        .set("message.timestamp.type", "LogAppendTime");
     for (k, v) in extra {
         t = t.set(k, v);
     }
-    admin.create_topics(&[t], &AdminOptions::new()).await.unwrap()[0].as_ref().unwrap();
+    admin
+        .create_topics(&[t], &AdminOptions::new())
+        .await
+        .unwrap()[0]
+        .as_ref()
+        .unwrap();
 }
 
 /// Reads a 6-partition topic from the start on a thread until stopped, recording for each
@@ -162,7 +196,8 @@ impl Receiver {
     pub fn start(topic: &str) -> Self {
         use rdkafka::consumer::{BaseConsumer, Consumer};
         use rdkafka::message::{Headers, Message};
-        let seen: std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, (i64, i64)>>> = Default::default();
+        let seen: std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, (i64, i64)>>> =
+            Default::default();
         let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let thread = {
             let (seen, stop, topic) = (seen.clone(), stop.clone(), topic.to_owned());
@@ -176,17 +211,22 @@ impl Receiver {
                     .unwrap();
                 let mut tpl = rdkafka::TopicPartitionList::new();
                 for p in 0..6 {
-                    tpl.add_partition_offset(&topic, p, rdkafka::Offset::Beginning).unwrap();
+                    tpl.add_partition_offset(&topic, p, rdkafka::Offset::Beginning)
+                        .unwrap();
                 }
                 c.assign(&tpl).unwrap();
                 while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                     if let Some(Ok(m)) = c.poll(Duration::from_millis(50)) {
                         let at = now_us();
                         let id = m.headers().and_then(|h| {
-                            h.iter().find(|h| h.key == "message_id").and_then(|h| h.value.map(|v| String::from_utf8_lossy(v).into_owned()))
+                            h.iter().find(|h| h.key == "message_id").and_then(|h| {
+                                h.value.map(|v| String::from_utf8_lossy(v).into_owned())
+                            })
                         });
                         if let Some(id) = id {
-                            seen.lock().unwrap().insert(id, (at, m.timestamp().to_millis().unwrap_or(0)));
+                            seen.lock()
+                                .unwrap()
+                                .insert(id, (at, m.timestamp().to_millis().unwrap_or(0)));
                         }
                     }
                 }

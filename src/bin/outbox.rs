@@ -11,7 +11,11 @@ use clap::{Args, Parser, Subcommand};
 use outbox::{CleanupConfig, ConfigError, DbConfig, KafkaConfig, Relay, RelayConfig, Requeue};
 
 #[derive(Parser)]
-#[command(name = "outbox", version, about = "Transactional outbox relay and operator tools for Postgres + Kafka")]
+#[command(
+    name = "outbox",
+    version,
+    about = "Transactional outbox relay and operator tools for Postgres + Kafka"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -160,7 +164,8 @@ fn db_config(a: &DbArgs) -> Result<DbConfig, UsageError> {
 }
 
 fn kafka_config(a: &KafkaArgs) -> Result<KafkaConfig, UsageError> {
-    let mut k = KafkaConfig::new(&a.kafka_bootstrap_servers).map_err(|e| UsageError(e.to_string()))?;
+    let mut k =
+        KafkaConfig::new(&a.kafka_bootstrap_servers).map_err(|e| UsageError(e.to_string()))?;
     for p in &a.kafka_property {
         k.set_from_pair(p).map_err(|e| UsageError(e.to_string()))?;
     }
@@ -226,7 +231,9 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             };
             let relay = Relay::new(&db, &kafka, config).map_err(|e| match e {
                 outbox::RelayError::Config(c) => anyhow::Error::new(UsageError(c.to_string())),
-                outbox::RelayError::Kafka(k) => anyhow::Error::new(UsageError(format!("kafka configuration: {k}"))),
+                outbox::RelayError::Kafka(k) => {
+                    anyhow::Error::new(UsageError(format!("kafka configuration: {k}")))
+                }
                 other => anyhow::Error::new(other),
             })?;
             relay.run(shutdown_signal()).await?;
@@ -239,7 +246,12 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             } else {
                 println!("{:<8} {:>12}  oldest created_at", "status", "rows");
                 for c in &s.counts {
-                    println!("{:<8} {:>12}  {}", c.status, c.count, c.oldest.as_deref().unwrap_or("-"));
+                    println!(
+                        "{:<8} {:>12}  {}",
+                        c.status,
+                        c.count,
+                        c.oldest.as_deref().unwrap_or("-")
+                    );
                 }
                 match s.oldest_pending_age_secs {
                     Some(a) => println!("oldest pending age: {a:.1} s"),
@@ -248,7 +260,10 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 if !s.failed_by_error.is_empty() {
                     println!("failed rows by last_error:");
                     for g in &s.failed_by_error {
-                        println!("  {:>8}  ids {}..{}  {}", g.count, g.min_id, g.max_id, g.last_error);
+                        println!(
+                            "  {:>8}  ids {}..{}  {}",
+                            g.count, g.min_id, g.max_id, g.last_error
+                        );
                     }
                 }
             }
@@ -259,7 +274,9 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 (_, Some(id)) => Requeue::Id(id),
                 _ => Requeue::AllFailed,
             };
-            let n = outbox::requeue(&db, which).await.context("requeue failed")?;
+            let n = outbox::requeue(&db, which)
+                .await
+                .context("requeue failed")?;
             println!("requeued {n} row(s)");
             if let Requeue::Id(id) = which {
                 if n == 0 {
@@ -267,26 +284,38 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 }
             }
         }
-        Command::Topics { action: TopicsAction::Apply { file, kafka } } => {
+        Command::Topics {
+            action: TopicsAction::Apply { file, kafka },
+        } => {
             let kafka = kafka_config(&kafka)?;
             let specs = match std::fs::read_to_string(&file) {
-                Ok(text) => outbox::topics::plan(&text).map_err(|e| UsageError(format!("{file}: {e}")))?,
+                Ok(text) => {
+                    outbox::topics::plan(&text).map_err(|e| UsageError(format!("{file}: {e}")))?
+                }
                 Err(e) => return Err(UsageError(format!("cannot read {file}: {e}")).into()),
             };
-            let results = outbox::topics::apply(&kafka, &specs).await.context("topics apply failed")?;
+            let results = outbox::topics::apply(&kafka, &specs)
+                .await
+                .context("topics apply failed")?;
             let mut differs = 0;
             for r in &results {
                 match r {
                     outbox::topics::Applied::Created(n) => println!("created   {n}"),
                     outbox::topics::Applied::Unchanged(n) => println!("ok        {n}"),
-                    outbox::topics::Applied::Differs { name, actual, expected } => {
+                    outbox::topics::Applied::Differs {
+                        name,
+                        actual,
+                        expected,
+                    } => {
                         differs += 1;
                         println!("DIFFERS   {name}: {actual} partitions on the broker, {expected} in the file");
                     }
                 }
             }
             if differs > 0 {
-                anyhow::bail!("{differs} topic(s) differ from {file}; change them by hand or fix the file");
+                anyhow::bail!(
+                    "{differs} topic(s) differ from {file}; change them by hand or fix the file"
+                );
             }
         }
         Command::Cleanup { db, cleanup } => {
@@ -294,7 +323,9 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             if cleanup.cleanup_batch_size == 0 {
                 return Err(UsageError("cleanup batch size must be at least 1".into()).into());
             }
-            let r = outbox::cleanup(&db, &cleanup_config(&cleanup, None)).await.context("cleanup failed")?;
+            let r = outbox::cleanup(&db, &cleanup_config(&cleanup, None))
+                .await
+                .context("cleanup failed")?;
             println!(
                 "deleted {} sent outbox row(s) and {} processed_messages row(s) in {} statement(s); longest {:?}",
                 r.outbox_deleted, r.processed_deleted, r.statements, r.longest_statement
@@ -308,12 +339,17 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info,tokio_postgres=warn,refinery_core=warn".into()),
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "info,tokio_postgres=warn,refinery_core=warn".into()),
         )
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
-    let rt = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("error: cannot start runtime: {e}");
@@ -324,7 +360,8 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e:#}");
-            let usage = e.downcast_ref::<UsageError>().is_some() || e.downcast_ref::<ConfigError>().is_some();
+            let usage = e.downcast_ref::<UsageError>().is_some()
+                || e.downcast_ref::<ConfigError>().is_some();
             ExitCode::from(if usage { 2 } else { 1 })
         }
     }

@@ -83,10 +83,16 @@ pub(crate) fn rebuild(
         if replace.contains(&k.as_str()) || k.starts_with('\u{0}') {
             continue;
         }
-        h = h.insert(Header { key: k, value: v.as_deref() });
+        h = h.insert(Header {
+            key: k,
+            value: v.as_deref(),
+        });
     }
     for (k, v) in extra {
-        h = h.insert(Header { key: k, value: Some(v.as_bytes()) });
+        h = h.insert(Header {
+            key: k,
+            value: Some(v.as_bytes()),
+        });
     }
     h
 }

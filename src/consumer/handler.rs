@@ -33,19 +33,31 @@ pub struct HandlerError {
 impl HandlerError {
     /// A failure worth retrying.
     pub fn transient(message: impl fmt::Display) -> Self {
-        Self { kind: ErrorKind::Transient, message: message.to_string(), unavailable: false }
+        Self {
+            kind: ErrorKind::Transient,
+            message: message.to_string(),
+            unavailable: false,
+        }
     }
 
     /// A failure that retrying cannot fix.
     pub fn permanent(message: impl fmt::Display) -> Self {
-        Self { kind: ErrorKind::Permanent, message: message.to_string(), unavailable: false }
+        Self {
+            kind: ErrorKind::Permanent,
+            message: message.to_string(),
+            unavailable: false,
+        }
     }
 
     /// The consumer's own database is unreachable (connection refused or lost, server shutting
     /// down). The runtime waits it out with capped backoff *without* spending the message's
     /// retry budget: an outage must not push healthy messages into the dead-letter topic.
     pub fn unavailable(message: impl fmt::Display) -> Self {
-        Self { kind: ErrorKind::Transient, message: message.to_string(), unavailable: true }
+        Self {
+            kind: ErrorKind::Transient,
+            message: message.to_string(),
+            unavailable: true,
+        }
     }
 
     /// True for [`HandlerError::unavailable`] errors (and Postgres connection failures
@@ -180,7 +192,9 @@ impl Delivered {
 
     /// The key as UTF-8, if any.
     pub fn key_str(&self) -> Option<&str> {
-        self.key.as_deref().and_then(|k| std::str::from_utf8(k).ok())
+        self.key
+            .as_deref()
+            .and_then(|k| std::str::from_utf8(k).ok())
     }
 }
 
@@ -204,19 +218,28 @@ impl Delivered {
 /// ```
 pub trait Handler: Send + Sync + 'static {
     /// Handles one message within `tx`. Must not commit or roll back `tx` itself.
-    fn handle<'a>(&'a self, msg: &'a Delivered, tx: &'a tokio_postgres::Transaction<'a>)
-        -> BoxFuture<'a, Result<(), HandlerError>>;
+    fn handle<'a>(
+        &'a self,
+        msg: &'a Delivered,
+        tx: &'a tokio_postgres::Transaction<'a>,
+    ) -> BoxFuture<'a, Result<(), HandlerError>>;
 }
 
 impl<F> Handler for F
 where
-    F: for<'a> Fn(&'a Delivered, &'a tokio_postgres::Transaction<'a>) -> BoxFuture<'a, Result<(), HandlerError>>
+    F: for<'a> Fn(
+            &'a Delivered,
+            &'a tokio_postgres::Transaction<'a>,
+        ) -> BoxFuture<'a, Result<(), HandlerError>>
         + Send
         + Sync
         + 'static,
 {
-    fn handle<'a>(&'a self, msg: &'a Delivered, tx: &'a tokio_postgres::Transaction<'a>)
-        -> BoxFuture<'a, Result<(), HandlerError>> {
+    fn handle<'a>(
+        &'a self,
+        msg: &'a Delivered,
+        tx: &'a tokio_postgres::Transaction<'a>,
+    ) -> BoxFuture<'a, Result<(), HandlerError>> {
         self(msg, tx)
     }
 }
@@ -231,8 +254,11 @@ where
 /// a permanent failure then dead-letters only that message.
 pub trait BatchHandler: Send + Sync + 'static {
     /// Handles `msgs` (first deliveries only, never empty) within `tx`.
-    fn handle_batch<'a>(&'a self, msgs: &'a [&'a Delivered], tx: &'a tokio_postgres::Transaction<'a>)
-        -> BoxFuture<'a, Result<(), HandlerError>>;
+    fn handle_batch<'a>(
+        &'a self,
+        msgs: &'a [&'a Delivered],
+        tx: &'a tokio_postgres::Transaction<'a>,
+    ) -> BoxFuture<'a, Result<(), HandlerError>>;
 }
 
 #[cfg(test)]

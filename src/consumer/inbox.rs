@@ -66,8 +66,16 @@ impl Inbox {
     ///
     /// # Errors
     /// The Postgres error; the caller's transaction is then aborted.
-    pub async fn mark<C: GenericClient>(&self, tx: &C, topic: &str, message_id: &str) -> Result<bool, tokio_postgres::Error> {
-        Ok(tx.query_opt(&self.insert, &[&self.group, &topic, &message_id]).await?.is_some())
+    pub async fn mark<C: GenericClient>(
+        &self,
+        tx: &C,
+        topic: &str,
+        message_id: &str,
+    ) -> Result<bool, tokio_postgres::Error> {
+        Ok(tx
+            .query_opt(&self.insert, &[&self.group, &topic, &message_id])
+            .await?
+            .is_some())
     }
 
     /// Records many `(topic, message_id)` pairs with one statement; returns the pairs that were
@@ -82,7 +90,9 @@ impl Inbox {
     ) -> Result<std::collections::HashSet<(String, String)>, tokio_postgres::Error> {
         let topics: Vec<&str> = items.iter().map(|(t, _)| *t).collect();
         let ids: Vec<&str> = items.iter().map(|(_, m)| *m).collect();
-        let rows = tx.query(&self.insert_many, &[&self.group, &topics, &ids]).await?;
+        let rows = tx
+            .query(&self.insert_many, &[&self.group, &topics, &ids])
+            .await?;
         Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
     }
 }

@@ -34,8 +34,8 @@ pub use dead_letter::*;
 pub use handler::{BatchHandler, BoxFuture, Delivered, ErrorKind, Handler, HandlerError};
 pub use inbox::{Inbox, InboxOutcome};
 pub use retry::{
-    retry_suffix, RetryStrategy, DEFAULT_IN_PLACE_ATTEMPTS, DEFAULT_IN_PLACE_BASE, DEFAULT_IN_PLACE_MAX,
-    DEFAULT_RETRY_DELAYS,
+    retry_suffix, RetryStrategy, DEFAULT_IN_PLACE_ATTEMPTS, DEFAULT_IN_PLACE_BASE,
+    DEFAULT_IN_PLACE_MAX, DEFAULT_RETRY_DELAYS,
 };
 
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -100,7 +100,10 @@ pub struct ConsumerConfig {
 
 impl ConsumerConfig {
     /// Settings for `group` reading `topics`, with the defaults.
-    pub fn new(group: impl Into<String>, topics: impl IntoIterator<Item = impl Into<String>>) -> Self {
+    pub fn new(
+        group: impl Into<String>,
+        topics: impl IntoIterator<Item = impl Into<String>>,
+    ) -> Self {
         Self {
             group: group.into(),
             topics: topics.into_iter().map(Into::into).collect(),
@@ -116,8 +119,14 @@ impl ConsumerConfig {
 
     fn validate(&self) -> Result<(), ConsumerError> {
         let bad = |m: String| Err(ConsumerError::Config(m));
-        if self.group.trim().is_empty() || self.group.len() > 255 || self.group.chars().any(char::is_control) {
-            return bad(format!("invalid consumer group {:?}: give an explicit, printable name", self.group));
+        if self.group.trim().is_empty()
+            || self.group.len() > 255
+            || self.group.chars().any(char::is_control)
+        {
+            return bad(format!(
+                "invalid consumer group {:?}: give an explicit, printable name",
+                self.group
+            ));
         }
         if self.topics.is_empty() {
             return bad("no topics to consume".into());
@@ -129,7 +138,9 @@ impl ConsumerConfig {
             return bad("concurrency and max_buffered must be at least 1".into());
         }
         match &self.retry {
-            RetryStrategy::InPlace { attempts, .. } if *attempts == 0 => bad("in-place attempts must be at least 1".into()),
+            RetryStrategy::InPlace { attempts, .. } if *attempts == 0 => {
+                bad("in-place attempts must be at least 1".into())
+            }
             RetryStrategy::Topics { delays } => {
                 for d in delays {
                     retry_suffix(*d).map_err(ConsumerError::Config)?;
@@ -277,7 +288,11 @@ struct Raw {
 
 impl Raw {
     fn header(&self, name: &str) -> Option<&str> {
-        self.headers.iter().find(|(k, _)| k == name).and_then(|(_, v)| v.as_deref()).and_then(|v| std::str::from_utf8(v).ok())
+        self.headers
+            .iter()
+            .find(|(k, _)| k == name)
+            .and_then(|(_, v)| v.as_deref())
+            .and_then(|v| std::str::from_utf8(v).ok())
     }
 }
 
@@ -366,28 +381,51 @@ impl Consumer {
     ///
     /// # Errors
     /// [`ConsumerError::Config`] for invalid settings.
-    pub fn new(db: &DbConfig, kafka: &KafkaConfig, config: ConsumerConfig) -> Result<Self, ConsumerError> {
+    pub fn new(
+        db: &DbConfig,
+        kafka: &KafkaConfig,
+        config: ConsumerConfig,
+    ) -> Result<Self, ConsumerError> {
         config.validate()?;
-        if kafka.properties.get("enable.auto.offset.store").is_some_and(|v| v != "false") {
+        if kafka
+            .properties
+            .get("enable.auto.offset.store")
+            .is_some_and(|v| v != "false")
+        {
             return Err(ConsumerError::Config(
                 "enable.auto.offset.store must stay false: offsets are stored only for final messages".into(),
             ));
         }
-        Ok(Self { db: db.clone(), kafka: kafka.clone(), config, handlers: HashMap::new(), stats: Arc::default() })
+        Ok(Self {
+            db: db.clone(),
+            kafka: kafka.clone(),
+            config,
+            handlers: HashMap::new(),
+            stats: Arc::default(),
+        })
     }
 
     /// Registers the handler for `message_type` (replacing any earlier one).
     #[must_use]
     pub fn handler(mut self, message_type: impl Into<String>, handler: impl Handler) -> Self {
-        self.handlers.insert(message_type.into(), HandlerRef::Single(Arc::new(handler)));
+        self.handlers
+            .insert(message_type.into(), HandlerRef::Single(Arc::new(handler)));
         self
     }
 
     /// Registers a [`BatchHandler`] for `message_type`: up to `max_batch` messages per
     /// transaction (replacing any earlier handler for the type).
     #[must_use]
-    pub fn batch_handler(mut self, message_type: impl Into<String>, max_batch: usize, handler: impl BatchHandler) -> Self {
-        self.handlers.insert(message_type.into(), HandlerRef::Batch(Arc::new(handler), max_batch.max(1)));
+    pub fn batch_handler(
+        mut self,
+        message_type: impl Into<String>,
+        max_batch: usize,
+        handler: impl BatchHandler,
+    ) -> Self {
+        self.handlers.insert(
+            message_type.into(),
+            HandlerRef::Batch(Arc::new(handler), max_batch.max(1)),
+        );
         self
     }
 
@@ -415,7 +453,10 @@ impl Consumer {
     /// [`ConsumerError::MissingTopics`] when a main, retry or dead-letter topic does not exist;
     /// [`ConsumerError::Kafka`] when the clients cannot be created or the broker is unreachable
     /// at startup.
-    pub async fn run(self, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), ConsumerError> {
+    pub async fn run(
+        self,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> Result<(), ConsumerError> {
         let partitions = Arc::new(Mutex::new(Partitions::default()));
         let mut cc = self.kafka.client_config();
         cc.set("group.id", &self.config.group)
@@ -427,29 +468,49 @@ impl Consumer {
         if !self.kafka.properties.contains_key("auto.offset.reset") {
             cc.set("auto.offset.reset", "earliest");
         }
-        if !self.kafka.properties.contains_key("queued.max.messages.kbytes") {
+        if !self
+            .kafka
+            .properties
+            .contains_key("queued.max.messages.kbytes")
+        {
             // Bounds librdkafka's prefetch buffer (per partition), part of "bounded memory".
             cc.set("queued.max.messages.kbytes", "8192");
         }
         let backpressure = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let consumer: StreamConsumer<Ctx> =
-            cc.create_with_context(Ctx { partitions: partitions.clone(), backpressure: backpressure.clone() })?;
+        let consumer: StreamConsumer<Ctx> = cc.create_with_context(Ctx {
+            partitions: partitions.clone(),
+            backpressure: backpressure.clone(),
+        })?;
 
         let mut pc = self.kafka.client_config();
         pc.set("enable.idempotence", "true")
             .set("acks", "all")
             .set("linger.ms", "2")
             .set("allow.auto.create.topics", "false")
-            .set("message.timeout.ms", self.config.delivery_timeout.as_millis().to_string());
+            .set(
+                "message.timeout.ms",
+                self.config.delivery_timeout.as_millis().to_string(),
+            );
         let producer: FutureProducer = pc.create()?;
 
         // Missing retry/DLQ topics must stop us now, not at the first failure.
         let required = self.required_topics();
         let md = {
-            let probe = consumer.client().fetch_metadata(None, Timeout::After(Duration::from_secs(15)))?;
-            probe.topics().iter().filter(|t| t.error().is_none()).map(|t| t.name().to_owned()).collect::<HashSet<_>>()
+            let probe = consumer
+                .client()
+                .fetch_metadata(None, Timeout::After(Duration::from_secs(15)))?;
+            probe
+                .topics()
+                .iter()
+                .filter(|t| t.error().is_none())
+                .map(|t| t.name().to_owned())
+                .collect::<HashSet<_>>()
         };
-        let missing: Vec<String> = required.iter().filter(|t| !md.contains(*t)).cloned().collect();
+        let missing: Vec<String> = required
+            .iter()
+            .filter(|t| !md.contains(*t))
+            .cloned()
+            .collect();
         if !missing.is_empty() {
             return Err(ConsumerError::MissingTopics(missing));
         }
@@ -462,7 +523,11 @@ impl Consumer {
         db.pool_size = self.config.concurrency + 2;
         // Handlers see the consumer's schema first, so their business tables (which live next
         // to processed_messages, seed 002) resolve without qualification.
-        let opts = format!("{} -c search_path={},public", db.pg.get_options().unwrap_or(""), db.schema.name());
+        let opts = format!(
+            "{} -c search_path={},public",
+            db.pg.get_options().unwrap_or(""),
+            db.schema.name()
+        );
         db.pg.options(opts.trim());
         let pool = crate::db::pool(&db).map_err(|e| ConsumerError::Config(format!("pool: {e}")))?;
         let cancel = CancellationToken::new();
@@ -533,7 +598,9 @@ fn tpl_of<'a>(tps: impl IntoIterator<Item = &'a Tp>) -> TopicPartitionList {
 }
 
 fn now_ms() -> i64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
 }
 
 impl Runtime<'_> {
@@ -543,7 +610,12 @@ impl Runtime<'_> {
             self.forget_revoked();
             self.dispatch(&done_tx);
             self.backpressure();
-            let next_due = self.delayed.values().filter_map(|q| q.front()).filter_map(|e| e.due).min();
+            let next_due = self
+                .delayed
+                .values()
+                .filter_map(|q| q.front())
+                .filter_map(|e| e.due)
+                .min();
             let pause_at = self
                 .saturated_since
                 .filter(|_| !self.bp_paused)
@@ -581,10 +653,15 @@ impl Runtime<'_> {
                 }
             }
         }
-        match self.consumer.commit_consumer_state(rdkafka::consumer::CommitMode::Sync) {
+        match self
+            .consumer
+            .commit_consumer_state(rdkafka::consumer::CommitMode::Sync)
+        {
             Ok(()) => {}
             Err(KafkaError::ConsumerCommit(rdkafka::types::RDKafkaErrorCode::NoOffset)) => {}
-            Err(e) => warn!(error = %e, "final offset commit failed; uncommitted messages will be redelivered"),
+            Err(e) => {
+                warn!(error = %e, "final offset commit failed; uncommitted messages will be redelivered")
+            }
         }
         info!("consumer stopped");
     }
@@ -599,7 +676,12 @@ impl Runtime<'_> {
     }
 
     fn epoch_valid(&self, tp: &Tp, epoch: u64) -> bool {
-        self.partitions.lock().expect("partitions lock").trackers.get(tp).is_some_and(|t| t.epoch == epoch)
+        self.partitions
+            .lock()
+            .expect("partitions lock")
+            .trackers
+            .get(tp)
+            .is_some_and(|t| t.epoch == epoch)
     }
 
     fn on_message(&mut self, m: &rdkafka::message::BorrowedMessage<'_>) {
@@ -613,7 +695,11 @@ impl Runtime<'_> {
             // record is unreadable and goes to the DLQ as a decode error (key and body intact).
             headers: match std::panic::catch_unwind(AssertUnwindSafe(|| {
                 m.headers()
-                    .map(|h| h.iter().map(|h| (h.key.to_owned(), h.value.map(<[u8]>::to_vec))).collect::<Vec<_>>())
+                    .map(|h| {
+                        h.iter()
+                            .map(|h| (h.key.to_owned(), h.value.map(<[u8]>::to_vec)))
+                            .collect::<Vec<_>>()
+                    })
                     .unwrap_or_default()
             })) {
                 Ok(h) => h,
@@ -625,7 +711,10 @@ impl Runtime<'_> {
         let epoch = {
             let mut p = self.partitions.lock().expect("partitions lock");
             let epoch = p.next_epoch;
-            let t = p.trackers.entry(tp.clone()).or_insert_with(|| OffsetTracker::new(epoch));
+            let t = p
+                .trackers
+                .entry(tp.clone())
+                .or_insert_with(|| OffsetTracker::new(epoch));
             t.begin(raw.offset);
             let e = t.epoch;
             if e == epoch {
@@ -635,18 +724,28 @@ impl Runtime<'_> {
         };
         self.buffered += 1;
         let due = self.shared.retry_topics.get(&raw.topic).map(|(_, hop)| {
-            let RetryStrategy::Topics { delays } = &self.shared.config.retry else { unreachable!() };
+            let RetryStrategy::Topics { delays } = &self.shared.config.retry else {
+                unreachable!()
+            };
             // A record is due `delay` after it was written; a timestamp from the future (clock
             // skew, a hostile producer) cannot hold the partition longer than `delay`.
             let delay = delays[*hop];
             let written = raw.timestamp_ms.unwrap_or_else(now_ms).min(now_ms());
             let due_ms = written.saturating_add(delay.as_millis() as i64);
-            let wait = u64::try_from(due_ms.saturating_sub(now_ms())).unwrap_or(0).min(delay.as_millis() as u64);
+            let wait = u64::try_from(due_ms.saturating_sub(now_ms()))
+                .unwrap_or(0)
+                .min(delay.as_millis() as u64);
             Instant::now() + Duration::from_millis(wait)
         });
         let origin = origin(&raw, &self.shared);
         let decoded = decode(&raw, &origin);
-        let env = Envelope { raw, epoch, due, origin, decoded };
+        let env = Envelope {
+            raw,
+            epoch,
+            due,
+            origin,
+            decoded,
+        };
         let waiting = self.delayed.get(&tp).is_some_and(|q| !q.is_empty());
         if waiting || env.due.is_some_and(|d| d > Instant::now()) {
             if !waiting {
@@ -705,7 +804,9 @@ impl Runtime<'_> {
     fn next_head(&mut self) -> Option<(LaneKey, Envelope)> {
         loop {
             let key = self.ready.pop_front()?;
-            let Some(lane) = self.lanes.get_mut(&key) else { continue };
+            let Some(lane) = self.lanes.get_mut(&key) else {
+                continue;
+            };
             let Some(env) = lane.queue.pop_front() else {
                 self.lanes.remove(&key);
                 continue;
@@ -736,13 +837,19 @@ impl Runtime<'_> {
 
     fn dispatch(&mut self, done_tx: &mpsc::UnboundedSender<Done>) {
         while self.running < self.shared.config.concurrency {
-            let Some((key, env)) = self.next_head() else { return };
+            let Some((key, env)) = self.next_head() else {
+                return;
+            };
             let mut batch = vec![(key, env)];
             if let Some((ty, max)) = self.batch_of(&batch[0].1) {
                 // Gather following ready heads of the same type: different lanes, so per-key
                 // order is unaffected.
                 while batch.len() < max {
-                    let same = self.ready.front().and_then(|k| self.lanes.get(k)).and_then(|l| l.queue.front())
+                    let same = self
+                        .ready
+                        .front()
+                        .and_then(|k| self.lanes.get(k))
+                        .and_then(|l| l.queue.front())
                         .is_some_and(|e| self.batch_of(e).is_some_and(|(t, _)| t == ty));
                     if !same {
                         break;
@@ -750,7 +857,9 @@ impl Runtime<'_> {
                     match self.next_head() {
                         // next_head may have skipped revoked heads and returned another lane's
                         // head: take it only if it is of the same batch type.
-                        Some(item) if self.batch_of(&item.1).is_some_and(|(t, _)| t == ty) => batch.push(item),
+                        Some(item) if self.batch_of(&item.1).is_some_and(|(t, _)| t == ty) => {
+                            batch.push(item)
+                        }
                         Some((k, env)) => {
                             let lane = self.lanes.get_mut(&k).expect("lane");
                             lane.queue.push_front(env);
@@ -776,10 +885,13 @@ impl Runtime<'_> {
                 };
                 // Whatever happens, the slot and the lanes come back; a bug here abandons the
                 // messages (offsets stay before them) instead of wedging the consumer.
-                let fates = AssertUnwindSafe(work).catch_unwind().await.unwrap_or_else(|_| {
-                    warn!("message task panicked: its messages stay uncommitted");
-                    vec![Fate::Abandoned; envs.len()]
-                });
+                let fates = AssertUnwindSafe(work)
+                    .catch_unwind()
+                    .await
+                    .unwrap_or_else(|_| {
+                        warn!("message task panicked: its messages stay uncommitted");
+                        vec![Fate::Abandoned; envs.len()]
+                    });
                 let items = batch
                     .iter()
                     .zip(fates)
@@ -821,7 +933,8 @@ impl Runtime<'_> {
                 if let Some(next) = point {
                     // A later item of the same partition overrides an earlier one: both are
                     // commit points and offsets only grow.
-                    let _ = stores.add_partition_offset(&item.tp.0, item.tp.1, Offset::Offset(next));
+                    let _ =
+                        stores.add_partition_offset(&item.tp.0, item.tp.1, Offset::Offset(next));
                 }
             }
         }
@@ -845,7 +958,10 @@ impl Runtime<'_> {
                         self.bp_paused = true;
                         self.backpressure.store(true, Ordering::SeqCst);
                         ConsumerStats::inc(&self.shared.stats.backpressure_pauses);
-                        info!(buffered = self.buffered, "backpressure: handlers saturated, all partitions paused");
+                        info!(
+                            buffered = self.buffered,
+                            "backpressure: handlers saturated, all partitions paused"
+                        );
                     }
                 }
             }
@@ -864,7 +980,10 @@ impl Runtime<'_> {
                 if self.consumer.resume(&tpl).is_ok() {
                     self.bp_paused = false;
                     self.backpressure.store(false, Ordering::SeqCst);
-                    info!(buffered = self.buffered, "backpressure released: partitions resumed");
+                    info!(
+                        buffered = self.buffered,
+                        "backpressure released: partitions resumed"
+                    );
                 }
             }
         }
@@ -875,11 +994,22 @@ fn origin(raw: &Raw, shared: &Shared) -> Origin {
     match shared.retry_topics.get(&raw.topic) {
         Some((orig, hop)) => Origin {
             topic: orig.clone(),
-            partition: raw.header(X_ORIGINAL_PARTITION).and_then(|v| v.parse().ok()).unwrap_or(raw.partition),
-            offset: raw.header(X_ORIGINAL_OFFSET).and_then(|v| v.parse().ok()).unwrap_or(raw.offset),
+            partition: raw
+                .header(X_ORIGINAL_PARTITION)
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(raw.partition),
+            offset: raw
+                .header(X_ORIGINAL_OFFSET)
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(raw.offset),
             hop: *hop as u32 + 1,
         },
-        None => Origin { topic: raw.topic.clone(), partition: raw.partition, offset: raw.offset, hop: 0 },
+        None => Origin {
+            topic: raw.topic.clone(),
+            partition: raw.partition,
+            offset: raw.offset,
+            hop: 0,
+        },
     }
 }
 
@@ -892,8 +1022,14 @@ fn decode(raw: &Raw, origin: &Origin) -> Result<Delivered, String> {
         return Err("a header name is not valid UTF-8".into());
     }
     let required = |name: &str| -> Result<String, String> {
-        let mut values = raw.headers.iter().filter(|(k, _)| k == name).map(|(_, v)| v.as_deref());
-        let first = values.next().ok_or_else(|| format!("missing {name} header"))?;
+        let mut values = raw
+            .headers
+            .iter()
+            .filter(|(k, _)| k == name)
+            .map(|(_, v)| v.as_deref());
+        let first = values
+            .next()
+            .ok_or_else(|| format!("missing {name} header"))?;
         let text = first
             .and_then(|v| std::str::from_utf8(v).ok())
             .ok_or_else(|| format!("{name} header is empty or not UTF-8"))?;
@@ -908,10 +1044,13 @@ fn decode(raw: &Raw, origin: &Origin) -> Result<Delivered, String> {
     let message_type = required(HEADER_MESSAGE_TYPE)?;
     let message_id = required(HEADER_MESSAGE_ID)?;
     if message_id.len() > MAX_MESSAGE_ID_LEN {
-        return Err(format!("message_id header longer than {MAX_MESSAGE_ID_LEN} bytes"));
+        return Err(format!(
+            "message_id header longer than {MAX_MESSAGE_ID_LEN} bytes"
+        ));
     }
     let payload = raw.payload.as_deref().ok_or("no body (null value)")?;
-    let body: serde_json::Value = serde_json::from_slice(payload).map_err(|e| format!("body is not valid JSON: {e}"))?;
+    let body: serde_json::Value =
+        serde_json::from_slice(payload).map_err(|e| format!("body is not valid JSON: {e}"))?;
     Ok(Delivered {
         topic: origin.topic.clone(),
         source_topic: raw.topic.clone(),
@@ -928,8 +1067,16 @@ fn decode(raw: &Raw, origin: &Origin) -> Result<Delivered, String> {
 }
 
 /// The handler's transaction: mark first, then the handler; both commit or neither.
-async fn run_in_tx(shared: &Shared, handler: &HandlerRef, d: &Delivered) -> Result<InboxOutcome, HandlerError> {
-    let mut conn = shared.pool.get().await.map_err(|e| HandlerError::unavailable(format!("postgres pool: {e}")))?;
+async fn run_in_tx(
+    shared: &Shared,
+    handler: &HandlerRef,
+    d: &Delivered,
+) -> Result<InboxOutcome, HandlerError> {
+    let mut conn = shared
+        .pool
+        .get()
+        .await
+        .map_err(|e| HandlerError::unavailable(format!("postgres pool: {e}")))?;
     let tx = conn.transaction().await?;
     if !shared.inbox.mark(&*tx, &d.topic, &d.message_id).await? {
         tx.rollback().await?;
@@ -945,13 +1092,28 @@ async fn run_in_tx(shared: &Shared, handler: &HandlerRef, d: &Delivered) -> Resu
 
 /// One transaction for many messages: one multi-row mark, the batch handler on the first
 /// deliveries, one commit. Returns (handled, duplicates).
-async fn run_batch_in_tx(shared: &Shared, handler: &dyn BatchHandler, ds: &[&Delivered]) -> Result<(usize, usize), HandlerError> {
-    let mut conn = shared.pool.get().await.map_err(|e| HandlerError::unavailable(format!("postgres pool: {e}")))?;
+async fn run_batch_in_tx(
+    shared: &Shared,
+    handler: &dyn BatchHandler,
+    ds: &[&Delivered],
+) -> Result<(usize, usize), HandlerError> {
+    let mut conn = shared
+        .pool
+        .get()
+        .await
+        .map_err(|e| HandlerError::unavailable(format!("postgres pool: {e}")))?;
     let tx = conn.transaction().await?;
-    let keys: Vec<(&str, &str)> = ds.iter().map(|d| (d.topic.as_str(), d.message_id.as_str())).collect();
+    let keys: Vec<(&str, &str)> = ds
+        .iter()
+        .map(|d| (d.topic.as_str(), d.message_id.as_str()))
+        .collect();
     let mut fresh = shared.inbox.mark_many(&*tx, &keys).await?;
     // Keep the first occurrence of each new pair, in batch order.
-    let first: Vec<&Delivered> = ds.iter().copied().filter(|d| fresh.remove(&(d.topic.clone(), d.message_id.clone()))).collect();
+    let first: Vec<&Delivered> = ds
+        .iter()
+        .copied()
+        .filter(|d| fresh.remove(&(d.topic.clone(), d.message_id.clone())))
+        .collect();
     if !first.is_empty() {
         handler.handle_batch(&first, &tx).await?;
     }
@@ -962,8 +1124,13 @@ async fn run_batch_in_tx(shared: &Shared, handler: &dyn BatchHandler, ds: &[&Del
 /// A batch of heads of different lanes, all of one batch-handled type. On any failure the
 /// batch is replayed message by message so each gets its own outcome.
 async fn process_batch(envs: &[&Envelope], shared: &Shared) -> Vec<Fate> {
-    let ds: Vec<&Delivered> = envs.iter().filter_map(|e| e.decoded.as_ref().ok()).collect();
-    let handler = ds.first().and_then(|d| shared.handlers.get(&d.message_type));
+    let ds: Vec<&Delivered> = envs
+        .iter()
+        .filter_map(|e| e.decoded.as_ref().ok())
+        .collect();
+    let handler = ds
+        .first()
+        .and_then(|d| shared.handlers.get(&d.message_type));
     let uniform = ds.len() == envs.len() && ds.iter().all(|d| d.message_type == ds[0].message_type);
     let (Some(HandlerRef::Batch(h, _)), true) = (handler, uniform) else {
         // Defensive: batches are formed only from one batch type; anything else goes one by one.
@@ -973,10 +1140,19 @@ async fn process_batch(envs: &[&Envelope], shared: &Shared) -> Vec<Fate> {
         }
         return fates;
     };
-    match AssertUnwindSafe(run_batch_in_tx(shared, h.as_ref(), &ds)).catch_unwind().await {
+    match AssertUnwindSafe(run_batch_in_tx(shared, h.as_ref(), &ds))
+        .catch_unwind()
+        .await
+    {
         Ok(Ok((handled, dups))) => {
-            shared.stats.handled.fetch_add(handled as u64, Ordering::Relaxed);
-            shared.stats.duplicates.fetch_add(dups as u64, Ordering::Relaxed);
+            shared
+                .stats
+                .handled
+                .fetch_add(handled as u64, Ordering::Relaxed);
+            shared
+                .stats
+                .duplicates
+                .fetch_add(dups as u64, Ordering::Relaxed);
             envs.iter().map(|_| Fate::Final).collect()
         }
         Ok(Err(e)) => {
@@ -988,7 +1164,10 @@ async fn process_batch(envs: &[&Envelope], shared: &Shared) -> Vec<Fate> {
             fates
         }
         Err(_panic) => {
-            debug!(size = envs.len(), "batch handler panicked: retrying its messages one by one");
+            debug!(
+                size = envs.len(),
+                "batch handler panicked: retrying its messages one by one"
+            );
             let mut fates = Vec::with_capacity(envs.len());
             for env in envs {
                 fates.push(process(env, shared).await);
@@ -1024,7 +1203,9 @@ async fn process(env: &Envelope, shared: &Shared) -> Fate {
     let mut outage = Backoff::default();
     loop {
         attempt += 1;
-        let result = AssertUnwindSafe(run_in_tx(shared, handler, d)).catch_unwind().await;
+        let result = AssertUnwindSafe(run_in_tx(shared, handler, d))
+            .catch_unwind()
+            .await;
         let err = match result {
             Ok(Ok(InboxOutcome::Processed)) => {
                 ConsumerStats::inc(&shared.stats.handled);
@@ -1038,7 +1219,8 @@ async fn process(env: &Envelope, shared: &Shared) -> Fate {
                 ConsumerStats::inc(&shared.stats.panics);
                 let text = format!("panic: {}", panic_text(panic.as_ref()));
                 warn!(message_id = %d.message_id, error = %text, "handler panicked: dead-lettering");
-                return dead_letter(raw, origin, shared, DeadLetterKind::Panic, &text, attempt).await;
+                return dead_letter(raw, origin, shared, DeadLetterKind::Panic, &text, attempt)
+                    .await;
             }
             Ok(Err(e)) => e,
         };
@@ -1058,14 +1240,33 @@ async fn process(env: &Envelope, shared: &Shared) -> Fate {
         }
         if !err.is_transient() {
             warn!(message_id = %d.message_id, error = %err, "permanent failure: dead-lettering");
-            return dead_letter(raw, origin, shared, DeadLetterKind::Permanent, err.message(), attempt).await;
+            return dead_letter(
+                raw,
+                origin,
+                shared,
+                DeadLetterKind::Permanent,
+                err.message(),
+                attempt,
+            )
+            .await;
         }
         match &shared.config.retry {
-            RetryStrategy::InPlace { attempts, base, max } => {
+            RetryStrategy::InPlace {
+                attempts,
+                base,
+                max,
+            } => {
                 if attempt >= *attempts {
                     warn!(message_id = %d.message_id, error = %err, attempt, "retries exhausted: dead-lettering");
-                    return dead_letter(raw, origin, shared, DeadLetterKind::TransientExhausted, err.message(), attempt)
-                        .await;
+                    return dead_letter(
+                        raw,
+                        origin,
+                        shared,
+                        DeadLetterKind::TransientExhausted,
+                        err.message(),
+                        attempt,
+                    )
+                    .await;
                 }
                 ConsumerStats::inc(&shared.stats.in_place_retries);
                 let wait = RetryStrategy::in_place_delay(*base, *max, attempt);
@@ -1078,13 +1279,30 @@ async fn process(env: &Envelope, shared: &Shared) -> Fate {
             RetryStrategy::Topics { delays } => {
                 let hop = origin.hop as usize;
                 if hop >= delays.len() {
-                    return dead_letter(raw, origin, shared, DeadLetterKind::TransientExhausted, err.message(), origin.hop + 1)
-                        .await;
+                    return dead_letter(
+                        raw,
+                        origin,
+                        shared,
+                        DeadLetterKind::TransientExhausted,
+                        err.message(),
+                        origin.hop + 1,
+                    )
+                    .await;
                 }
-                let topic = format!("{}.{}", origin.topic, retry_suffix(delays[hop]).expect("validated"));
+                let topic = format!(
+                    "{}.{}",
+                    origin.topic,
+                    retry_suffix(delays[hop]).expect("validated")
+                );
                 let headers = rebuild(
                     &raw.headers,
-                    &[X_RETRY_ATTEMPT, X_ERROR, X_ORIGINAL_TOPIC, X_ORIGINAL_PARTITION, X_ORIGINAL_OFFSET],
+                    &[
+                        X_RETRY_ATTEMPT,
+                        X_ERROR,
+                        X_ORIGINAL_TOPIC,
+                        X_ORIGINAL_PARTITION,
+                        X_ORIGINAL_OFFSET,
+                    ],
                     &[
                         (X_RETRY_ATTEMPT, (hop + 1).to_string()),
                         (X_ORIGINAL_TOPIC, origin.topic.clone()),
@@ -1105,10 +1323,22 @@ async fn process(env: &Envelope, shared: &Shared) -> Fate {
     }
 }
 
-async fn dead_letter(raw: &Raw, origin: &Origin, shared: &Shared, kind: DeadLetterKind, error: &str, attempts: u32) -> Fate {
+async fn dead_letter(
+    raw: &Raw,
+    origin: &Origin,
+    shared: &Shared,
+    kind: DeadLetterKind,
+    error: &str,
+    attempts: u32,
+) -> Fate {
     let now = crate::message::rfc3339(SystemTime::now());
-    let dlq_retries = raw.header(X_DLQ_RETRIES).and_then(|v| v.parse::<u64>().ok()).map_or(0, |n| n.saturating_add(1));
-    let first_failed = raw.header(X_FIRST_FAILED_AT).map_or_else(|| now.clone(), str::to_owned);
+    let dlq_retries = raw
+        .header(X_DLQ_RETRIES)
+        .and_then(|v| v.parse::<u64>().ok())
+        .map_or(0, |n| n.saturating_add(1));
+    let first_failed = raw
+        .header(X_FIRST_FAILED_AT)
+        .map_or_else(|| now.clone(), str::to_owned);
     let headers = rebuild(
         &raw.headers,
         &SERVICE_HEADERS,
@@ -1136,17 +1366,27 @@ async fn dead_letter(raw: &Raw, origin: &Origin, shared: &Shared, kind: DeadLett
 
 /// Writes key and body byte-identical with `headers` to `topic`, retrying with capped backoff
 /// until the broker acknowledges. Returns false only when shutdown interrupts the retries.
-async fn produce_until_acked(shared: &Shared, topic: &str, raw: &Raw, headers: rdkafka::message::OwnedHeaders) -> bool {
+async fn produce_until_acked(
+    shared: &Shared,
+    topic: &str,
+    raw: &Raw,
+    headers: rdkafka::message::OwnedHeaders,
+) -> bool {
     let mut backoff = Backoff::default();
     loop {
-        let mut rec: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(topic).headers(headers.clone());
+        let mut rec: FutureRecord<'_, [u8], [u8]> =
+            FutureRecord::to(topic).headers(headers.clone());
         if let Some(k) = &raw.key {
             rec = rec.key(k.as_slice());
         }
         if let Some(p) = &raw.payload {
             rec = rec.payload(p.as_slice());
         }
-        match shared.producer.send(rec, Timeout::After(shared.config.delivery_timeout)).await {
+        match shared
+            .producer
+            .send(rec, Timeout::After(shared.config.delivery_timeout))
+            .await
+        {
             Ok(_) => return true,
             Err((e, _)) => {
                 ConsumerStats::inc(&shared.stats.forward_failures);

@@ -18,7 +18,12 @@ pub(crate) struct OffsetTracker {
 
 impl OffsetTracker {
     pub fn new(epoch: u64) -> Self {
-        Self { epoch, in_flight: BTreeSet::new(), max_seen: None, stored: None }
+        Self {
+            epoch,
+            in_flight: BTreeSet::new(),
+            max_seen: None,
+            stored: None,
+        }
     }
 
     /// A message at `offset` was accepted and is not final yet.

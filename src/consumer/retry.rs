@@ -9,8 +9,11 @@ pub const DEFAULT_IN_PLACE_BASE: Duration = Duration::from_millis(500);
 /// Longest in-place backoff.
 pub const DEFAULT_IN_PLACE_MAX: Duration = Duration::from_secs(30);
 /// Default retry-topic schedule (seed 001): `.retry-5s`, `.retry-30s`, `.retry-5m`.
-pub const DEFAULT_RETRY_DELAYS: [Duration; 3] =
-    [Duration::from_secs(5), Duration::from_secs(30), Duration::from_secs(300)];
+pub const DEFAULT_RETRY_DELAYS: [Duration; 3] = [
+    Duration::from_secs(5),
+    Duration::from_secs(30),
+    Duration::from_secs(300),
+];
 
 /// How a transient failure is retried. Permanent failures, decode errors and panics are never
 /// retried: they go to `<topic>.dlq` at once.
@@ -41,19 +44,27 @@ pub enum RetryStrategy {
 
 impl Default for RetryStrategy {
     fn default() -> Self {
-        Self::InPlace { attempts: DEFAULT_IN_PLACE_ATTEMPTS, base: DEFAULT_IN_PLACE_BASE, max: DEFAULT_IN_PLACE_MAX }
+        Self::InPlace {
+            attempts: DEFAULT_IN_PLACE_ATTEMPTS,
+            base: DEFAULT_IN_PLACE_BASE,
+            max: DEFAULT_IN_PLACE_MAX,
+        }
     }
 }
 
 impl RetryStrategy {
     /// The retry-topic schedule of seed 001.
     pub fn default_topics() -> Self {
-        Self::Topics { delays: DEFAULT_RETRY_DELAYS.to_vec() }
+        Self::Topics {
+            delays: DEFAULT_RETRY_DELAYS.to_vec(),
+        }
     }
 
     /// The in-place wait after failed attempt `n` (1-based).
     pub(crate) fn in_place_delay(base: Duration, max: Duration, n: u32) -> Duration {
-        let raw = base.saturating_mul(1u32 << (n.saturating_sub(1)).min(20)).min(max);
+        let raw = base
+            .saturating_mul(1u32 << (n.saturating_sub(1)).min(20))
+            .min(max);
         raw.mul_f64(0.75 + fastrand::f64() * 0.5)
     }
 }
@@ -64,7 +75,9 @@ impl RetryStrategy {
 /// A message when the delay is below 1 s or not a whole number of seconds.
 pub fn retry_suffix(delay: Duration) -> Result<String, String> {
     if delay < Duration::from_secs(1) || delay.subsec_nanos() != 0 {
-        return Err(format!("retry delay {delay:?} must be a whole number of seconds, at least 1 s"));
+        return Err(format!(
+            "retry delay {delay:?} must be a whole number of seconds, at least 1 s"
+        ));
     }
     let s = delay.as_secs();
     Ok(if s % 3600 == 0 {
@@ -82,7 +95,10 @@ mod tests {
 
     #[test]
     fn suffixes_follow_seed_001() {
-        let names: Vec<_> = DEFAULT_RETRY_DELAYS.iter().map(|d| retry_suffix(*d).unwrap()).collect();
+        let names: Vec<_> = DEFAULT_RETRY_DELAYS
+            .iter()
+            .map(|d| retry_suffix(*d).unwrap())
+            .collect();
         assert_eq!(names, ["retry-5s", "retry-30s", "retry-5m"]);
         assert_eq!(retry_suffix(Duration::from_secs(7200)).unwrap(), "retry-2h");
         assert!(retry_suffix(Duration::from_millis(1500)).is_err());

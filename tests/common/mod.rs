@@ -15,7 +15,8 @@ use rdkafka::message::{Headers, Message as _};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 
 pub fn database_url() -> String {
-    std::env::var("DATABASE_URL").unwrap_or_else(|_| "postgres://outbox:outbox@127.0.0.1:5432/outbox".into())
+    std::env::var("DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://outbox:outbox@127.0.0.1:5432/outbox".into())
 }
 
 pub fn bootstrap() -> String {
@@ -23,20 +24,26 @@ pub fn bootstrap() -> String {
 }
 
 pub fn hex(n: usize) -> String {
-    (0..n).map(|_| fastrand::alphanumeric().to_ascii_lowercase()).collect()
+    (0..n)
+        .map(|_| fastrand::alphanumeric().to_ascii_lowercase())
+        .collect()
 }
 
 /// A fresh, migrated schema.
 pub async fn fresh_db() -> DbConfig {
     let db = DbConfig::new(&database_url(), &format!("t_{}", hex(12))).unwrap();
-    outbox::migrate(&db).await.expect("migrate (is dev/postgres.sh start running?)");
+    outbox::migrate(&db)
+        .await
+        .expect("migrate (is dev/postgres.sh start running?)");
     db
 }
 
 /// A client with `search_path` set to the test schema.
 pub async fn client(db: &DbConfig) -> tokio_postgres::Client {
     let c = outbox::connect(db).await.unwrap();
-    c.batch_execute(&format!("SET search_path TO {}", db.schema.quoted())).await.unwrap();
+    c.batch_execute(&format!("SET search_path TO {}", db.schema.quoted()))
+        .await
+        .unwrap();
     c
 }
 
@@ -53,7 +60,10 @@ pub async fn create_topic(name: &str, partitions: i32) {
     cfg.set("bootstrap.servers", bootstrap());
     let admin: AdminClient<DefaultClientContext> = cfg.create().unwrap();
     let res = admin
-        .create_topics(&[NewTopic::new(name, partitions, TopicReplication::Fixed(1))], &AdminOptions::new())
+        .create_topics(
+            &[NewTopic::new(name, partitions, TopicReplication::Fixed(1))],
+            &AdminOptions::new(),
+        )
         .await
         .expect("create topic (is dev/kafka.sh start running?)");
     for r in res {
@@ -67,7 +77,10 @@ pub fn relay_config() -> RelayConfig {
         poll_interval: Duration::from_millis(50),
         delivery_timeout: Duration::from_secs(20),
         shutdown_timeout: Duration::from_secs(10),
-        cleanup: outbox::CleanupConfig { interval: None, ..Default::default() },
+        cleanup: outbox::CleanupConfig {
+            interval: None,
+            ..Default::default()
+        },
         ..RelayConfig::default()
     }
 }
@@ -110,10 +123,14 @@ pub async fn topic_len(topic: &str) -> i64 {
     let topic = topic.to_owned();
     tokio::task::spawn_blocking(move || {
         let c = consumer();
-        let md = c.fetch_metadata(Some(&topic), Duration::from_secs(10)).unwrap();
+        let md = c
+            .fetch_metadata(Some(&topic), Duration::from_secs(10))
+            .unwrap();
         let mut n = 0;
         for p in md.topics()[0].partitions() {
-            let (lo, hi) = c.fetch_watermarks(&topic, p.id(), Duration::from_secs(10)).unwrap();
+            let (lo, hi) = c
+                .fetch_watermarks(&topic, p.id(), Duration::from_secs(10))
+                .unwrap();
             n += hi - lo;
         }
         n
@@ -133,13 +150,18 @@ pub async fn read_all_from(servers: &str, topic: &str) -> Vec<Record> {
     let servers = servers.to_owned();
     tokio::task::spawn_blocking(move || {
         let c = consumer_on(&servers);
-        let md = c.fetch_metadata(Some(&topic), Duration::from_secs(10)).unwrap();
+        let md = c
+            .fetch_metadata(Some(&topic), Duration::from_secs(10))
+            .unwrap();
         let mut tpl = TopicPartitionList::new();
         let mut remaining = BTreeMap::new();
         for p in md.topics()[0].partitions() {
-            let (lo, hi) = c.fetch_watermarks(&topic, p.id(), Duration::from_secs(10)).unwrap();
+            let (lo, hi) = c
+                .fetch_watermarks(&topic, p.id(), Duration::from_secs(10))
+                .unwrap();
             if hi > lo {
-                tpl.add_partition_offset(&topic, p.id(), Offset::Offset(lo)).unwrap();
+                tpl.add_partition_offset(&topic, p.id(), Offset::Offset(lo))
+                    .unwrap();
                 remaining.insert(p.id(), hi);
             }
         }
@@ -150,8 +172,13 @@ pub async fn read_all_from(servers: &str, topic: &str) -> Vec<Record> {
         c.assign(&tpl).unwrap();
         let deadline = std::time::Instant::now() + Duration::from_secs(60);
         while !remaining.is_empty() {
-            assert!(std::time::Instant::now() < deadline, "timed out reading {topic}");
-            let Some(m) = c.poll(Duration::from_millis(200)) else { continue };
+            assert!(
+                std::time::Instant::now() < deadline,
+                "timed out reading {topic}"
+            );
+            let Some(m) = c.poll(Duration::from_millis(200)) else {
+                continue;
+            };
             // Errors here are client events (e.g. a dead broker of the cluster test refusing
             // connections), not lost records: keep reading until the watermarks or the deadline.
             let m = match m {
@@ -164,7 +191,10 @@ pub async fn read_all_from(servers: &str, topic: &str) -> Vec<Record> {
             let mut headers = BTreeMap::new();
             if let Some(h) = m.headers() {
                 for hd in h.iter() {
-                    headers.insert(hd.key.to_owned(), String::from_utf8_lossy(hd.value.unwrap_or_default()).into_owned());
+                    headers.insert(
+                        hd.key.to_owned(),
+                        String::from_utf8_lossy(hd.value.unwrap_or_default()).into_owned(),
+                    );
                 }
             }
             out.push(Record {
@@ -197,7 +227,10 @@ where
         if check().await {
             return;
         }
-        assert!(tokio::time::Instant::now() < deadline, "timed out after {within:?} waiting for: {what}");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out after {within:?} waiting for: {what}"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
@@ -207,7 +240,10 @@ where
 pub async fn drain(relay: &outbox::Relay) -> usize {
     let mut sent = 0;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    let due = format!("SELECT count(*) FROM {}.outbox WHERE status = 'pending' AND available_at <= now()", relay.schema().quoted());
+    let due = format!(
+        "SELECT count(*) FROM {}.outbox WHERE status = 'pending' AND available_at <= now()",
+        relay.schema().quoted()
+    );
     loop {
         match relay.run_once().await.expect("relay pass") {
             outbox::Outcome::Published(r) => sent += r.sent,
@@ -216,7 +252,10 @@ pub async fn drain(relay: &outbox::Relay) -> usize {
                 if c.query_one(&due, &[]).await.unwrap().get::<_, i64>(0) == 0 {
                     return sent;
                 }
-                assert!(tokio::time::Instant::now() < deadline, "due rows left but no lanes to claim them");
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "due rows left but no lanes to claim them"
+                );
                 tokio::time::sleep(Duration::from_millis(50)).await;
                 relay.rebalance().await;
             }
@@ -230,7 +269,13 @@ pub async fn count(c: &tokio_postgres::Client, sql: &str) -> i64 {
 
 /// Enqueues `n` keyed messages (keys `k0..k{keys}`) with sequence numbers in their payload,
 /// committed in transactions of `per_tx`. Returns their message ids in order.
-pub async fn enqueue_n(db: &DbConfig, topic: &str, n: usize, keys: usize, per_tx: usize) -> Vec<String> {
+pub async fn enqueue_n(
+    db: &DbConfig,
+    topic: &str,
+    n: usize,
+    keys: usize,
+    per_tx: usize,
+) -> Vec<String> {
     let mut c = client(db).await;
     let enq = outbox::Enqueuer::new(&db.schema);
     let mut ids = Vec::with_capacity(n);
@@ -239,7 +284,12 @@ pub async fn enqueue_n(db: &DbConfig, topic: &str, n: usize, keys: usize, per_tx
         let tx = c.transaction().await.unwrap();
         let msgs: Vec<_> = (i..(i + per_tx).min(n))
             .map(|seq| {
-                outbox::Message::new(topic, "it_event", format!("k{}", seq % keys), serde_json::json!({"seq": seq, "pad": "x".repeat(150)}))
+                outbox::Message::new(
+                    topic,
+                    "it_event",
+                    format!("k{}", seq % keys),
+                    serde_json::json!({"seq": seq, "pad": "x".repeat(150)}),
+                )
             })
             .collect();
         ids.extend(msgs.iter().map(|m| m.message_id().to_string()));
@@ -251,18 +301,31 @@ pub async fn enqueue_n(db: &DbConfig, topic: &str, n: usize, keys: usize, per_tx
 }
 
 /// Produces one record directly (bypassing the outbox), for duplicates and hostile input.
-pub async fn produce(topic: &str, key: Option<&[u8]>, headers: &[(&str, &[u8])], payload: Option<&[u8]>) {
+pub async fn produce(
+    topic: &str,
+    key: Option<&[u8]>,
+    headers: &[(&str, &[u8])],
+    payload: Option<&[u8]>,
+) {
     use rdkafka::message::{Header, OwnedHeaders};
     use rdkafka::producer::{FutureProducer, FutureRecord};
     static PRODUCER: std::sync::OnceLock<FutureProducer> = std::sync::OnceLock::new();
     let p = PRODUCER.get_or_init(|| {
-        ClientConfig::new().set("bootstrap.servers", bootstrap()).set("linger.ms", "1").create().unwrap()
+        ClientConfig::new()
+            .set("bootstrap.servers", bootstrap())
+            .set("linger.ms", "1")
+            .create()
+            .unwrap()
     });
     let mut h = OwnedHeaders::new();
     for (k, v) in headers {
-        h = h.insert(Header { key: k, value: Some(*v) });
+        h = h.insert(Header {
+            key: k,
+            value: Some(*v),
+        });
     }
-    let mut rec: rdkafka::producer::FutureRecord<'_, [u8], [u8]> = FutureRecord::to(topic).headers(h);
+    let mut rec: rdkafka::producer::FutureRecord<'_, [u8], [u8]> =
+        FutureRecord::to(topic).headers(h);
     if let Some(k) = key {
         rec = rec.key(k);
     }
@@ -273,7 +336,13 @@ pub async fn produce(topic: &str, key: Option<&[u8]>, headers: &[(&str, &[u8])],
 }
 
 /// Produces a well-formed event with the four standard headers.
-pub async fn produce_event(topic: &str, key: &str, message_type: &str, message_id: &str, body: &serde_json::Value) {
+pub async fn produce_event(
+    topic: &str,
+    key: &str,
+    message_type: &str,
+    message_id: &str,
+    body: &serde_json::Value,
+) {
     let body = serde_json::to_vec(body).unwrap();
     produce(
         topic,
