@@ -19,6 +19,12 @@ pub const MAX_BATCH_SIZE: usize = 50_000;
 pub const DEFAULT_MAX_ATTEMPTS: i32 = 10;
 /// How often an idle relay looks for due rows when no notification arrives.
 pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_millis(500);
+/// How often the relay sweeps below its claim floor (rows of very long transactions, rows
+/// requeued by hand).
+pub const DEFAULT_SWEEP_INTERVAL: Duration = Duration::from_secs(10);
+/// How long a transaction may keep outbox rows uncommitted before the claim floor passes them
+/// (they are then published by the sweep).
+pub const DEFAULT_LONG_TRANSACTION: Duration = Duration::from_secs(60);
 /// How long librdkafka may try to deliver one message (`message.timeout.ms`).
 pub const DEFAULT_DELIVERY_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long shutdown waits for in-flight messages to be flushed.
@@ -395,6 +401,13 @@ pub struct RelayConfig {
     pub cleanup: CleanupConfig,
     /// How often the relay re-counts relays and rebalances its ordering lanes.
     pub rebalance_interval: Duration,
+    /// How often the relay sweeps below its claim floor for pending rows the floor passed
+    /// (default [`DEFAULT_SWEEP_INTERVAL`]); see [`Relay::sweep`](crate::Relay::sweep).
+    pub sweep_interval: Duration,
+    /// A transaction still open this long after inserting outbox rows no longer holds the claim
+    /// floor back; its rows are published by the next sweep after it commits
+    /// (default [`DEFAULT_LONG_TRANSACTION`]).
+    pub long_transaction: Duration,
     /// Fault injection for tests: the probability that a row is refused with
     /// "injected produce failure" instead of being produced (exercises the backoff path).
     #[doc(hidden)]
@@ -412,6 +425,8 @@ impl Default for RelayConfig {
             listen: true,
             cleanup: CleanupConfig::default(),
             rebalance_interval: crate::lanes::DEFAULT_REBALANCE_INTERVAL,
+            sweep_interval: DEFAULT_SWEEP_INTERVAL,
+            long_transaction: DEFAULT_LONG_TRANSACTION,
             inject_refusals: 0.0,
         }
     }
@@ -449,6 +464,12 @@ impl RelayConfig {
         }
         if self.rebalance_interval.is_zero() {
             return bad("rebalance interval", "must be greater than zero");
+        }
+        if self.sweep_interval.is_zero() {
+            return bad("sweep interval", "must be greater than zero");
+        }
+        if self.long_transaction < Duration::from_secs(1) {
+            return bad("long transaction", "must be at least 1s");
         }
         if self.cleanup.interval.is_some_and(|d| d.is_zero()) {
             return bad("cleanup interval", "must be greater than zero (or off)");

@@ -37,6 +37,7 @@
 //! | `status` | [`status()`] and [`requeue`]: operator views and repair |
 //! | `config` | [`DbConfig`], [`KafkaConfig`], [`RelayConfig`], [`CleanupConfig`] with named defaults |
 //! | `lanes` | ordering lanes: advisory-lock ownership so per-key order holds across relays |
+//! | `floor` | the claim floor: where a claim may start so held snapshots do not slow it; the sweep |
 //! | `backoff` | [`Backoff`]: capped exponential backoff for outages |
 //! | `classify` | transient vs permanent errors (seed 001's table) |
 //! | `db` | connection pool and single connections |
@@ -52,6 +53,7 @@ mod config;
 pub mod consumer;
 mod db;
 mod enqueue;
+mod floor;
 mod lanes;
 mod message;
 mod migrate;
@@ -86,6 +88,8 @@ pub fn hot_statements(schema: &Schema) -> Vec<(&'static str, String)> {
     vec![
         ("claim", s.claim),
         ("first_pending", s.first_pending),
+        ("sample", s.sample),
+        ("sweep", s.sweep),
         ("mark_sent", s.mark_sent),
         ("mark_failed", s.mark_failed),
         ("cleanup_outbox", s.cleanup_outbox),

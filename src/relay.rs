@@ -33,6 +33,7 @@ use tracing::{debug, info, warn};
 use crate::backoff::Backoff;
 use crate::cleanup;
 use crate::config::{ConfigError, DbConfig, KafkaConfig, RelayConfig};
+use crate::floor::{ClaimFloor, Sample};
 use crate::sql::Statements;
 use crate::topic::validate_topic;
 
@@ -129,6 +130,10 @@ pub struct Relay {
     db: DbConfig,
     config: RelayConfig,
     known_topics: Mutex<HashMap<String, Instant>>,
+    /// Where claims start (see `floor.rs`); shared with the sweep and the LISTEN task.
+    floor: Arc<Mutex<ClaimFloor>>,
+    /// The outbox table's qualified name, for `pg_get_serial_sequence`.
+    table: String,
 }
 
 /// Builds the producer: the pass-through properties first, then the settings the guarantees
@@ -273,6 +278,8 @@ impl Relay {
             kafka: kafka.clone(),
             stmts: Arc::new(Statements::new(&db.schema)),
             db: db.clone(),
+            floor: Arc::new(Mutex::new(ClaimFloor::new(config.long_transaction))),
+            table: format!("{}.outbox", db.schema.quoted()),
             config,
             known_topics: Mutex::new(HashMap::new()),
         })
@@ -297,6 +304,33 @@ impl Relay {
     /// converge several relays deterministically.
     pub async fn rebalance(&self) {
         self.lanes.lock().await.rebalance().await;
+    }
+
+    /// The claim floor: the next claim starts at this id (0 = the head of the pending index).
+    /// Every row of this relay's lanes below it was settled when it was set, except rows of
+    /// transactions open longer than `long_transaction`, which [`Relay::sweep`] finds.
+    pub fn claim_floor(&self) -> i64 {
+        self.floor.lock().expect("floor lock").get()
+    }
+
+    /// A handle reading [`Relay::claim_floor`] after the relay has been moved into
+    /// [`Relay::run`] (for tests and monitoring).
+    #[doc(hidden)]
+    pub fn floor_probe(&self) -> impl Fn() -> i64 + Send + Sync + 'static {
+        let floor = self.floor.clone();
+        move || floor.lock().expect("floor lock").get()
+    }
+
+    /// One sweep: looks below the claim floor for due pending rows of this relay's lanes — rows
+    /// of a transaction that stayed open longer than `long_transaction`, or rows put back to
+    /// `pending` by hand — and, if any, makes the next claim start at the lowest. Returns its id.
+    /// [`Relay::run`] sweeps every `sweep_interval` on its own connection, off the claim path
+    /// (while a snapshot is held open, this walks every row sent since, like the claim used to).
+    ///
+    /// # Errors
+    /// [`RelayError`] when Postgres fails.
+    pub async fn sweep(&self) -> Result<Option<i64>, RelayError> {
+        sweep_with(&self.pool, &self.stmts, &self.floor).await
     }
 
     /// The ordering lanes this relay holds (out of [`LANES`](crate::LANES)).
@@ -379,9 +413,25 @@ impl Relay {
         }
         let mut client = self.pool.get().await?;
         let tx = client.transaction().await?;
+        let at = Instant::now();
+        let sampled = tx
+            .query_one(&self.stmts.sample, &[&self.table, &lanes])
+            .await?;
+        let sample = Sample {
+            at,
+            xid: sampled.get(0),
+            seq: sampled.get(2),
+        };
+        let (xmin, oldest_retrying): (i64, Option<i64>) = (sampled.get(1), sampled.get(3));
+        let begin = self.floor.lock().expect("floor lock").begin(
+            &lanes,
+            sample,
+            xmin,
+            oldest_retrying,
+        );
         let batch = i64::try_from(self.config.batch_size).unwrap_or(i64::MAX);
         let rows: Vec<Row> = tx
-            .query(&self.stmts.claim, &[&batch, &lanes])
+            .query(&self.stmts.claim, &[&batch, &lanes, &begin.scan_from])
             .await?
             .into_iter()
             .map(|r| Row {
@@ -394,6 +444,10 @@ impl Relay {
             .collect();
         if rows.is_empty() {
             tx.commit().await?;
+            self.floor
+                .lock()
+                .expect("floor lock")
+                .finish(begin, None, None);
             return Ok(Outcome::Empty);
         }
 
@@ -409,7 +463,10 @@ impl Relay {
         let keys: Vec<&str> = first_of_key.keys().copied().collect();
         let mut waiting: HashSet<String> = HashSet::new();
         if !keys.is_empty() {
-            for r in tx.query(&self.stmts.first_pending, &[&keys]).await? {
+            for r in tx
+                .query(&self.stmts.first_pending, &[&keys, &begin.scan_from])
+                .await?
+            {
                 let (k, lowest): (String, Option<i64>) = (r.get(0), r.get(1));
                 if lowest.is_some_and(|l| l < first_of_key[k.as_str()]) {
                     waiting.insert(k);
@@ -434,7 +491,12 @@ impl Relay {
         let mut sent = Vec::new();
         let (mut refused_ids, mut refused_errs) = (Vec::new(), Vec::new());
         let mut deferred_reason = None;
+        // The lowest row this pass leaves pending: the claim floor must not pass it.
+        let mut lowest_left: Option<i64> = None;
         for (row, fate) in rows.iter().zip(fates) {
+            if !matches!(fate, Fate::Sent) {
+                lowest_left = Some(lowest_left.map_or(row.id, |l| l.min(row.id)));
+            }
             match fate {
                 Fate::Sent => sent.push(row.id),
                 Fate::Refused(err) => {
@@ -460,6 +522,13 @@ impl Relay {
             .await?;
         }
         tx.commit().await?;
+        let full_batch_last = (rows.len() >= self.config.batch_size)
+            .then(|| rows.last().map(|r| r.id))
+            .flatten();
+        self.floor
+            .lock()
+            .expect("floor lock")
+            .finish(begin, lowest_left, full_batch_last);
         report.sent = sent.len();
         report.backed_off = refused_ids.len();
         if let Some(reason) = deferred_reason {
@@ -573,8 +642,21 @@ impl Relay {
             });
         }
         if self.config.listen {
-            tracker.spawn(listen(self.db.clone(), wake.clone(), cancel.clone()));
+            tracker.spawn(listen(
+                self.db.clone(),
+                wake.clone(),
+                self.floor.clone(),
+                cancel.clone(),
+            ));
         }
+        tracker.spawn(sweep_schedule(
+            self.pool.clone(),
+            self.stmts.clone(),
+            self.floor.clone(),
+            self.config.sweep_interval,
+            wake.clone(),
+            cancel.clone(),
+        ));
         if let Some(every) = self.config.cleanup.interval {
             tracker.spawn(cleanup_schedule(
                 self.pool.clone(),
@@ -650,22 +732,89 @@ impl Relay {
     }
 }
 
+/// See [`Relay::sweep`].
+async fn sweep_with(
+    pool: &Pool,
+    stmts: &Statements,
+    floor: &Mutex<ClaimFloor>,
+) -> Result<Option<i64>, RelayError> {
+    let (below, lanes) = {
+        let f = floor.lock().expect("floor lock");
+        (f.get(), f.lanes().to_vec())
+    };
+    if below <= 0 || lanes.is_empty() {
+        return Ok(None);
+    }
+    let client = pool.get().await?;
+    let found: Option<i64> = client
+        .query_one(&stmts.sweep, &[&below, &lanes])
+        .await?
+        .get(0);
+    if let Some(id) = found {
+        info!(
+            id,
+            floor = below,
+            "sweep found a pending row below the claim floor (a long transaction, or a row put back by hand); claiming from it"
+        );
+        floor.lock().expect("floor lock").rewind_to(id);
+    }
+    Ok(found)
+}
+
+/// Sweeps every `every` (first after one interval) and wakes the relay when rows were found.
+async fn sweep_schedule(
+    pool: Pool,
+    stmts: Arc<Statements>,
+    floor: Arc<Mutex<ClaimFloor>>,
+    every: Duration,
+    wake: Arc<Notify>,
+    cancel: CancellationToken,
+) {
+    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            () = cancel.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        match sweep_with(&pool, &stmts, &floor).await {
+            Ok(Some(_)) => wake.notify_one(),
+            Ok(None) => {}
+            Err(e) => debug!(error = %e, "sweep failed; will retry at the next tick"),
+        }
+    }
+}
+
+/// The NOTIFY payload `outbox requeue` sends: rows below the claim floor are pending again.
+pub(crate) const REWIND_PAYLOAD: &str = "rewind";
+
 /// Keeps a LISTEN connection open and turns notifications into wake-ups; reconnects with
 /// backoff. Wakes once after each (re)connect, since notifications sent while disconnected
-/// are lost.
-async fn listen(db: DbConfig, wake: Arc<Notify>, cancel: CancellationToken) {
+/// are lost. A [`REWIND_PAYLOAD`] notification also sends the next claim back to the head.
+async fn listen(
+    db: DbConfig,
+    wake: Arc<Notify>,
+    floor: Arc<Mutex<ClaimFloor>>,
+    cancel: CancellationToken,
+) {
     let channel = db.schema.notify_channel();
     let mut backoff = Backoff::default();
     while !cancel.is_cancelled() {
         let attempt = async {
             let (client, mut conn) = db.pg.connect(db.tls.clone()).await?;
             let notify = wake.clone();
+            let floor = floor.clone();
             let driver = tokio::spawn(async move {
                 let mut stream = futures::stream::poll_fn(move |cx| conn.poll_message(cx));
                 use futures::StreamExt;
                 while let Some(msg) = stream.next().await {
                     match msg {
-                        Ok(tokio_postgres::AsyncMessage::Notification(_)) => notify.notify_one(),
+                        Ok(tokio_postgres::AsyncMessage::Notification(n)) => {
+                            if n.payload() == REWIND_PAYLOAD {
+                                floor.lock().expect("floor lock").rewind_to(0);
+                            }
+                            notify.notify_one();
+                        }
                         Ok(_) => {}
                         Err(e) => return Err(e),
                     }

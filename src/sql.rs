@@ -8,28 +8,63 @@ use crate::schema::Schema;
 /// Claim a batch of due rows (seed 002's "take") of the relay's ordering lanes, in id order.
 /// `SKIP LOCKED` lets several relays work side by side; the lane filter keeps each key with one
 /// relay; `NOT EXISTS` holds a row back while an earlier pending row of its key is backed off,
-/// so per-key first deliveries follow id order. `$1` = batch size, `$2` = owned lanes.
-/// Uses `outbox_pending_id_idx` (scan in id order) and `outbox_pending_key_idx` (the check).
+/// so per-key first deliveries follow id order. `$1` = batch size, `$2` = owned lanes, `$3` =
+/// the relay's claim floor (every row of its lanes below it is settled, see [`SAMPLE`]): the
+/// scan starts there instead of at the head of the index, whose entries for rows sent while
+/// some snapshot is held open cannot be removed.
+/// Uses `outbox_pending_id_idx` (scan in id order from the floor) and `outbox_pending_key_idx`
+/// or the seed's index for the check. The due test is written `(…) IS TRUE` so the planner
+/// cannot use it as an index condition: on the seed's `(available_at, id)` index it bounds
+/// nothing (every pending row is due) and the scan would read every entry below the floor —
+/// exactly the entries the floor exists to skip. Measured in `tests/plans.rs`.
 const CLAIM: &str = "\
 SELECT o.id, o.topic, o.message_key, o.headers::text, o.payload::text
   FROM {s}.outbox AS o
- WHERE o.status = 'pending' AND o.available_at <= now()
+ WHERE o.status = 'pending' AND o.id >= $3 AND (o.available_at <= now()) IS TRUE
    AND (hashtext(coalesce(o.message_key, '')) & 63) = ANY($2::int[])
    AND NOT EXISTS (
          SELECT 1 FROM {s}.outbox AS e
           WHERE e.status = 'pending' AND e.message_key = o.message_key
-            AND e.id < o.id AND e.available_at > now())
+            AND e.id >= $3 AND e.id < o.id AND e.available_at > now())
  ORDER BY o.id
  LIMIT $1
  FOR UPDATE OF o SKIP LOCKED";
 
 /// For each key (`$1`), the lowest pending id: a claimed row whose key has an earlier pending
 /// row outside this claim (locked by another relay, or not due) must not be sent yet. One index
-/// probe per key (`outbox_pending_key_idx`), whatever the backlog.
+/// probe per key (`outbox_pending_key_idx`), whatever the backlog, starting at the claim floor
+/// `$2` (below it nothing of these lanes is pending, see [`CLAIM`]).
 const FIRST_PENDING: &str = "\
 SELECT k, (SELECT e.id FROM {s}.outbox AS e
-            WHERE e.status = 'pending' AND e.message_key = k ORDER BY e.id LIMIT 1)
+            WHERE e.status = 'pending' AND e.message_key = k AND e.id >= $2
+            ORDER BY e.id LIMIT 1)
   FROM unnest($1::text[]) AS k";
+
+/// First statement of every claim transaction: what the relay needs to move its claim floor.
+/// Returns this transaction's xid (assigned here: it is newer than every xid assigned before),
+/// the oldest xid still running in this statement's snapshot, the highest id the outbox
+/// sequence has handed out, and the oldest row of the relay's lanes (`$2`) waiting for a retry
+/// (`outbox_retrying_idx`). `$1` = the outbox table's qualified name.
+///
+/// Why this is enough: an id is taken from the sequence in the same INSERT that gives its
+/// transaction an xid. If the sequence stood at `v` when xid `q` was handed out, and later every
+/// xid up to `q` has ended, then every row with id <= `v` is committed (or rolled back) and a
+/// claim from then on sees it. See `Cursor` in `relay.rs`.
+const SAMPLE: &str = "\
+SELECT pg_current_xact_id()::text::bigint,
+       pg_snapshot_xmin(pg_current_snapshot())::text::bigint,
+       coalesce(pg_sequence_last_value(pg_get_serial_sequence($1, 'id')::regclass), 0),
+       (SELECT min(r.id) FROM {s}.outbox AS r
+         WHERE r.status = 'pending' AND r.attempts > 0
+           AND (hashtext(coalesce(r.message_key, '')) & 63) = ANY($2::int[]))";
+
+/// The sweep: the lowest due pending row of the relay's lanes (`$2`) below its claim floor
+/// (`$1`). Normally none; it finds rows the floor passed because their transaction stayed open
+/// longer than `long_transaction`, or rows put back to pending by hand. Run off the claim path.
+const SWEEP: &str = "\
+SELECT min(o.id) FROM {s}.outbox AS o
+ WHERE o.status = 'pending' AND o.id < $1 AND o.available_at <= now()
+   AND (hashtext(coalesce(o.message_key, '')) & 63) = ANY($2::int[])";
 
 /// Mark acknowledged rows sent, one statement per batch. `$1` = ids.
 const MARK_SENT: &str = "\
@@ -116,6 +151,8 @@ UPDATE {s}.outbox SET status = 'pending', attempts = 0, available_at = now()
 pub(crate) struct Statements {
     pub claim: String,
     pub first_pending: String,
+    pub sample: String,
+    pub sweep: String,
     pub mark_sent: String,
     pub mark_failed: String,
     pub enqueue: String,
@@ -138,6 +175,8 @@ impl Statements {
         Self {
             claim: r(CLAIM),
             first_pending: r(FIRST_PENDING),
+            sample: r(SAMPLE),
+            sweep: r(SWEEP),
             mark_sent: r(MARK_SENT),
             mark_failed: r(MARK_FAILED),
             enqueue: ENQUEUE.replace("{s}", &qualified_prefix),

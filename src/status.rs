@@ -102,8 +102,19 @@ pub enum Requeue {
 pub async fn requeue(db: &DbConfig, which: Requeue) -> Result<u64, tokio_postgres::Error> {
     let client = crate::db::connect(db).await?;
     let s = Statements::new(&db.schema);
-    match which {
-        Requeue::AllFailed => client.execute(&s.requeue_failed, &[]).await,
-        Requeue::Id(id) => client.execute(&s.requeue_id, &[&id]).await,
+    let n = match which {
+        Requeue::AllFailed => client.execute(&s.requeue_failed, &[]).await?,
+        Requeue::Id(id) => client.execute(&s.requeue_id, &[&id]).await?,
+    };
+    if n > 0 {
+        // The rows keep their old ids, below the running relays' claim floors: tell them to
+        // look from the head (a relay that misses this finds the rows at its next sweep).
+        client
+            .execute(
+                "SELECT pg_notify($1, $2)",
+                &[&db.schema.notify_channel(), &crate::relay::REWIND_PAYLOAD],
+            )
+            .await?;
     }
+    Ok(n)
 }

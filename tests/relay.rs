@@ -521,3 +521,139 @@ async fn two_relays_over_20000_rows_send_each_exactly_once() {
         ids.into_iter().collect::<HashSet<_>>()
     );
 }
+
+/// Enqueues one row in its own transaction and drains it: a claim that lets the floor move.
+async fn tick(db: &outbox::DbConfig, relay: &Relay, topic: &str) {
+    enqueue_n(db, topic, 1, 1, 1).await;
+    drain(relay).await;
+}
+
+/// Inserts one row in an open transaction (not committed); returns the transaction's client
+/// and the row's id.
+async fn open_writer(db: &outbox::DbConfig, topic: &str) -> (tokio_postgres::Client, i64) {
+    let c = client(db).await;
+    c.batch_execute("BEGIN").await.unwrap();
+    let id: i64 = c
+        .query_one(
+            "INSERT INTO outbox (topic, message_key, payload) VALUES ($1, 'late', '{\"late\":true}') RETURNING id",
+            &[&topic],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    (c, id)
+}
+
+#[tokio::test]
+async fn a_row_committed_after_newer_rows_were_sent_is_published_at_commit() {
+    // The claim floor must not pass a row whose transaction is still open, however many newer
+    // rows commit and are sent meanwhile: ids are not committed in order.
+    let db = fresh_db().await;
+    let topic = topic_name();
+    create_topic(&topic, 1).await;
+    let relay = Relay::new(&db, &kafka(), relay_config()).unwrap();
+    wait_until(Duration::from_secs(20), "the claim floor moves", || async {
+        tick(&db, &relay, &topic).await;
+        relay.claim_floor() > 0
+    })
+    .await;
+
+    let (writer, late_id) = open_writer(&db, &topic).await;
+    // Keep claiming newer rows for a while: every chance for the floor to move past it.
+    let started = std::time::Instant::now();
+    let ticks = std::cell::Cell::new(0);
+    wait_until(Duration::from_secs(20), "ten claims over a second", || async {
+        tick(&db, &relay, &topic).await;
+        ticks.set(ticks.get() + 1);
+        assert!(relay.claim_floor() <= late_id, "the floor passed an open transaction's row");
+        ticks.get() >= 10 && started.elapsed() > Duration::from_secs(1)
+    })
+    .await;
+    writer.batch_execute("COMMIT").await.unwrap();
+    // No sweep: the very next claims see it.
+    assert_eq!(drain(&relay).await, 1);
+    let late: Vec<Record> = read_all(&topic)
+        .await
+        .into_iter()
+        .filter(|r| r.key.as_deref() == Some(b"late".as_slice()))
+        .collect();
+    assert_eq!(late.len(), 1);
+    assert_eq!(late[0].json(), serde_json::json!({"late": true}));
+}
+
+#[tokio::test]
+async fn a_transaction_open_longer_than_long_transaction_is_published_by_the_sweep() {
+    let db = fresh_db().await;
+    let topic = topic_name();
+    create_topic(&topic, 1).await;
+    let cfg = outbox::RelayConfig {
+        long_transaction: Duration::from_secs(1),
+        ..relay_config()
+    };
+    let relay = Relay::new(&db, &kafka(), cfg).unwrap();
+    let (writer, late_id) = open_writer(&db, &topic).await;
+    wait_until(Duration::from_secs(20), "the floor passes the open transaction", || async {
+        tick(&db, &relay, &topic).await;
+        relay.claim_floor() > late_id
+    })
+    .await;
+    writer.batch_execute("COMMIT").await.unwrap();
+    // Below the floor: claims do not see it, the sweep does.
+    assert_eq!(relay.run_once().await.unwrap(), Outcome::Empty);
+    assert_eq!(relay.sweep().await.unwrap(), Some(late_id));
+    assert_eq!(drain(&relay).await, 1);
+    let c = client(&db).await;
+    assert_eq!(
+        count(&c, "SELECT count(*) FROM outbox WHERE status <> 'sent'").await,
+        0
+    );
+    assert_eq!(relay.sweep().await.unwrap(), None);
+}
+
+#[tokio::test]
+async fn requeue_sends_a_running_relay_back_below_its_floor() {
+    let db = fresh_db().await;
+    let topic = topic_name();
+    create_topic(&topic, 1).await;
+    let later = topic_name(); // created only after the row failed
+    let c = client(&db).await;
+    let failed_id: i64 = c
+        .query_one(
+            "INSERT INTO outbox (topic, message_key, payload) VALUES ($1, 'x', '{}') RETURNING id",
+            &[&later],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let cfg = outbox::RelayConfig {
+        max_attempts: 1,
+        // Only the requeue notification can bring the relay back below its floor in time.
+        sweep_interval: Duration::from_secs(3600),
+        ..relay_config()
+    };
+    let relay = Relay::new(&db, &kafka(), cfg).unwrap();
+    let floor = relay.floor_probe();
+    let running = spawn_relay(relay);
+    wait_until(Duration::from_secs(20), "the row fails and the floor passes it", || async {
+        enqueue_n(&db, &topic, 1, 1, 1).await;
+        floor() > failed_id
+    })
+    .await;
+    assert_eq!(
+        count(&c, &format!("SELECT count(*) FROM outbox WHERE id = {failed_id} AND status = 'failed'")).await,
+        1
+    );
+    create_topic(&later, 1).await;
+    assert_eq!(
+        outbox::requeue(&db, outbox::Requeue::Id(failed_id))
+            .await
+            .unwrap(),
+        1
+    );
+    wait_until(Duration::from_secs(20), "the requeued row is sent", || async {
+        count(&c, &format!("SELECT count(*) FROM outbox WHERE id = {failed_id} AND status = 'sent'")).await == 1
+    })
+    .await;
+    running.stop().await;
+    assert_eq!(topic_len(&later).await, 1);
+}

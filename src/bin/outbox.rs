@@ -94,6 +94,14 @@ enum Command {
         /// taken over within this interval).
         #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
         rebalance_interval: Duration,
+        /// How often to look below the claim floor for rows of very long transactions and rows
+        /// put back to pending by hand.
+        #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+        sweep_interval: Duration,
+        /// A transaction open longer than this after inserting outbox rows stops holding the
+        /// claim floor back; its rows are published by the next sweep after it commits.
+        #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+        long_transaction: Duration,
     },
     /// Counts by status, oldest pending age, failed rows grouped by last_error.
     Status {
@@ -215,6 +223,8 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             cleanup_interval,
             no_listen,
             rebalance_interval,
+            sweep_interval,
+            long_transaction,
         } => {
             let db = db_config(&db)?;
             let kafka = kafka_config(&kafka)?;
@@ -227,6 +237,8 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 listen: !no_listen,
                 cleanup: cleanup_config(&cleanup, cleanup_interval.0),
                 rebalance_interval,
+                sweep_interval,
+                long_transaction,
                 inject_refusals: 0.0,
             };
             let relay = Relay::new(&db, &kafka, config).map_err(|e| match e {
