@@ -10,41 +10,41 @@
 //! few rows sent since the previous claim.
 //!
 //! Why it is safe: rows are not committed in id order, so "the highest id sent so far" is not a
-//! floor. The floor instead advances only to ids that every still-running transaction is too
-//! young to hold. Every claim transaction first records a [`Sample`]: its own xid `q` (handed
-//! out in that statement, so newer than every xid handed out before) and the highest id `v` the
-//! outbox sequence has handed out. An INSERT takes its id from the sequence and gets its xid in
-//! the same statement, so once a later snapshot shows every xid up to `q` ended (`q < xmin`),
-//! every row with id <= `v` of an *earlier* sample (taken at least [`GRACE`] before) is committed
-//! or rolled back, and the claim sees it. The floor then moves to `v + 1`, but never past a row
-//! this relay left pending (held back, deferred, refused, or beyond a full batch).
+//! floor. Every claim transaction first records a [`Sample`] (`sql::SAMPLE`): the highest
+//! visible id `v`, and the transactions that hold `ROW EXCLUSIVE` on the outbox table — every
+//! INSERT takes that lock before it draws its id from the sequence and keeps it until commit.
+//! So every row with an id <= `v` was drawn either by one of those writers, or by a transaction
+//! that had already ended (its rows are visible to any later statement). Once none of the
+//! sample's writers is still running, every row up to `v` is committed or rolled back, and the
+//! floor may move to `v + 1`. After each claim, one more probe (`sql::LEFT_BEHIND`) finds the
+//! lowest row between the old and the new floor that is still pending — held back, deferred,
+//! backed off, not yet due, or locked by someone else — and the floor stops there. It never
+//! passes a pending row it has seen.
 //!
-//! Two escape hatches keep one pathological transaction from pinning the floor: a transaction
-//! open longer than `long_transaction` after inserting rows is passed anyway, and the sweep
-//! ([`crate::Relay::sweep`], every `sweep_interval`, off the claim path) finds any pending row
-//! below the floor — those rows, and rows put back to `pending` by hand, are published by the
-//! next sweep instead of at commit. Nothing is ever skipped for good.
+//! The one escape hatch keeps a pathological transaction from pinning the floor: a writer still
+//! open `long_transaction` after the sample is passed anyway; its rows, and rows put back to
+//! `pending` by plain SQL, are found by the sweep ([`crate::Relay::sweep`], every
+//! `sweep_interval`, off the claim path) instead of at commit. Nothing is ever skipped for good.
+//! (The same holds if someone sets the id sequence's `CACHE` above 1, which lets a session use
+//! ids drawn long before: those rows too reach Kafka through the sweep.)
 
-use std::collections::VecDeque;
+use std::collections::{HashSet, VecDeque};
 use std::time::{Duration, Instant};
 
-/// How much earlier than a proven-finished sample the sample that gives the floor must be. The
-/// id and the xid of an INSERT are taken microseconds apart; this absorbs a backend descheduled
-/// between the two. (Anything slower still is found by the sweep.)
-pub(crate) const GRACE: Duration = Duration::from_millis(100);
-/// Samples kept while none can be used (a transaction pins the xmin); beyond this the oldest
-/// are dropped, which only delays the floor.
+/// Samples kept while none can be used (a long writer is open); beyond this the oldest are
+/// dropped, which only delays the floor.
 const MAX_SAMPLES: usize = 100_000;
 
 /// What the first statement of a claim transaction saw.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Sample {
-    /// When the statement was sent.
+    /// When the statement returned.
     pub at: Instant,
-    /// The claim transaction's own xid.
-    pub xid: i64,
-    /// The highest id the outbox sequence had handed out.
-    pub seq: i64,
+    /// The highest id visible to the statement.
+    pub max_id: i64,
+    /// The transactions (virtual transaction ids) holding `ROW EXCLUSIVE` on the outbox table
+    /// while the statement ran, this relay's own excluded.
+    pub writers: Vec<String>,
 }
 
 /// What a claim should use, from [`ClaimFloor::begin`].
@@ -52,9 +52,22 @@ pub(crate) struct Sample {
 pub(crate) struct Begin {
     /// Scan from this id (`id >= scan_from`).
     pub scan_from: i64,
-    /// Every row with an id below this is visible to the claim (committed or rolled back), if
-    /// it could be proven.
+    /// Every row with an id below this is visible to the claim's statements (committed or rolled
+    /// back), when that could be shown.
     pub visible_below: Option<i64>,
+}
+
+impl Begin {
+    /// How far the floor may move if nothing in `[scan_from, bound)` is left pending: the ids
+    /// proven visible, and no further than the last row of a full batch (rows after it were not
+    /// looked at). `None` when it cannot move.
+    pub fn bound(&self, full_batch_last: Option<i64>) -> Option<i64> {
+        let mut b = self.visible_below?;
+        if let Some(last) = full_batch_last {
+            b = b.min(last.saturating_add(1));
+        }
+        (b > self.scan_from).then_some(b)
+    }
 }
 
 /// One relay's floor state.
@@ -95,15 +108,8 @@ impl ClaimFloor {
     }
 
     /// Starts a claim: applies lane changes and rewinds, records `sample`, and says where to
-    /// scan from. `xmin` = the oldest running xid of the sample's snapshot; `oldest_retrying` =
-    /// the oldest pending row of these lanes waiting for a retry.
-    pub fn begin(
-        &mut self,
-        lanes: &[i32],
-        sample: Sample,
-        xmin: i64,
-        oldest_retrying: Option<i64>,
-    ) -> Begin {
+    /// scan from and how far the claim's statements are proven to see.
+    pub fn begin(&mut self, lanes: &[i32], sample: Sample) -> Begin {
         if self.lanes != lanes {
             // Lanes just taken over may hold old pending rows: start from the head once.
             self.lanes = lanes.to_vec();
@@ -112,49 +118,44 @@ impl ClaimFloor {
         if let Some(r) = self.rewind.take() {
             self.floor = self.floor.min(r);
         }
-        let scan_from = oldest_retrying.map_or(self.floor, |r| self.floor.min(r));
-        let visible_below = self.proven(sample.at, xmin).map(|v| v.saturating_add(1));
+        let now = sample.at;
+        let running: HashSet<String> = sample.writers.iter().cloned().collect();
         self.samples.push_back(sample);
         if self.samples.len() > MAX_SAMPLES {
             self.samples.pop_front();
         }
         Begin {
-            scan_from,
-            visible_below,
+            scan_from: self.floor,
+            visible_below: self.proven(now, &running).map(|v| v.saturating_add(1)),
         }
     }
 
-    /// Ends a claim that committed: moves the floor to the highest id it may have, given the
-    /// claim's [`Begin`], the lowest id the claim left pending (held back, deferred, refused),
-    /// and — when the batch was full — the last id claimed (rows after it were not looked at).
-    pub fn finish(&mut self, begin: Begin, lowest_left: Option<i64>, full_batch_last: Option<i64>) {
-        let mut floor = begin.visible_below.unwrap_or(self.floor);
-        if let Some(l) = lowest_left {
-            floor = floor.min(l);
+    /// Ends a claim that committed: the floor moves to `begin.bound(..)`, or to `left_pending`
+    /// (the lowest row below that bound still pending after the claim) when there is one.
+    pub fn finish(
+        &mut self,
+        begin: Begin,
+        full_batch_last: Option<i64>,
+        left_pending: Option<i64>,
+    ) {
+        if let Some(bound) = begin.bound(full_batch_last) {
+            self.floor = left_pending.map_or(bound, |l| l.min(bound));
         }
-        if let Some(last) = full_batch_last {
-            floor = floor.min(last.saturating_add(1));
-        }
-        self.floor = floor;
     }
 
-    /// The highest sequence value all of whose rows are proven visible to a snapshot whose
-    /// oldest running xid is `xmin`, taken at `now`; drops the samples it no longer needs.
-    fn proven(&mut self, now: Instant, xmin: i64) -> Option<i64> {
-        // The newest sample whose transaction, and so every older one, has ended.
-        let ended_at = self
-            .samples
-            .iter()
-            .rposition(|s| s.xid < xmin)
-            .and_then(|i| self.samples[i].at.checked_sub(GRACE));
-        // Transactions open longer than this are passed (their rows go to the sweep).
+    /// The highest id all of whose rows (and lower ones) are proven committed or rolled back,
+    /// given the writers `running` now; drops the samples it no longer needs.
+    fn proven(&mut self, now: Instant, running: &HashSet<String>) -> Option<i64> {
         let cap_at = now.checked_sub(self.long_transaction);
-        let usable = |s: &Sample| ended_at.is_some_and(|t| s.at <= t) || cap_at.is_some_and(|t| s.at <= t);
+        // A writer seen in an older sample and still running is in every later sample too, so
+        // the usable samples are a prefix: take the newest.
+        let usable = |s: &Sample| {
+            s.writers.iter().all(|w| !running.contains(w)) || cap_at.is_some_and(|t| s.at <= t)
+        };
         let j = self.samples.iter().rposition(usable)?;
-        let seq = self.samples[j].seq;
-        // Usable stays usable (xmin and time only grow): keep only the newest usable sample.
+        let max_id = self.samples[j].max_id;
         self.samples.drain(..j);
-        Some(seq)
+        Some(max_id)
     }
 }
 
@@ -164,82 +165,92 @@ mod tests {
 
     const LANES: &[i32] = &[0, 1];
 
-    fn sample(t0: Instant, ms: u64, xid: i64, seq: i64) -> Sample {
+    fn sample(t0: Instant, ms: u64, max_id: i64, writers: &[&str]) -> Sample {
         Sample {
             at: t0 + Duration::from_millis(ms),
-            xid,
-            seq,
+            max_id,
+            writers: writers.iter().map(|w| (*w).to_owned()).collect(),
         }
     }
 
     #[test]
-    fn floor_follows_samples_whose_transactions_ended() {
+    fn floor_follows_samples_whose_writers_ended() {
         let t0 = Instant::now();
         let mut f = ClaimFloor::new(Duration::from_secs(60));
-        // First claim: nothing proven yet, scan from the head.
-        let b = f.begin(LANES, sample(t0, 0, 100, 10), 100, None);
-        assert_eq!(b, Begin { scan_from: 0, visible_below: None });
+        // Writer 3/7 is open: nothing below 10 is proven yet.
+        let b = f.begin(LANES, sample(t0, 0, 10, &["3/7"]));
+        assert_eq!(
+            b,
+            Begin {
+                scan_from: 0,
+                visible_below: None
+            }
+        );
         f.finish(b, None, None);
         assert_eq!(f.get(), 0);
-        // 200 ms later, xid 100 has ended but no sample is GRACE older than it: still nothing.
-        let b = f.begin(LANES, sample(t0, 200, 105, 20), 101, None);
-        assert_eq!(b.visible_below, None);
-        f.finish(b, None, None);
-        // Later still, xid 105 ended too: the sample at 0 ms is GRACE older than the one at
-        // 200 ms, so every id <= 10 is visible.
-        let b = f.begin(LANES, sample(t0, 400, 110, 30), 106, None);
+        // 3/7 ended, 4/2 is open: the first sample is proven, not this one.
+        let b = f.begin(LANES, sample(t0, 10, 20, &["4/2"]));
         assert_eq!(b.visible_below, Some(11));
         f.finish(b, None, None);
         assert_eq!(f.get(), 11);
+        // No writer open: this sample proves itself.
+        let b = f.begin(LANES, sample(t0, 20, 30, &[]));
+        assert_eq!(
+            b,
+            Begin {
+                scan_from: 11,
+                visible_below: Some(31)
+            }
+        );
+        // A row left pending at 25 stops the floor there.
+        f.finish(b, None, Some(25));
+        assert_eq!(f.get(), 25);
     }
 
     #[test]
-    fn a_running_old_transaction_holds_the_floor_until_long_transaction() {
+    fn a_long_writer_holds_the_floor_until_long_transaction() {
         let t0 = Instant::now();
         let mut f = ClaimFloor::new(Duration::from_secs(5));
-        // xid 50 stays open for the whole test: xmin is 50 at every claim.
-        for i in 0..40u64 {
-            let b = f.begin(LANES, sample(t0, i * 100, 100 + i as i64, 10 * i as i64), 50, None);
-            assert_eq!(b.visible_below, None, "claim {i}");
+        let first = f.begin(LANES, sample(t0, 0, 10, &[]));
+        f.finish(first, None, None);
+        assert_eq!(f.get(), 11);
+        // Writer 9/1 opens and stays open; others come and go.
+        for i in 1..50u64 {
+            let w = format!("5/{i}");
+            let b = f.begin(LANES, sample(t0, i * 100, 10 + i as i64, &["9/1", &w]));
+            assert_eq!(b.visible_below, Some(11), "claim {i}");
             f.finish(b, None, None);
         }
-        // Past long_transaction the floor moves to the sample taken 5 s ago anyway.
-        let b = f.begin(LANES, sample(t0, 5_100, 200, 999), 50, None);
-        assert_eq!(b.visible_below, Some(11));
-        f.finish(b, None, None);
-        assert_eq!(f.get(), 11);
+        // 5 s after the first sample that saw it, it no longer holds the floor.
+        let b = f.begin(LANES, sample(t0, 5_100, 999, &["9/1"]));
+        assert_eq!(b.visible_below, Some(12));
     }
 
     #[test]
-    fn rows_left_pending_retries_lane_changes_and_rewinds_keep_the_floor_low() {
+    fn full_batches_rewinds_and_lane_changes_keep_the_floor_low() {
         let t0 = Instant::now();
         let mut f = ClaimFloor::new(Duration::from_secs(60));
-        for (ms, xid, seq) in [(0, 100, 1_000), (200, 101, 2_000)] {
-            let b = f.begin(LANES, sample(t0, ms, xid, seq), xid, None);
-            assert_eq!(b.visible_below, None);
-            f.finish(b, None, None);
-        }
-        let b = f.begin(LANES, sample(t0, 400, 102, 3_000), 102, None);
-        assert_eq!(b.visible_below, Some(1_001));
-        // A held-back (or deferred, or refused) row at 900 keeps the floor there.
-        f.finish(b, Some(900), None);
-        assert_eq!(f.get(), 900);
-        let b = f.begin(LANES, sample(t0, 600, 103, 3_500), 103, None);
-        assert_eq!(b, Begin { scan_from: 900, visible_below: Some(2_001) });
+        let b = f.begin(LANES, sample(t0, 0, 3_000, &[]));
         // A full batch ending at 1,800: rows after it were not looked at.
-        f.finish(b, None, Some(1_800));
+        f.finish(b, Some(1_800), None);
         assert_eq!(f.get(), 1_801);
-        // A retrying row below the floor: the scan starts there, the floor moves on.
-        let b = f.begin(LANES, sample(t0, 800, 104, 3_600), 104, Some(700));
-        assert_eq!(b, Begin { scan_from: 700, visible_below: Some(3_001) });
+        // Nothing proven beyond the floor: it stays.
+        let b = f.begin(LANES, sample(t0, 10, 3_000, &["1/1"]));
+        assert_eq!(b.bound(None), Some(3_001));
+        let b = Begin {
+            scan_from: 1_801,
+            visible_below: Some(1_500),
+        };
+        assert_eq!(b.bound(None), None);
         f.finish(b, None, None);
-        assert_eq!(f.get(), 3_001);
+        assert_eq!(f.get(), 1_801);
         // The sweep found a straggler at 42.
         f.rewind_to(42);
-        let b = f.begin(LANES, sample(t0, 1_000, 105, 3_700), 105, None);
+        f.rewind_to(700);
+        let b = f.begin(LANES, sample(t0, 20, 3_100, &[]));
         assert_eq!(b.scan_from, 42);
         // New lanes: from the head.
-        let b = f.begin(&[0, 1, 2], sample(t0, 1_200, 106, 3_800), 106, None);
+        let b = f.begin(&[0, 1, 2], sample(t0, 30, 3_200, &[]));
         assert_eq!(b.scan_from, 0);
     }
 }

@@ -89,6 +89,7 @@ pub fn hot_statements(schema: &Schema) -> Vec<(&'static str, String)> {
         ("claim", s.claim),
         ("first_pending", s.first_pending),
         ("sample", s.sample),
+        ("left_behind", s.left_behind),
         ("sweep", s.sweep),
         ("mark_sent", s.mark_sent),
         ("mark_failed", s.mark_failed),

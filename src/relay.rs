@@ -2,7 +2,8 @@
 //!
 //! One pass ([`Relay::run_once`]):
 //! 1. **take**: open a transaction and claim up to `batch_size` due rows with
-//!    `FOR UPDATE SKIP LOCKED` (other relays skip them while this transaction is open);
+//!    `FOR UPDATE SKIP LOCKED` (other relays skip them while this transaction is open), starting
+//!    at the relay's claim floor (`floor.rs`) rather than at the head of the pending index;
 //! 2. **send**: produce the whole batch with an idempotent producer (`acks=all`,
 //!    `enable.idempotence=true`) and wait — bounded by the delivery timeout — for every report;
 //! 3. **mark**: one `UPDATE` sets the acknowledged rows `sent`; one `UPDATE` backs off the rows
@@ -33,7 +34,7 @@ use tracing::{debug, info, warn};
 use crate::backoff::Backoff;
 use crate::cleanup;
 use crate::config::{ConfigError, DbConfig, KafkaConfig, RelayConfig};
-use crate::floor::{ClaimFloor, Sample};
+use crate::floor::{Begin, ClaimFloor, Sample};
 use crate::sql::Statements;
 use crate::topic::validate_topic;
 
@@ -132,8 +133,8 @@ pub struct Relay {
     known_topics: Mutex<HashMap<String, Instant>>,
     /// Where claims start (see `floor.rs`); shared with the sweep and the LISTEN task.
     floor: Arc<Mutex<ClaimFloor>>,
-    /// The outbox table's qualified name, for `pg_get_serial_sequence`.
-    table: String,
+    /// Held for the length of a pass.
+    pass: tokio::sync::Mutex<()>,
 }
 
 /// Builds the producer: the pass-through properties first, then the settings the guarantees
@@ -279,7 +280,7 @@ impl Relay {
             stmts: Arc::new(Statements::new(&db.schema)),
             db: db.clone(),
             floor: Arc::new(Mutex::new(ClaimFloor::new(config.long_transaction))),
-            table: format!("{}.outbox", db.schema.quoted()),
+            pass: tokio::sync::Mutex::new(()),
             config,
             known_topics: Mutex::new(HashMap::new()),
         })
@@ -401,6 +402,8 @@ impl Relay {
     /// [`RelayError`] when Postgres fails; the claim transaction is then rolled back (or dies
     /// with the connection) and its rows are claimable again.
     pub async fn run_once(&self) -> Result<Outcome, RelayError> {
+        // One pass at a time per relay: the claim floor is moved by what one pass saw.
+        let _pass = self.pass.lock().await;
         // Lanes are rebalanced only here, between batches: a lane is never handed over while
         // rows of it are in flight.
         let lanes = {
@@ -413,22 +416,13 @@ impl Relay {
         }
         let mut client = self.pool.get().await?;
         let tx = client.transaction().await?;
-        let at = Instant::now();
-        let sampled = tx
-            .query_one(&self.stmts.sample, &[&self.table, &lanes])
-            .await?;
+        let sampled = tx.query_one(&self.stmts.sample, &[]).await?;
         let sample = Sample {
-            at,
-            xid: sampled.get(0),
-            seq: sampled.get(2),
+            at: Instant::now(),
+            max_id: sampled.get(0),
+            writers: sampled.get(1),
         };
-        let (xmin, oldest_retrying): (i64, Option<i64>) = (sampled.get(1), sampled.get(3));
-        let begin = self.floor.lock().expect("floor lock").begin(
-            &lanes,
-            sample,
-            xmin,
-            oldest_retrying,
-        );
+        let begin = self.floor.lock().expect("floor lock").begin(&lanes, sample);
         let batch = i64::try_from(self.config.batch_size).unwrap_or(i64::MAX);
         let rows: Vec<Row> = tx
             .query(&self.stmts.claim, &[&batch, &lanes, &begin.scan_from])
@@ -443,11 +437,12 @@ impl Relay {
             })
             .collect();
         if rows.is_empty() {
+            let left = self.left_behind(&tx, begin, None, &lanes).await?;
             tx.commit().await?;
             self.floor
                 .lock()
                 .expect("floor lock")
-                .finish(begin, None, None);
+                .finish(begin, None, left);
             return Ok(Outcome::Empty);
         }
 
@@ -491,12 +486,7 @@ impl Relay {
         let mut sent = Vec::new();
         let (mut refused_ids, mut refused_errs) = (Vec::new(), Vec::new());
         let mut deferred_reason = None;
-        // The lowest row this pass leaves pending: the claim floor must not pass it.
-        let mut lowest_left: Option<i64> = None;
         for (row, fate) in rows.iter().zip(fates) {
-            if !matches!(fate, Fate::Sent) {
-                lowest_left = Some(lowest_left.map_or(row.id, |l| l.min(row.id)));
-            }
             match fate {
                 Fate::Sent => sent.push(row.id),
                 Fate::Refused(err) => {
@@ -521,14 +511,17 @@ impl Relay {
             )
             .await?;
         }
-        tx.commit().await?;
         let full_batch_last = (rows.len() >= self.config.batch_size)
             .then(|| rows.last().map(|r| r.id))
             .flatten();
+        let left = self
+            .left_behind(&tx, begin, full_batch_last, &lanes)
+            .await?;
+        tx.commit().await?;
         self.floor
             .lock()
             .expect("floor lock")
-            .finish(begin, lowest_left, full_batch_last);
+            .finish(begin, full_batch_last, left);
         report.sent = sent.len();
         report.backed_off = refused_ids.len();
         if let Some(reason) = deferred_reason {
@@ -536,6 +529,24 @@ impl Relay {
         }
         debug!(?report, "batch settled");
         Ok(Outcome::Published(report))
+    }
+
+    /// The lowest row still pending between the floor and where it would move (see
+    /// `sql::LEFT_BEHIND`); nothing to look at when the floor cannot move.
+    async fn left_behind(
+        &self,
+        tx: &deadpool_postgres::Transaction<'_>,
+        begin: Begin,
+        full_batch_last: Option<i64>,
+        lanes: &[i32],
+    ) -> Result<Option<i64>, RelayError> {
+        let Some(bound) = begin.bound(full_batch_last) else {
+            return Ok(None);
+        };
+        Ok(tx
+            .query_one(&self.stmts.left_behind, &[&begin.scan_from, &bound, &lanes])
+            .await?
+            .get(0))
     }
 
     /// Produces every row, keeping them all in flight, and returns each row's fate in order.

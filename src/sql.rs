@@ -9,7 +9,7 @@ use crate::schema::Schema;
 /// `SKIP LOCKED` lets several relays work side by side; the lane filter keeps each key with one
 /// relay; `NOT EXISTS` holds a row back while an earlier pending row of its key is backed off,
 /// so per-key first deliveries follow id order. `$1` = batch size, `$2` = owned lanes, `$3` =
-/// the relay's claim floor (every row of its lanes below it is settled, see [`SAMPLE`]): the
+/// the relay's claim floor (every row of its lanes below it is settled, see `floor.rs`): the
 /// scan starts there instead of at the head of the index, whose entries for rows sent while
 /// some snapshot is held open cannot be removed.
 /// Uses `outbox_pending_id_idx` (scan in id order from the floor) and `outbox_pending_key_idx`
@@ -40,27 +40,34 @@ SELECT k, (SELECT e.id FROM {s}.outbox AS e
             ORDER BY e.id LIMIT 1)
   FROM unnest($1::text[]) AS k";
 
-/// First statement of every claim transaction: what the relay needs to move its claim floor.
-/// Returns this transaction's xid (assigned here: it is newer than every xid assigned before),
-/// the oldest xid still running in this statement's snapshot, the highest id the outbox
-/// sequence has handed out, and the oldest row of the relay's lanes (`$2`) waiting for a retry
-/// (`outbox_retrying_idx`). `$1` = the outbox table's qualified name.
-///
-/// Why this is enough: an id is taken from the sequence in the same INSERT that gives its
-/// transaction an xid. If the sequence stood at `v` when xid `q` was handed out, and later every
-/// xid up to `q` has ended, then every row with id <= `v` is committed (or rolled back) and a
-/// claim from then on sees it. See `Cursor` in `relay.rs`.
+/// First statement of every claim transaction: what the relay needs to move its claim floor
+/// (see `floor.rs`). Returns the highest visible id, and the transactions holding `ROW
+/// EXCLUSIVE` on the outbox table (every INSERT takes it before drawing its id and keeps it to
+/// commit), this session excluded. Both are read after the statement's snapshot was taken:
+/// every id up to the first was drawn by one of those writers or by a transaction that ended.
 const SAMPLE: &str = "\
-SELECT pg_current_xact_id()::text::bigint,
-       pg_snapshot_xmin(pg_current_snapshot())::text::bigint,
-       coalesce(pg_sequence_last_value(pg_get_serial_sequence($1, 'id')::regclass), 0),
-       (SELECT min(r.id) FROM {s}.outbox AS r
-         WHERE r.status = 'pending' AND r.attempts > 0
-           AND (hashtext(coalesce(r.message_key, '')) & 63) = ANY($2::int[]))";
+SELECT coalesce((SELECT max(m.id) FROM {s}.outbox AS m), 0),
+       array(SELECT l.virtualtransaction FROM pg_locks AS l
+              WHERE l.locktype = 'relation' AND l.mode = 'RowExclusiveLock'
+                AND l.relation = '{s}.outbox'::regclass
+                AND l.database = (SELECT d.oid FROM pg_database AS d
+                                   WHERE d.datname = current_database())
+                AND l.pid IS DISTINCT FROM pg_backend_pid())";
+
+/// Last statement of a claim transaction (after the marks, so this pass's sent rows are no longer
+/// pending to it): the lowest row of the relay's lanes (`$3`) still pending in `[$1, $2)`, the
+/// ids between the old floor and where the floor would move. Whatever is there — held back,
+/// deferred, backed off, not due, locked by another session — stops the floor. Reads the same
+/// stretch of `outbox_pending_id_idx` the claim just read.
+const LEFT_BEHIND: &str = "\
+SELECT min(o.id) FROM {s}.outbox AS o
+ WHERE o.status = 'pending' AND o.id >= $1 AND o.id < $2
+   AND (hashtext(coalesce(o.message_key, '')) & 63) = ANY($3::int[])";
 
 /// The sweep: the lowest due pending row of the relay's lanes (`$2`) below its claim floor
 /// (`$1`). Normally none; it finds rows the floor passed because their transaction stayed open
-/// longer than `long_transaction`, or rows put back to pending by hand. Run off the claim path.
+/// longer than `long_transaction`, or rows put back to pending by plain SQL. Run off the claim
+/// path.
 const SWEEP: &str = "\
 SELECT min(o.id) FROM {s}.outbox AS o
  WHERE o.status = 'pending' AND o.id < $1 AND o.available_at <= now()
@@ -152,6 +159,7 @@ pub(crate) struct Statements {
     pub claim: String,
     pub first_pending: String,
     pub sample: String,
+    pub left_behind: String,
     pub sweep: String,
     pub mark_sent: String,
     pub mark_failed: String,
@@ -176,6 +184,7 @@ impl Statements {
             claim: r(CLAIM),
             first_pending: r(FIRST_PENDING),
             sample: r(SAMPLE),
+            left_behind: r(LEFT_BEHIND),
             sweep: r(SWEEP),
             mark_sent: r(MARK_SENT),
             mark_failed: r(MARK_FAILED),

@@ -562,12 +562,19 @@ async fn a_row_committed_after_newer_rows_were_sent_is_published_at_commit() {
     // Keep claiming newer rows for a while: every chance for the floor to move past it.
     let started = std::time::Instant::now();
     let ticks = std::cell::Cell::new(0);
-    wait_until(Duration::from_secs(20), "ten claims over a second", || async {
-        tick(&db, &relay, &topic).await;
-        ticks.set(ticks.get() + 1);
-        assert!(relay.claim_floor() <= late_id, "the floor passed an open transaction's row");
-        ticks.get() >= 10 && started.elapsed() > Duration::from_secs(1)
-    })
+    wait_until(
+        Duration::from_secs(20),
+        "ten claims over a second",
+        || async {
+            tick(&db, &relay, &topic).await;
+            ticks.set(ticks.get() + 1);
+            assert!(
+                relay.claim_floor() <= late_id,
+                "the floor passed an open transaction's row"
+            );
+            ticks.get() >= 10 && started.elapsed() > Duration::from_secs(1)
+        },
+    )
     .await;
     writer.batch_execute("COMMIT").await.unwrap();
     // No sweep: the very next claims see it.
@@ -592,10 +599,14 @@ async fn a_transaction_open_longer_than_long_transaction_is_published_by_the_swe
     };
     let relay = Relay::new(&db, &kafka(), cfg).unwrap();
     let (writer, late_id) = open_writer(&db, &topic).await;
-    wait_until(Duration::from_secs(20), "the floor passes the open transaction", || async {
-        tick(&db, &relay, &topic).await;
-        relay.claim_floor() > late_id
-    })
+    wait_until(
+        Duration::from_secs(20),
+        "the floor passes the open transaction",
+        || async {
+            tick(&db, &relay, &topic).await;
+            relay.claim_floor() > late_id
+        },
+    )
     .await;
     writer.batch_execute("COMMIT").await.unwrap();
     // Below the floor: claims do not see it, the sweep does.
@@ -634,13 +645,21 @@ async fn requeue_sends_a_running_relay_back_below_its_floor() {
     let relay = Relay::new(&db, &kafka(), cfg).unwrap();
     let floor = relay.floor_probe();
     let running = spawn_relay(relay);
-    wait_until(Duration::from_secs(20), "the row fails and the floor passes it", || async {
-        enqueue_n(&db, &topic, 1, 1, 1).await;
-        floor() > failed_id
-    })
+    wait_until(
+        Duration::from_secs(20),
+        "the row fails and the floor passes it",
+        || async {
+            enqueue_n(&db, &topic, 1, 1, 1).await;
+            floor() > failed_id
+        },
+    )
     .await;
     assert_eq!(
-        count(&c, &format!("SELECT count(*) FROM outbox WHERE id = {failed_id} AND status = 'failed'")).await,
+        count(
+            &c,
+            &format!("SELECT count(*) FROM outbox WHERE id = {failed_id} AND status = 'failed'")
+        )
+        .await,
         1
     );
     create_topic(&later, 1).await;
@@ -650,10 +669,87 @@ async fn requeue_sends_a_running_relay_back_below_its_floor() {
             .unwrap(),
         1
     );
-    wait_until(Duration::from_secs(20), "the requeued row is sent", || async {
-        count(&c, &format!("SELECT count(*) FROM outbox WHERE id = {failed_id} AND status = 'sent'")).await == 1
-    })
+    wait_until(
+        Duration::from_secs(20),
+        "the requeued row is sent",
+        || async {
+            count(
+                &c,
+                &format!("SELECT count(*) FROM outbox WHERE id = {failed_id} AND status = 'sent'"),
+            )
+            .await
+                == 1
+        },
+    )
     .await;
     running.stop().await;
     assert_eq!(topic_len(&later).await, 1);
+}
+
+#[tokio::test]
+async fn a_row_locked_by_another_session_holds_the_floor_and_its_key() {
+    // SKIP LOCKED passes over a row someone else holds (an operator's UPDATE, a foreign key's
+    // share lock, a relay that lost its lane mid-batch). The floor must stop at it, and later
+    // rows of its key must wait for it.
+    let db = fresh_db().await;
+    let topic = topic_name();
+    create_topic(&topic, 1).await;
+    let relay = Relay::new(&db, &kafka(), relay_config()).unwrap();
+    wait_until(Duration::from_secs(20), "the claim floor moves", || async {
+        tick(&db, &relay, &topic).await;
+        relay.claim_floor() > 0
+    })
+    .await;
+    let c = client(&db).await;
+    let insert =
+        "INSERT INTO outbox (topic, message_key, payload) VALUES ($1, 'held', $2) RETURNING id";
+    let first: i64 = c
+        .query_one(insert, &[&topic, &serde_json::json!({"n": 1})])
+        .await
+        .unwrap()
+        .get(0);
+    let locker = client(&db).await;
+    locker
+        .batch_execute(&format!(
+            "BEGIN; SELECT id FROM outbox WHERE id = {first} FOR UPDATE"
+        ))
+        .await
+        .unwrap();
+    c.query_one(insert, &[&topic, &serde_json::json!({"n": 2})])
+        .await
+        .unwrap();
+    // Claims go on around the locked row for over a second.
+    let started = std::time::Instant::now();
+    let mut passes = 0;
+    while passes < 10 || started.elapsed() < Duration::from_secs(1) {
+        enqueue_n(&db, &topic, 1, 1, 1).await;
+        while let Outcome::Published(r) = relay.run_once().await.unwrap() {
+            if r.claimed == r.held_back {
+                break; // only the second "held" row is left, waiting
+            }
+        }
+        passes += 1;
+        assert!(
+            relay.claim_floor() <= first,
+            "the floor passed a locked row"
+        );
+    }
+    assert_eq!(
+        count(
+            &c,
+            "SELECT count(*) FROM outbox WHERE message_key = 'held' AND status = 'sent'"
+        )
+        .await,
+        0,
+        "the second row of the key went out before the locked first one"
+    );
+    locker.batch_execute("COMMIT").await.unwrap();
+    assert_eq!(drain(&relay).await, 2);
+    let held: Vec<i64> = read_all(&topic)
+        .await
+        .iter()
+        .filter(|r| r.key.as_deref() == Some(b"held".as_slice()))
+        .map(|r| r.json()["n"].as_i64().unwrap())
+        .collect();
+    assert_eq!(held, vec![1, 2]);
 }
