@@ -130,15 +130,11 @@ impl ClaimFloor {
         }
     }
 
-    /// Ends a claim that committed: the floor moves to `begin.bound(..)`, or to `left_pending`
-    /// (the lowest row below that bound still pending after the claim) when there is one.
-    pub fn finish(
-        &mut self,
-        begin: Begin,
-        full_batch_last: Option<i64>,
-        left_pending: Option<i64>,
-    ) {
-        if let Some(bound) = begin.bound(full_batch_last) {
+    /// Ends a claim that committed: the floor moves to `bound` (from [`Begin::bound`]), or to
+    /// `left_pending` (the lowest row below that bound still pending after the claim) when there
+    /// is one. `None` leaves it where it is.
+    pub fn finish(&mut self, bound: Option<i64>, left_pending: Option<i64>) {
+        if let Some(bound) = bound {
             self.floor = left_pending.map_or(bound, |l| l.min(bound));
         }
     }
@@ -186,12 +182,12 @@ mod tests {
                 visible_below: None
             }
         );
-        f.finish(b, None, None);
+        f.finish(b.bound(None), None);
         assert_eq!(f.get(), 0);
         // 3/7 ended, 4/2 is open: the first sample is proven, not this one.
         let b = f.begin(LANES, sample(t0, 10, 20, &["4/2"]));
         assert_eq!(b.visible_below, Some(11));
-        f.finish(b, None, None);
+        f.finish(b.bound(None), None);
         assert_eq!(f.get(), 11);
         // No writer open: this sample proves itself.
         let b = f.begin(LANES, sample(t0, 20, 30, &[]));
@@ -203,7 +199,7 @@ mod tests {
             }
         );
         // A row left pending at 25 stops the floor there.
-        f.finish(b, None, Some(25));
+        f.finish(b.bound(None), Some(25));
         assert_eq!(f.get(), 25);
     }
 
@@ -212,14 +208,14 @@ mod tests {
         let t0 = Instant::now();
         let mut f = ClaimFloor::new(Duration::from_secs(5));
         let first = f.begin(LANES, sample(t0, 0, 10, &[]));
-        f.finish(first, None, None);
+        f.finish(first.bound(None), None);
         assert_eq!(f.get(), 11);
         // Writer 9/1 opens and stays open; others come and go.
         for i in 1..50u64 {
             let w = format!("5/{i}");
             let b = f.begin(LANES, sample(t0, i * 100, 10 + i as i64, &["9/1", &w]));
             assert_eq!(b.visible_below, Some(11), "claim {i}");
-            f.finish(b, None, None);
+            f.finish(b.bound(None), None);
         }
         // 5 s after the first sample that saw it, it no longer holds the floor.
         let b = f.begin(LANES, sample(t0, 5_100, 999, &["9/1"]));
@@ -232,7 +228,7 @@ mod tests {
         let mut f = ClaimFloor::new(Duration::from_secs(60));
         let b = f.begin(LANES, sample(t0, 0, 3_000, &[]));
         // A full batch ending at 1,800: rows after it were not looked at.
-        f.finish(b, Some(1_800), None);
+        f.finish(b.bound(Some(1_800)), None);
         assert_eq!(f.get(), 1_801);
         // Nothing proven beyond the floor: it stays.
         let b = f.begin(LANES, sample(t0, 10, 3_000, &["1/1"]));
@@ -242,7 +238,7 @@ mod tests {
             visible_below: Some(1_500),
         };
         assert_eq!(b.bound(None), None);
-        f.finish(b, None, None);
+        f.finish(b.bound(None), None);
         assert_eq!(f.get(), 1_801);
         // The sweep found a straggler at 42.
         f.rewind_to(42);

@@ -34,7 +34,7 @@ use tracing::{debug, info, warn};
 use crate::backoff::Backoff;
 use crate::cleanup;
 use crate::config::{ConfigError, DbConfig, KafkaConfig, RelayConfig};
-use crate::floor::{Begin, ClaimFloor, Sample};
+use crate::floor::{ClaimFloor, Sample};
 use crate::sql::Statements;
 use crate::topic::validate_topic;
 
@@ -44,6 +44,8 @@ pub const MAX_ERROR_LEN: usize = 500;
 const REPORT_MARGIN: Duration = Duration::from_secs(5);
 /// A topic seen in the broker's metadata is trusted for this long before it is checked again.
 const TOPIC_CACHE_TTL: Duration = Duration::from_secs(60);
+/// During a drain of full batches, the claim floor moves once it lags this many batches.
+const FLOOR_STEP_BATCHES: usize = 8;
 /// Budget for one metadata lookup of a topic.
 const METADATA_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -437,12 +439,12 @@ impl Relay {
             })
             .collect();
         if rows.is_empty() {
-            let left = self.left_behind(&tx, begin, None, &lanes).await?;
+            let bound = begin.bound(None);
+            let left = self
+                .left_behind(&tx, begin.scan_from, bound, &lanes)
+                .await?;
             tx.commit().await?;
-            self.floor
-                .lock()
-                .expect("floor lock")
-                .finish(begin, None, left);
+            self.floor.lock().expect("floor lock").finish(bound, left);
             return Ok(Outcome::Empty);
         }
 
@@ -514,14 +516,19 @@ impl Relay {
         let full_batch_last = (rows.len() >= self.config.batch_size)
             .then(|| rows.last().map(|r| r.id))
             .flatten();
+        // While a backlog drains (full batches) the floor moves only every few batches: the
+        // left-behind probe would otherwise visit this pass's own just-marked rows every time
+        // (measured: one-relay drain 52,000 msg/s with a probe per pass). The entries it then
+        // walks are mostly of committed passes, which scans have already marked dead.
+        let step = i64::try_from(self.config.batch_size * FLOOR_STEP_BATCHES).unwrap_or(i64::MAX);
+        let bound = begin
+            .bound(full_batch_last)
+            .filter(|&b| full_batch_last.is_none() || b - begin.scan_from >= step);
         let left = self
-            .left_behind(&tx, begin, full_batch_last, &lanes)
+            .left_behind(&tx, begin.scan_from, bound, &lanes)
             .await?;
         tx.commit().await?;
-        self.floor
-            .lock()
-            .expect("floor lock")
-            .finish(begin, full_batch_last, left);
+        self.floor.lock().expect("floor lock").finish(bound, left);
         report.sent = sent.len();
         report.backed_off = refused_ids.len();
         if let Some(reason) = deferred_reason {
@@ -532,19 +539,19 @@ impl Relay {
     }
 
     /// The lowest row still pending between the floor and where it would move (see
-    /// `sql::LEFT_BEHIND`); nothing to look at when the floor cannot move.
+    /// `sql::LEFT_BEHIND`); nothing to look at when the floor does not move.
     async fn left_behind(
         &self,
         tx: &deadpool_postgres::Transaction<'_>,
-        begin: Begin,
-        full_batch_last: Option<i64>,
+        scan_from: i64,
+        bound: Option<i64>,
         lanes: &[i32],
     ) -> Result<Option<i64>, RelayError> {
-        let Some(bound) = begin.bound(full_batch_last) else {
+        let Some(bound) = bound else {
             return Ok(None);
         };
         Ok(tx
-            .query_one(&self.stmts.left_behind, &[&begin.scan_from, &bound, &lanes])
+            .query_one(&self.stmts.left_behind, &[&scan_from, &bound, &lanes])
             .await?
             .get(0))
     }
