@@ -325,6 +325,16 @@ async fn invalid_configuration_is_refused_with_a_clear_message_and_exit_2() {
             vec![],
             "greater than zero",
         ),
+        (
+            vec!["relay", "--sweep-interval", "0s"],
+            vec![],
+            "sweep interval",
+        ),
+        (
+            vec!["relay", "--long-transaction", "100ms"],
+            vec![],
+            "long transaction",
+        ),
         (vec!["relay", "-X", "acks=1"], vec![], "acks=all"),
         (
             vec!["relay", "-X", "enable.idempotence=false"],
