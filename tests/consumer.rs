@@ -988,9 +988,12 @@ async fn batched_handler_dedupes_keeps_key_order_and_dead_letters_only_the_bad_m
         )
         .await;
     }
+    // A duplicate of m5 is a redelivery of the same record: same key (k5), same partition. (It
+    // once had key k0: then, on another partition, it could win the race against the original
+    // and land in k0's effects after seq 294 — a false order violation.)
     produce_event(
         &s.topic,
-        "k0",
+        "k5",
         "it_event",
         "m5",
         &serde_json::json!({"seq": 5}),
