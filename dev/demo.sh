@@ -28,6 +28,9 @@ echo "--- outbox status"
 $OUTBOX status
 
 echo "--- orders.created, read back from Kafka (key, headers, body)"
+# The console consumer needs Kafka's jars in this checkout, also when the broker was already
+# started from another checkout (then `dev/up.sh` did not fetch them here).
+dev/kafka.sh fetch
 java -Dlog4j2.configurationFile=dev/kafka/log4j2.yaml -Dkafka.logs.dir=dev/.state \
   -cp "dev/.state/kafka-lib/*" org.apache.kafka.tools.consumer.ConsoleConsumer \
   --bootstrap-server "$KAFKA_BOOTSTRAP_SERVERS" --topic orders.created --from-beginning \
