@@ -528,6 +528,15 @@ async fn tick(db: &outbox::DbConfig, relay: &Relay, topic: &str) {
     drain(relay).await;
 }
 
+/// Claims single rows until the relay's claim floor has left the head of the index.
+async fn floor_moves(db: &outbox::DbConfig, relay: &Relay, topic: &str) {
+    wait_until(Duration::from_secs(20), "the claim floor moves", || async {
+        tick(db, relay, topic).await;
+        relay.claim_floor() > 0
+    })
+    .await;
+}
+
 /// Inserts one row in an open transaction (not committed); returns the transaction's client
 /// and the row's id.
 async fn open_writer(db: &outbox::DbConfig, topic: &str) -> (tokio_postgres::Client, i64) {
@@ -552,11 +561,7 @@ async fn a_row_committed_after_newer_rows_were_sent_is_published_at_commit() {
     let topic = topic_name();
     create_topic(&topic, 1).await;
     let relay = Relay::new(&db, &kafka(), relay_config()).unwrap();
-    wait_until(Duration::from_secs(20), "the claim floor moves", || async {
-        tick(&db, &relay, &topic).await;
-        relay.claim_floor() > 0
-    })
-    .await;
+    floor_moves(&db, &relay, &topic).await;
 
     let (writer, late_id) = open_writer(&db, &topic).await;
     // Keep claiming newer rows for a while: every chance for the floor to move past it.
@@ -695,11 +700,7 @@ async fn a_row_locked_by_another_session_holds_the_floor_and_its_key() {
     let topic = topic_name();
     create_topic(&topic, 1).await;
     let relay = Relay::new(&db, &kafka(), relay_config()).unwrap();
-    wait_until(Duration::from_secs(20), "the claim floor moves", || async {
-        tick(&db, &relay, &topic).await;
-        relay.claim_floor() > 0
-    })
-    .await;
+    floor_moves(&db, &relay, &topic).await;
     let c = client(&db).await;
     let insert =
         "INSERT INTO outbox (topic, message_key, payload) VALUES ($1, 'held', $2) RETURNING id";
