@@ -1,0 +1,132 @@
+//! Consumer settings ([`ConsumerConfig`]) with named defaults, validated before anything
+//! connects, and the errors that stop a consumer from starting ([`ConsumerError`]).
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use rdkafka::error::KafkaError;
+
+use super::retry::{retry_suffix, RetryStrategy};
+use super::runtime::DEFAULT_PAUSE_AFTER;
+
+/// Default handler concurrency.
+pub const DEFAULT_CONCURRENCY: usize = 16;
+/// Default bound on accepted-but-unfinished messages before partitions are paused.
+pub const DEFAULT_MAX_BUFFERED: usize = 4096;
+/// Default dead-letter suffix.
+pub const DEFAULT_DLQ_SUFFIX: &str = "dlq";
+/// Longest accepted `message_id`.
+
+/// Consumer settings. `group` must be given explicitly: a group derived from a host name
+/// changes with every deployment and silently re-reads or skips the topic.
+#[derive(Debug, Clone)]
+pub struct ConsumerConfig {
+    /// The consumer group, e.g. `billing-service`.
+    pub group: String,
+    /// Topics to consume (their retry topics are added for [`RetryStrategy::Topics`]).
+    pub topics: Vec<String>,
+    /// Handlers running at once (default [`DEFAULT_CONCURRENCY`]).
+    pub concurrency: usize,
+    /// Accepted-but-unfinished messages before partitions are paused (default
+    /// [`DEFAULT_MAX_BUFFERED`]).
+    pub max_buffered: usize,
+    /// How transient failures are retried.
+    pub retry: RetryStrategy,
+    /// Dead-letter topic suffix: `<topic>.<suffix>` (default `dlq`).
+    pub dlq_suffix: String,
+    /// librdkafka `message.timeout.ms` for retry/DLQ writes (default 30 s).
+    pub delivery_timeout: Duration,
+    /// How long shutdown waits for running handlers (default 30 s).
+    pub shutdown_timeout: Duration,
+    /// At `max_buffered` with no handler finishing for this long, every partition is paused
+    /// (default [`DEFAULT_PAUSE_AFTER`]).
+    pub pause_after: Duration,
+}
+
+impl ConsumerConfig {
+    /// Settings for `group` reading `topics`, with the defaults.
+    pub fn new(
+        group: impl Into<String>,
+        topics: impl IntoIterator<Item = impl Into<String>>,
+    ) -> Self {
+        Self {
+            group: group.into(),
+            topics: topics.into_iter().map(Into::into).collect(),
+            concurrency: DEFAULT_CONCURRENCY,
+            max_buffered: DEFAULT_MAX_BUFFERED,
+            retry: RetryStrategy::default(),
+            dlq_suffix: DEFAULT_DLQ_SUFFIX.into(),
+            delivery_timeout: Duration::from_secs(30),
+            shutdown_timeout: Duration::from_secs(30),
+            pause_after: DEFAULT_PAUSE_AFTER,
+        }
+    }
+
+    pub(super) fn validate(&self) -> Result<(), ConsumerError> {
+        let bad = |m: String| Err(ConsumerError::Config(m));
+        if self.group.trim().is_empty()
+            || self.group.len() > 255
+            || self.group.chars().any(char::is_control)
+        {
+            return bad(format!(
+                "invalid consumer group {:?}: give an explicit, printable name",
+                self.group
+            ));
+        }
+        if self.topics.is_empty() {
+            return bad("no topics to consume".into());
+        }
+        for t in &self.topics {
+            crate::topic::validate_topic(t).map_err(|e| ConsumerError::Config(e.to_string()))?;
+        }
+        if self.concurrency == 0 || self.max_buffered == 0 {
+            return bad("concurrency and max_buffered must be at least 1".into());
+        }
+        match &self.retry {
+            RetryStrategy::InPlace { attempts, .. } if *attempts == 0 => {
+                bad("in-place attempts must be at least 1".into())
+            }
+            RetryStrategy::Topics { delays } => {
+                for d in delays {
+                    retry_suffix(*d).map_err(ConsumerError::Config)?;
+                }
+                Ok(())
+            }
+            _ => Ok(()),
+        }
+    }
+
+    pub(crate) fn dlq_topic(&self, topic: &str) -> String {
+        format!("{topic}.{}", self.dlq_suffix)
+    }
+
+    /// Every retry topic, mapped to (original topic, hop index).
+    pub(super) fn retry_topics(&self) -> HashMap<String, (String, usize)> {
+        let mut m = HashMap::new();
+        if let RetryStrategy::Topics { delays } = &self.retry {
+            for t in &self.topics {
+                for (i, d) in delays.iter().enumerate() {
+                    if let Ok(s) = retry_suffix(*d) {
+                        m.insert(format!("{t}.{s}"), (t.clone(), i));
+                    }
+                }
+            }
+        }
+        m
+    }
+}
+
+/// Why the consumer could not start or run.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConsumerError {
+    /// Invalid settings.
+    #[error("invalid consumer configuration: {0}")]
+    Config(String),
+    /// Topics (main, retry or dead-letter) missing on the broker.
+    #[error("missing topics: {} (create them with `outbox topics apply`; they are never auto-created)", .0.join(", "))]
+    MissingTopics(Vec<String>),
+    /// Kafka refused a setting or could not be reached at startup.
+    #[error("kafka: {0}")]
+    Kafka(#[from] KafkaError),
+}

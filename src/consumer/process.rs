@@ -1,0 +1,365 @@
+//! Processing one message (or a batch): the handler's transaction with the inbox mark,
+//! in-place retries, forwarding to retry topics, dead letters written until acknowledged.
+
+use std::panic::AssertUnwindSafe;
+use std::sync::atomic::Ordering;
+use std::time::SystemTime;
+
+use futures::FutureExt;
+use rdkafka::producer::FutureRecord;
+use rdkafka::util::Timeout;
+use tracing::{debug, warn};
+
+use super::dead_letter::*;
+use super::handler::{BatchHandler, Delivered, HandlerError};
+use super::inbox::InboxOutcome;
+use super::record::{Origin, Raw};
+use super::retry::{retry_suffix, RetryStrategy};
+use super::runtime::Envelope;
+use super::stats::ConsumerStats;
+use super::{HandlerRef, Shared};
+use crate::backoff::Backoff;
+
+/// How processing of one message ended.
+#[derive(Clone, Copy)]
+pub(super) enum Fate {
+    /// Handled, duplicate, skipped, forwarded or dead-lettered with the broker's ack.
+    Final,
+    /// Given up at shutdown: not final, the offset stays before it.
+    Abandoned,
+}
+
+/// The handler's transaction: mark first, then the handler; both commit or neither.
+pub(super) async fn run_in_tx(
+    shared: &Shared,
+    handler: &HandlerRef,
+    d: &Delivered,
+) -> Result<InboxOutcome, HandlerError> {
+    let mut conn = shared
+        .pool
+        .get()
+        .await
+        .map_err(|e| HandlerError::unavailable(format!("postgres pool: {e}")))?;
+    let tx = conn.transaction().await?;
+    if !shared.inbox.mark(&*tx, &d.topic, &d.message_id).await? {
+        tx.rollback().await?;
+        return Ok(InboxOutcome::Duplicate);
+    }
+    match handler {
+        HandlerRef::Single(h) => h.handle(d, &tx).await?,
+        HandlerRef::Batch(h, _) => h.handle_batch(&[d], &tx).await?,
+    }
+    tx.commit().await?;
+    Ok(InboxOutcome::Processed)
+}
+
+/// One transaction for many messages: one multi-row mark, the batch handler on the first
+/// deliveries, one commit. Returns (handled, duplicates).
+pub(super) async fn run_batch_in_tx(
+    shared: &Shared,
+    handler: &dyn BatchHandler,
+    ds: &[&Delivered],
+) -> Result<(usize, usize), HandlerError> {
+    let mut conn = shared
+        .pool
+        .get()
+        .await
+        .map_err(|e| HandlerError::unavailable(format!("postgres pool: {e}")))?;
+    let tx = conn.transaction().await?;
+    let keys: Vec<(&str, &str)> = ds
+        .iter()
+        .map(|d| (d.topic.as_str(), d.message_id.as_str()))
+        .collect();
+    let mut fresh = shared.inbox.mark_many(&*tx, &keys).await?;
+    // Keep the first occurrence of each new pair, in batch order.
+    let first: Vec<&Delivered> = ds
+        .iter()
+        .copied()
+        .filter(|d| fresh.remove(&(d.topic.clone(), d.message_id.clone())))
+        .collect();
+    if !first.is_empty() {
+        handler.handle_batch(&first, &tx).await?;
+    }
+    tx.commit().await?;
+    Ok((first.len(), ds.len() - first.len()))
+}
+
+/// A batch of heads of different lanes, all of one batch-handled type. On any failure the
+/// batch is replayed message by message so each gets its own outcome.
+pub(super) async fn process_batch(envs: &[&Envelope], shared: &Shared) -> Vec<Fate> {
+    let ds: Vec<&Delivered> = envs
+        .iter()
+        .filter_map(|e| e.decoded.as_ref().ok())
+        .collect();
+    let handler = ds
+        .first()
+        .and_then(|d| shared.handlers.get(&d.message_type));
+    let uniform = ds.len() == envs.len() && ds.iter().all(|d| d.message_type == ds[0].message_type);
+    let (Some(HandlerRef::Batch(h, _)), true) = (handler, uniform) else {
+        // Defensive: batches are formed only from one batch type; anything else goes one by one.
+        let mut fates = Vec::with_capacity(envs.len());
+        for env in envs {
+            fates.push(process(env, shared).await);
+        }
+        return fates;
+    };
+    match AssertUnwindSafe(run_batch_in_tx(shared, h.as_ref(), &ds))
+        .catch_unwind()
+        .await
+    {
+        Ok(Ok((handled, dups))) => {
+            shared
+                .stats
+                .handled
+                .fetch_add(handled as u64, Ordering::Relaxed);
+            shared
+                .stats
+                .duplicates
+                .fetch_add(dups as u64, Ordering::Relaxed);
+            envs.iter().map(|_| Fate::Final).collect()
+        }
+        Ok(Err(e)) => {
+            debug!(error = %e, size = envs.len(), "batch failed: retrying its messages one by one");
+            let mut fates = Vec::with_capacity(envs.len());
+            for env in envs {
+                fates.push(process(env, shared).await);
+            }
+            fates
+        }
+        Err(_panic) => {
+            debug!(
+                size = envs.len(),
+                "batch handler panicked: retrying its messages one by one"
+            );
+            let mut fates = Vec::with_capacity(envs.len());
+            for env in envs {
+                fates.push(process(env, shared).await);
+            }
+            fates
+        }
+    }
+}
+
+pub(super) fn panic_text(p: &(dyn std::any::Any + Send)) -> String {
+    p.downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| p.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "handler panicked".into())
+}
+
+pub(super) async fn process(env: &Envelope, shared: &Shared) -> Fate {
+    let (raw, origin) = (&env.raw, &env.origin);
+    let d = match &env.decoded {
+        Ok(d) => d,
+        Err(reason) => {
+            ConsumerStats::inc(&shared.stats.decode_errors);
+            warn!(topic = %raw.topic, partition = raw.partition, offset = raw.offset, %reason, "undecodable message: dead-lettering");
+            return dead_letter(raw, origin, shared, DeadLetterKind::Decode, reason, 0).await;
+        }
+    };
+    let Some(handler) = shared.handlers.get(&d.message_type) else {
+        ConsumerStats::inc(&shared.stats.skipped_unknown);
+        debug!(message_type = %d.message_type, "no handler registered: skipped");
+        return Fate::Final;
+    };
+    let mut attempt: u32 = 0;
+    let mut outage = Backoff::default();
+    loop {
+        attempt += 1;
+        let result = AssertUnwindSafe(run_in_tx(shared, handler, d))
+            .catch_unwind()
+            .await;
+        let err = match result {
+            Ok(Ok(InboxOutcome::Processed)) => {
+                ConsumerStats::inc(&shared.stats.handled);
+                return Fate::Final;
+            }
+            Ok(Ok(InboxOutcome::Duplicate)) => {
+                ConsumerStats::inc(&shared.stats.duplicates);
+                return Fate::Final;
+            }
+            Err(panic) => {
+                ConsumerStats::inc(&shared.stats.panics);
+                let text = format!("panic: {}", panic_text(panic.as_ref()));
+                warn!(message_id = %d.message_id, error = %text, "handler panicked: dead-lettering");
+                return dead_letter(raw, origin, shared, DeadLetterKind::Panic, &text, attempt)
+                    .await;
+            }
+            Ok(Err(e)) => e,
+        };
+        if err.is_unavailable() {
+            // Our database is down: not this message's fault, so no attempt is spent.
+            attempt -= 1;
+            ConsumerStats::inc(&shared.stats.outage_waits);
+            let wait = outage.next_delay();
+            if outage.failures() == 1 {
+                warn!(error = %err, "database unavailable: holding messages until it is back");
+            }
+            tokio::select! {
+                () = shared.cancel.cancelled() => return Fate::Abandoned,
+                () = tokio::time::sleep(wait) => {}
+            }
+            continue;
+        }
+        if !err.is_transient() {
+            warn!(message_id = %d.message_id, error = %err, "permanent failure: dead-lettering");
+            return dead_letter(
+                raw,
+                origin,
+                shared,
+                DeadLetterKind::Permanent,
+                err.message(),
+                attempt,
+            )
+            .await;
+        }
+        match &shared.config.retry {
+            RetryStrategy::InPlace {
+                attempts,
+                base,
+                max,
+            } => {
+                if attempt >= *attempts {
+                    warn!(message_id = %d.message_id, error = %err, attempt, "retries exhausted: dead-lettering");
+                    return dead_letter(
+                        raw,
+                        origin,
+                        shared,
+                        DeadLetterKind::TransientExhausted,
+                        err.message(),
+                        attempt,
+                    )
+                    .await;
+                }
+                ConsumerStats::inc(&shared.stats.in_place_retries);
+                let wait = RetryStrategy::in_place_delay(*base, *max, attempt);
+                debug!(message_id = %d.message_id, error = %err, ?wait, "transient failure: retrying in place");
+                tokio::select! {
+                    () = shared.cancel.cancelled() => return Fate::Abandoned,
+                    () = tokio::time::sleep(wait) => {}
+                }
+            }
+            RetryStrategy::Topics { delays } => {
+                let hop = origin.hop as usize;
+                if hop >= delays.len() {
+                    return dead_letter(
+                        raw,
+                        origin,
+                        shared,
+                        DeadLetterKind::TransientExhausted,
+                        err.message(),
+                        origin.hop + 1,
+                    )
+                    .await;
+                }
+                let topic = format!(
+                    "{}.{}",
+                    origin.topic,
+                    retry_suffix(delays[hop]).expect("validated")
+                );
+                let headers = rebuild(
+                    &raw.headers,
+                    &[
+                        X_RETRY_ATTEMPT,
+                        X_ERROR,
+                        X_ORIGINAL_TOPIC,
+                        X_ORIGINAL_PARTITION,
+                        X_ORIGINAL_OFFSET,
+                    ],
+                    &[
+                        (X_RETRY_ATTEMPT, (hop + 1).to_string()),
+                        (X_ORIGINAL_TOPIC, origin.topic.clone()),
+                        (X_ORIGINAL_PARTITION, origin.partition.to_string()),
+                        (X_ORIGINAL_OFFSET, origin.offset.to_string()),
+                        (X_ERROR, cut(err.message())),
+                    ],
+                );
+                debug!(message_id = %d.message_id, %topic, "transient failure: forwarding to retry topic");
+                return if produce_until_acked(shared, &topic, raw, headers).await {
+                    ConsumerStats::inc(&shared.stats.forwarded_to_retry);
+                    Fate::Final
+                } else {
+                    Fate::Abandoned
+                };
+            }
+        }
+    }
+}
+
+pub(super) async fn dead_letter(
+    raw: &Raw,
+    origin: &Origin,
+    shared: &Shared,
+    kind: DeadLetterKind,
+    error: &str,
+    attempts: u32,
+) -> Fate {
+    let now = crate::message::rfc3339(SystemTime::now());
+    let dlq_retries = raw
+        .header(X_DLQ_RETRIES)
+        .and_then(|v| v.parse::<u64>().ok())
+        .map_or(0, |n| n.saturating_add(1));
+    let first_failed = raw
+        .header(X_FIRST_FAILED_AT)
+        .map_or_else(|| now.clone(), str::to_owned);
+    let headers = rebuild(
+        &raw.headers,
+        &SERVICE_HEADERS,
+        &[
+            (X_ORIGINAL_TOPIC, origin.topic.clone()),
+            (X_ORIGINAL_PARTITION, origin.partition.to_string()),
+            (X_ORIGINAL_OFFSET, origin.offset.to_string()),
+            (X_CONSUMER_GROUP, shared.config.group.clone()),
+            (X_ATTEMPTS, attempts.to_string()),
+            (X_ERROR, cut(error)),
+            (X_ERROR_KIND, kind.as_str().to_owned()),
+            (X_FAILED_AT, now),
+            (X_DLQ_RETRIES, dlq_retries.to_string()),
+            (X_FIRST_FAILED_AT, first_failed),
+        ],
+    );
+    let topic = shared.config.dlq_topic(&origin.topic);
+    if produce_until_acked(shared, &topic, raw, headers).await {
+        ConsumerStats::inc(&shared.stats.dead_lettered);
+        Fate::Final
+    } else {
+        Fate::Abandoned
+    }
+}
+
+/// Writes key and body byte-identical with `headers` to `topic`, retrying with capped backoff
+/// until the broker acknowledges. Returns false only when shutdown interrupts the retries.
+pub(super) async fn produce_until_acked(
+    shared: &Shared,
+    topic: &str,
+    raw: &Raw,
+    headers: rdkafka::message::OwnedHeaders,
+) -> bool {
+    let mut backoff = Backoff::default();
+    loop {
+        let mut rec: FutureRecord<'_, [u8], [u8]> =
+            FutureRecord::to(topic).headers(headers.clone());
+        if let Some(k) = &raw.key {
+            rec = rec.key(k.as_slice());
+        }
+        if let Some(p) = &raw.payload {
+            rec = rec.payload(p.as_slice());
+        }
+        match shared
+            .producer
+            .send(rec, Timeout::After(shared.config.delivery_timeout))
+            .await
+        {
+            Ok(_) => return true,
+            Err((e, _)) => {
+                ConsumerStats::inc(&shared.stats.forward_failures);
+                let wait = backoff.next_delay();
+                warn!(%topic, error = %e, retry_in = ?wait, "write to retry/dead-letter topic failed; the offset stays put and the write is retried");
+                tokio::select! {
+                    () = shared.cancel.cancelled() => return false,
+                    () = tokio::time::sleep(wait) => {}
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,117 @@
+//! A received record ([`Raw`]), where it originally came from ([`Origin`], surviving retry
+//! hops) and decoding before dispatch: a record that cannot be decoded never reaches a handler.
+
+use super::dead_letter::{X_ORIGINAL_OFFSET, X_ORIGINAL_PARTITION};
+use super::handler::Delivered;
+use super::Shared;
+use crate::message::{HEADER_MESSAGE_ID, HEADER_MESSAGE_TYPE};
+
+/// Longest accepted `message_id`.
+pub(super) const MAX_MESSAGE_ID_LEN: usize = 200;
+
+/// A received record, owned.
+#[derive(Debug, Clone)]
+pub(super) struct Raw {
+    pub(super) topic: String,
+    pub(super) partition: i32,
+    pub(super) offset: i64,
+    pub(super) key: Option<Vec<u8>>,
+    pub(super) payload: Option<Vec<u8>>,
+    pub(super) headers: Vec<(String, Option<Vec<u8>>)>,
+    pub(super) timestamp_ms: Option<i64>,
+}
+
+impl Raw {
+    pub(super) fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k == name)
+            .and_then(|(_, v)| v.as_deref())
+            .and_then(|v| std::str::from_utf8(v).ok())
+    }
+}
+
+/// Where a record originally came from (survives retry hops).
+#[derive(Debug, Clone)]
+pub(super) struct Origin {
+    pub(super) topic: String,
+    pub(super) partition: i32,
+    pub(super) offset: i64,
+    pub(super) hop: u32,
+}
+
+pub(super) fn origin(raw: &Raw, shared: &Shared) -> Origin {
+    match shared.retry_topics.get(&raw.topic) {
+        Some((orig, hop)) => Origin {
+            topic: orig.clone(),
+            partition: raw
+                .header(X_ORIGINAL_PARTITION)
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(raw.partition),
+            offset: raw
+                .header(X_ORIGINAL_OFFSET)
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(raw.offset),
+            hop: *hop as u32 + 1,
+        },
+        None => Origin {
+            topic: raw.topic.clone(),
+            partition: raw.partition,
+            offset: raw.offset,
+            hop: 0,
+        },
+    }
+}
+
+/// Marks a record whose headers could not be read (a header name that is not UTF-8).
+pub(super) const UNREADABLE_HEADERS: &str = "\u{0}outbox-unreadable-headers";
+
+/// Validates a record into a [`Delivered`], or says why it cannot be handled.
+pub(super) fn decode(raw: &Raw, origin: &Origin) -> Result<Delivered, String> {
+    if raw.headers.iter().any(|(k, _)| k == UNREADABLE_HEADERS) {
+        return Err("a header name is not valid UTF-8".into());
+    }
+    let required = |name: &str| -> Result<String, String> {
+        let mut values = raw
+            .headers
+            .iter()
+            .filter(|(k, _)| k == name)
+            .map(|(_, v)| v.as_deref());
+        let first = values
+            .next()
+            .ok_or_else(|| format!("missing {name} header"))?;
+        let text = first
+            .and_then(|v| std::str::from_utf8(v).ok())
+            .ok_or_else(|| format!("{name} header is empty or not UTF-8"))?;
+        if text.trim().is_empty() {
+            return Err(format!("{name} header is empty"));
+        }
+        if values.any(|v| v != Some(text.as_bytes())) {
+            return Err(format!("contradictory duplicate {name} headers"));
+        }
+        Ok(text.to_owned())
+    };
+    let message_type = required(HEADER_MESSAGE_TYPE)?;
+    let message_id = required(HEADER_MESSAGE_ID)?;
+    if message_id.len() > MAX_MESSAGE_ID_LEN {
+        return Err(format!(
+            "message_id header longer than {MAX_MESSAGE_ID_LEN} bytes"
+        ));
+    }
+    let payload = raw.payload.as_deref().ok_or("no body (null value)")?;
+    let body: serde_json::Value =
+        serde_json::from_slice(payload).map_err(|e| format!("body is not valid JSON: {e}"))?;
+    Ok(Delivered {
+        topic: origin.topic.clone(),
+        source_topic: raw.topic.clone(),
+        partition: raw.partition,
+        offset: raw.offset,
+        key: raw.key.clone(),
+        headers: raw.headers.clone(),
+        payload: payload.to_vec(),
+        message_type,
+        message_id,
+        body,
+        retry_attempt: origin.hop,
+    })
+}

@@ -1,0 +1,533 @@
+//! The poll loop: partitions and their offset trackers, per-key lanes, dispatch to bounded
+//! handler tasks, retry-topic delays, backpressure, and the shutdown commit.
+
+use std::collections::{HashMap, VecDeque};
+use std::panic::AssertUnwindSafe;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use futures::FutureExt;
+use rdkafka::consumer::{BaseConsumer, Consumer as _, ConsumerContext, Rebalance, StreamConsumer};
+use rdkafka::error::KafkaError;
+use rdkafka::message::{Headers, Message as _};
+use rdkafka::{ClientContext, Offset, TopicPartitionList};
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+use super::handler::Delivered;
+use super::offsets::OffsetTracker;
+use super::process::{process, process_batch, Fate};
+use super::record::{decode, origin, Origin, Raw, UNREADABLE_HEADERS};
+use super::retry::RetryStrategy;
+use super::stats::ConsumerStats;
+use super::{HandlerRef, Shared};
+
+pub(super) type Tp = (String, i32);
+
+/// Shared with the rebalance callback: which partitions we own and their offset trackers.
+#[derive(Default)]
+pub(super) struct Partitions {
+    pub(super) trackers: HashMap<Tp, OffsetTracker>,
+    pub(super) next_epoch: u64,
+    pub(super) revoked: Vec<Tp>,
+}
+
+pub(super) struct Ctx {
+    pub(super) partitions: Arc<Mutex<Partitions>>,
+    /// Mirrors the runtime's backpressure pause, so partitions assigned meanwhile start paused.
+    pub(super) backpressure: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl ClientContext for Ctx {}
+
+impl ConsumerContext for Ctx {
+    fn pre_rebalance(&self, c: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        match rebalance {
+            Rebalance::Revoke(tpl) => {
+                // A pause set by us survives revoke and re-assign in librdkafka: lift it, or a
+                // retry partition held until due (its queue is dropped below) would stay paused.
+                let _ = c.resume(tpl);
+                // librdkafka commits the stored offsets (final messages only) right after this.
+                // Forget the trackers so late outcomes of revoked partitions store nothing.
+                let mut p = self.partitions.lock().expect("partitions lock");
+                for e in tpl.elements() {
+                    let k = (e.topic().to_owned(), e.partition());
+                    p.trackers.remove(&k);
+                    p.revoked.push(k);
+                }
+                info!(partitions = tpl.count(), "partitions revoked");
+            }
+            Rebalance::Assign(tpl) => info!(partitions = tpl.count(), "partitions assigned"),
+            Rebalance::Error(e) => warn!(error = %e, "rebalance error"),
+        }
+    }
+
+    fn post_rebalance(&self, c: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        if let Rebalance::Assign(tpl) = rebalance {
+            if self.backpressure.load(Ordering::SeqCst) {
+                // Backpressure is on: new partitions must not flow in unbounded.
+                let _ = c.pause(tpl);
+            }
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(super) enum LaneId {
+    Key(Vec<u8>),
+    Offset(i64),
+}
+pub(super) type LaneKey = (String, i32, LaneId);
+
+pub(super) struct Envelope {
+    pub(super) raw: Raw,
+    pub(super) epoch: u64,
+    pub(super) due: Option<Instant>,
+    pub(super) origin: Origin,
+    /// Decoded before dispatch: a decode error never reaches a handler or spends retries.
+    pub(super) decoded: Result<Delivered, String>,
+}
+
+#[derive(Default)]
+pub(super) struct Lane {
+    pub(super) queue: VecDeque<Envelope>,
+    pub(super) busy: bool,
+}
+
+/// The outcome of one task (one message, or a batch of messages from different lanes).
+pub(super) struct Done {
+    pub(super) items: Vec<DoneItem>,
+}
+
+pub(super) struct DoneItem {
+    pub(super) lane: LaneKey,
+    pub(super) tp: Tp,
+    pub(super) offset: i64,
+    pub(super) epoch: u64,
+    pub(super) fate: Fate,
+}
+
+pub(super) struct Runtime<'c> {
+    pub(super) consumer: &'c StreamConsumer<Ctx>,
+    pub(super) partitions: Arc<Mutex<Partitions>>,
+    pub(super) shared: Arc<Shared>,
+    pub(super) lanes: HashMap<LaneKey, Lane>,
+    pub(super) ready: VecDeque<LaneKey>,
+    pub(super) running: usize,
+    pub(super) buffered: usize,
+    pub(super) delayed: HashMap<Tp, VecDeque<Envelope>>,
+    pub(super) bp_paused: bool,
+    pub(super) backpressure: Arc<std::sync::atomic::AtomicBool>,
+    pub(super) saturated_since: Option<Instant>,
+    pub(super) last_progress: Instant,
+}
+
+/// Default for [`ConsumerConfig::pause_after`]: how long the runtime may sit at
+/// `max_buffered` with no handler finishing before it pauses every partition. A full buffer
+/// that keeps draining costs nothing: librdkafka's bounded prefetch queue absorbs it, whereas a pause discards the prefetched data and refetches it on resume
+/// (measured: pausing at every saturation capped a 16-way consumer at ~1,000 msg/s).
+pub const DEFAULT_PAUSE_AFTER: Duration = Duration::from_secs(2);
+
+pub(super) fn tpl_of<'a>(tps: impl IntoIterator<Item = &'a Tp>) -> TopicPartitionList {
+    let mut tpl = TopicPartitionList::new();
+    for (t, p) in tps {
+        tpl.add_partition(t, *p);
+    }
+    tpl
+}
+
+pub(super) fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+impl Runtime<'_> {
+    pub(super) async fn run(&mut self, cancel: CancellationToken) {
+        let (done_tx, mut done_rx) = mpsc::unbounded_channel::<Done>();
+        loop {
+            self.forget_revoked();
+            self.dispatch(&done_tx);
+            self.backpressure();
+            let next_due = self
+                .delayed
+                .values()
+                .filter_map(|q| q.front())
+                .filter_map(|e| e.due)
+                .min();
+            let pause_at = self
+                .saturated_since
+                .filter(|_| !self.bp_paused)
+                .map(|t| t.max(self.last_progress) + self.shared.config.pause_after);
+            let next_wake = [next_due, pause_at].into_iter().flatten().min();
+            // At the bound, stop pulling from librdkafka (its prefetch queue is bounded too);
+            // once paused, keep polling so rebalances are served.
+            let accepting = self.buffered < self.shared.config.max_buffered || self.bp_paused;
+            tokio::select! {
+                biased;
+                () = cancel.cancelled() => break,
+                Some(done) = done_rx.recv() => self.on_done(done),
+                () = tokio::time::sleep_until(next_wake.unwrap_or_else(|| Instant::now() + Duration::from_secs(3600))), if next_wake.is_some() => {
+                    self.release_due();
+                }
+                m = self.consumer.recv(), if accepting => match m {
+                    Ok(m) => self.on_message(&m),
+                    Err(e) => {
+                        warn!(error = %e, "kafka consumer error");
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
+                },
+            }
+        }
+
+        // Soft stop: no new handlers; running ones finish or give up their retries.
+        info!(running = self.running, "consumer stopping");
+        let deadline = Instant::now() + self.shared.config.shutdown_timeout;
+        while self.running > 0 {
+            match tokio::time::timeout_at(deadline, done_rx.recv()).await {
+                Ok(Some(done)) => self.on_done(done),
+                _ => {
+                    warn!(running = self.running, "handlers still running at the shutdown deadline; their offsets stay uncommitted");
+                    break;
+                }
+            }
+        }
+        match self
+            .consumer
+            .commit_consumer_state(rdkafka::consumer::CommitMode::Sync)
+        {
+            Ok(()) => {}
+            Err(KafkaError::ConsumerCommit(rdkafka::types::RDKafkaErrorCode::NoOffset)) => {}
+            Err(e) => {
+                warn!(error = %e, "final offset commit failed; uncommitted messages will be redelivered")
+            }
+        }
+        info!("consumer stopped");
+    }
+
+    fn forget_revoked(&mut self) {
+        let revoked = std::mem::take(&mut self.partitions.lock().expect("partitions lock").revoked);
+        for tp in revoked {
+            if let Some(q) = self.delayed.remove(&tp) {
+                self.buffered -= q.len();
+            }
+        }
+    }
+
+    fn epoch_valid(&self, tp: &Tp, epoch: u64) -> bool {
+        self.partitions
+            .lock()
+            .expect("partitions lock")
+            .trackers
+            .get(tp)
+            .is_some_and(|t| t.epoch == epoch)
+    }
+
+    fn on_message(&mut self, m: &rdkafka::message::BorrowedMessage<'_>) {
+        let raw = Raw {
+            topic: m.topic().to_owned(),
+            partition: m.partition(),
+            offset: m.offset(),
+            key: m.key().map(<[u8]>::to_vec),
+            payload: m.payload().map(<[u8]>::to_vec),
+            // rdkafka's header iterator panics on a header *name* that is not UTF-8; such a
+            // record is unreadable and goes to the DLQ as a decode error (key and body intact).
+            headers: match std::panic::catch_unwind(AssertUnwindSafe(|| {
+                m.headers()
+                    .map(|h| {
+                        h.iter()
+                            .map(|h| (h.key.to_owned(), h.value.map(<[u8]>::to_vec)))
+                            .collect::<Vec<_>>()
+                    })
+                    .unwrap_or_default()
+            })) {
+                Ok(h) => h,
+                Err(_) => vec![(UNREADABLE_HEADERS.to_owned(), None)],
+            },
+            timestamp_ms: m.timestamp().to_millis(),
+        };
+        let tp = (raw.topic.clone(), raw.partition);
+        let epoch = {
+            let mut p = self.partitions.lock().expect("partitions lock");
+            let epoch = p.next_epoch;
+            let t = p
+                .trackers
+                .entry(tp.clone())
+                .or_insert_with(|| OffsetTracker::new(epoch));
+            t.begin(raw.offset);
+            let e = t.epoch;
+            if e == epoch {
+                p.next_epoch += 1;
+            }
+            e
+        };
+        self.buffered += 1;
+        let due = self.shared.retry_topics.get(&raw.topic).map(|(_, hop)| {
+            let RetryStrategy::Topics { delays } = &self.shared.config.retry else {
+                unreachable!()
+            };
+            // A record is due `delay` after it was written; a timestamp from the future (clock
+            // skew, a hostile producer) cannot hold the partition longer than `delay`.
+            let delay = delays[*hop];
+            let written = raw.timestamp_ms.unwrap_or_else(now_ms).min(now_ms());
+            let due_ms = written.saturating_add(delay.as_millis() as i64);
+            let wait = u64::try_from(due_ms.saturating_sub(now_ms()))
+                .unwrap_or(0)
+                .min(delay.as_millis() as u64);
+            Instant::now() + Duration::from_millis(wait)
+        });
+        let origin = origin(&raw, &self.shared);
+        let decoded = decode(&raw, &origin);
+        let env = Envelope {
+            raw,
+            epoch,
+            due,
+            origin,
+            decoded,
+        };
+        let waiting = self.delayed.get(&tp).is_some_and(|q| !q.is_empty());
+        if waiting || env.due.is_some_and(|d| d > Instant::now()) {
+            if !waiting {
+                // Not due yet: hold the record and pause its retry partition until it is. The
+                // poll loop keeps running (other partitions flow; the group stays alive).
+                if let Err(e) = self.consumer.pause(&tpl_of([&tp])) {
+                    warn!(error = %e, "pause of retry partition failed");
+                }
+                debug!(topic = %tp.0, partition = tp.1, "retry partition paused until due");
+            }
+            self.delayed.entry(tp).or_default().push_back(env);
+        } else {
+            self.enqueue(env);
+        }
+    }
+
+    fn enqueue(&mut self, env: Envelope) {
+        let id = match &env.raw.key {
+            Some(k) => LaneId::Key(k.clone()),
+            None => LaneId::Offset(env.raw.offset),
+        };
+        let key = (env.raw.topic.clone(), env.raw.partition, id);
+        let lane = self.lanes.entry(key.clone()).or_default();
+        lane.queue.push_back(env);
+        if !lane.busy && lane.queue.len() == 1 {
+            self.ready.push_back(key);
+        }
+    }
+
+    fn release_due(&mut self) {
+        let now = Instant::now();
+        let tps: Vec<Tp> = self.delayed.keys().cloned().collect();
+        for tp in tps {
+            let mut released = Vec::new();
+            let q = self.delayed.get_mut(&tp).expect("present");
+            while q.front().is_some_and(|e| e.due.is_none_or(|d| d <= now)) {
+                released.push(q.pop_front().expect("front"));
+            }
+            let empty = q.is_empty();
+            for env in released {
+                self.enqueue(env);
+            }
+            if empty {
+                self.delayed.remove(&tp);
+                if !self.bp_paused {
+                    if let Err(e) = self.consumer.resume(&tpl_of([&tp])) {
+                        debug!(error = %e, "resume of retry partition failed");
+                    }
+                }
+            }
+        }
+    }
+
+    /// Pops the head of the next ready lane, or `None` when no lane is ready. Heads of
+    /// revoked partitions are dropped (the new owner redelivers them).
+    fn next_head(&mut self) -> Option<(LaneKey, Envelope)> {
+        loop {
+            let key = self.ready.pop_front()?;
+            let Some(lane) = self.lanes.get_mut(&key) else {
+                continue;
+            };
+            let Some(env) = lane.queue.pop_front() else {
+                self.lanes.remove(&key);
+                continue;
+            };
+            let tp = (env.raw.topic.clone(), env.raw.partition);
+            if self.epoch_valid(&tp, env.epoch) {
+                self.lanes.get_mut(&key).expect("lane").busy = true;
+                return Some((key, env));
+            }
+            self.buffered -= 1;
+            let lane = self.lanes.get_mut(&key).expect("lane");
+            if lane.queue.is_empty() {
+                self.lanes.remove(&key);
+            } else {
+                self.ready.push_back(key);
+            }
+        }
+    }
+
+    /// The batch handler and bound for an envelope, if its type has one.
+    fn batch_of(&self, env: &Envelope) -> Option<(String, usize)> {
+        let d = env.decoded.as_ref().ok()?;
+        match self.shared.handlers.get(&d.message_type)? {
+            HandlerRef::Batch(_, max) => Some((d.message_type.clone(), *max)),
+            HandlerRef::Single(_) => None,
+        }
+    }
+
+    fn dispatch(&mut self, done_tx: &mpsc::UnboundedSender<Done>) {
+        while self.running < self.shared.config.concurrency {
+            let Some((key, env)) = self.next_head() else {
+                return;
+            };
+            let mut batch = vec![(key, env)];
+            if let Some((ty, max)) = self.batch_of(&batch[0].1) {
+                // Gather following ready heads of the same type: different lanes, so per-key
+                // order is unaffected.
+                while batch.len() < max {
+                    let same = self
+                        .ready
+                        .front()
+                        .and_then(|k| self.lanes.get(k))
+                        .and_then(|l| l.queue.front())
+                        .is_some_and(|e| self.batch_of(e).is_some_and(|(t, _)| t == ty));
+                    if !same {
+                        break;
+                    }
+                    match self.next_head() {
+                        // next_head may have skipped revoked heads and returned another lane's
+                        // head: take it only if it is of the same batch type.
+                        Some(item) if self.batch_of(&item.1).is_some_and(|(t, _)| t == ty) => {
+                            batch.push(item)
+                        }
+                        Some((k, env)) => {
+                            let lane = self.lanes.get_mut(&k).expect("lane");
+                            lane.queue.push_front(env);
+                            lane.busy = false;
+                            self.ready.push_front(k);
+                            break;
+                        }
+                        None => break,
+                    }
+                }
+            }
+            self.running += 1;
+            let shared = self.shared.clone();
+            let tx = done_tx.clone();
+            tokio::spawn(async move {
+                let envs: Vec<&Envelope> = batch.iter().map(|(_, e)| e).collect();
+                let work = async {
+                    if envs.len() == 1 {
+                        vec![process(envs[0], &shared).await]
+                    } else {
+                        process_batch(&envs, &shared).await
+                    }
+                };
+                // Whatever happens, the slot and the lanes come back; a bug here abandons the
+                // messages (offsets stay before them) instead of wedging the consumer.
+                let fates = AssertUnwindSafe(work)
+                    .catch_unwind()
+                    .await
+                    .unwrap_or_else(|_| {
+                        warn!("message task panicked: its messages stay uncommitted");
+                        vec![Fate::Abandoned; envs.len()]
+                    });
+                let items = batch
+                    .iter()
+                    .zip(fates)
+                    .map(|((lane, env), fate)| DoneItem {
+                        lane: lane.clone(),
+                        tp: (env.raw.topic.clone(), env.raw.partition),
+                        offset: env.raw.offset,
+                        epoch: env.epoch,
+                        fate,
+                    })
+                    .collect();
+                let _ = tx.send(Done { items });
+            });
+        }
+    }
+
+    fn on_done(&mut self, done: Done) {
+        self.running -= 1;
+        self.last_progress = Instant::now();
+        let mut stores = TopicPartitionList::new();
+        for item in done.items {
+            self.buffered -= 1;
+            if let Some(lane) = self.lanes.get_mut(&item.lane) {
+                lane.busy = false;
+                if lane.queue.is_empty() {
+                    self.lanes.remove(&item.lane);
+                } else {
+                    self.ready.push_back(item.lane);
+                }
+            }
+            if let Fate::Final = item.fate {
+                let point = {
+                    let mut p = self.partitions.lock().expect("partitions lock");
+                    match p.trackers.get_mut(&item.tp) {
+                        Some(t) if t.epoch == item.epoch => t.finish(item.offset),
+                        _ => None,
+                    }
+                };
+                if let Some(next) = point {
+                    // A later item of the same partition overrides an earlier one: both are
+                    // commit points and offsets only grow.
+                    let _ =
+                        stores.add_partition_offset(&item.tp.0, item.tp.1, Offset::Offset(next));
+                }
+            }
+        }
+        if stores.count() > 0 {
+            if let Err(e) = self.consumer.store_offsets(&stores) {
+                debug!(error = %e, "offset store refused (partition revoked?)");
+            }
+        }
+    }
+
+    fn backpressure(&mut self) {
+        let max = self.shared.config.max_buffered;
+        if self.buffered >= max {
+            // Stalled = at the bound and no handler finished for `pause_after`. A full buffer
+            // that keeps draining is just a backlog: pulling at the handlers' pace is enough.
+            let since = *self.saturated_since.get_or_insert_with(Instant::now);
+            let stalled_for = since.max(self.last_progress).elapsed();
+            if !self.bp_paused && stalled_for >= self.shared.config.pause_after {
+                if let Ok(a) = self.consumer.assignment() {
+                    if self.consumer.pause(&a).is_ok() {
+                        self.bp_paused = true;
+                        self.backpressure.store(true, Ordering::SeqCst);
+                        ConsumerStats::inc(&self.shared.stats.backpressure_pauses);
+                        info!(
+                            buffered = self.buffered,
+                            "backpressure: handlers saturated, all partitions paused"
+                        );
+                    }
+                }
+            }
+        } else {
+            self.saturated_since = None;
+        }
+        if self.bp_paused && self.buffered <= max / 2 {
+            if let Ok(a) = self.consumer.assignment() {
+                let mut tpl = TopicPartitionList::new();
+                for e in a.elements() {
+                    let tp = (e.topic().to_owned(), e.partition());
+                    if !self.delayed.contains_key(&tp) {
+                        tpl.add_partition(e.topic(), e.partition());
+                    }
+                }
+                if self.consumer.resume(&tpl).is_ok() {
+                    self.bp_paused = false;
+                    self.backpressure.store(false, Ordering::SeqCst);
+                    info!(
+                        buffered = self.buffered,
+                        "backpressure released: partitions resumed"
+                    );
+                }
+            }
+        }
+    }
+}
