@@ -1,4 +1,5 @@
-//! `outbox cleanup`: delete sent outbox rows and processed-message marks past retention, in
+//! `outbox cleanup`: delete sent outbox rows, processed-message marks and settled dead letters
+//! past retention, in
 //! bounded batches so that no statement holds locks or bloats WAL for long.
 
 use std::time::{Duration, Instant};
@@ -19,6 +20,9 @@ pub enum CleanupError {
     /// No connection could be had.
     #[error("postgres pool: {0}")]
     Pool(#[from] deadpool_postgres::PoolError),
+    /// The purge of settled dead letters failed.
+    #[error("dead-letter purge: {0}")]
+    Dlq(#[from] crate::dlq::DlqError),
 }
 
 /// What a cleanup run deleted.
@@ -28,6 +32,8 @@ pub struct CleanupReport {
     pub outbox_deleted: u64,
     /// processed_messages rows deleted.
     pub processed_deleted: u64,
+    /// Settled dead letters purged from the archive.
+    pub dlq_purged: u64,
     /// DELETE statements run.
     pub statements: u64,
     /// The slowest single statement.
@@ -99,5 +105,15 @@ pub(crate) async fn run_with(
             break;
         }
     }
+    if cancel.is_cancelled() {
+        return Ok(report);
+    }
+    let started = Instant::now();
+    let purged = crate::dlq::Dlq::with_pool(pool.clone(), stmts.schema.clone())
+        .purge(config.dlq_retention, config.batch_size, "cleanup")
+        .await?;
+    report.longest_statement = report.longest_statement.max(started.elapsed());
+    report.statements += purged.statements;
+    report.dlq_purged = purged.deleted;
     Ok(report)
 }

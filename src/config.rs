@@ -368,6 +368,9 @@ pub struct CleanupConfig {
     pub batch_size: usize,
     /// How often the relay runs cleanup; `None` disables the schedule.
     pub interval: Option<Duration>,
+    /// Archived dead letters that were replayed or dropped are deleted this long after they
+    /// were archived (new ones are never deleted).
+    pub dlq_retention: Duration,
 }
 
 impl Default for CleanupConfig {
@@ -377,6 +380,7 @@ impl Default for CleanupConfig {
             processed_retention: DEFAULT_PROCESSED_RETENTION,
             batch_size: DEFAULT_CLEANUP_BATCH,
             interval: Some(DEFAULT_CLEANUP_INTERVAL),
+            dlq_retention: crate::dlq::DEFAULT_RETENTION,
         }
     }
 }

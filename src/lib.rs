@@ -33,6 +33,7 @@
 //! | `migrate` | [`migrate()`]: embedded refinery migrations (`migrations/`) |
 //! | `relay` | [`Relay`]: take → send → mark, [`Relay::run_once`] and [`Relay::run`] |
 //! | `consumer` | [`consumer::Consumer`]: idempotent handlers, offsets, retries, dead letters; [`consumer::Inbox`] |
+//! | `dlq` | [`dlq::Dlq`]: the dead-letter archive, summary by cause, replay jobs, drop, audit; [`dlq::Archiver`] |
 //! | `cleanup` | [`cleanup()`]: retention deletes in bounded batches |
 //! | `status` | [`status()`] and [`requeue`]: operator views and repair |
 //! | `config` | [`DbConfig`], [`KafkaConfig`], [`RelayConfig`], [`CleanupConfig`] with named defaults |
@@ -52,6 +53,7 @@ mod cleanup;
 mod config;
 pub mod consumer;
 mod db;
+pub mod dlq;
 mod enqueue;
 mod floor;
 mod lanes;

@@ -156,6 +156,8 @@ UPDATE {s}.outbox SET status = 'pending', attempts = 0, available_at = now()
 /// The statements of one schema, rendered.
 #[derive(Debug, Clone)]
 pub(crate) struct Statements {
+    /// The schema the statements were rendered for.
+    pub schema: Schema,
     pub claim: String,
     pub first_pending: String,
     pub sample: String,
@@ -181,6 +183,7 @@ impl Statements {
         let r = |t: &str| t.replace("{s}", &q);
         let qualified_prefix = format!("{q}.");
         Self {
+            schema: schema.clone(),
             claim: r(CLAIM),
             first_pending: r(FIRST_PENDING),
             sample: r(SAMPLE),

@@ -6,6 +6,9 @@
 use std::process::ExitCode;
 use std::time::Duration;
 
+#[path = "outbox/dlq_cli.rs"]
+mod dlq_cli;
+
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 use outbox::{CleanupConfig, ConfigError, DbConfig, KafkaConfig, Relay, RelayConfig, Requeue};
@@ -52,6 +55,9 @@ struct CleanupArgs {
     /// Rows per DELETE statement.
     #[arg(long, default_value_t = outbox::DEFAULT_CLEANUP_BATCH)]
     cleanup_batch_size: usize,
+    /// Delete archived dead letters that were replayed or dropped this long after archiving.
+    #[arg(long, default_value = "30d", value_parser = humantime::parse_duration)]
+    dlq_retention: Duration,
 }
 
 #[derive(Subcommand)]
@@ -134,6 +140,11 @@ enum Command {
         #[command(flatten)]
         cleanup: CleanupArgs,
     },
+    /// Dead letters: archive, summary by cause, list, show, replay jobs, drop, audit.
+    Dlq {
+        #[command(subcommand)]
+        action: dlq_cli::DlqAction,
+    },
 }
 
 #[derive(Subcommand)]
@@ -184,6 +195,7 @@ fn cleanup_config(a: &CleanupArgs, interval: Option<Duration>) -> CleanupConfig 
     CleanupConfig {
         sent_retention: a.sent_retention,
         processed_retention: a.processed_retention,
+        dlq_retention: a.dlq_retention,
         batch_size: a.cleanup_batch_size,
         interval,
     }
@@ -330,6 +342,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 );
             }
         }
+        Command::Dlq { action } => dlq_cli::run(action).await?,
         Command::Cleanup { db, cleanup } => {
             let db = db_config(&db)?;
             if cleanup.cleanup_batch_size == 0 {
@@ -339,8 +352,8 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 .await
                 .context("cleanup failed")?;
             println!(
-                "deleted {} sent outbox row(s) and {} processed_messages row(s) in {} statement(s); longest {:?}",
-                r.outbox_deleted, r.processed_deleted, r.statements, r.longest_statement
+                "deleted {} sent outbox row(s), {} processed_messages row(s) and {} settled dead letter(s) in {} statement(s); longest {:?}",
+                r.outbox_deleted, r.processed_deleted, r.dlq_purged, r.statements, r.longest_statement
             );
         }
     }

@@ -1,0 +1,534 @@
+//! `outbox dlq archive`: consume dead-letter topics into `dead_letters`.
+//!
+//! The archiver reads under its own group ([`ARCHIVE_GROUP`]), inserts a batch of records in
+//! one transaction (`ON CONFLICT (dlq_topic, partition, offset) DO NOTHING`), and commits the
+//! batch's offsets only after that transaction committed. A crash between the two re-reads the
+//! batch and inserts nothing twice; a crash before the insert loses nothing.
+
+use std::collections::{HashMap, HashSet};
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
+use std::time::{Duration, SystemTime};
+
+use rdkafka::consumer::{CommitMode, Consumer as _, StreamConsumer};
+use rdkafka::message::{BorrowedMessage, Headers, Message as _};
+use rdkafka::util::Timeout;
+use rdkafka::{Offset, TopicPartitionList};
+use tracing::{info, warn};
+
+use super::headers::{find, to_json};
+use super::normalize::normalize_error;
+use super::{invalid, Dlq, DlqError};
+use crate::backoff::Backoff;
+use crate::config::{DbConfig, KafkaConfig};
+use crate::consumer::{
+    DEFAULT_DLQ_SUFFIX, X_ATTEMPTS, X_CONSUMER_GROUP, X_DLQ_RETRIES, X_ERROR, X_ERROR_KIND,
+    X_FAILED_AT, X_FIRST_FAILED_AT, X_ORIGINAL_OFFSET, X_ORIGINAL_PARTITION, X_ORIGINAL_TOPIC,
+};
+use crate::message::{HEADER_MESSAGE_ID, HEADER_MESSAGE_TYPE};
+
+/// The archiver's consumer group.
+pub const ARCHIVE_GROUP: &str = "outbox-dlq-archive";
+/// Settled (replayed or dropped) letters are purged this long after they were archived.
+pub const DEFAULT_RETENTION: Duration = Duration::from_secs(30 * 24 * 3600);
+/// Records per insert transaction.
+const BATCH: usize = 500;
+/// How long a batch may wait to fill before it is written.
+const LINGER: Duration = Duration::from_millis(200);
+/// `--once` gives up waiting for records it was told exist after this long without any.
+const ONCE_IDLE: Duration = Duration::from_secs(20);
+
+/// What an archive run did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct ArchiveReport {
+    /// Records read from DLQ topics.
+    pub read: u64,
+    /// Rows inserted.
+    pub archived: u64,
+    /// Records already archived (re-read after a crash or a second run).
+    pub duplicates: u64,
+}
+
+/// Consumes dead-letter topics into the archive.
+pub struct Archiver {
+    dlq: Dlq,
+    kafka: KafkaConfig,
+    topics: Vec<String>,
+    suffix: String,
+    retention: Duration,
+    group: String,
+}
+
+/// One archive row, parsed from a record.
+#[derive(Debug, Clone)]
+pub(crate) struct Row {
+    pub dlq_topic: String,
+    pub partition: i32,
+    pub offset: i64,
+    pub original_topic: String,
+    pub original_partition: Option<i32>,
+    pub original_offset: Option<i64>,
+    pub group: Option<String>,
+    pub key: Option<Vec<u8>>,
+    pub body: Option<Vec<u8>>,
+    pub headers: serde_json::Value,
+    pub message_type: Option<String>,
+    pub message_id: Option<String>,
+    pub error: Option<String>,
+    pub error_group: String,
+    pub error_kind: Option<String>,
+    pub attempts: Option<i32>,
+    pub dlq_retries: i32,
+    pub first_failed_at: Option<SystemTime>,
+    pub failed_at: SystemTime,
+}
+
+/// Header name marking a record whose header names could not be read (not UTF-8).
+const UNREADABLE: &str = "\u{0}outbox-unreadable-headers";
+
+impl Row {
+    pub(crate) fn from_message(m: &BorrowedMessage<'_>, suffix: &str) -> Self {
+        // rdkafka's header iterator panics on a header *name* that is not UTF-8: keep the
+        // record (key and body intact) and say so in its headers.
+        let headers: Vec<(String, Option<Vec<u8>>)> =
+            std::panic::catch_unwind(AssertUnwindSafe(|| {
+                m.headers()
+                    .map(|h| {
+                        h.iter()
+                            .map(|h| (h.key.to_owned(), h.value.map(<[u8]>::to_vec)))
+                            .collect::<Vec<_>>()
+                    })
+                    .unwrap_or_default()
+            }))
+            .unwrap_or_else(|_| vec![(UNREADABLE.to_owned(), None)]);
+        let ts = m
+            .timestamp()
+            .to_millis()
+            .and_then(|ms| u64::try_from(ms).ok())
+            .map(|ms| SystemTime::UNIX_EPOCH + Duration::from_millis(ms));
+        Self::from_parts(
+            m.topic(),
+            m.partition(),
+            m.offset(),
+            m.key().map(<[u8]>::to_vec),
+            m.payload().map(<[u8]>::to_vec),
+            &headers,
+            ts,
+            suffix,
+        )
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn from_parts(
+        topic: &str,
+        partition: i32,
+        offset: i64,
+        key: Option<Vec<u8>>,
+        body: Option<Vec<u8>>,
+        headers: &[(String, Option<Vec<u8>>)],
+        record_time: Option<SystemTime>,
+        suffix: &str,
+    ) -> Self {
+        let h = |n: &str| find(headers, n).map(str::to_owned);
+        let time = |n: &str| find(headers, n).and_then(|v| humantime::parse_rfc3339_weak(v).ok());
+        let error = h(X_ERROR).or_else(|| {
+            headers
+                .iter()
+                .any(|(k, _)| k == UNREADABLE)
+                .then(|| "a header name is not valid UTF-8".to_owned())
+        });
+        let original_topic = h(X_ORIGINAL_TOPIC)
+            .filter(|t| !t.is_empty())
+            .unwrap_or_else(|| {
+                topic
+                    .strip_suffix(&format!(".{suffix}"))
+                    .unwrap_or(topic)
+                    .to_owned()
+            });
+        Self {
+            dlq_topic: topic.to_owned(),
+            partition,
+            offset,
+            original_topic,
+            original_partition: h(X_ORIGINAL_PARTITION).and_then(|v| v.parse().ok()),
+            original_offset: h(X_ORIGINAL_OFFSET).and_then(|v| v.parse().ok()),
+            group: h(X_CONSUMER_GROUP),
+            key,
+            body,
+            headers: to_json(headers),
+            message_type: h(HEADER_MESSAGE_TYPE),
+            message_id: h(HEADER_MESSAGE_ID),
+            error_group: error.as_deref().map(normalize_error).unwrap_or_default(),
+            error,
+            error_kind: h(X_ERROR_KIND),
+            attempts: h(X_ATTEMPTS).and_then(|v| v.parse().ok()),
+            dlq_retries: h(X_DLQ_RETRIES).and_then(|v| v.parse().ok()).unwrap_or(0),
+            first_failed_at: time(X_FIRST_FAILED_AT),
+            failed_at: time(X_FAILED_AT)
+                .or(record_time)
+                .unwrap_or_else(SystemTime::now),
+        }
+    }
+}
+
+type Tp = (String, i32);
+
+impl Archiver {
+    /// An archiver of `topics` (empty: every topic ending in `.dlq` on the cluster).
+    ///
+    /// # Errors
+    /// [`DlqError::Invalid`] for an invalid topic name.
+    pub fn new(db: &DbConfig, kafka: &KafkaConfig, topics: Vec<String>) -> Result<Self, DlqError> {
+        for t in &topics {
+            if let Err(e) = crate::topic::validate_topic(t) {
+                return invalid(e.to_string());
+            }
+        }
+        Ok(Self {
+            dlq: Dlq::new(db),
+            kafka: kafka.clone(),
+            topics,
+            suffix: DEFAULT_DLQ_SUFFIX.into(),
+            retention: DEFAULT_RETENTION,
+            group: ARCHIVE_GROUP.into(),
+        })
+    }
+
+    /// Dead-letter topic suffix (default `dlq`), for "every DLQ topic" and original topics.
+    #[must_use]
+    pub fn suffix(mut self, suffix: &str) -> Self {
+        self.suffix = suffix.into();
+        self
+    }
+
+    /// Retention of settled letters, purged hourly by [`Archiver::run`].
+    #[must_use]
+    pub fn retention(mut self, retention: Duration) -> Self {
+        self.retention = retention;
+        self
+    }
+
+    /// The consumer group (default [`ARCHIVE_GROUP`]); for tests and side-by-side archives.
+    #[must_use]
+    pub fn group(mut self, group: &str) -> Self {
+        self.group = group.into();
+        self
+    }
+
+    fn consumer(&self) -> Result<StreamConsumer, DlqError> {
+        let mut cc = self.kafka.client_config();
+        cc.set("group.id", &self.group)
+            .set("enable.auto.commit", "false")
+            .set("enable.auto.offset.store", "false")
+            .set("auto.offset.reset", "earliest")
+            .set("allow.auto.create.topics", "false")
+            // New DLQ topics are picked up by the pattern subscription within this period.
+            .set("topic.metadata.refresh.interval.ms", "30000");
+        Ok(cc.create()?)
+    }
+
+    /// DLQ topics on the cluster now: the configured ones, or every `*.<suffix>`.
+    fn topics_now(&self, c: &StreamConsumer) -> Result<Vec<String>, DlqError> {
+        if !self.topics.is_empty() {
+            return Ok(self.topics.clone());
+        }
+        let md = c
+            .client()
+            .fetch_metadata(None, Timeout::After(Duration::from_secs(15)))?;
+        let end = format!(".{}", self.suffix);
+        let mut v: Vec<String> = md
+            .topics()
+            .iter()
+            .map(|t| t.name().to_owned())
+            .filter(|n| n.ends_with(&end) && !n.starts_with("__"))
+            .collect();
+        v.sort();
+        Ok(v)
+    }
+
+    /// Archives every record present when it starts, then returns (`--once`).
+    ///
+    /// # Errors
+    /// [`DlqError`] when Kafka or Postgres fail for good; rows already archived stay.
+    pub async fn run_once(
+        &self,
+        progress: &mut (dyn FnMut(&ArchiveReport, Option<u64>) + Send),
+    ) -> Result<ArchiveReport, DlqError> {
+        let c = self.consumer()?;
+        let topics = self.topics_now(&c)?;
+        let mut report = ArchiveReport::default();
+        if topics.is_empty() {
+            return Ok(report);
+        }
+        // The end to reach: high watermarks now. Records arriving later wait for the next run.
+        let mut high: HashMap<Tp, (i64, i64)> = HashMap::new();
+        for t in &topics {
+            let md = c
+                .client()
+                .fetch_metadata(Some(t), Timeout::After(Duration::from_secs(15)))?;
+            let Some(mt) = md.topics().first() else {
+                continue;
+            };
+            if let Some(e) = mt.error() {
+                return invalid(format!("topic {t}: {e:?}"));
+            }
+            for p in mt.partitions() {
+                let w = c.fetch_watermarks(t, p.id(), Timeout::After(Duration::from_secs(15)))?;
+                high.insert((t.clone(), p.id()), w);
+            }
+        }
+        let total: i64 = high.values().map(|(lo, hi)| hi - lo).sum();
+        c.subscribe(&topics.iter().map(String::as_str).collect::<Vec<_>>())?;
+        let mut done_to: HashMap<Tp, i64> = HashMap::new();
+        let mut seen_assignment: Option<HashSet<Tp>> = None;
+        let mut batch: Vec<Row> = Vec::new();
+        let mut last_record = tokio::time::Instant::now();
+        loop {
+            match tokio::time::timeout(LINGER, c.recv()).await {
+                Ok(Ok(m)) => {
+                    last_record = tokio::time::Instant::now();
+                    batch.push(Row::from_message(&m, &self.suffix));
+                    if batch.len() < BATCH {
+                        continue;
+                    }
+                }
+                Ok(Err(e)) => warn!(error = %e, "kafka error while archiving"),
+                Err(_) => {}
+            }
+            for (tp, next) in self.flush(&c, &mut batch, &mut report).await? {
+                done_to.insert(tp, next);
+            }
+            progress(&report, Some(u64::try_from(total).unwrap_or(0)));
+            // Our share of the partitions (another archiver in the group may hold the rest).
+            let assigned: HashSet<Tp> = c
+                .assignment()?
+                .elements()
+                .iter()
+                .map(|e| (e.topic().to_owned(), e.partition()))
+                .collect();
+            if assigned.is_empty() {
+                if last_record.elapsed() > ONCE_IDLE {
+                    warn!("no partitions assigned: another archiver holds them all");
+                    break;
+                }
+                continue;
+            }
+            if seen_assignment.as_ref() != Some(&assigned) {
+                // What the group committed before us counts as done.
+                let tpl = tpl_of(assigned.iter());
+                if let Ok(committed) =
+                    c.committed_offsets(tpl, Timeout::After(Duration::from_secs(10)))
+                {
+                    for e in committed.elements() {
+                        if let Offset::Offset(o) = e.offset() {
+                            let k = (e.topic().to_owned(), e.partition());
+                            let v = done_to.entry(k).or_insert(o);
+                            *v = (*v).max(o);
+                        }
+                    }
+                }
+                seen_assignment = Some(assigned.clone());
+            }
+            let finished = assigned.iter().all(|tp| match high.get(tp) {
+                Some((lo, hi)) => done_to.get(tp).copied().unwrap_or(*lo).max(*lo) >= *hi,
+                None => true,
+            });
+            if finished {
+                break;
+            }
+            if last_record.elapsed() > ONCE_IDLE {
+                warn!(
+                    "no records for {ONCE_IDLE:?} before reaching the end seen at start; stopping"
+                );
+                break;
+            }
+        }
+        c.unsubscribe();
+        Ok(report)
+    }
+
+    /// Runs as a sidecar until `shutdown` resolves: archives as records arrive, picks up new
+    /// DLQ topics, purges settled letters past retention every hour. On shutdown the current
+    /// batch is written and committed.
+    ///
+    /// # Errors
+    /// [`DlqError`] when the consumer cannot be created or subscribed.
+    pub async fn run(
+        &self,
+        shutdown: impl Future<Output = ()> + Send,
+    ) -> Result<ArchiveReport, DlqError> {
+        let c = self.consumer()?;
+        if self.topics.is_empty() {
+            let pattern = format!("^.*\\.{}$", regex::escape(&self.suffix));
+            c.subscribe(&[pattern.as_str()])?;
+        } else {
+            c.subscribe(&self.topics.iter().map(String::as_str).collect::<Vec<_>>())?;
+        }
+        info!(group = %self.group, topics = ?self.topics, "dlq archiver started");
+        let mut report = ArchiveReport::default();
+        let mut batch: Vec<Row> = Vec::new();
+        let mut next_purge = tokio::time::Instant::now() + Duration::from_secs(60);
+        tokio::pin!(shutdown);
+        loop {
+            tokio::select! {
+                biased;
+                () = &mut shutdown => break,
+                r = tokio::time::timeout(LINGER, c.recv()) => match r {
+                    Ok(Ok(m)) => {
+                        batch.push(Row::from_message(&m, &self.suffix));
+                        if batch.len() < BATCH {
+                            continue;
+                        }
+                    }
+                    Ok(Err(e)) => warn!(error = %e, "kafka error while archiving"),
+                    Err(_) => {}
+                },
+            }
+            self.flush(&c, &mut batch, &mut report).await?;
+            if tokio::time::Instant::now() >= next_purge {
+                next_purge = tokio::time::Instant::now() + Duration::from_secs(3600);
+                match self.dlq.purge(self.retention, 5000, "archiver").await {
+                    Ok(p) if p.deleted > 0 => info!(
+                        deleted = p.deleted,
+                        "purged settled dead letters past retention"
+                    ),
+                    Ok(_) => {}
+                    Err(e) => warn!(error = %e, "purge failed; retried in an hour"),
+                }
+            }
+        }
+        self.flush(&c, &mut batch, &mut report).await?;
+        info!(
+            archived = report.archived,
+            duplicates = report.duplicates,
+            "dlq archiver stopped"
+        );
+        Ok(report)
+    }
+
+    /// Inserts the batch (retrying through Postgres outages), then commits its offsets.
+    /// Returns the committed next offsets.
+    async fn flush(
+        &self,
+        c: &StreamConsumer,
+        batch: &mut Vec<Row>,
+        report: &mut ArchiveReport,
+    ) -> Result<Vec<(Tp, i64)>, DlqError> {
+        if batch.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut backoff = Backoff::default();
+        let inserted = loop {
+            match self.dlq.insert_rows(batch).await {
+                Ok(n) => break n,
+                Err(e) => {
+                    let wait = backoff.next_delay();
+                    if backoff.failures() == 1 {
+                        warn!(error = %e, "archive insert failed; offsets stay put and the batch is retried");
+                    }
+                    tokio::time::sleep(wait).await;
+                }
+            }
+        };
+        report.read += batch.len() as u64;
+        report.archived += inserted;
+        report.duplicates += batch.len() as u64 - inserted;
+        let mut next: HashMap<Tp, i64> = HashMap::new();
+        for r in batch.iter() {
+            let e = next.entry((r.dlq_topic.clone(), r.partition)).or_insert(0);
+            *e = (*e).max(r.offset + 1);
+        }
+        batch.clear();
+        let mut tpl = TopicPartitionList::new();
+        for ((t, p), o) in &next {
+            tpl.add_partition_offset(t, *p, Offset::Offset(*o))?;
+        }
+        if let Err(e) = c.commit(&tpl, CommitMode::Sync) {
+            // The rows are in; a re-read after this inserts nothing twice.
+            warn!(error = %e, "offset commit after archiving failed; the records will be re-read (no duplicates)");
+        }
+        Ok(next.into_iter().collect())
+    }
+}
+
+fn tpl_of<'a>(tps: impl Iterator<Item = &'a Tp>) -> TopicPartitionList {
+    let mut tpl = TopicPartitionList::new();
+    for (t, p) in tps {
+        tpl.add_partition(t, *p);
+    }
+    tpl
+}
+
+impl Dlq {
+    /// Inserts archive rows in one transaction; returns how many were new.
+    pub(crate) async fn insert_rows(&self, rows: &[Row]) -> Result<u64, DlqError> {
+        let mut client = self.pool.get().await?;
+        let tx = client.transaction().await?;
+        let stmt = tx
+            .prepare(&format!(
+                "INSERT INTO {} (dlq_topic, \"partition\", \"offset\", original_topic,
+                     original_partition, original_offset, consumer_group, message_key, body,
+                     headers, message_type, message_id, error, error_group, error_kind, attempts,
+                     dlq_retries, first_failed_at, failed_at)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16,
+                         $17, $18, $19)
+                 ON CONFLICT (dlq_topic, \"partition\", \"offset\") DO NOTHING",
+                self.t("dead_letters")
+            ))
+            .await?;
+        // Pipelined on the one connection: one round trip's latency for the batch.
+        let params: Vec<[&(dyn tokio_postgres::types::ToSql + Sync); 19]> = rows
+            .iter()
+            .map(|r| -> [&(dyn tokio_postgres::types::ToSql + Sync); 19] {
+                [
+                    &r.dlq_topic,
+                    &r.partition,
+                    &r.offset,
+                    &r.original_topic,
+                    &r.original_partition,
+                    &r.original_offset,
+                    &r.group,
+                    &r.key,
+                    &r.body,
+                    &r.headers,
+                    &r.message_type,
+                    &r.message_id,
+                    &r.error,
+                    &r.error_group,
+                    &r.error_kind,
+                    &r.attempts,
+                    &r.dlq_retries,
+                    &r.first_failed_at,
+                    &r.failed_at,
+                ]
+            })
+            .collect();
+        let futs = params.iter().map(|p| tx.execute(&stmt, p));
+        let n: u64 = futures::future::try_join_all(futs).await?.into_iter().sum();
+        tx.commit().await?;
+        Ok(n)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_record_without_framework_headers_is_still_archived_with_its_topic() {
+        let r = Row::from_parts(
+            "orders.created.dlq",
+            0,
+            7,
+            None,
+            Some(b"\xff".to_vec()),
+            &[("x-error".into(), Some(b"order 12 failed".to_vec()))],
+            None,
+            "dlq",
+        );
+        assert_eq!(r.original_topic, "orders.created");
+        assert_eq!(r.error_group, "order <n> failed");
+        assert_eq!(r.dlq_retries, 0);
+        assert!(r.group.is_none());
+    }
+}

@@ -1,0 +1,119 @@
+//! Dead letters an operator can work with: the archive of `<topic>.dlq` in Postgres, a summary
+//! by cause, inspection, replay jobs back to the original topic, drop, and the audit of it all.
+//!
+//! One library, three faces: the `outbox dlq` CLI, the admin HTTP API and the dashboard call
+//! these functions and nothing else.
+//!
+//! | file | concept |
+//! |---|---|
+//! | `archive` | [`Archiver`]: consume `*.dlq` into `dead_letters`, offsets committed after the insert |
+//! | `filter` | [`Filter`]: the selection shared by list, replay and drop, rendered as SQL |
+//! | `normalize` | [`normalize_error`]: the same defect groups together whatever ids it names |
+//! | `headers` | headers as JSON (non-UTF-8 kept losslessly) and the replay header rules |
+//! | `query` | [`Dlq::summary`], [`Dlq::list`], [`Dlq::show`], [`Dlq::audit`] |
+//! | `replay` | replay jobs: frozen selection, canary, throttle, refail stop, pause/resume/cancel |
+//! | `from_topic` | [`replay_from_topic`]: replay straight from a DLQ topic, without the archive |
+//! | `drop` | [`Dlq::drop_letters`] and the retention purge |
+
+mod archive;
+mod drop;
+mod filter;
+mod from_topic;
+mod headers;
+mod normalize;
+mod query;
+mod replay;
+
+pub use archive::{ArchiveReport, Archiver, ARCHIVE_GROUP, DEFAULT_RETENTION};
+pub use drop::{DropReport, PurgeReport};
+pub use filter::{Filter, Status};
+pub use from_topic::{replay_from_topic, FromTopicOptions, FromTopicReport, REPLAY_GROUP};
+pub use headers::{HeaderValue, X_REPLAYED_AT};
+pub use normalize::normalize_error;
+pub use query::{AuditEntry, CauseGroup, DeadLetter, LetterRow, Summary, TopicSummary};
+pub use replay::{
+    DryRun, Job, JobStatus, Progress, ReplayOptions, RunOutcome, DEFAULT_CANARY,
+    DEFAULT_CANARY_WAIT, DEFAULT_LOOP_GUARD, DEFAULT_MAX_REFAIL, DEFAULT_RATE,
+};
+
+use deadpool_postgres::Pool;
+
+use crate::config::DbConfig;
+use crate::schema::Schema;
+
+/// Why a DLQ operation failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum DlqError {
+    /// The request is wrong (empty filter, bad id, bad state change): fix it and retry.
+    #[error("{0}")]
+    Invalid(String),
+    /// Postgres refused a statement or went away.
+    #[error("postgres: {0}")]
+    Postgres(#[from] tokio_postgres::Error),
+    /// No connection could be had.
+    #[error("postgres pool: {0}")]
+    Pool(#[from] deadpool_postgres::PoolError),
+    /// Kafka refused a setting or an operation.
+    #[error("kafka: {0}")]
+    Kafka(#[from] rdkafka::error::KafkaError),
+}
+
+impl DlqError {
+    /// True when the caller asked for something invalid (a CLI exits 2, an API answers 4xx).
+    pub fn is_invalid(&self) -> bool {
+        matches!(self, Self::Invalid(_))
+    }
+}
+
+fn invalid<T>(msg: impl Into<String>) -> Result<T, DlqError> {
+    Err(DlqError::Invalid(msg.into()))
+}
+
+/// A handle on the DLQ tables of one schema: everything but archiving and running replay jobs
+/// needs only Postgres.
+#[derive(Clone)]
+pub struct Dlq {
+    pool: Pool,
+    schema: Schema,
+}
+
+impl Dlq {
+    /// A handle over `db` (pool made lazily: this succeeds while Postgres is down).
+    pub fn new(db: &DbConfig) -> Self {
+        Self {
+            pool: crate::db::pool(db).expect("pool configuration is static"),
+            schema: db.schema.clone(),
+        }
+    }
+
+    /// A handle sharing an existing pool.
+    pub fn with_pool(pool: Pool, schema: Schema) -> Self {
+        Self { pool, schema }
+    }
+
+    /// `schema.table`, quoted.
+    fn t(&self, table: &str) -> String {
+        format!("{}.{table}", self.schema.quoted())
+    }
+}
+
+/// The actor recorded when none is given: the OS user.
+pub fn default_actor() -> String {
+    std::env::var("USER")
+        .or_else(|_| std::env::var("LOGNAME"))
+        .ok()
+        .filter(|u| !u.trim().is_empty())
+        .unwrap_or_else(|| "unknown".into())
+}
+
+/// Checks an operator name for the audit log: printable, at most 200 characters.
+pub(crate) fn check_actor(actor: &str) -> Result<(), DlqError> {
+    if actor.trim().is_empty() || actor.chars().count() > 200 || actor.chars().any(char::is_control)
+    {
+        return invalid(format!(
+            "invalid actor {actor:?}: give a printable name of at most 200 characters"
+        ));
+    }
+    Ok(())
+}

@@ -1,0 +1,428 @@
+//! Read-only views of the archive: the summary by cause, lists with filters and keyset
+//! pagination, one letter whole, and the audit log.
+
+use std::time::SystemTime;
+
+use base64::Engine as _;
+use serde::Serialize;
+use serde_json::{json, Value};
+use tokio_postgres::Row;
+
+use super::filter::Filter;
+use super::headers::{from_json, HeaderValue};
+use super::{invalid, Dlq, DlqError};
+use crate::message::rfc3339;
+
+/// New letters of one original topic and consumer group.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct TopicSummary {
+    /// The original topic.
+    pub original_topic: String,
+    /// The consumer group that gave up (absent for records without the header).
+    pub consumer_group: Option<String>,
+    /// Letters waiting for an operator.
+    pub new: i64,
+    /// Letters replayed.
+    pub replayed: i64,
+    /// Letters dropped.
+    pub dropped: i64,
+    /// When the oldest new letter failed (RFC 3339).
+    pub oldest_new_failed_at: Option<String>,
+    /// Its age in seconds.
+    pub oldest_new_age_secs: Option<f64>,
+}
+
+/// New letters sharing one cause: topic, group, kind and normalised error.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct CauseGroup {
+    /// The original topic.
+    pub original_topic: String,
+    /// The consumer group.
+    pub consumer_group: Option<String>,
+    /// `x-error-kind`.
+    pub error_kind: Option<String>,
+    /// The normalised error (see [`super::normalize_error`]); filter on it with
+    /// [`Filter::error_group`].
+    pub error_group: String,
+    /// Letters in the group.
+    pub count: i64,
+    /// Earliest failure (RFC 3339).
+    pub first_seen: String,
+    /// Latest failure (RFC 3339).
+    pub last_seen: String,
+    /// One letter of the group, to open with `show`.
+    pub example_id: i64,
+    /// That letter's error as written.
+    pub example_error: Option<String>,
+}
+
+/// The archive at a glance.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct Summary {
+    /// Per original topic and group.
+    pub topics: Vec<TopicSummary>,
+    /// New letters grouped by cause, largest first.
+    pub groups: Vec<CauseGroup>,
+}
+
+/// One line of a list.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct LetterRow {
+    /// Archive id.
+    pub id: i64,
+    /// The original topic.
+    pub original_topic: String,
+    /// The consumer group.
+    pub consumer_group: Option<String>,
+    /// `x-error-kind`.
+    pub error_kind: Option<String>,
+    /// The error, cut to 200 characters.
+    pub error: Option<String>,
+    /// `message_id` header.
+    pub message_id: Option<String>,
+    /// When it was dead-lettered.
+    pub failed_at: String,
+    /// `new`, `replayed` or `dropped`.
+    pub status: String,
+    /// Times dead-lettered before (seed 000's envelope).
+    pub dlq_retries: i32,
+}
+
+/// One letter, whole.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DeadLetter {
+    /// Archive id.
+    pub id: i64,
+    /// The DLQ topic, partition and offset it was read from.
+    pub dlq_topic: String,
+    /// Partition in the DLQ topic.
+    pub partition: i32,
+    /// Offset in the DLQ topic.
+    pub offset: i64,
+    /// The original topic.
+    pub original_topic: String,
+    /// The original partition.
+    pub original_partition: Option<i32>,
+    /// The original offset.
+    pub original_offset: Option<i64>,
+    /// The consumer group.
+    pub consumer_group: Option<String>,
+    /// Key bytes.
+    pub key: Option<Vec<u8>>,
+    /// Body bytes, exactly as dead-lettered.
+    pub body: Option<Vec<u8>>,
+    /// Every header in record order.
+    pub headers: Vec<(String, HeaderValue)>,
+    /// `message_type` header.
+    pub message_type: Option<String>,
+    /// `message_id` header.
+    pub message_id: Option<String>,
+    /// `x-error`.
+    pub error: Option<String>,
+    /// The normalised error.
+    pub error_group: String,
+    /// `x-error-kind`.
+    pub error_kind: Option<String>,
+    /// `x-attempts`.
+    pub attempts: Option<i32>,
+    /// `x-dlq-retries`.
+    pub dlq_retries: i32,
+    /// `x-first-failed-at`.
+    pub first_failed_at: Option<String>,
+    /// `x-failed-at` (or the record's time).
+    pub failed_at: String,
+    /// When the archive read it.
+    pub archived_at: String,
+    /// `new`, `replayed` or `dropped`.
+    pub status: String,
+    /// When the status last changed.
+    pub status_at: Option<String>,
+    /// Why (drop reason, replay job).
+    pub status_reason: Option<String>,
+    /// Times a replay job sent this letter (or an earlier letter of the same message).
+    pub times_replayed: i64,
+}
+
+fn bytes_json(b: Option<&[u8]>, redact: bool) -> Value {
+    match b {
+        _ if redact => json!({"redacted": true}),
+        None => Value::Null,
+        Some(b) => match std::str::from_utf8(b) {
+            Ok(s) => json!({"text": s}),
+            Err(_) => json!({"base64": base64::engine::general_purpose::STANDARD.encode(b)}),
+        },
+    }
+}
+
+impl DeadLetter {
+    /// JSON for the CLI and the API: key and body as `{"text"}` when UTF-8, `{"base64"}`
+    /// otherwise; with `redact_body` the body and header values are replaced by
+    /// `{"redacted": true}` (the viewer role never receives message contents).
+    pub fn to_json(&self, redact_body: bool) -> Value {
+        let headers: Vec<Value> = self
+            .headers
+            .iter()
+            .map(|(k, v)| {
+                let value = match v {
+                    HeaderValue::Null => Value::Null,
+                    HeaderValue::Bytes(b) => bytes_json(Some(b), false),
+                };
+                json!({"name": k, "value": value})
+            })
+            .collect();
+        json!({
+            "id": self.id,
+            "dlq_topic": self.dlq_topic,
+            "partition": self.partition,
+            "offset": self.offset,
+            "original_topic": self.original_topic,
+            "original_partition": self.original_partition,
+            "original_offset": self.original_offset,
+            "consumer_group": self.consumer_group,
+            "key": bytes_json(self.key.as_deref(), false),
+            "body": bytes_json(self.body.as_deref(), redact_body),
+            "headers": headers,
+            "message_type": self.message_type,
+            "message_id": self.message_id,
+            "error": self.error,
+            "error_group": self.error_group,
+            "error_kind": self.error_kind,
+            "attempts": self.attempts,
+            "dlq_retries": self.dlq_retries,
+            "first_failed_at": self.first_failed_at,
+            "failed_at": self.failed_at,
+            "archived_at": self.archived_at,
+            "status": self.status,
+            "status_at": self.status_at,
+            "status_reason": self.status_reason,
+            "times_replayed": self.times_replayed,
+        })
+    }
+}
+
+/// One audit row.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct AuditEntry {
+    /// Audit id.
+    pub id: i64,
+    /// When (RFC 3339).
+    pub at: String,
+    /// Who: `--actor`, the OS user, or the admin token's holder.
+    pub actor: String,
+    /// `replay`, `drop` or `archive-purge`.
+    pub action: String,
+    /// The exact selection applied.
+    pub filter: Value,
+    /// How many letters.
+    pub count: i64,
+    /// Which letters.
+    pub dead_letter_ids: Vec<i64>,
+    /// The reason given (drop), or the job (replay).
+    pub reason: Option<String>,
+}
+
+pub(crate) fn ts(row: &Row, col: &str) -> String {
+    rfc3339(row.get::<_, SystemTime>(col))
+}
+
+pub(crate) fn ts_opt(row: &Row, col: &str) -> Option<String> {
+    row.get::<_, Option<SystemTime>>(col).map(rfc3339)
+}
+
+impl Dlq {
+    /// Per topic and group, and new letters grouped by cause.
+    ///
+    /// # Errors
+    /// [`DlqError`] when Postgres fails.
+    pub async fn summary(&self) -> Result<Summary, DlqError> {
+        let c = self.pool.get().await?;
+        let topics = c
+            .query(
+                &format!(
+                    "SELECT original_topic, consumer_group,
+                            count(*) FILTER (WHERE status = 'new') AS new,
+                            count(*) FILTER (WHERE status = 'replayed') AS replayed,
+                            count(*) FILTER (WHERE status = 'dropped') AS dropped,
+                            min(failed_at) FILTER (WHERE status = 'new') AS oldest,
+                            extract(epoch FROM now() - min(failed_at) FILTER (WHERE status = 'new'))::float8 AS age
+                     FROM {} GROUP BY 1, 2 ORDER BY 3 DESC, 1, 2",
+                    self.t("dead_letters")
+                ),
+                &[],
+            )
+            .await?
+            .iter()
+            .map(|r| TopicSummary {
+                original_topic: r.get(0),
+                consumer_group: r.get(1),
+                new: r.get(2),
+                replayed: r.get(3),
+                dropped: r.get(4),
+                oldest_new_failed_at: ts_opt(r, "oldest"),
+                oldest_new_age_secs: r.get(6),
+            })
+            .collect();
+        let groups = c
+            .query(
+                &format!(
+                    "SELECT g.*, d.error AS example_error FROM (
+                       SELECT original_topic, consumer_group, error_kind, error_group,
+                              count(*) AS n, min(failed_at) AS first_seen,
+                              max(failed_at) AS last_seen, min(id) AS example_id
+                       FROM {t} WHERE status = 'new' GROUP BY 1, 2, 3, 4) g
+                     JOIN {t} d ON d.id = g.example_id
+                     ORDER BY g.n DESC, g.last_seen DESC",
+                    t = self.t("dead_letters")
+                ),
+                &[],
+            )
+            .await?
+            .iter()
+            .map(|r| CauseGroup {
+                original_topic: r.get("original_topic"),
+                consumer_group: r.get("consumer_group"),
+                error_kind: r.get("error_kind"),
+                error_group: r.get("error_group"),
+                count: r.get("n"),
+                first_seen: ts(r, "first_seen"),
+                last_seen: ts(r, "last_seen"),
+                example_id: r.get("example_id"),
+                example_error: r.get("example_error"),
+            })
+            .collect();
+        Ok(Summary { topics, groups })
+    }
+
+    /// Letters matching `filter`, newest first, at most `limit`; `before_id` continues a
+    /// previous page (keyset pagination: pass the last id you saw).
+    ///
+    /// # Errors
+    /// [`DlqError::Invalid`] for a bad filter or limit.
+    pub async fn list(
+        &self,
+        filter: &Filter,
+        limit: i64,
+        before_id: Option<i64>,
+    ) -> Result<Vec<LetterRow>, DlqError> {
+        if !(1..=10_000).contains(&limit) {
+            return invalid(format!("invalid limit {limit}: give 1 to 10000"));
+        }
+        let filter = filter.clone().normalized()?;
+        let mut w = filter.to_where("d", None);
+        if let Some(b) = before_id {
+            let p = w.push(b);
+            w.sql = format!("{} AND d.id < {p}", w.sql);
+        }
+        let lim = w.push(limit);
+        let c = self.pool.get().await?;
+        let rows = c
+            .query(
+                &format!(
+                    "SELECT d.id, d.original_topic, d.consumer_group, d.error_kind,
+                            left(d.error, 200) AS error, d.message_id, d.failed_at, d.status,
+                            d.dlq_retries
+                     FROM {} d WHERE {} ORDER BY d.id DESC LIMIT {lim}",
+                    self.t("dead_letters"),
+                    w.sql
+                ),
+                &w.refs(),
+            )
+            .await?;
+        Ok(rows
+            .iter()
+            .map(|r| LetterRow {
+                id: r.get("id"),
+                original_topic: r.get("original_topic"),
+                consumer_group: r.get("consumer_group"),
+                error_kind: r.get("error_kind"),
+                error: r.get("error"),
+                message_id: r.get("message_id"),
+                failed_at: ts(r, "failed_at"),
+                status: r.get("status"),
+                dlq_retries: r.get("dlq_retries"),
+            })
+            .collect())
+    }
+
+    /// One letter whole.
+    ///
+    /// # Errors
+    /// [`DlqError::Invalid`] when there is no letter with that id.
+    pub async fn show(&self, id: i64) -> Result<DeadLetter, DlqError> {
+        let c = self.pool.get().await?;
+        let Some(r) = c
+            .query_opt(
+                &format!(
+                    "SELECT d.*, (SELECT count(*) FROM {items} i JOIN {t} d2 ON d2.id = i.dead_letter_id
+                                  WHERE i.state = 'sent' AND (d2.id = d.id OR (d2.original_topic = d.original_topic
+                                        AND d2.message_id = d.message_id))) AS times_replayed
+                     FROM {t} d WHERE d.id = $1",
+                    t = self.t("dead_letters"),
+                    items = self.t("dlq_replay_items"),
+                ),
+                &[&id],
+            )
+            .await?
+        else {
+            return invalid(format!("no dead letter with id {id}"));
+        };
+        Ok(DeadLetter {
+            id: r.get("id"),
+            dlq_topic: r.get("dlq_topic"),
+            partition: r.get("partition"),
+            offset: r.get("offset"),
+            original_topic: r.get("original_topic"),
+            original_partition: r.get("original_partition"),
+            original_offset: r.get("original_offset"),
+            consumer_group: r.get("consumer_group"),
+            key: r.get("message_key"),
+            body: r.get("body"),
+            headers: from_json(&r.get::<_, Value>("headers")),
+            message_type: r.get("message_type"),
+            message_id: r.get("message_id"),
+            error: r.get("error"),
+            error_group: r.get("error_group"),
+            error_kind: r.get("error_kind"),
+            attempts: r.get("attempts"),
+            dlq_retries: r.get("dlq_retries"),
+            first_failed_at: ts_opt(&r, "first_failed_at"),
+            failed_at: ts(&r, "failed_at"),
+            archived_at: ts(&r, "archived_at"),
+            status: r.get("status"),
+            status_at: ts_opt(&r, "status_at"),
+            status_reason: r.get("status_reason"),
+            times_replayed: r.get("times_replayed"),
+        })
+    }
+
+    /// The audit log, newest first.
+    ///
+    /// # Errors
+    /// [`DlqError`] when Postgres fails.
+    pub async fn audit(&self, limit: i64) -> Result<Vec<AuditEntry>, DlqError> {
+        if !(1..=10_000).contains(&limit) {
+            return invalid(format!("invalid limit {limit}: give 1 to 10000"));
+        }
+        let c = self.pool.get().await?;
+        Ok(c.query(
+            &format!(
+                "SELECT * FROM {} ORDER BY id DESC LIMIT $1",
+                self.t("dlq_audit")
+            ),
+            &[&limit],
+        )
+        .await?
+        .iter()
+        .map(|r| AuditEntry {
+            id: r.get("id"),
+            at: ts(r, "at"),
+            actor: r.get("actor"),
+            action: r.get("action"),
+            filter: r.get("filter"),
+            count: r.get("count"),
+            dead_letter_ids: r.get("dead_letter_ids"),
+            reason: r.get("reason"),
+        })
+        .collect())
+    }
+}
