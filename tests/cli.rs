@@ -10,12 +10,7 @@ use common::*;
 use outbox::Relay;
 
 fn outbox_cmd(db: &outbox::DbConfig) -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_outbox"));
-    c.env("DATABASE_URL", database_url())
-        .env("OUTBOX_SCHEMA", db.schema.name())
-        .env("KAFKA_BOOTSTRAP_SERVERS", bootstrap())
-        .env("RUST_LOG", "info");
-    c
+    outbox_command(db)
 }
 
 fn run(cmd: &mut Command) -> Output {
@@ -198,7 +193,12 @@ async fn cleanup_deletes_only_rows_past_retention_in_bounded_batches() {
          INSERT INTO processed_messages (consumer_group, topic, message_id, processed_at)
            SELECT 'g', 'a.b', 'old-' || i, now() - interval '15 days' FROM generate_series(1, 5) i;
          INSERT INTO processed_messages (consumer_group, topic, message_id, processed_at) VALUES
-           ('g', 'a.b', 'recent', now() - interval '13 days');",
+           ('g', 'a.b', 'recent', now() - interval '13 days');
+         INSERT INTO dead_letters (dlq_topic, \"partition\", \"offset\", original_topic, failed_at, archived_at, status, error) VALUES
+           ('a.b.dlq', 0, 1, 'a.b', now(), now() - interval '31 days', 'replayed', 'old replayed'),
+           ('a.b.dlq', 0, 2, 'a.b', now(), now() - interval '31 days', 'dropped', 'old dropped'),
+           ('a.b.dlq', 0, 3, 'a.b', now(), now() - interval '31 days', 'new', 'old new'),
+           ('a.b.dlq', 0, 4, 'a.b', now(), now() - interval '29 days', 'replayed', 'recent replayed');",
     )
     .await
     .unwrap();
@@ -208,9 +208,26 @@ async fn cleanup_deletes_only_rows_past_retention_in_bounded_batches() {
     // 7 sent rows in batches of 3 → 3 statements; 5 marks → 2 statements.
     assert!(
         t.contains(
-            "deleted 7 sent outbox row(s) and 5 processed_messages row(s) in 5 statement(s)"
+            "deleted 7 sent outbox row(s), 5 processed_messages row(s) and 2 settled dead letter(s) in 6 statement(s)"
         ),
         "{t}"
+    );
+    // Settled letters past 30 days are purged and audited; new ones are never purged.
+    let left: Vec<String> = c
+        .query("SELECT error FROM dead_letters ORDER BY id", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(left, ["old new", "recent replayed"]);
+    assert_eq!(
+        count(
+            &c,
+            "SELECT count FROM dlq_audit WHERE action = 'archive-purge' AND actor = 'cleanup'"
+        )
+        .await,
+        2
     );
     let kept: Vec<String> = c
         .query("SELECT payload->>'keep' FROM outbox ORDER BY id", &[])

@@ -839,24 +839,6 @@ async fn graceful_stop_mid_retry_commits_nothing_past_the_unfinished_message() {
     );
 }
 
-fn example_binary(name: &str) -> std::path::PathBuf {
-    // target/<profile>/deps/<test> → target/<profile>/examples/<name>; cargo test builds examples.
-    let exe = std::env::current_exe().unwrap();
-    let p = exe
-        .parent()
-        .unwrap()
-        .parent()
-        .unwrap()
-        .join("examples")
-        .join(name);
-    assert!(
-        p.exists(),
-        "{} not built (run `cargo test`, which builds examples)",
-        p.display()
-    );
-    p
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn billing_consumer_killed_with_sigkill_mid_run_charges_every_order_exactly_once() {
     let s = setup(6, &[]).await;

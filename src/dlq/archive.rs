@@ -35,8 +35,9 @@ pub const DEFAULT_RETENTION: Duration = Duration::from_secs(30 * 24 * 3600);
 const BATCH: usize = 500;
 /// How long a batch may wait to fill before it is written.
 const LINGER: Duration = Duration::from_millis(200);
-/// `--once` gives up waiting for records it was told exist after this long without any.
-const ONCE_IDLE: Duration = Duration::from_secs(20);
+/// `--once` gives up waiting for records it was told exist after this long without any (a
+/// restart after a crash first waits out the dead member's 10 s session).
+const ONCE_IDLE: Duration = Duration::from_secs(60);
 
 /// What an archive run did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
@@ -222,6 +223,10 @@ impl Archiver {
             .set("enable.auto.offset.store", "false")
             .set("auto.offset.reset", "earliest")
             .set("allow.auto.create.topics", "false")
+            // A tool restarted after a crash waits for its dead predecessor's session to
+            // expire before it gets partitions: keep that short.
+            .set("session.timeout.ms", "10000")
+            .set("heartbeat.interval.ms", "2000")
             // New DLQ topics are picked up by the pattern subscription within this period.
             .set("topic.metadata.refresh.interval.ms", "30000");
         Ok(cc.create()?)
@@ -283,12 +288,18 @@ impl Archiver {
         let mut seen_assignment: Option<HashSet<Tp>> = None;
         let mut batch: Vec<Row> = Vec::new();
         let mut last_record = tokio::time::Instant::now();
+        // A batch is written when full or LINGER after its first record, however the records
+        // trickle in.
+        let mut flush_at = tokio::time::Instant::now() + LINGER;
         loop {
-            match tokio::time::timeout(LINGER, c.recv()).await {
+            if batch.is_empty() {
+                flush_at = tokio::time::Instant::now() + LINGER;
+            }
+            match tokio::time::timeout_at(flush_at, c.recv()).await {
                 Ok(Ok(m)) => {
                     last_record = tokio::time::Instant::now();
                     batch.push(Row::from_message(&m, &self.suffix));
-                    if batch.len() < BATCH {
+                    if batch.len() < BATCH && tokio::time::Instant::now() < flush_at {
                         continue;
                     }
                 }
@@ -369,14 +380,18 @@ impl Archiver {
         let mut batch: Vec<Row> = Vec::new();
         let mut next_purge = tokio::time::Instant::now() + Duration::from_secs(60);
         tokio::pin!(shutdown);
+        let mut flush_at = tokio::time::Instant::now() + LINGER;
         loop {
+            if batch.is_empty() {
+                flush_at = tokio::time::Instant::now() + LINGER;
+            }
             tokio::select! {
                 biased;
                 () = &mut shutdown => break,
-                r = tokio::time::timeout(LINGER, c.recv()) => match r {
+                r = tokio::time::timeout_at(flush_at, c.recv()) => match r {
                     Ok(Ok(m)) => {
                         batch.push(Row::from_message(&m, &self.suffix));
-                        if batch.len() < BATCH {
+                        if batch.len() < BATCH && tokio::time::Instant::now() < flush_at {
                             continue;
                         }
                     }

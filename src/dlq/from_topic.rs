@@ -32,7 +32,8 @@ use crate::message::rfc3339;
 /// The consumer group of `--from-topic` replays.
 pub const REPLAY_GROUP: &str = "outbox-dlq-replay";
 /// A run gives up waiting for records it was told exist after this long without any.
-const IDLE: Duration = Duration::from_secs(20);
+/// (a restart after a crash first waits out the dead member's 10 s session).
+const IDLE: Duration = Duration::from_secs(60);
 
 /// Settings of a replay from a DLQ topic.
 #[derive(Debug, Clone)]
@@ -124,7 +125,11 @@ pub async fn replay_from_topic(
         .set("enable.auto.commit", "false")
         .set("enable.auto.offset.store", "false")
         .set("auto.offset.reset", "earliest")
-        .set("allow.auto.create.topics", "false");
+        .set("allow.auto.create.topics", "false")
+        // A tool restarted after a crash waits for its dead predecessor's session to
+        // expire before it gets partitions: keep that short.
+        .set("session.timeout.ms", "10000")
+        .set("heartbeat.interval.ms", "2000");
     let c: StreamConsumer = cc.create()?;
     let md = c
         .client()

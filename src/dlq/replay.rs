@@ -757,7 +757,7 @@ impl Dlq {
         let lock_conn = deadpool_postgres::Object::take(self.pool.get().await?);
         let locked: bool = lock_conn
             .query_one(
-                "SELECT pg_try_advisory_lock(hashtext('outbox-dlq-job:' || $1), ($2 % 2147483647)::int)",
+                "SELECT pg_try_advisory_lock(hashtext('outbox-dlq-job:' || $1), ($2::bigint % 2147483647)::int)",
                 &[&self.schema.name(), &id],
             )
             .await?

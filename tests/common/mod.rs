@@ -92,7 +92,10 @@ pub struct Record {
     pub offset: i64,
     pub key: Option<Vec<u8>>,
     pub headers: BTreeMap<String, String>,
+    /// Every header in order, values as bytes.
+    pub raw_headers: Vec<(String, Option<Vec<u8>>)>,
     pub payload: Vec<u8>,
+    pub timestamp_ms: Option<i64>,
 }
 
 impl Record {
@@ -189,12 +192,14 @@ pub async fn read_all_from(servers: &str, topic: &str) -> Vec<Record> {
                 }
             };
             let mut headers = BTreeMap::new();
+            let mut raw_headers = Vec::new();
             if let Some(h) = m.headers() {
                 for hd in h.iter() {
                     headers.insert(
                         hd.key.to_owned(),
                         String::from_utf8_lossy(hd.value.unwrap_or_default()).into_owned(),
                     );
+                    raw_headers.push((hd.key.to_owned(), hd.value.map(<[u8]>::to_vec)));
                 }
             }
             out.push(Record {
@@ -202,7 +207,9 @@ pub async fn read_all_from(servers: &str, topic: &str) -> Vec<Record> {
                 offset: m.offset(),
                 key: m.key().map(<[u8]>::to_vec),
                 headers,
+                raw_headers,
                 payload: m.payload().unwrap_or_default().to_vec(),
+                timestamp_ms: m.timestamp().to_millis(),
             });
             if let Some(hi) = remaining.get(&m.partition()) {
                 if m.offset() + 1 >= *hi {
@@ -410,4 +417,33 @@ impl RunningRelay {
         self.stop.send(()).unwrap();
         self.task.await.unwrap().unwrap();
     }
+}
+
+/// The path of an example binary built next to the test binaries (`cargo build --examples`).
+pub fn example_binary(name: &str) -> std::path::PathBuf {
+    // target/<profile>/deps/<test> → target/<profile>/examples/<name>
+    let exe = std::env::current_exe().unwrap();
+    let p = exe
+        .parent()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .join("examples")
+        .join(name);
+    assert!(
+        p.exists(),
+        "{} not built (run `cargo build --examples`)",
+        p.display()
+    );
+    p
+}
+
+/// Runs the `outbox` binary with the test's database, schema and Kafka.
+pub fn outbox_command(db: &outbox::DbConfig) -> std::process::Command {
+    let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_outbox"));
+    c.env("DATABASE_URL", database_url())
+        .env("OUTBOX_SCHEMA", db.schema.name())
+        .env("KAFKA_BOOTSTRAP_SERVERS", bootstrap())
+        .env("RUST_LOG", "info");
+    c
 }

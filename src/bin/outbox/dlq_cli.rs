@@ -114,6 +114,9 @@ pub enum DlqAction {
         /// Dead-letter topic suffix.
         #[arg(long, default_value = "dlq")]
         dlq_suffix: String,
+        /// The archiver's consumer group.
+        #[arg(long, default_value = outbox::dlq::ARCHIVE_GROUP)]
+        archive_group: String,
     },
     /// New letters by topic and group, and grouped by cause.
     Summary {
@@ -161,9 +164,12 @@ pub enum DlqAction {
         /// Archive ids (repeatable).
         #[arg(long = "id", value_parser = parse_id)]
         ids: Vec<i64>,
-        /// Replay from this DLQ topic directly (no archive), under group outbox-dlq-replay.
+        /// Replay from this DLQ topic directly (no archive), under --replay-group.
         #[arg(long)]
         from_topic: Option<String>,
+        /// Consumer group of --from-topic replays (its offsets say what was replayed).
+        #[arg(long, default_value = outbox::dlq::REPLAY_GROUP)]
+        replay_group: String,
         /// Send to this topic instead of the original.
         #[arg(long)]
         to: Option<String>,
@@ -391,13 +397,15 @@ pub async fn run(action: DlqAction) -> anyhow::Result<()> {
             once,
             retention,
             dlq_suffix,
+            archive_group,
         } => {
             let db = db_config(&db)?;
             let kafka = kafka_config(&kafka)?;
             let a = Archiver::new(&db, &kafka, topics)
                 .map_err(lift)?
                 .suffix(&dlq_suffix)
-                .retention(retention);
+                .retention(retention)
+                .group(&archive_group);
             let r = if once {
                 let mut m = Meter::new("archive");
                 let r = a
@@ -574,6 +582,7 @@ pub async fn run(action: DlqAction) -> anyhow::Result<()> {
             filter,
             ids,
             from_topic,
+            replay_group,
             to,
             rate,
             limit,
@@ -596,7 +605,7 @@ pub async fn run(action: DlqAction) -> anyhow::Result<()> {
                     rate,
                     limit: limit.map(|l| l.max(0) as u64),
                     dry_run,
-                    ..FromTopicOptions::default()
+                    group: replay_group,
                 };
                 let stop = interrupt_token();
                 let mut m = Meter::new(&format!("replay {topic}"));

@@ -1,0 +1,1072 @@
+//! DLQ operations against the real Postgres and Kafka: the archive, the summary by cause,
+//! replay jobs (throttle, frozen selection, canary, refail stop, pause/resume/cancel, loop
+//! guard, SIGKILL), `--from-topic` replay, drop, audit and the CLI's errors.
+
+mod common;
+
+use std::collections::{HashMap, HashSet};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant, SystemTime};
+
+use common::*;
+use outbox::consumer::{
+    BoxFuture, Consumer, ConsumerConfig, Delivered, Handler, HandlerError, RetryStrategy,
+};
+use outbox::dlq::{Archiver, Dlq, Filter, ReplayOptions, RunOutcome};
+use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::ClientConfig;
+use tokio_util::sync::CancellationToken;
+
+const FRAMEWORK: [&str; 10] = [
+    "x-retry-attempt",
+    "x-original-topic",
+    "x-original-partition",
+    "x-original-offset",
+    "x-consumer-group",
+    "x-attempts",
+    "x-error",
+    "x-error-kind",
+    "x-failed-at",
+    "x-error-extra-not-ours",
+];
+
+fn run(cmd: &mut Command) -> Output {
+    cmd.stdin(Stdio::null()).output().expect("spawn outbox")
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+fn producer() -> &'static FutureProducer {
+    static P: std::sync::OnceLock<FutureProducer> = std::sync::OnceLock::new();
+    P.get_or_init(|| {
+        ClientConfig::new()
+            .set("bootstrap.servers", bootstrap())
+            .set("linger.ms", "5")
+            .create()
+            .unwrap()
+    })
+}
+
+/// One dead letter as the consumer runtime writes it.
+struct Letter {
+    key: Vec<u8>,
+    body: Vec<u8>,
+    message_id: String,
+    error: String,
+    kind: &'static str,
+    extra: Vec<(String, Vec<u8>)>,
+}
+
+impl Letter {
+    fn order(i: usize, error: impl Into<String>) -> Self {
+        Self {
+            key: format!("order-{i}").into_bytes(),
+            body: serde_json::to_vec(&serde_json::json!({
+                "order_number": format!("A-{i}"), "total_cents": 100 + i
+            }))
+            .unwrap(),
+            message_id: uuid::Uuid::now_v7().to_string(),
+            error: error.into(),
+            kind: "permanent",
+            extra: Vec::new(),
+        }
+    }
+}
+
+/// Writes letters to `<topic>.dlq` with the framework's headers, as group `group` would.
+async fn dead_letter(topic: &str, group: &str, letters: &[Letter]) {
+    let dlq = format!("{topic}.dlq");
+    let now = outbox::rfc3339(SystemTime::now());
+    for chunk in letters.chunks(200) {
+        let futs = chunk.iter().enumerate().map(|(i, l)| {
+            let mut h = OwnedHeaders::new();
+            let offset = i.to_string();
+            let std: Vec<(&str, &[u8])> = vec![
+                ("message_type", b"order_created"),
+                ("entity_id", &l.key),
+                ("message_id", l.message_id.as_bytes()),
+                ("timestamp", b"2026-01-15T12:34:56Z"),
+                ("x-original-topic", topic.as_bytes()),
+                ("x-original-partition", b"0"),
+                ("x-original-offset", offset.as_bytes()),
+                ("x-consumer-group", group.as_bytes()),
+                ("x-attempts", b"3"),
+                ("x-error", l.error.as_bytes()),
+                ("x-error-kind", l.kind.as_bytes()),
+                ("x-failed-at", now.as_bytes()),
+                ("x-dlq-retries", b"0"),
+                ("x-first-failed-at", now.as_bytes()),
+            ];
+            for (k, v) in std {
+                h = h.insert(Header {
+                    key: k,
+                    value: Some(v),
+                });
+            }
+            for (k, v) in &l.extra {
+                h = h.insert(Header {
+                    key: k,
+                    value: Some(v.as_slice()),
+                });
+            }
+            let rec: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(&dlq)
+                .key(l.key.as_slice())
+                .payload(l.body.as_slice())
+                .headers(h);
+            producer().send(rec, Duration::from_secs(10))
+        });
+        for r in futures::future::join_all(futs).await {
+            r.expect("produce dead letter");
+        }
+    }
+}
+
+fn archive_once(db: &outbox::DbConfig, topic: &str, group: &str) -> Output {
+    let o = run(outbox_command(db).args([
+        "dlq",
+        "archive",
+        "--once",
+        "--topic",
+        &format!("{topic}.dlq"),
+        "--archive-group",
+        group,
+    ]));
+    assert!(o.status.success(), "{}", text(&o));
+    o
+}
+
+fn last_line(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .last()
+        .unwrap_or_default()
+        .to_owned()
+}
+
+fn field(line: &str, name: &str) -> i64 {
+    line.split_whitespace()
+        .find_map(|kv| kv.strip_prefix(&format!("{name}=")))
+        .unwrap_or_else(|| panic!("no {name}= in {line:?}"))
+        .parse()
+        .unwrap()
+}
+
+async fn setup(partitions: i32) -> (outbox::DbConfig, tokio_postgres::Client, String, String) {
+    let db = fresh_db().await;
+    let c = client(&db).await;
+    let topic = topic_name();
+    create_topic_family(&topic, partitions, &[]).await;
+    (db, c, topic, format!("it-archive-{}", hex(8)))
+}
+
+fn opts(actor: &str) -> ReplayOptions {
+    ReplayOptions {
+        canary: 0,
+        rate: 1000.0,
+        actor: actor.into(),
+        ..ReplayOptions::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn archive_twice_is_a_no_op_and_odd_bytes_survive_archive_and_replay_byte_identical() {
+    let (db, c, topic, group) = setup(2).await;
+    let mut odd = Letter::order(1, "body is not valid JSON");
+    odd.kind = "decode";
+    odd.body = vec![0xff, 0xfe, b'{', 0x00, 0x80];
+    odd.key = vec![0xc3, 0x28, b'k'];
+    odd.extra = vec![
+        (
+            "traceparent".into(),
+            b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".to_vec(),
+        ),
+        ("bin-header".into(), vec![0x00, 0xff, 0x10]),
+    ];
+    let mut letters: Vec<Letter> = (2..6).map(|i| Letter::order(i, "boom")).collect();
+    letters.push(odd);
+    dead_letter(&topic, "billing", &letters).await;
+
+    let o = archive_once(&db, &topic, &group);
+    let l = last_line(&o);
+    assert_eq!(
+        (field(&l, "archived"), field(&l, "duplicates")),
+        (5, 0),
+        "{l}"
+    );
+    // Again under the same group: the committed offsets say everything is archived.
+    let l = last_line(&archive_once(&db, &topic, &group));
+    assert_eq!((field(&l, "archived"), field(&l, "read")), (0, 0), "{l}");
+    // Under another group every record is read again, and the unique key inserts nothing.
+    let r = Archiver::new(&db, &kafka(), vec![format!("{topic}.dlq")])
+        .unwrap()
+        .group(&format!("it-other-{}", hex(6)))
+        .run_once(&mut |_, _| {})
+        .await
+        .unwrap();
+    assert_eq!((r.read, r.archived, r.duplicates), (5, 0, 5));
+    assert_eq!(count(&c, "SELECT count(*) FROM dead_letters").await, 5);
+
+    // The odd letter: key, body and every header byte-identical in the archive...
+    let id: i64 = c
+        .query_one(
+            "SELECT id FROM dead_letters WHERE error_kind = 'decode'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let d = Dlq::new(&db).show(id).await.unwrap();
+    assert_eq!(d.key.as_deref(), Some(&[0xc3, 0x28, b'k'][..]));
+    assert_eq!(d.body.as_deref(), Some(&[0xff, 0xfe, b'{', 0x00, 0x80][..]));
+    assert!(d
+        .headers
+        .iter()
+        .any(|(k, v)| k == "bin-header"
+            && *v == outbox::dlq::HeaderValue::Bytes(vec![0x00, 0xff, 0x10])));
+    let shown = run(outbox_command(&db).args(["dlq", "show", &id.to_string(), "--json"]));
+    assert!(shown.status.success(), "{}", text(&shown));
+    let j: serde_json::Value = serde_json::from_slice(&shown.stdout).unwrap();
+    assert_eq!(j["body"]["base64"], "//57AIA=");
+    assert_eq!(j["error_kind"], "decode");
+
+    // ...and after a replay to the original topic.
+    let o = run(outbox_command(&db).args([
+        "dlq",
+        "replay",
+        "--id",
+        &id.to_string(),
+        "--canary",
+        "0",
+        "--actor",
+        "alice",
+    ]));
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(field(&last_line(&o), "replayed"), 1);
+    let back = read_all(&topic).await;
+    assert_eq!(back.len(), 1);
+    let m = &back[0];
+    assert_eq!(m.key.as_deref(), Some(&[0xc3, 0x28, b'k'][..]));
+    assert_eq!(m.payload, vec![0xff, 0xfe, b'{', 0x00, 0x80]);
+    assert!(m
+        .raw_headers
+        .contains(&("bin-header".into(), Some(vec![0x00, 0xff, 0x10]))));
+    assert_eq!(
+        m.headers["traceparent"],
+        "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    );
+    for h in FRAMEWORK {
+        assert!(
+            !m.headers.contains_key(h),
+            "{h} must be stripped: {:?}",
+            m.headers
+        );
+    }
+    assert!(m.headers.contains_key("x-replayed-at"));
+    assert_eq!(m.headers["x-dlq-retries"], "0");
+    assert!(m.headers.contains_key("x-first-failed-at"));
+    assert_eq!(m.headers["message_id"], letters[4].message_id);
+    let (status, reason): (String, String) = c
+        .query_one(
+            "SELECT status, status_reason FROM dead_letters WHERE id = $1",
+            &[&id],
+        )
+        .await
+        .map(|r| (r.get(0), r.get(1)))
+        .unwrap();
+    assert_eq!(status, "replayed");
+    assert!(reason.starts_with("replay job "), "{reason}");
+    let audit = Dlq::new(&db).audit(10).await.unwrap();
+    assert_eq!(audit.len(), 1);
+    assert_eq!(
+        (
+            audit[0].actor.as_str(),
+            audit[0].action.as_str(),
+            audit[0].count
+        ),
+        ("alice", "replay", 1)
+    );
+    assert_eq!(audit[0].dead_letter_ids, vec![id]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sigkilled_archiver_loses_nothing_and_duplicates_nothing() {
+    let (db, c, topic, group) = setup(3).await;
+    let mut sidecar = outbox_command(&db)
+        .args([
+            "dlq",
+            "archive",
+            "--topic",
+            &format!("{topic}.dlq"),
+            "--archive-group",
+            &group,
+        ])
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let letters: Vec<Letter> = (0..3000).map(|i| Letter::order(i, "boom")).collect();
+    let (first, rest) = letters.split_at(1000);
+    dead_letter(&topic, "billing", first).await;
+    // Killed while it archives: some rows in, the rest of the stream still arriving.
+    wait_until(Duration::from_secs(60), "the sidecar archives", || async {
+        count(&c, "SELECT count(*) FROM dead_letters").await >= 300
+    })
+    .await;
+    let producing = {
+        let topic = topic.clone();
+        let rest: Vec<Letter> = rest
+            .iter()
+            .map(|l| Letter {
+                key: l.key.clone(),
+                body: l.body.clone(),
+                message_id: l.message_id.clone(),
+                error: l.error.clone(),
+                kind: l.kind,
+                extra: Vec::new(),
+            })
+            .collect();
+        tokio::spawn(async move { dead_letter(&topic, "billing", &rest).await })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    sidecar.kill().unwrap(); // SIGKILL
+    sidecar.wait().unwrap();
+    let at_kill = count(&c, "SELECT count(*) FROM dead_letters").await;
+    producing.await.unwrap();
+    let o = archive_once(&db, &topic, &group);
+    eprintln!(
+        "archived at kill: {at_kill}; after restart: {}",
+        last_line(&o)
+    );
+    assert_eq!(count(&c, "SELECT count(*) FROM dead_letters").await, 3000);
+    assert_eq!(
+        count(&c, "SELECT count(DISTINCT message_id) FROM dead_letters").await,
+        3000
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn summary_groups_300_letters_with_3_causes_into_3_groups() {
+    let (db, _c, topic, group) = setup(1).await;
+    let mut letters = Vec::new();
+    for i in 0..300 {
+        let error = match i % 3 {
+            0 => format!("customer {} not found", 1000 + i * 7),
+            1 => format!("payment {} declined by issuer", uuid::Uuid::now_v7()),
+            _ => format!("row 0x{:x} locked by pid {}", 0xdead00 + i, 4000 + i),
+        };
+        letters.push(Letter::order(i, error));
+    }
+    dead_letter(&topic, "billing", &letters).await;
+    archive_once(&db, &topic, &group);
+
+    let o = run(outbox_command(&db).args(["dlq", "summary", "--json"]));
+    assert!(o.status.success(), "{}", text(&o));
+    let s: serde_json::Value = serde_json::from_slice(&o.stdout).expect("summary --json parses");
+    let groups = s["groups"].as_array().unwrap();
+    let mut got: Vec<(String, i64)> = groups
+        .iter()
+        .map(|g| {
+            (
+                g["error_group"].as_str().unwrap().to_owned(),
+                g["count"].as_i64().unwrap(),
+            )
+        })
+        .collect();
+    got.sort();
+    assert_eq!(
+        got,
+        vec![
+            ("customer <n> not found".to_owned(), 100),
+            ("payment <uuid> declined by issuer".to_owned(), 100),
+            ("row <hex> locked by pid <n>".to_owned(), 100),
+        ]
+    );
+    assert_eq!(s["topics"][0]["new"], 300);
+    assert_eq!(s["topics"][0]["original_topic"], topic.as_str());
+    // The human table names the topic and each cause with its count.
+    let o = run(outbox_command(&db).args(["dlq", "summary"]));
+    let t = text(&o);
+    assert!(
+        t.contains(&topic) && t.contains("customer <n> not found"),
+        "{t}"
+    );
+    // A group's letters are listable by the group's exact text.
+    let o = run(outbox_command(&db).args([
+        "dlq",
+        "list",
+        "--error-group",
+        "customer <n> not found",
+        "--limit",
+        "500",
+        "--json",
+    ]));
+    let rows: Vec<serde_json::Value> = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(rows.len(), 100);
+}
+
+struct Charge;
+impl Handler for Charge {
+    fn handle<'a>(
+        &'a self,
+        _m: &'a Delivered,
+        _tx: &'a tokio_postgres::Transaction<'a>,
+    ) -> BoxFuture<'a, Result<(), HandlerError>> {
+        Box::pin(async move { Err(HandlerError::permanent("card 4242 declined")) })
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replay_of_1000_at_rate_200_takes_5s_and_the_billing_consumer_charges_each_once() {
+    let (db, c, topic, group) = setup(3).await;
+    let letters: Vec<Letter> = (0..1000)
+        .map(|i| {
+            let mut l = Letter::order(i, format!("charges table missing (order {i})"));
+            l.extra = vec![("tenant".into(), b"acme".to_vec())];
+            l
+        })
+        .collect();
+    dead_letter(&topic, "billing", &letters).await;
+    archive_once(&db, &topic, &group);
+
+    let o = run(outbox_command(&db).args([
+        "dlq", "replay", "--topic", &topic, "--rate", "200", "--canary", "0", "--actor", "ops",
+    ]));
+    assert!(o.status.success(), "{}", text(&o));
+    let l = last_line(&o);
+    assert_eq!(
+        (field(&l, "replayed"), field(&l, "failed")),
+        (1000, 0),
+        "{l}"
+    );
+
+    let back = read_all(&topic).await;
+    assert_eq!(back.len(), 1000);
+    let ts: Vec<i64> = back.iter().filter_map(|m| m.timestamp_ms).collect();
+    let span = (ts.iter().max().unwrap() - ts.iter().min().unwrap()) as f64 / 1000.0;
+    // 1,000 letters at 200/s: 999 intervals of 5 ms.
+    eprintln!("replay of 1000 at --rate 200 took {span:.3} s (expected 5 s ± 20 %)");
+    assert!((4.0..=6.0).contains(&span), "took {span} s");
+    // Every 1-second window holds about 200 (±20 %), except the partial last one.
+    let start = *ts.iter().min().unwrap();
+    let mut per_sec: HashMap<i64, usize> = HashMap::new();
+    for t in &ts {
+        *per_sec.entry((t - start) / 1000).or_default() += 1;
+    }
+    for s in 0..4 {
+        let n = per_sec.get(&s).copied().unwrap_or(0);
+        assert!((160..=240).contains(&n), "second {s}: {n} messages");
+    }
+    let by_id: HashMap<&str, &Letter> =
+        letters.iter().map(|l| (l.message_id.as_str(), l)).collect();
+    for m in &back {
+        let l = by_id[m.headers["message_id"].as_str()];
+        assert_eq!(m.key.as_deref(), Some(l.key.as_slice()));
+        assert_eq!(m.payload, l.body);
+        assert_eq!(m.headers["tenant"], "acme");
+        assert!(m.headers.contains_key("x-replayed-at"));
+        for h in FRAMEWORK {
+            assert!(!m.headers.contains_key(h), "{h} not stripped");
+        }
+    }
+    // The same letters replayed a second time: the consumer still charges each order once.
+    let o = run(outbox_command(&db).args([
+        "dlq", "replay", "--topic", &topic, "--status", "replayed", "--rate", "2000", "--canary",
+        "0", "--actor", "ops",
+    ]));
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(topic_len(&topic).await, 2000);
+
+    let bgroup = format!("billing-{}", hex(6));
+    let mut billing = Command::new(example_binary("billing_consumer"))
+        .env("DATABASE_URL", database_url())
+        .env("KAFKA_BOOTSTRAP_SERVERS", bootstrap())
+        .env("OUTBOX_SCHEMA", db.schema.name())
+        .env("BILLING_TOPIC", &topic)
+        .env("BILLING_GROUP", &bgroup)
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_until(
+        Duration::from_secs(120),
+        "2,000 deliveries handled",
+        || async {
+            // The example creates its table when it starts.
+            count(&c, "SELECT count(*) FROM pg_tables WHERE tablename = 'charges' AND schemaname = current_schema()").await == 1
+                && count(&c, "SELECT count(*) FROM charges").await >= 1000
+                && count(&c, "SELECT count(*) FROM processed_messages").await >= 1000
+        },
+    )
+    .await;
+    // Give the duplicates time to be seen (they are skipped, never charged).
+    wait_until(
+        Duration::from_secs(60),
+        "the billing group to reach the end",
+        || async {
+            let mut total = 0;
+            for p in 0..3 {
+                total += committed(&bgroup, &topic, p).await.unwrap_or(0);
+            }
+            total >= 2000
+        },
+    )
+    .await;
+    billing.kill().unwrap();
+    billing.wait().unwrap();
+    assert_eq!(count(&c, "SELECT count(*) FROM charges").await, 1000);
+    assert_eq!(
+        count(&c, "SELECT count(DISTINCT message_id) FROM charges").await,
+        1000
+    );
+    assert_eq!(
+        count(
+            &c,
+            "SELECT count(*) FROM dead_letters WHERE status = 'replayed'"
+        )
+        .await,
+        1000
+    );
+    let audit = Dlq::new(&db).audit(10).await.unwrap();
+    assert_eq!(audit.len(), 2);
+    assert!(audit
+        .iter()
+        .all(|a| a.action == "replay" && a.count == 1000 && a.actor == "ops"));
+    assert_eq!(
+        count(
+            &c,
+            "SELECT count(*) FROM dlq_replay_items WHERE state = 'sent' AND sent_at IS NOT NULL"
+        )
+        .await,
+        2000
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_during_a_replay_marks_nothing_unsent_and_the_job_resumes_where_it_stopped() {
+    let (db, c, topic, group) = setup(1).await;
+    let letters: Vec<Letter> = (0..300).map(|i| Letter::order(i, "boom")).collect();
+    dead_letter(&topic, "billing", &letters).await;
+    archive_once(&db, &topic, &group);
+    let mut replay: Child = outbox_command(&db)
+        .args([
+            "dlq", "replay", "--topic", &topic, "--rate", "50", "--canary", "0",
+        ])
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_until(
+        Duration::from_secs(60),
+        "the replay is under way",
+        || async {
+            count(
+                &c,
+                "SELECT count(*) FROM dlq_replay_items WHERE state = 'sent'",
+            )
+            .await
+                >= 60
+        },
+    )
+    .await;
+    replay.kill().unwrap();
+    replay.wait().unwrap();
+    let marked: HashSet<String> = c
+        .query(
+            "SELECT d.message_id FROM dead_letters d WHERE d.status = 'replayed'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    let on_topic: HashSet<String> = read_all(&topic)
+        .await
+        .iter()
+        .map(Record::message_id)
+        .collect();
+    assert!(
+        marked.len() >= 60 && marked.len() < 300,
+        "{} marked",
+        marked.len()
+    );
+    let unsent: Vec<&String> = marked.difference(&on_topic).collect();
+    assert!(
+        unsent.is_empty(),
+        "marked replayed but not on the topic: {unsent:?}"
+    );
+    let job: i64 = c
+        .query_one("SELECT id FROM dlq_replay_jobs", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let status: String = c
+        .query_one("SELECT status FROM dlq_replay_jobs", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(status, "running", "a dead runner leaves its job running");
+
+    let o = run(outbox_command(&db).args(["dlq", "job", "resume", &job.to_string()]));
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(field(&last_line(&o), "replayed"), 300);
+    let all = read_all(&topic).await;
+    let ids: HashSet<String> = all.iter().map(Record::message_id).collect();
+    assert_eq!(ids.len(), 300, "every letter reached the topic");
+    // Re-sent after the kill: at most the acknowledged-but-unmarked tail (one chunk of 10).
+    assert!(all.len() - 300 <= 10, "{} duplicates", all.len() - 300);
+    assert_eq!(
+        count(
+            &c,
+            "SELECT count(*) FROM dead_letters WHERE status = 'replayed'"
+        )
+        .await,
+        300
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_selection_is_frozen_and_jobs_pause_resume_and_cancel() {
+    let (db, c, topic, group) = setup(1).await;
+    let first: Vec<Letter> = (0..20).map(|i| Letter::order(i, "boom")).collect();
+    dead_letter(&topic, "billing", &first).await;
+    archive_once(&db, &topic, &group);
+    let dlq = Dlq::new(&db);
+    let f = Filter {
+        topic: Some(topic.clone()),
+        ..Filter::default()
+    };
+    let mut o = opts("tester");
+    o.rate = 20.0;
+    let dry = dlq.dry_run(&f, &o).await.unwrap();
+    assert_eq!(dry.count, 20);
+    let job = dlq.create_job(&f, &o).await.unwrap();
+    assert_eq!(
+        (job.pending, job.status),
+        (20, outbox::dlq::JobStatus::Pending)
+    );
+    // Letters dead-lettered after the job was created.
+    let later: Vec<Letter> = (100..105).map(|i| Letter::order(i, "boom")).collect();
+    dead_letter(&topic, "billing", &later).await;
+    archive_once(&db, &topic, &group);
+    assert_eq!(count(&c, "SELECT count(*) FROM dead_letters").await, 25);
+
+    // Paused from another process while it runs, then resumed.
+    let runner = {
+        let (dlq, id) = (dlq.clone(), job.id);
+        tokio::spawn(async move {
+            dlq.run_job(&kafka(), id, &CancellationToken::new(), &mut |_| {})
+                .await
+        })
+    };
+    wait_until(Duration::from_secs(30), "some letters sent", || async {
+        count(
+            &c,
+            "SELECT count(*) FROM dlq_replay_items WHERE state = 'sent'",
+        )
+        .await
+            >= 3
+    })
+    .await;
+    let o2 = run(outbox_command(&db).args([
+        "dlq",
+        "job",
+        "pause",
+        &job.id.to_string(),
+        "--actor",
+        "bob",
+    ]));
+    assert!(o2.status.success(), "{}", text(&o2));
+    let outcome = runner.await.unwrap().unwrap();
+    assert_eq!(outcome, RunOutcome::Paused("paused by bob".into()));
+    let paused = dlq.job(job.id).await.unwrap();
+    assert!(paused.sent >= 3 && paused.sent < 20, "{paused:?}");
+    let o3 = run(outbox_command(&db).args(["dlq", "job", "resume", &job.id.to_string()]));
+    assert!(o3.status.success(), "{}", text(&o3));
+    let done = dlq.job(job.id).await.unwrap();
+    assert_eq!(
+        (done.sent, done.status),
+        (20, outbox::dlq::JobStatus::Completed)
+    );
+    // Exactly the frozen 20 went out; the 5 later letters are still new.
+    let ids: HashSet<String> = read_all(&topic)
+        .await
+        .iter()
+        .map(Record::message_id)
+        .collect();
+    assert_eq!(ids.len(), 20);
+    assert!(later.iter().all(|l| !ids.contains(&l.message_id)));
+    assert_eq!(
+        count(&c, "SELECT count(*) FROM dead_letters WHERE status = 'new'").await,
+        5
+    );
+    // A completed job cannot be resumed; a pending job can be cancelled and then not resumed.
+    let o4 = run(outbox_command(&db).args(["dlq", "job", "resume", &job.id.to_string()]));
+    assert_eq!(o4.status.code(), Some(2), "{}", text(&o4));
+    let j2 = dlq.create_job(&f, &o).await.unwrap();
+    assert_eq!(j2.pending, 5);
+    let o5 = run(outbox_command(&db).args(["dlq", "job", "cancel", &j2.id.to_string()]));
+    assert!(o5.status.success(), "{}", text(&o5));
+    let o6 = run(outbox_command(&db).args(["dlq", "job", "resume", &j2.id.to_string()]));
+    assert_eq!(o6.status.code(), Some(2), "{}", text(&o6));
+    assert!(text(&o6).contains("cancelled"), "{}", text(&o6));
+    let o7 = run(outbox_command(&db).args(["dlq", "jobs", "--json"]));
+    let jobs: Vec<serde_json::Value> = serde_json::from_slice(&o7.stdout).unwrap();
+    assert_eq!(jobs.len(), 2);
+    assert_eq!(jobs[0]["status"], "cancelled");
+    assert_eq!(jobs[1]["status"], "completed");
+    assert_eq!(
+        count(&c, "SELECT count(*) FROM dead_letters WHERE status = 'new'").await,
+        5,
+        "a cancelled job leaves its letters new"
+    );
+}
+
+/// A consumer that still fails every message, and an archiver feeding its dead letters back.
+async fn failing_world(
+    db: &outbox::DbConfig,
+    topic: &str,
+    group: &str,
+) -> (
+    tokio::task::JoinHandle<()>,
+    tokio::task::JoinHandle<()>,
+    CancellationToken,
+) {
+    let stop = CancellationToken::new();
+    let mut cfg = ConsumerConfig::new(format!("billing-{}", hex(6)), [topic.to_owned()]);
+    cfg.retry = RetryStrategy::InPlace {
+        attempts: 1,
+        base: Duration::from_millis(10),
+        max: Duration::from_millis(10),
+    };
+    let consumer = Consumer::new(db, &kafka(), cfg)
+        .unwrap()
+        .handler("order_created", Charge);
+    let s1 = stop.clone();
+    let ct = tokio::spawn(async move {
+        consumer
+            .run(async move { s1.cancelled().await })
+            .await
+            .unwrap();
+    });
+    let archiver = Archiver::new(db, &kafka(), vec![format!("{topic}.dlq")])
+        .unwrap()
+        .group(group);
+    let s2 = stop.clone();
+    let at = tokio::spawn(async move {
+        archiver
+            .run(async move { s2.cancelled().await })
+            .await
+            .unwrap();
+    });
+    (ct, at, stop)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_canary_that_comes_back_pauses_the_job_and_refails_stop_it() {
+    let (db, c, topic, group) = setup(1).await;
+    let letters: Vec<Letter> = (0..100)
+        .map(|i| Letter::order(i, "card declined"))
+        .collect();
+    dead_letter(&topic, "billing", &letters).await;
+    archive_once(&db, &topic, &group);
+    let (ct, at, stop) = failing_world(&db, &topic, &group).await;
+    let dlq = Dlq::new(&db);
+
+    // Canary of 5 with a generous wait: their comeback pauses the job before the other 95 go.
+    let f = Filter {
+        topic: Some(topic.clone()),
+        ..Filter::default()
+    };
+    let mut o = opts("tester");
+    o.canary = 5;
+    o.canary_wait = Duration::from_secs(60);
+    o.limit = Some(50);
+    let job = dlq.create_job(&f, &o).await.unwrap();
+    let started = Instant::now();
+    let outcome = dlq
+        .run_job(&kafka(), job.id, &CancellationToken::new(), &mut |_| {})
+        .await
+        .unwrap();
+    let j = dlq.job(job.id).await.unwrap();
+    eprintln!(
+        "canary outcome after {:?}: {outcome:?}, {j:?}",
+        started.elapsed()
+    );
+    assert!(matches!(outcome, RunOutcome::Paused(ref why) if why.starts_with("canary:")));
+    assert_eq!(j.sent, 5, "only the canary went out");
+    assert!(j.came_back >= 1);
+    assert_eq!(j.status, outbox::dlq::JobStatus::Paused);
+
+    // No canary, 50 letters at 10/s: the comebacks stop the job long before the end.
+    let mut o = opts("tester");
+    o.rate = 10.0;
+    o.limit = Some(50);
+    dlq.cancel_job(job.id, "tester").await.unwrap();
+    let job2 = dlq.create_job(&f, &o).await.unwrap();
+    let outcome = dlq
+        .run_job(&kafka(), job2.id, &CancellationToken::new(), &mut |_| {})
+        .await
+        .unwrap();
+    let j2 = dlq.job(job2.id).await.unwrap();
+    eprintln!("refail outcome: {outcome:?}, {j2:?}");
+    assert!(matches!(outcome, RunOutcome::Stopped(_)), "{outcome:?}");
+    assert!(
+        j2.sent < 50 && j2.came_back as f64 / j2.sent as f64 > 0.10,
+        "{j2:?}"
+    );
+    // The comebacks are new letters with the same message ids and a grown x-dlq-retries.
+    let back: i64 = count(
+        &c,
+        "SELECT count(*) FROM dead_letters WHERE status = 'new' AND dlq_retries = 1",
+    )
+    .await;
+    assert!(back >= j2.came_back, "{back}");
+    stop.cancel();
+    ct.await.unwrap();
+    at.await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_loop_guard_skips_a_letter_replayed_three_times_unless_forced() {
+    let (db, _c, topic, group) = setup(1).await;
+    dead_letter(&topic, "billing", &[Letter::order(1, "boom")]).await;
+    archive_once(&db, &topic, &group);
+    let dlq = Dlq::new(&db);
+    let id = dlq.list(&Filter::default(), 1, None).await.unwrap()[0].id;
+    let f = Filter {
+        ids: vec![id],
+        ..Filter::default()
+    };
+    for _ in 0..3 {
+        let j = dlq.create_job(&f, &opts("t")).await.unwrap();
+        dlq.run_job(&kafka(), j.id, &CancellationToken::new(), &mut |_| {})
+            .await
+            .unwrap();
+    }
+    assert_eq!(topic_len(&topic).await, 3);
+    assert_eq!(dlq.show(id).await.unwrap().times_replayed, 3);
+    let o =
+        run(outbox_command(&db).args(["dlq", "replay", "--id", &id.to_string(), "--canary", "0"]));
+    let l = last_line(&o);
+    assert_eq!(
+        (field(&l, "replayed"), field(&l, "skipped")),
+        (0, 1),
+        "{}",
+        text(&o)
+    );
+    assert_eq!(topic_len(&topic).await, 3);
+    let o = run(outbox_command(&db).args([
+        "dlq",
+        "replay",
+        "--id",
+        &id.to_string(),
+        "--canary",
+        "0",
+        "--force",
+    ]));
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(field(&last_line(&o), "replayed"), 1);
+    assert_eq!(topic_len(&topic).await, 4);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn from_topic_replay_commits_only_after_acks_and_a_rerun_after_a_kill_loses_nothing() {
+    let (db, _c, topic, _group) = setup(1).await;
+    let letters: Vec<Letter> = (0..200).map(|i| Letter::order(i, "boom")).collect();
+    dead_letter(&topic, "billing", &letters).await;
+    let rgroup = format!("it-replay-{}", hex(6));
+    let args = [
+        "dlq",
+        "replay",
+        "--from-topic",
+        &format!("{topic}.dlq"),
+        "--replay-group",
+        &rgroup,
+        "--rate",
+        "40",
+    ];
+    let mut p = outbox_command(&db)
+        .args(args)
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_until(
+        Duration::from_secs(60),
+        "records replayed and committed",
+        || async {
+            committed(&rgroup, &format!("{topic}.dlq"), 0)
+                .await
+                .unwrap_or(0)
+                >= 40
+        },
+    )
+    .await;
+    p.kill().unwrap();
+    p.wait().unwrap();
+    // Never ahead of the acks: every record below the committed offset is on the topic.
+    let at = committed(&rgroup, &format!("{topic}.dlq"), 0)
+        .await
+        .unwrap();
+    let on_topic: HashSet<String> = read_all(&topic)
+        .await
+        .iter()
+        .map(Record::message_id)
+        .collect();
+    assert!(at < 200, "killed mid-way (committed {at})");
+    for l in &letters[..at as usize] {
+        assert!(
+            on_topic.contains(&l.message_id),
+            "committed past an unsent record"
+        );
+    }
+    let o = run(outbox_command(&db).args(args));
+    assert!(o.status.success(), "{}", text(&o));
+    let ids: HashSet<String> = read_all(&topic)
+        .await
+        .iter()
+        .map(Record::message_id)
+        .collect();
+    assert_eq!(ids.len(), 200, "nothing lost across the kill");
+    assert_eq!(
+        committed(&rgroup, &format!("{topic}.dlq"), 0).await,
+        Some(200)
+    );
+    let back = read_all(&topic).await;
+    assert!(back.iter().all(|m| m.headers.contains_key("x-replayed-at")
+        && !m.headers.contains_key("x-error")
+        && !m.headers.contains_key("x-consumer-group")));
+    // A dry run changes nothing.
+    let o = run(outbox_command(&db).args([
+        "dlq",
+        "replay",
+        "--from-topic",
+        &format!("{topic}.dlq"),
+        "--replay-group",
+        &format!("it-dry-{}", hex(6)),
+        "--dry-run",
+    ]));
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains("would replay 200"), "{}", text(&o));
+    assert_eq!(topic_len(&topic).await, back.len() as i64);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drop_needs_a_reason_empty_filters_are_refused_dry_run_changes_nothing_bad_input_exits_2() {
+    let (db, c, topic, group) = setup(1).await;
+    let mut letters: Vec<Letter> = (0..10)
+        .map(|i| Letter::order(i, "schema v1 not supported"))
+        .collect();
+    letters.extend((10..15).map(|i| Letter::order(i, "other")));
+    dead_letter(&topic, "billing", &letters).await;
+    archive_once(&db, &topic, &group);
+    let before = count(&c, "SELECT count(*) FROM dlq_audit").await;
+
+    // Empty filters are refused for replay and drop.
+    for args in [
+        vec!["dlq", "replay", "--canary", "0"],
+        vec!["dlq", "drop", "--reason", "x"],
+    ] {
+        let o = run(outbox_command(&db).args(&args));
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", text(&o));
+        assert!(text(&o).contains("empty filter"), "{}", text(&o));
+    }
+    // Dry run: prints the count, changes nothing.
+    let o = run(outbox_command(&db).args([
+        "dlq",
+        "replay",
+        "--error-contains",
+        "SCHEMA V1",
+        "--dry-run",
+    ]));
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        text(&o).contains("10 letter(s) would be replayed"),
+        "{}",
+        text(&o)
+    );
+    assert_eq!(topic_len(&topic).await, 0);
+    assert_eq!(count(&c, "SELECT count(*) FROM dlq_replay_jobs").await, 0);
+    // Bad ids and bad filters: exit 2 with a clear message, nothing changed.
+    for (args, says) in [
+        (
+            vec!["dlq", "show", "999999"],
+            "no dead letter with id 999999",
+        ),
+        (vec!["dlq", "show", "abc"], "not a dead letter id"),
+        (
+            vec!["dlq", "drop", "--id", "999999", "--reason", "x"],
+            "no dead letter with id 999999",
+        ),
+        (vec!["dlq", "replay", "--id=-3"], "not a dead letter id"),
+        (vec!["dlq", "list", "--since", "last tuesday"], "--since"),
+        (vec!["dlq", "list", "--status", "lost"], "invalid status"),
+        (vec!["dlq", "list", "--kind", "oops"], "invalid kind"),
+        (vec!["dlq", "list", "--limit", "0"], "invalid limit"),
+        (
+            vec!["dlq", "replay", "--topic", &topic, "--rate", "0"],
+            "out of range",
+        ),
+        (
+            vec!["dlq", "replay", "--topic", &topic, "--max-refail", "150%"],
+            "out of range",
+        ),
+        (vec!["dlq", "drop", "--topic", &topic], "--reason"),
+        (vec!["dlq", "job", "pause", "424242"], "no replay job"),
+    ] {
+        let o = run(outbox_command(&db).args(&args));
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", text(&o));
+        assert!(text(&o).contains(says), "{args:?}: {}", text(&o));
+        assert!(!text(&o).contains("panicked"), "{}", text(&o));
+    }
+    assert_eq!(count(&c, "SELECT count(*) FROM dlq_audit").await, before);
+
+    // Drop with a reason, by filter; audited with the actor and the reason.
+    let o = run(outbox_command(&db).args([
+        "dlq",
+        "drop",
+        "--error-contains",
+        "schema v1",
+        "--reason",
+        "v1 producers retired",
+        "--actor",
+        "carol",
+    ]));
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(field(&last_line(&o), "dropped"), 10);
+    assert_eq!(
+        count(&c, "SELECT count(*) FROM dead_letters WHERE status = 'dropped' AND status_reason = 'v1 producers retired'").await,
+        10
+    );
+    let o = run(outbox_command(&db).args(["dlq", "audit", "--json"]));
+    let a: Vec<serde_json::Value> = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(a[0]["action"], "drop");
+    assert_eq!(a[0]["actor"], "carol");
+    assert_eq!(a[0]["count"], 10);
+    assert_eq!(a[0]["reason"], "v1 producers retired");
+    assert_eq!(a[0]["dead_letter_ids"].as_array().unwrap().len(), 10);
+    assert_eq!(a[0]["filter"]["filter"]["error_contains"], "schema v1");
+    // Dropped letters cannot be replayed or dropped again by id.
+    let id = a[0]["dead_letter_ids"][0].as_i64().unwrap().to_string();
+    let o = run(outbox_command(&db).args(["dlq", "replay", "--id", &id, "--canary", "0"]));
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    let o = run(outbox_command(&db).args(["dlq", "list", "--status", "new", "--json"]));
+    let rows: Vec<serde_json::Value> = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(rows.len(), 5);
+}
