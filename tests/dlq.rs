@@ -1070,3 +1070,45 @@ async fn drop_needs_a_reason_empty_filters_are_refused_dry_run_changes_nothing_b
     let rows: Vec<serde_json::Value> = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(rows.len(), 5);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_archive_sidecar_finishes_commits_and_exits_0_on_sigterm() {
+    let (db, c, topic, group) = setup(2).await;
+    let sidecar = outbox_command(&db)
+        .args([
+            "dlq",
+            "archive",
+            "--topic",
+            &format!("{topic}.dlq"),
+            "--archive-group",
+            &group,
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let letters: Vec<Letter> = (0..50).map(|i| Letter::order(i, "boom")).collect();
+    dead_letter(&topic, "billing", &letters).await;
+    wait_until(Duration::from_secs(60), "the sidecar archives", || async {
+        count(&c, "SELECT count(*) FROM dead_letters").await == 50
+    })
+    .await;
+    let pid = sidecar.id().to_string();
+    assert!(Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap()
+        .success());
+    let out = sidecar.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert_eq!(field(&last_line(&out), "archived"), 50);
+    // Its offsets were committed: every partition's committed offset is at the end.
+    let mut total = 0;
+    for p in 0..2 {
+        total += committed(&group, &format!("{topic}.dlq"), p)
+            .await
+            .unwrap_or(0);
+    }
+    assert_eq!(total, 50);
+}
