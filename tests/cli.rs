@@ -259,7 +259,7 @@ async fn cleanup_deletes_only_rows_past_retention_in_bounded_batches() {
         "1d",
     ]));
     assert!(
-        text(&o).contains("deleted 1 sent outbox row(s) and 1 processed_messages"),
+        text(&o).contains("deleted 1 sent outbox row(s), 1 processed_messages"),
         "{}",
         text(&o)
     );
