@@ -41,6 +41,8 @@ CREATE INDEX dead_letters_new_idx ON dead_letters (original_topic, consumer_grou
 -- "Did this letter come back after its replay?" and the replay-loop guard.
 CREATE INDEX dead_letters_message_idx ON dead_letters (original_topic, message_id);
 CREATE INDEX dead_letters_failed_at_idx ON dead_letters (failed_at);
+-- "Is this cause new?" (metrics, alerting on a new error type).
+CREATE INDEX dead_letters_cause_idx ON dead_letters (original_topic, error_group, id);
 -- Retention: settled letters are purged by age.
 CREATE INDEX dead_letters_settled_idx ON dead_letters (archived_at) WHERE status <> 'new';
 

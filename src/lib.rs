@@ -34,6 +34,9 @@
 //! | `relay` | [`Relay`]: take → send → mark, [`Relay::run_once`] and [`Relay::run`] |
 //! | `consumer` | [`consumer::Consumer`]: idempotent handlers, offsets, retries, dead letters; [`consumer::Inbox`] |
 //! | `dlq` | [`dlq::Dlq`]: the dead-letter archive, summary by cause, replay jobs, drop, audit; [`dlq::Archiver`] |
+//! | `metrics` | Prometheus metric names, the recorder and `/metrics` ([`metrics::serve`], [`metrics::router`]) |
+//! | `trace` | W3C `traceparent`: carried to Kafka, parent of the consumer's handler span |
+//! | `admin` | `outbox admin`: the HTTP admin API with bearer tokens and roles, the dashboard, `/metrics` |
 //! | `cleanup` | [`cleanup()`]: retention deletes in bounded batches |
 //! | `status` | [`status()`] and [`requeue`]: operator views and repair |
 //! | `config` | [`DbConfig`], [`KafkaConfig`], [`RelayConfig`], [`CleanupConfig`] with named defaults |
@@ -47,6 +50,7 @@
 
 #![warn(missing_docs)]
 
+pub mod admin;
 mod backoff;
 pub mod classify;
 mod cleanup;
@@ -58,6 +62,7 @@ mod enqueue;
 mod floor;
 mod lanes;
 mod message;
+pub mod metrics;
 mod migrate;
 mod relay;
 mod schema;
@@ -65,6 +70,7 @@ mod sql;
 mod status;
 mod topic;
 pub mod topics;
+pub mod trace;
 
 pub use backoff::{Backoff, DEFAULT_BACKOFF_BASE, DEFAULT_BACKOFF_MAX};
 pub use cleanup::{cleanup, CleanupError, CleanupReport};

@@ -107,6 +107,8 @@ struct Row {
     key: Option<String>,
     headers: String,
     payload: String,
+    /// `created_at` as Unix seconds, for the commit→ack histogram.
+    created: f64,
 }
 
 /// How one row's send ended.
@@ -424,6 +426,8 @@ impl Relay {
         };
         let begin = self.floor.lock().expect("floor lock").begin(&lanes, sample);
         let batch = i64::try_from(self.config.batch_size).unwrap_or(i64::MAX);
+        metrics::gauge!(crate::metrics::OUTBOX_LANES_OWNED).set(lanes.len() as f64);
+        let claim_started = Instant::now();
         let rows: Vec<Row> = tx
             .query(&self.stmts.claim, &[&batch, &lanes, &begin.scan_from])
             .await?
@@ -434,8 +438,11 @@ impl Relay {
                 key: r.get(2),
                 headers: r.get(3),
                 payload: r.get(4),
+                created: r.get(5),
             })
             .collect();
+        metrics::histogram!(crate::metrics::OUTBOX_CLAIM_SECONDS)
+            .record(claim_started.elapsed().as_secs_f64());
         if rows.is_empty() {
             let bound = begin.bound(None);
             let left = self
@@ -469,7 +476,11 @@ impl Relay {
             }
         }
 
+        metrics::histogram!(crate::metrics::OUTBOX_BATCH_SIZE).record(rows.len() as f64);
         let fates = self.send(&rows, &waiting).await;
+        let acked_at = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_secs_f64());
         let producer = self.producer();
         if let Some(fatal) = producer.client().fatal_error() {
             warn!(error = ?fatal, "kafka producer hit a fatal error: replacing it (unacked rows stay pending)");
@@ -484,17 +495,28 @@ impl Relay {
             ..BatchReport::default()
         };
         let mut sent = Vec::new();
+        let mut sent_topics: HashMap<&str, u64> = HashMap::new();
+        let mut lags: Vec<f64> = Vec::new();
         let (mut refused_ids, mut refused_errs) = (Vec::new(), Vec::new());
         let mut deferred_reason = None;
         for (row, fate) in rows.iter().zip(fates) {
             match fate {
-                Fate::Sent => sent.push(row.id),
+                Fate::Sent => {
+                    sent.push(row.id);
+                    *sent_topics.entry(row.topic.as_str()).or_default() += 1;
+                    lags.push((acked_at - row.created).max(0.0));
+                }
                 Fate::Refused(err) => {
+                    metrics::counter!(crate::metrics::OUTBOX_PUBLISH_FAILURES,
+                        "reason" => crate::metrics::publish_failure_reason(&err))
+                    .increment(1);
                     warn!(id = row.id, topic = %row.topic, error = %err, "kafka refused outbox row; backing it off");
                     refused_ids.push(row.id);
                     refused_errs.push(err);
                 }
                 Fate::Deferred(err) => {
+                    metrics::counter!(crate::metrics::OUTBOX_PUBLISH_FAILURES, "reason" => "no_report")
+                        .increment(1);
                     report.deferred += 1;
                     deferred_reason.get_or_insert(err);
                 }
@@ -522,6 +544,15 @@ impl Relay {
             .left_behind(&tx, begin.scan_from, bound, &lanes)
             .await?;
         tx.commit().await?;
+        // Counted once the marks are durable.
+        for (topic, n) in sent_topics {
+            metrics::counter!(crate::metrics::OUTBOX_PUBLISHED, "topic" => topic.to_owned())
+                .increment(n);
+        }
+        let h = metrics::histogram!(crate::metrics::OUTBOX_COMMIT_TO_ACK);
+        for l in lags {
+            h.record(l);
+        }
         self.floor.lock().expect("floor lock").finish(bound, left);
         report.sent = sent.len();
         report.backed_off = refused_ids.len();
@@ -678,6 +709,11 @@ impl Relay {
                 cancel.clone(),
             ));
         }
+        tracker.spawn(gauges_schedule(
+            self.pool.clone(),
+            self.stmts.clone(),
+            cancel.clone(),
+        ));
         info!(schema = %self.db.schema, batch_size = self.config.batch_size, "relay started");
 
         let mut backoff = Backoff::default();
@@ -865,6 +901,36 @@ async fn listen(
 }
 
 /// The relay's "cron module": runs cleanup at start and then every `every`.
+/// Refreshes the outbox gauges every 15 s (cheap statements, see `sql::GAUGES`).
+async fn gauges_schedule(pool: Pool, stmts: Arc<Statements>, cancel: CancellationToken) {
+    let mut tick = tokio::time::interval(Duration::from_secs(15));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            () = cancel.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        refresh_outbox_gauges(&pool, &stmts).await;
+    }
+}
+
+/// Sets `outbox_rows{status}` and `outbox_oldest_pending_age_seconds` (see `sql::GAUGES`).
+pub(crate) async fn refresh_outbox_gauges(pool: &Pool, stmts: &Statements) {
+    let row = match pool.get().await {
+        Ok(c) => c.query_one(&stmts.gauges, &[]).await,
+        Err(_) => return,
+    };
+    if let Ok(r) = row {
+        let (pending, failed, total): (i64, i64, i64) = (r.get(0), r.get(1), r.get(2));
+        let oldest: Option<f64> = r.get(3);
+        metrics::gauge!(crate::metrics::OUTBOX_ROWS, "status" => "pending").set(pending as f64);
+        metrics::gauge!(crate::metrics::OUTBOX_ROWS, "status" => "failed").set(failed as f64);
+        metrics::gauge!(crate::metrics::OUTBOX_ROWS, "status" => "sent")
+            .set((total - pending - failed).max(0) as f64);
+        metrics::gauge!(crate::metrics::OUTBOX_OLDEST_PENDING_AGE).set(oldest.unwrap_or(0.0));
+    }
+}
+
 async fn cleanup_schedule(
     pool: Pool,
     stmts: Arc<Statements>,

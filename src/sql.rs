@@ -18,7 +18,8 @@ use crate::schema::Schema;
 /// nothing (every pending row is due) and the scan would read every entry below the floor —
 /// exactly the entries the floor exists to skip. Measured in `tests/plans.rs`.
 const CLAIM: &str = "\
-SELECT o.id, o.topic, o.message_key, o.headers::text, o.payload::text
+SELECT o.id, o.topic, o.message_key, o.headers::text, o.payload::text,
+       extract(epoch FROM o.created_at)::float8
   FROM {s}.outbox AS o
  WHERE o.status = 'pending' AND o.id >= $3 AND (o.available_at <= now()) IS TRUE
    AND (hashtext(coalesce(o.message_key, '')) & 63) = ANY($2::int[])
@@ -132,6 +133,16 @@ const STATUS_COUNTS: &str = "\
 SELECT status, count(*)::bigint, min(created_at)::text
   FROM {s}.outbox GROUP BY status ORDER BY status";
 
+/// Metrics gauges, cheap on any table size: pending and failed rows counted through their
+/// partial indexes, sent rows estimated from the planner's row count, the oldest pending row
+/// found at the head of the pending index.
+pub(crate) const GAUGES: &str = "\
+SELECT (SELECT count(*) FROM {s}.outbox WHERE status = 'pending')::bigint,
+       (SELECT count(*) FROM {s}.outbox WHERE status = 'failed')::bigint,
+       (SELECT greatest(reltuples, 0)::bigint FROM pg_class WHERE oid = '{s}.outbox'::regclass),
+       (SELECT extract(epoch FROM now() - o.created_at)::float8 FROM {s}.outbox AS o
+         WHERE o.status = 'pending' ORDER BY o.id LIMIT 1)";
+
 /// Age in seconds of the oldest pending row, NULL when none.
 const OLDEST_PENDING_AGE: &str = "\
 SELECT extract(epoch FROM now() - min(created_at))::float8
@@ -169,6 +180,7 @@ pub(crate) struct Statements {
     pub enqueue_batch: String,
     pub cleanup_outbox: String,
     pub cleanup_processed: String,
+    pub gauges: String,
     pub status_counts: String,
     pub oldest_pending_age: String,
     pub failed_by_error: String,
@@ -195,6 +207,7 @@ impl Statements {
             enqueue_batch: ENQUEUE_BATCH.replace("{s}", &qualified_prefix),
             cleanup_outbox: r(CLEANUP_OUTBOX),
             cleanup_processed: r(CLEANUP_PROCESSED),
+            gauges: r(GAUGES),
             status_counts: r(STATUS_COUNTS),
             oldest_pending_age: r(OLDEST_PENDING_AGE),
             failed_by_error: r(FAILED_BY_ERROR),

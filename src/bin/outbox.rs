@@ -20,8 +20,17 @@ use outbox::{CleanupConfig, ConfigError, DbConfig, KafkaConfig, Relay, RelayConf
     about = "Transactional outbox relay and operator tools for Postgres + Kafka"
 )]
 struct Cli {
+    /// Log lines as text (default) or one JSON object per line.
+    #[arg(long, global = true, value_enum, default_value = "text")]
+    log_format: LogFormat,
     #[command(subcommand)]
     command: Command,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
 }
 
 #[derive(Args, Clone)]
@@ -108,7 +117,31 @@ enum Command {
         /// claim floor back; its rows are published by the next sweep after it commits.
         #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
         long_transaction: Duration,
+        /// Serve Prometheus /metrics on this address (e.g. 127.0.0.1:9187).
+        #[arg(long)]
+        metrics_addr: Option<std::net::SocketAddr>,
     },
+    /// The HTTP admin API, the web dashboard and /metrics.
+    Admin {
+        #[command(flatten)]
+        db: DbArgs,
+        #[command(flatten)]
+        kafka: KafkaArgs,
+        /// Address to listen on; loopback unless you say otherwise.
+        #[arg(long, default_value = "127.0.0.1:8080")]
+        listen: std::net::SocketAddr,
+        /// One admin token (holder "admin", role admin).
+        #[arg(long, env = "OUTBOX_ADMIN_TOKEN", hide_env_values = true)]
+        admin_token: Option<String>,
+        /// Tokens file: one `HOLDER ROLE SHA256HEX` per line (roles viewer, operator, admin).
+        #[arg(long)]
+        tokens_file: Option<std::path::PathBuf>,
+        /// Serve without authentication (anyone reaching the address can replay and drop).
+        #[arg(long)]
+        insecure_no_auth: bool,
+    },
+    /// Print the SHA-256 of a token read from standard input, for a tokens file.
+    HashToken,
     /// Counts by status, oldest pending age, failed rows grouped by last_error.
     Status {
         #[command(flatten)]
@@ -237,6 +270,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             rebalance_interval,
             sweep_interval,
             long_transaction,
+            metrics_addr,
         } => {
             let db = db_config(&db)?;
             let kafka = kafka_config(&kafka)?;
@@ -260,7 +294,15 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 }
                 other => anyhow::Error::new(other),
             })?;
+            let stop = tokio_util::sync::CancellationToken::new();
+            if let Some(addr) = metrics_addr {
+                let s = stop.clone();
+                outbox::metrics::serve(addr, async move { s.cancelled().await })
+                    .await
+                    .map_err(|e| UsageError(format!("--metrics-addr {addr}: {e}")))?;
+            }
             relay.run(shutdown_signal()).await?;
+            stop.cancel();
         }
         Command::Status { db, json } => {
             let db = db_config(&db)?;
@@ -343,6 +385,50 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             }
         }
         Command::Dlq { action } => dlq_cli::run(action).await?,
+        Command::HashToken => {
+            let mut t = String::new();
+            std::io::stdin().read_line(&mut t)?;
+            let t = t.trim_end_matches(['\n', '\r']);
+            if t.is_empty() {
+                return Err(UsageError("give the token on standard input".into()).into());
+            }
+            println!("{}", outbox::admin::token_hash(t));
+        }
+        Command::Admin {
+            db,
+            kafka,
+            listen,
+            admin_token,
+            tokens_file,
+            insecure_no_auth,
+        } => {
+            let db = db_config(&db)?;
+            let kafka = kafka_config(&kafka)?;
+            let auth = match (insecure_no_auth, tokens_file, admin_token) {
+                (true, None, None) => outbox::admin::Auth::insecure(),
+                (true, _, _) => {
+                    return Err(UsageError(
+                        "--insecure-no-auth cannot be combined with tokens".into(),
+                    )
+                    .into())
+                }
+                (false, Some(f), _) => {
+                    let text = std::fs::read_to_string(&f)
+                        .map_err(|e| UsageError(format!("cannot read {}: {e}", f.display())))?;
+                    outbox::admin::Auth::from_file_text(&text).map_err(UsageError)?
+                }
+                (false, None, Some(t)) => outbox::admin::Auth::single(&t).map_err(UsageError)?,
+                (false, None, None) => {
+                    return Err(UsageError(
+                        "the admin API needs authentication: set OUTBOX_ADMIN_TOKEN or --tokens-file (or --insecure-no-auth, explicitly)".into(),
+                    )
+                    .into())
+                }
+            };
+            outbox::admin::serve(listen, &db, &kafka, auth, shutdown_signal())
+                .await
+                .map_err(|e| UsageError(format!("--listen {listen}: {e}")))?;
+        }
         Command::Cleanup { db, cleanup } => {
             let db = db_config(&db)?;
             if cleanup.cleanup_batch_size == 0 {
@@ -362,14 +448,21 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "info,tokio_postgres=warn,refinery_core=warn".into()),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| "info,tokio_postgres=warn,refinery_core=warn".into());
+    match cli.log_format {
+        LogFormat::Text => tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_writer(std::io::stderr)
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .init(),
+        LogFormat::Json => tracing_subscriber::fmt()
+            .json()
+            .with_current_span(true)
+            .with_env_filter(filter)
+            .with_writer(std::io::stderr)
+            .init(),
+    }
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

@@ -41,6 +41,10 @@ pub struct ConsumerConfig {
     /// At `max_buffered` with no handler finishing for this long, every partition is paused
     /// (default [`DEFAULT_PAUSE_AFTER`]).
     pub pause_after: Duration,
+    /// Serve Prometheus `/metrics` on this address while the consumer runs (`None`: the
+    /// application installs [`crate::metrics::install`] and mounts [`crate::metrics::router`]
+    /// itself, or does without).
+    pub metrics_addr: Option<std::net::SocketAddr>,
 }
 
 impl ConsumerConfig {
@@ -59,6 +63,7 @@ impl ConsumerConfig {
             delivery_timeout: Duration::from_secs(30),
             shutdown_timeout: Duration::from_secs(30),
             pause_after: DEFAULT_PAUSE_AFTER,
+            metrics_addr: None,
         }
     }
 

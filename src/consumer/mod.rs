@@ -191,8 +191,15 @@ impl Consumer {
             // Bounds librdkafka's prefetch buffer (per partition), part of "bounded memory".
             cc.set("queued.max.messages.kbytes", "8192");
         }
+        if !self.kafka.properties.contains_key("statistics.interval.ms") {
+            // Per-partition lag for the metrics comes from librdkafka's statistics.
+            cc.set("statistics.interval.ms", "5000");
+        }
+        let last_final = Arc::new(Mutex::new(HashMap::new()));
         let backpressure = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let consumer: StreamConsumer<Ctx> = cc.create_with_context(Ctx {
+            group: self.config.group.clone(),
+            last_final: last_final.clone(),
             partitions: partitions.clone(),
             backpressure: backpressure.clone(),
         })?;
@@ -246,6 +253,12 @@ impl Consumer {
         db.pg.options(opts.trim());
         let pool = crate::db::pool(&db).map_err(|e| ConsumerError::Config(format!("pool: {e}")))?;
         let cancel = CancellationToken::new();
+        if let Some(addr) = self.config.metrics_addr {
+            let c = cancel.clone();
+            crate::metrics::serve(addr, async move { c.cancelled().await })
+                .await
+                .map_err(|e| ConsumerError::Config(format!("metrics address {addr}: {e}")))?;
+        }
         {
             let cancel = cancel.clone();
             tokio::spawn(async move {
@@ -277,6 +290,8 @@ impl Consumer {
             backpressure,
             saturated_since: None,
             last_progress: Instant::now(),
+            last_final,
+            gauges_at: Instant::now(),
         };
         rt.run(cancel).await;
         Ok(())

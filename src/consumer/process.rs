@@ -8,7 +8,7 @@ use std::time::SystemTime;
 use futures::FutureExt;
 use rdkafka::producer::FutureRecord;
 use rdkafka::util::Timeout;
-use tracing::{debug, warn};
+use tracing::{debug, warn, Instrument as _};
 
 use super::dead_letter::*;
 use super::handler::{BatchHandler, Delivered, HandlerError};
@@ -103,11 +103,16 @@ pub(super) async fn process_batch(envs: &[&Envelope], shared: &Shared) -> Vec<Fa
         }
         return fates;
     };
-    match AssertUnwindSafe(run_batch_in_tx(shared, h.as_ref(), &ds))
+    let started = std::time::Instant::now();
+    let result = AssertUnwindSafe(run_batch_in_tx(shared, h.as_ref(), &ds))
         .catch_unwind()
-        .await
-    {
+        .instrument(tracing::info_span!("outbox.handle_batch", size = ds.len(), group = %shared.config.group))
+        .await;
+    handler_seconds(shared, &ds[0].topic, started);
+    match result {
         Ok(Ok((handled, dups))) => {
+            count(shared, &ds[0].topic, "handled", handled as u64);
+            count(shared, &ds[0].topic, "duplicate", dups as u64);
             shared
                 .stats
                 .handled
@@ -147,6 +152,41 @@ pub(super) fn panic_text(p: &(dyn std::any::Any + Send)) -> String {
         .unwrap_or_else(|| "handler panicked".into())
 }
 
+/// Counts one outcome (`outbox_consumer_messages_total`), labelled by the original topic.
+pub(super) fn count(shared: &Shared, topic: &str, outcome: &'static str, n: u64) {
+    metrics::counter!(crate::metrics::CONSUMER_MESSAGES,
+        "topic" => topic.to_owned(), "group" => shared.config.group.clone(), "outcome" => outcome)
+    .increment(n);
+}
+
+fn handler_seconds(shared: &Shared, topic: &str, started: std::time::Instant) {
+    metrics::histogram!(crate::metrics::CONSUMER_HANDLER_SECONDS,
+        "topic" => topic.to_owned(), "group" => shared.config.group.clone())
+    .record(started.elapsed().as_secs_f64());
+}
+
+/// The handler span: a `traceparent` header makes its trace the parent.
+fn handle_span(d: &Delivered, shared: &Shared) -> tracing::Span {
+    let tp = d
+        .headers
+        .iter()
+        .find(|(k, _)| k == crate::trace::TRACEPARENT)
+        .and_then(|(_, v)| v.as_deref())
+        .and_then(|v| std::str::from_utf8(v).ok())
+        .and_then(crate::trace::TraceParent::parse);
+    tracing::info_span!(
+        "outbox.handle",
+        topic = %d.topic,
+        partition = d.partition,
+        offset = d.offset,
+        group = %shared.config.group,
+        message_type = %d.message_type,
+        message_id = %d.message_id,
+        trace_id = tp.as_ref().map(|t| t.trace_id.as_str()),
+        parent_id = tp.as_ref().map(|t| t.parent_id.as_str()),
+    )
+}
+
 pub(super) async fn process(env: &Envelope, shared: &Shared) -> Fate {
     let (raw, origin) = (&env.raw, &env.origin);
     let d = match &env.decoded {
@@ -159,6 +199,7 @@ pub(super) async fn process(env: &Envelope, shared: &Shared) -> Fate {
     };
     let Some(handler) = shared.handlers.get(&d.message_type) else {
         ConsumerStats::inc(&shared.stats.skipped_unknown);
+        count(shared, &origin.topic, "skipped", 1);
         debug!(message_type = %d.message_type, "no handler registered: skipped");
         return Fate::Final;
     };
@@ -166,16 +207,21 @@ pub(super) async fn process(env: &Envelope, shared: &Shared) -> Fate {
     let mut outage = Backoff::default();
     loop {
         attempt += 1;
+        let started = std::time::Instant::now();
         let result = AssertUnwindSafe(run_in_tx(shared, handler, d))
             .catch_unwind()
+            .instrument(handle_span(d, shared))
             .await;
+        handler_seconds(shared, &origin.topic, started);
         let err = match result {
             Ok(Ok(InboxOutcome::Processed)) => {
                 ConsumerStats::inc(&shared.stats.handled);
+                count(shared, &origin.topic, "handled", 1);
                 return Fate::Final;
             }
             Ok(Ok(InboxOutcome::Duplicate)) => {
                 ConsumerStats::inc(&shared.stats.duplicates);
+                count(shared, &origin.topic, "duplicate", 1);
                 return Fate::Final;
             }
             Err(panic) => {
@@ -232,6 +278,7 @@ pub(super) async fn process(env: &Envelope, shared: &Shared) -> Fate {
                     .await;
                 }
                 ConsumerStats::inc(&shared.stats.in_place_retries);
+                count(shared, &origin.topic, "retried", 1);
                 let wait = RetryStrategy::in_place_delay(*base, *max, attempt);
                 debug!(message_id = %d.message_id, error = %err, ?wait, "transient failure: retrying in place");
                 tokio::select! {
@@ -277,6 +324,7 @@ pub(super) async fn process(env: &Envelope, shared: &Shared) -> Fate {
                 debug!(message_id = %d.message_id, %topic, "transient failure: forwarding to retry topic");
                 return if produce_until_acked(shared, &topic, raw, headers).await {
                     ConsumerStats::inc(&shared.stats.forwarded_to_retry);
+                    count(shared, &origin.topic, "retried", 1);
                     Fate::Final
                 } else {
                     Fate::Abandoned
@@ -321,6 +369,7 @@ pub(super) async fn dead_letter(
     let topic = shared.config.dlq_topic(&origin.topic);
     if produce_until_acked(shared, &topic, raw, headers).await {
         ConsumerStats::inc(&shared.stats.dead_lettered);
+        count(shared, &origin.topic, "dead_lettered", 1);
         Fate::Final
     } else {
         Fate::Abandoned

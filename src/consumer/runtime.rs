@@ -36,12 +36,45 @@ pub(super) struct Partitions {
 }
 
 pub(super) struct Ctx {
+    /// The group, for metric labels.
+    pub(super) group: String,
+    /// Per partition, the timestamp (ms) of the last message that became final: while the
+    /// partition lags, its age bounds the age of the oldest unconsumed message from above.
+    pub(super) last_final: Arc<Mutex<HashMap<Tp, i64>>>,
     pub(super) partitions: Arc<Mutex<Partitions>>,
     /// Mirrors the runtime's backpressure pause, so partitions assigned meanwhile start paused.
     pub(super) backpressure: Arc<std::sync::atomic::AtomicBool>,
 }
 
-impl ClientContext for Ctx {}
+impl ClientContext for Ctx {
+    /// librdkafka's statistics (every `statistics.interval.ms`): per-partition lag as gauges.
+    fn stats(&self, stats: rdkafka::Statistics) {
+        let now = now_ms();
+        let last = self.last_final.lock().expect("last_final lock");
+        for (topic, t) in &stats.topics {
+            for (p, part) in &t.partitions {
+                // Partition -1 is librdkafka's internal "unassigned" queue; -1 lag = unknown.
+                if *p < 0 || part.consumer_lag < 0 {
+                    continue;
+                }
+                let labels = [
+                    ("topic", topic.clone()),
+                    ("partition", p.to_string()),
+                    ("group", self.group.clone()),
+                ];
+                metrics::gauge!(crate::metrics::CONSUMER_LAG, &labels)
+                    .set(part.consumer_lag as f64);
+                let secs = if part.consumer_lag == 0 {
+                    0.0
+                } else {
+                    last.get(&(topic.clone(), *p))
+                        .map_or(0.0, |ts| (now - ts).max(0) as f64 / 1000.0)
+                };
+                metrics::gauge!(crate::metrics::CONSUMER_LAG_SECONDS, &labels).set(secs);
+            }
+        }
+    }
+}
 
 impl ConsumerContext for Ctx {
     fn pre_rebalance(&self, c: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
@@ -108,6 +141,8 @@ pub(super) struct DoneItem {
     pub(super) offset: i64,
     pub(super) epoch: u64,
     pub(super) fate: Fate,
+    /// The record's timestamp (ms), for the lag-in-seconds gauge.
+    pub(super) timestamp_ms: Option<i64>,
 }
 
 pub(super) struct Runtime<'c> {
@@ -123,6 +158,8 @@ pub(super) struct Runtime<'c> {
     pub(super) backpressure: Arc<std::sync::atomic::AtomicBool>,
     pub(super) saturated_since: Option<Instant>,
     pub(super) last_progress: Instant,
+    pub(super) last_final: Arc<Mutex<HashMap<Tp, i64>>>,
+    pub(super) gauges_at: Instant,
 }
 
 /// Default for [`ConsumerConfig::pause_after`]: how long the runtime may sit at
@@ -152,6 +189,19 @@ impl Runtime<'_> {
             self.forget_revoked();
             self.dispatch(&done_tx);
             self.backpressure();
+            if self.gauges_at.elapsed() >= Duration::from_secs(1) {
+                self.gauges_at = Instant::now();
+                let group = self.shared.config.group.clone();
+                let paused = if self.bp_paused {
+                    self.consumer.assignment().map_or(0, |a| a.count())
+                } else {
+                    self.delayed.len()
+                };
+                metrics::gauge!(crate::metrics::CONSUMER_PAUSED, "group" => group.clone())
+                    .set(paused as f64);
+                metrics::gauge!(crate::metrics::CONSUMER_IN_FLIGHT, "group" => group)
+                    .set(self.buffered as f64);
+            }
             let next_due = self
                 .delayed
                 .values()
@@ -443,6 +493,7 @@ impl Runtime<'_> {
                         offset: env.raw.offset,
                         epoch: env.epoch,
                         fate,
+                        timestamp_ms: env.raw.timestamp_ms,
                     })
                     .collect();
                 let _ = tx.send(Done { items });
@@ -465,6 +516,11 @@ impl Runtime<'_> {
                 }
             }
             if let Fate::Final = item.fate {
+                if let Some(ts) = item.timestamp_ms {
+                    let mut last = self.last_final.lock().expect("last_final lock");
+                    let e = last.entry(item.tp.clone()).or_insert(ts);
+                    *e = (*e).max(ts);
+                }
                 let point = {
                     let mut p = self.partitions.lock().expect("partitions lock");
                     match p.trackers.get_mut(&item.tp) {

@@ -379,6 +379,7 @@ impl Archiver {
         let mut report = ArchiveReport::default();
         let mut batch: Vec<Row> = Vec::new();
         let mut next_purge = tokio::time::Instant::now() + Duration::from_secs(60);
+        let mut next_gauges = tokio::time::Instant::now();
         tokio::pin!(shutdown);
         let mut flush_at = tokio::time::Instant::now() + LINGER;
         loop {
@@ -400,6 +401,12 @@ impl Archiver {
                 },
             }
             self.flush(&c, &mut batch, &mut report).await?;
+            if tokio::time::Instant::now() >= next_gauges {
+                next_gauges = tokio::time::Instant::now() + Duration::from_secs(15);
+                if let Err(e) = self.dlq.refresh_gauges().await {
+                    warn!(error = %e, "dlq gauges not refreshed");
+                }
+            }
             if tokio::time::Instant::now() >= next_purge {
                 next_purge = tokio::time::Instant::now() + Duration::from_secs(3600);
                 match self.dlq.purge(self.retention, 5000, "archiver").await {
@@ -487,7 +494,7 @@ impl Dlq {
                      dlq_retries, first_failed_at, failed_at)
                  VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16,
                          $17, $18, $19)
-                 ON CONFLICT (dlq_topic, \"partition\", \"offset\") DO NOTHING",
+                 ON CONFLICT (dlq_topic, \"partition\", \"offset\") DO NOTHING RETURNING id",
                 self.t("dead_letters")
             ))
             .await?;
@@ -518,8 +525,40 @@ impl Dlq {
                 ]
             })
             .collect();
-        let futs = params.iter().map(|p| tx.execute(&stmt, p));
-        let n: u64 = futures::future::try_join_all(futs).await?.into_iter().sum();
+        let futs = params.iter().map(|p| tx.query_opt(&stmt, p));
+        let inserted: Vec<i64> = futures::future::try_join_all(futs)
+            .await?
+            .into_iter()
+            .flatten()
+            .map(|r| r.get(0))
+            .collect();
+        let n = inserted.len() as u64;
+        // Metrics: letters archived per topic, and letters whose cause is new to the archive.
+        if !inserted.is_empty() {
+            for r in tx
+                .query(
+                    &format!(
+                        "SELECT d.original_topic, count(*),
+                                count(*) FILTER (WHERE NOT EXISTS (
+                                  SELECT 1 FROM {t} e WHERE e.original_topic = d.original_topic
+                                     AND e.error_group = d.error_group AND e.id < d.id
+                                     AND e.error_kind IS NOT DISTINCT FROM d.error_kind
+                                     AND e.consumer_group IS NOT DISTINCT FROM d.consumer_group))
+                         FROM {t} d WHERE d.id = ANY($1) GROUP BY 1",
+                        t = self.t("dead_letters")
+                    ),
+                    &[&inserted],
+                )
+                .await?
+            {
+                let topic: String = r.get(0);
+                let (all, fresh): (i64, i64) = (r.get(1), r.get(2));
+                metrics::counter!(crate::metrics::DLQ_ARCHIVED, "topic" => topic.clone())
+                    .increment(all as u64);
+                metrics::counter!(crate::metrics::DLQ_NEW_ERROR_GROUPS, "topic" => topic)
+                    .increment(fresh as u64);
+            }
+        }
         tx.commit().await?;
         Ok(n)
     }

@@ -140,6 +140,8 @@ impl Dlq {
             )
         };
         tx.commit().await?;
+        metrics::counter!(crate::metrics::DLQ_DROPPED, "reason" => "operator")
+            .increment(ids.len() as u64);
         Ok(DropReport {
             dropped: ids.len() as u64,
             ids,

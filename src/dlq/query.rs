@@ -395,6 +395,34 @@ impl Dlq {
         })
     }
 
+    /// Sets the DLQ gauges (`outbox_dlq_messages`, `outbox_dlq_oldest_age_seconds`) from
+    /// the archive; the archiver and the admin server call it every 15 s.
+    ///
+    /// # Errors
+    /// [`DlqError`] when Postgres fails.
+    pub async fn refresh_gauges(&self) -> Result<(), DlqError> {
+        let s = self.summary().await?;
+        let mut oldest: std::collections::HashMap<String, f64> = std::collections::HashMap::new();
+        for t in &s.topics {
+            let group = t.consumer_group.clone().unwrap_or_default();
+            for (status, n) in [
+                ("new", t.new),
+                ("replayed", t.replayed),
+                ("dropped", t.dropped),
+            ] {
+                metrics::gauge!(crate::metrics::DLQ_MESSAGES,
+                    "topic" => t.original_topic.clone(), "group" => group.clone(), "status" => status)
+                .set(n as f64);
+            }
+            let e = oldest.entry(t.original_topic.clone()).or_insert(0.0);
+            *e = e.max(t.oldest_new_age_secs.unwrap_or(0.0));
+        }
+        for (topic, age) in oldest {
+            metrics::gauge!(crate::metrics::DLQ_OLDEST_AGE, "topic" => topic).set(age);
+        }
+        Ok(())
+    }
+
     /// The audit log, newest first.
     ///
     /// # Errors

@@ -602,9 +602,10 @@ impl Dlq {
     async fn refail(&self, job: i64, first: Option<i64>) -> Result<(i64, i64), DlqError> {
         let c = self.pool.get().await?;
         let (t, items) = (self.t("dead_letters"), self.t("dlq_replay_items"));
-        c.execute(
-            &format!(
-                "UPDATE {items} i SET came_back_id = x.back_id, came_back_at = now()
+        let newly = c
+            .execute(
+                &format!(
+                    "UPDATE {items} i SET came_back_id = x.back_id, came_back_at = now()
                  FROM (SELECT i2.dead_letter_id, min(d2.id) AS back_id
                        FROM {items} i2
                        JOIN {t} d ON d.id = i2.dead_letter_id
@@ -614,10 +615,11 @@ impl Dlq {
                          AND d.message_id IS NOT NULL
                        GROUP BY 1) x
                  WHERE i.job_id = $1 AND i.dead_letter_id = x.dead_letter_id"
-            ),
-            &[&job],
-        )
-        .await?;
+                ),
+                &[&job],
+            )
+            .await?;
+        metrics::counter!(crate::metrics::DLQ_REPLAY_CAME_BACK).increment(newly);
         let r = c
             .query_one(
                 &format!(
@@ -735,6 +737,7 @@ impl Dlq {
         )
         .await?;
         tx.commit().await?;
+        metrics::counter!(crate::metrics::DLQ_REPLAYED).increment(sent.len() as u64);
         Ok(())
     }
 

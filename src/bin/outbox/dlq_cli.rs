@@ -117,6 +117,9 @@ pub enum DlqAction {
         /// The archiver's consumer group.
         #[arg(long, default_value = outbox::dlq::ARCHIVE_GROUP)]
         archive_group: String,
+        /// Serve Prometheus /metrics on this address (sidecar mode).
+        #[arg(long)]
+        metrics_addr: Option<std::net::SocketAddr>,
     },
     /// New letters by topic and group, and grouped by cause.
     Summary {
@@ -398,7 +401,15 @@ pub async fn run(action: DlqAction) -> anyhow::Result<()> {
             retention,
             dlq_suffix,
             archive_group,
+            metrics_addr,
         } => {
+            let stop = CancellationToken::new();
+            if let Some(addr) = metrics_addr {
+                let s = stop.clone();
+                outbox::metrics::serve(addr, async move { s.cancelled().await })
+                    .await
+                    .map_err(|e| UsageError(format!("--metrics-addr {addr}: {e}")))?;
+            }
             let db = db_config(&db)?;
             let kafka = kafka_config(&kafka)?;
             let a = Archiver::new(&db, &kafka, topics)

@@ -1,0 +1,454 @@
+//! Route handlers: parse JSON or query strings, call the library, answer JSON.
+
+use std::time::Duration;
+
+use axum::extract::rejection::{JsonRejection, QueryRejection};
+use axum::extract::{Path, Query, State};
+use axum::http::{header, StatusCode};
+use axum::response::{Html, IntoResponse, Response};
+use axum::{Extension, Json};
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use super::{ApiError, AppState, Caller, Role};
+use crate::dlq::{Filter, ReplayOptions, Status};
+
+type ApiResult = Result<Response, ApiError>;
+
+fn ok(v: impl serde::Serialize) -> ApiResult {
+    Ok(Json(v).into_response())
+}
+
+fn body<T>(b: Result<Json<T>, JsonRejection>) -> Result<T, ApiError> {
+    b.map(|Json(v)| v).map_err(|e| {
+        let code = match e {
+            JsonRejection::MissingJsonContentType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            JsonRejection::BytesRejection(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            _ => StatusCode::BAD_REQUEST,
+        };
+        ApiError(code, e.body_text())
+    })
+}
+
+pub(super) async fn index() -> Html<&'static str> {
+    Html(include_str!("ui/index.html"))
+}
+
+pub(super) async fn app_js() -> Response {
+    (
+        [(header::CONTENT_TYPE, "text/javascript; charset=utf-8")],
+        include_str!("ui/app.js"),
+    )
+        .into_response()
+}
+
+pub(super) async fn style_css() -> Response {
+    (
+        [(header::CONTENT_TYPE, "text/css; charset=utf-8")],
+        include_str!("ui/style.css"),
+    )
+        .into_response()
+}
+
+pub(super) async fn healthz() -> Json<Value> {
+    Json(json!({"status": "ok"}))
+}
+
+pub(super) async fn readyz(State(s): State<AppState>) -> Response {
+    let pg = match tokio::time::timeout(Duration::from_secs(3), crate::db::connect(&s.db)).await {
+        Ok(Ok(c)) => c
+            .simple_query("SELECT 1")
+            .await
+            .map(|_| ())
+            .map_err(|e| e.to_string()),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(_) => Err("timed out".into()),
+    };
+    let kafka = {
+        let k = s.kafka.clone();
+        tokio::task::spawn_blocking(move || -> Result<(), String> {
+            use rdkafka::producer::Producer as _;
+            let p: rdkafka::producer::BaseProducer =
+                k.client_config().create().map_err(|e| e.to_string())?;
+            p.client()
+                .fetch_metadata(None, Duration::from_secs(3))
+                .map(|_| ())
+                .map_err(|e| e.to_string())
+        })
+        .await
+        .unwrap_or_else(|e| Err(e.to_string()))
+    };
+    let ready = pg.is_ok() && kafka.is_ok();
+    let show = |r: &Result<(), String>| match r {
+        Ok(()) => json!("ok"),
+        Err(e) => json!(e),
+    };
+    (
+        if ready {
+            StatusCode::OK
+        } else {
+            StatusCode::SERVICE_UNAVAILABLE
+        },
+        Json(json!({"ready": ready, "postgres": show(&pg), "kafka": show(&kafka)})),
+    )
+        .into_response()
+}
+
+pub(super) async fn whoami(Extension(c): Extension<Caller>) -> ApiResult {
+    ok(c)
+}
+
+pub(super) async fn outbox_status(State(s): State<AppState>) -> ApiResult {
+    let st = crate::status(&s.db)
+        .await
+        .map_err(|e| ApiError(StatusCode::SERVICE_UNAVAILABLE, e.to_string()))?;
+    ok(st)
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RequeueBody {
+    id: Option<i64>,
+    #[serde(default)]
+    failed: bool,
+}
+
+pub(super) async fn outbox_requeue(
+    State(s): State<AppState>,
+    b: Result<Json<RequeueBody>, JsonRejection>,
+) -> ApiResult {
+    let b = body(b)?;
+    let which = match (b.id, b.failed) {
+        (Some(id), false) => crate::Requeue::Id(id),
+        (None, true) => crate::Requeue::AllFailed,
+        _ => {
+            return Err(ApiError(
+                StatusCode::BAD_REQUEST,
+                "give either {\"id\": N} or {\"failed\": true}".into(),
+            ))
+        }
+    };
+    let n = crate::requeue(&s.db, which)
+        .await
+        .map_err(|e| ApiError(StatusCode::SERVICE_UNAVAILABLE, e.to_string()))?;
+    if n == 0 && b.id.is_some() {
+        return Err(ApiError(
+            StatusCode::NOT_FOUND,
+            "no failed row with that id".into(),
+        ));
+    }
+    ok(json!({"requeued": n}))
+}
+
+pub(super) async fn dlq_summary(State(s): State<AppState>) -> ApiResult {
+    ok(s.dlq.summary().await?)
+}
+
+/// Filters from a query string or a JSON body (same names as the CLI's flags).
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub(super) struct FilterQuery {
+    topic: Option<String>,
+    group: Option<String>,
+    error_contains: Option<String>,
+    error_group: Option<String>,
+    kind: Option<String>,
+    status: Option<String>,
+    since: Option<String>,
+    until: Option<String>,
+    limit: Option<i64>,
+    before_id: Option<i64>,
+}
+
+fn filter_of(q: &FilterQuery, ids: Vec<i64>) -> Result<Filter, ApiError> {
+    let empty = |v: &Option<String>| v.clone().filter(|s| !s.is_empty());
+    Ok(Filter {
+        ids,
+        topic: empty(&q.topic),
+        group: empty(&q.group),
+        error_contains: empty(&q.error_contains),
+        error_group: empty(&q.error_group),
+        kind: empty(&q.kind),
+        status: empty(&q.status)
+            .map(|s| s.parse::<Status>())
+            .transpose()
+            .map_err(|e| ApiError(StatusCode::BAD_REQUEST, e.to_string()))?,
+        since: empty(&q.since),
+        until: empty(&q.until),
+    })
+}
+
+pub(super) async fn dlq_messages(
+    State(s): State<AppState>,
+    q: Result<Query<FilterQuery>, QueryRejection>,
+) -> ApiResult {
+    let Query(q) = q.map_err(|e| ApiError(StatusCode::BAD_REQUEST, e.body_text()))?;
+    let f = filter_of(&q, Vec::new())?;
+    let limit = q.limit.unwrap_or(50);
+    let rows = s.dlq.list(&f, limit, q.before_id).await?;
+    let next = (rows.len() as i64 == limit)
+        .then(|| rows.last().map(|r| r.id))
+        .flatten();
+    ok(json!({"messages": rows, "next_before_id": next}))
+}
+
+pub(super) async fn dlq_message(
+    State(s): State<AppState>,
+    Extension(c): Extension<Caller>,
+    Path(id): Path<String>,
+) -> ApiResult {
+    let id: i64 = id.parse().map_err(|_| {
+        ApiError(
+            StatusCode::BAD_REQUEST,
+            format!("{id:?} is not a dead letter id"),
+        )
+    })?;
+    let d = s.dlq.show(id).await?;
+    // Viewers see where and why, never the contents.
+    ok(d.to_json(c.role < Role::Operator))
+}
+
+/// (Unknown fields are ignored here: serde cannot refuse them next to a flattened filter; a
+/// misspelt filter leaves the filter empty, which replay refuses.)
+#[derive(Deserialize)]
+pub(super) struct ReplayBody {
+    #[serde(default)]
+    ids: Vec<i64>,
+    #[serde(flatten)]
+    filter: ReplayFilter,
+    to: Option<String>,
+    rate: Option<f64>,
+    limit: Option<i64>,
+    canary: Option<u32>,
+    canary_wait_secs: Option<f64>,
+    max_refail: Option<f64>,
+    #[serde(default)]
+    force: bool,
+    #[serde(default)]
+    all: bool,
+    #[serde(default)]
+    dry_run: bool,
+}
+
+/// The filter fields of a JSON body (flattened next to the options).
+#[derive(Deserialize, Default)]
+pub(super) struct ReplayFilter {
+    topic: Option<String>,
+    group: Option<String>,
+    error_contains: Option<String>,
+    error_group: Option<String>,
+    kind: Option<String>,
+    status: Option<String>,
+    since: Option<String>,
+    until: Option<String>,
+}
+
+impl ReplayFilter {
+    fn query(&self) -> FilterQuery {
+        FilterQuery {
+            topic: self.topic.clone(),
+            group: self.group.clone(),
+            error_contains: self.error_contains.clone(),
+            error_group: self.error_group.clone(),
+            kind: self.kind.clone(),
+            status: self.status.clone(),
+            since: self.since.clone(),
+            until: self.until.clone(),
+            ..FilterQuery::default()
+        }
+    }
+}
+
+pub(super) async fn dlq_replay(
+    State(s): State<AppState>,
+    Extension(c): Extension<Caller>,
+    b: Result<Json<ReplayBody>, JsonRejection>,
+) -> ApiResult {
+    let b = body(b)?;
+    let f = filter_of(&b.filter.query(), b.ids.clone())?;
+    let d = ReplayOptions::default();
+    let canary_wait = match b.canary_wait_secs {
+        Some(w) if !(0.0..=86_400.0).contains(&w) => {
+            return Err(ApiError(
+                StatusCode::BAD_REQUEST,
+                "canary_wait_secs: 0 to 86400".into(),
+            ))
+        }
+        Some(w) => Duration::from_secs_f64(w),
+        None => d.canary_wait,
+    };
+    let opts = ReplayOptions {
+        to_topic: b.to,
+        rate: b.rate.unwrap_or(d.rate),
+        limit: b.limit,
+        canary: b.canary.unwrap_or(d.canary),
+        canary_wait,
+        max_refail: b.max_refail.unwrap_or(d.max_refail),
+        loop_guard: d.loop_guard,
+        force: b.force,
+        all: b.all,
+        actor: c.holder.clone(),
+    };
+    if b.dry_run {
+        return ok(s.dlq.dry_run(&f, &opts).await?);
+    }
+    let job = s.dlq.create_job(&f, &opts).await?;
+    spawn_job(&s, job.id).await;
+    Ok((StatusCode::ACCEPTED, Json(job)).into_response())
+}
+
+/// Runs a job on a task of the server (it pauses when the server stops).
+async fn spawn_job(s: &AppState, id: i64) {
+    let (dlq, kafka, stop, jobs) = (
+        s.dlq.clone(),
+        s.kafka.clone(),
+        s.stop.clone(),
+        s.jobs.clone(),
+    );
+    jobs.lock().await.insert(id);
+    tokio::spawn(async move {
+        match dlq.run_job(&kafka, id, &stop, &mut |_| {}).await {
+            Ok(o) => tracing::info!(job = id, outcome = ?o, "replay job ended"),
+            Err(e) => tracing::warn!(job = id, error = %e, "replay job failed; resume it"),
+        }
+        jobs.lock().await.remove(&id);
+    });
+}
+
+#[derive(Deserialize)]
+pub(super) struct DropBody {
+    #[serde(default)]
+    ids: Vec<i64>,
+    #[serde(flatten)]
+    filter: ReplayFilter,
+    reason: Option<String>,
+    #[serde(default)]
+    all: bool,
+}
+
+pub(super) async fn dlq_drop(
+    State(s): State<AppState>,
+    Extension(c): Extension<Caller>,
+    b: Result<Json<DropBody>, JsonRejection>,
+) -> ApiResult {
+    let b = body(b)?;
+    let f = filter_of(&b.filter.query(), b.ids.clone())?;
+    let r = s
+        .dlq
+        .drop_letters(&f, b.all, b.reason.as_deref().unwrap_or(""), &c.holder)
+        .await?;
+    ok(r)
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct LimitQuery {
+    limit: Option<i64>,
+}
+
+pub(super) async fn dlq_audit(
+    State(s): State<AppState>,
+    q: Result<Query<LimitQuery>, QueryRejection>,
+) -> ApiResult {
+    let Query(q) = q.map_err(|e| ApiError(StatusCode::BAD_REQUEST, e.body_text()))?;
+    ok(s.dlq.audit(q.limit.unwrap_or(100)).await?)
+}
+
+pub(super) async fn dlq_jobs(
+    State(s): State<AppState>,
+    q: Result<Query<LimitQuery>, QueryRejection>,
+) -> ApiResult {
+    let Query(q) = q.map_err(|e| ApiError(StatusCode::BAD_REQUEST, e.body_text()))?;
+    ok(s.dlq.jobs(q.limit.unwrap_or(50)).await?)
+}
+
+fn job_id(id: &str) -> Result<i64, ApiError> {
+    id.parse()
+        .map_err(|_| ApiError(StatusCode::BAD_REQUEST, format!("{id:?} is not a job id")))
+}
+
+pub(super) async fn dlq_job(State(s): State<AppState>, Path(id): Path<String>) -> ApiResult {
+    ok(s.dlq.job(job_id(&id)?).await?)
+}
+
+/// Operators act on their own jobs; admins on anyone's.
+async fn own_job(s: &AppState, c: &Caller, id: i64) -> Result<(), ApiError> {
+    let j = s.dlq.job(id).await?;
+    if c.role < Role::Admin && j.created_by != c.holder {
+        return Err(ApiError(
+            StatusCode::FORBIDDEN,
+            format!(
+                "job {id} belongs to {}; acting on others' jobs needs admin",
+                j.created_by
+            ),
+        ));
+    }
+    Ok(())
+}
+
+pub(super) async fn dlq_job_pause(
+    State(s): State<AppState>,
+    Extension(c): Extension<Caller>,
+    Path(id): Path<String>,
+) -> ApiResult {
+    let id = job_id(&id)?;
+    own_job(&s, &c, id).await?;
+    ok(s.dlq.pause_job(id, &c.holder).await?)
+}
+
+pub(super) async fn dlq_job_cancel(
+    State(s): State<AppState>,
+    Extension(c): Extension<Caller>,
+    Path(id): Path<String>,
+) -> ApiResult {
+    let id = job_id(&id)?;
+    own_job(&s, &c, id).await?;
+    ok(s.dlq.cancel_job(id, &c.holder).await?)
+}
+
+pub(super) async fn dlq_job_resume(
+    State(s): State<AppState>,
+    Extension(c): Extension<Caller>,
+    Path(id): Path<String>,
+) -> ApiResult {
+    let id = job_id(&id)?;
+    own_job(&s, &c, id).await?;
+    let j = s.dlq.job(id).await?;
+    use crate::dlq::JobStatus as J;
+    if !matches!(j.status, J::Pending | J::Paused | J::Running) {
+        return Err(ApiError(
+            StatusCode::CONFLICT,
+            format!(
+                "job {id} is {:?}: only pending, running or paused jobs resume",
+                j.status
+            )
+            .to_lowercase(),
+        ));
+    }
+    if s.jobs.lock().await.contains(&id) {
+        return Err(ApiError(
+            StatusCode::CONFLICT,
+            format!("job {id} is already running here"),
+        ));
+    }
+    spawn_job(&s, id).await;
+    Ok((StatusCode::ACCEPTED, Json(s.dlq.job(id).await?)).into_response())
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct PurgeBody {
+    retention_secs: Option<u64>,
+}
+
+pub(super) async fn dlq_purge(
+    State(s): State<AppState>,
+    Extension(c): Extension<Caller>,
+    b: Result<Json<PurgeBody>, JsonRejection>,
+) -> ApiResult {
+    let b = body(b)?;
+    let retention = b
+        .retention_secs
+        .map_or(crate::dlq::DEFAULT_RETENTION, Duration::from_secs);
+    ok(s.dlq.purge(retention, 5000, &c.holder).await?)
+}

@@ -1,0 +1,267 @@
+//! `outbox admin`: the HTTP admin API, the web dashboard and `/metrics` in one server.
+//!
+//! Every route is listed in [`ROUTES`] with the least role it needs; a middleware enforces that
+//! table on the server for every request (a route missing from the table is refused for
+//! everyone, so a new route cannot skip authentication by accident). Handlers call the same
+//! library code as the CLI (`outbox::dlq`, [`crate::status()`], [`crate::requeue`]); JSON in and
+//! out, errors as `{"error": "…"}` with a status code.
+
+mod auth;
+mod handlers;
+
+pub use auth::{token_hash, Auth, Caller, Role};
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
+use axum::http::{header, Method, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{DbConfig, KafkaConfig};
+use crate::dlq::Dlq;
+
+/// Largest request body accepted.
+pub const MAX_BODY: usize = 64 * 1024;
+
+/// Who may call a route.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    /// No token needed (health, readiness, metrics, the page's static files).
+    Public,
+    /// A token of at least this role.
+    At(Role),
+}
+
+/// One route of the server.
+#[derive(Debug, Clone, Copy)]
+pub struct RouteSpec {
+    /// HTTP method.
+    pub method: &'static str,
+    /// Path as registered (`{id}` for a path parameter).
+    pub path: &'static str,
+    /// Who may call it.
+    pub access: Access,
+}
+
+const fn r(method: &'static str, path: &'static str, access: Access) -> RouteSpec {
+    RouteSpec {
+        method,
+        path,
+        access,
+    }
+}
+
+use Access::{At, Public};
+
+/// Every route and the least role it needs: the single source the middleware enforces.
+pub const ROUTES: &[RouteSpec] = &[
+    r("GET", "/", Public),
+    r("GET", "/app.js", Public),
+    r("GET", "/style.css", Public),
+    r("GET", "/healthz", Public),
+    r("GET", "/readyz", Public),
+    r("GET", "/metrics", Public),
+    r("GET", "/api/whoami", At(Role::Viewer)),
+    r("GET", "/api/outbox/status", At(Role::Viewer)),
+    r("POST", "/api/outbox/requeue", At(Role::Operator)),
+    r("GET", "/api/dlq/summary", At(Role::Viewer)),
+    r("GET", "/api/dlq/messages", At(Role::Viewer)),
+    r("GET", "/api/dlq/messages/{id}", At(Role::Viewer)),
+    r("POST", "/api/dlq/replay", At(Role::Operator)),
+    r("POST", "/api/dlq/drop", At(Role::Operator)),
+    r("GET", "/api/dlq/audit", At(Role::Viewer)),
+    r("GET", "/api/dlq/jobs", At(Role::Viewer)),
+    r("GET", "/api/dlq/jobs/{id}", At(Role::Viewer)),
+    r("POST", "/api/dlq/jobs/{id}/pause", At(Role::Operator)),
+    r("POST", "/api/dlq/jobs/{id}/resume", At(Role::Operator)),
+    r("POST", "/api/dlq/jobs/{id}/cancel", At(Role::Operator)),
+    r("POST", "/api/dlq/purge", At(Role::Admin)),
+];
+
+/// Shared by every handler.
+#[derive(Clone)]
+pub(crate) struct AppState {
+    pub db: DbConfig,
+    pub kafka: KafkaConfig,
+    pub dlq: Dlq,
+    pub auth: Arc<Auth>,
+    /// Cancelled at shutdown: replay jobs running in the server pause.
+    pub stop: CancellationToken,
+    pub jobs: Arc<tokio::sync::Mutex<std::collections::HashSet<i64>>>,
+}
+
+/// An error answer: status and `{"error": message}`.
+#[derive(Debug)]
+pub(crate) struct ApiError(pub StatusCode, pub String);
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (self.0, Json(serde_json::json!({ "error": self.1 }))).into_response()
+    }
+}
+
+impl From<crate::dlq::DlqError> for ApiError {
+    fn from(e: crate::dlq::DlqError) -> Self {
+        if e.is_invalid() {
+            let code = if e.to_string().starts_with("no ") {
+                StatusCode::NOT_FOUND
+            } else {
+                StatusCode::BAD_REQUEST
+            };
+            Self(code, e.to_string())
+        } else {
+            tracing::warn!(error = %e, "admin request failed");
+            Self(StatusCode::SERVICE_UNAVAILABLE, e.to_string())
+        }
+    }
+}
+
+async fn authorize(
+    State(state): State<AppState>,
+    mut req: Request,
+    next: Next,
+) -> Result<Response, ApiError> {
+    let path = req
+        .extensions()
+        .get::<MatchedPath>()
+        .map(|p| p.as_str().to_owned());
+    let method = req.method().clone();
+    let spec = path.as_deref().and_then(|p| {
+        ROUTES.iter().find(|r| {
+            r.path == p && Method::from_bytes(r.method.as_bytes()).ok() == Some(method.clone())
+        })
+    });
+    // Fail closed: a route without an entry is refused for everyone.
+    let Some(spec) = spec else {
+        return Err(ApiError(
+            StatusCode::FORBIDDEN,
+            "route has no access rule".into(),
+        ));
+    };
+    let need = match spec.access {
+        Access::Public => return Ok(next.run(req).await),
+        Access::At(role) => role,
+    };
+    let token = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| {
+            v.strip_prefix("Bearer ")
+                .or_else(|| v.strip_prefix("bearer "))
+        })
+        .map(str::trim);
+    let Some(caller) = state.auth.check(token) else {
+        return Err(ApiError(
+            StatusCode::UNAUTHORIZED,
+            "missing or wrong bearer token".into(),
+        ));
+    };
+    if caller.role < need {
+        return Err(ApiError(
+            StatusCode::FORBIDDEN,
+            format!("{} is {}; this needs {need}", caller.holder, caller.role),
+        ));
+    }
+    req.extensions_mut().insert(caller);
+    Ok(next.run(req).await)
+}
+
+/// The admin router over `db` and `kafka` with `auth`. Jobs started through it pause when
+/// `stop` is cancelled.
+pub fn router(db: &DbConfig, kafka: &KafkaConfig, auth: Auth, stop: CancellationToken) -> Router {
+    let state = AppState {
+        db: db.clone(),
+        kafka: kafka.clone(),
+        dlq: Dlq::new(db),
+        auth: Arc::new(auth),
+        stop,
+        jobs: Arc::default(),
+    };
+    use handlers as h;
+    let api = Router::new()
+        .route("/", get(h::index))
+        .route("/app.js", get(h::app_js))
+        .route("/style.css", get(h::style_css))
+        .route("/healthz", get(h::healthz))
+        .route("/readyz", get(h::readyz))
+        .route("/api/whoami", get(h::whoami))
+        .route("/api/outbox/status", get(h::outbox_status))
+        .route("/api/outbox/requeue", post(h::outbox_requeue))
+        .route("/api/dlq/summary", get(h::dlq_summary))
+        .route("/api/dlq/messages", get(h::dlq_messages))
+        .route("/api/dlq/messages/{id}", get(h::dlq_message))
+        .route("/api/dlq/replay", post(h::dlq_replay))
+        .route("/api/dlq/drop", post(h::dlq_drop))
+        .route("/api/dlq/audit", get(h::dlq_audit))
+        .route("/api/dlq/jobs", get(h::dlq_jobs))
+        .route("/api/dlq/jobs/{id}", get(h::dlq_job))
+        .route("/api/dlq/jobs/{id}/pause", post(h::dlq_job_pause))
+        .route("/api/dlq/jobs/{id}/resume", post(h::dlq_job_resume))
+        .route("/api/dlq/jobs/{id}/cancel", post(h::dlq_job_cancel))
+        .route("/api/dlq/purge", post(h::dlq_purge))
+        .merge(crate::metrics::router().with_state(()))
+        .route_layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            authorize,
+        ))
+        .fallback(|| async { ApiError(StatusCode::NOT_FOUND, "no such route".into()) })
+        .layer(DefaultBodyLimit::max(MAX_BODY))
+        .with_state(state);
+    api
+}
+
+/// Serves the admin API on `listen` until `shutdown` resolves; refreshes the DLQ and outbox
+/// gauges every 15 s.
+///
+/// # Errors
+/// When the address cannot be bound.
+pub async fn serve(
+    listen: SocketAddr,
+    db: &DbConfig,
+    kafka: &KafkaConfig,
+    auth: Auth,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    crate::metrics::install().map_err(std::io::Error::other)?;
+    if auth.is_insecure() {
+        tracing::warn!("admin API running WITHOUT authentication (--insecure-no-auth): anyone who can reach {listen} can replay and drop dead letters");
+    }
+    if !listen.ip().is_loopback() {
+        tracing::warn!(%listen, "admin API listening beyond loopback");
+    }
+    let stop = CancellationToken::new();
+    let app = router(db, kafka, auth, stop.clone());
+    let listener = tokio::net::TcpListener::bind(listen).await?;
+    tracing::info!(%listen, "admin API and dashboard listening");
+    let dlq = Dlq::new(db);
+    let gauges_stop = stop.clone();
+    let pool = crate::db::pool(db).map_err(std::io::Error::other)?;
+    let stmts = crate::sql::Statements::new(&db.schema);
+    tokio::spawn(async move {
+        loop {
+            if let Err(e) = dlq.refresh_gauges().await {
+                tracing::debug!(error = %e, "dlq gauges not refreshed");
+            }
+            crate::relay::refresh_outbox_gauges(&pool, &stmts).await;
+            tokio::select! {
+                () = gauges_stop.cancelled() => return,
+                () = tokio::time::sleep(Duration::from_secs(15)) => {}
+            }
+        }
+    });
+    let s2 = stop.clone();
+    axum::serve(listener, app)
+        .with_graceful_shutdown(async move {
+            shutdown.await;
+            s2.cancel();
+        })
+        .await
+}

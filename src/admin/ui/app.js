@@ -1,0 +1,318 @@
+// The outbox dashboard: plain JavaScript, no build step. Every call goes to the admin API with
+// the bearer token kept in sessionStorage; the server enforces roles, the page only hides
+// buttons a viewer could not use anyway.
+"use strict";
+
+const $ = (sel, el = document) => el.querySelector(sel);
+const el = (tag, attrs = {}, ...kids) => {
+  const e = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs)) {
+    if (k.startsWith("on")) e.addEventListener(k.slice(2), v);
+    else if (v !== undefined && v !== null && v !== false) e.setAttribute(k, v === true ? "" : v);
+  }
+  for (const k of kids.flat()) e.append(k instanceof Node ? k : document.createTextNode(k ?? ""));
+  return e;
+};
+let me = null;
+
+async function api(path, opts = {}) {
+  const token = sessionStorage.getItem("outbox-token") || "";
+  const res = await fetch(path, {
+    method: opts.method || "GET",
+    headers: Object.assign({ Authorization: "Bearer " + token },
+      opts.body ? { "Content-Type": "application/json" } : {}),
+    body: opts.body ? JSON.stringify(opts.body) : undefined,
+  });
+  let data = null;
+  try { data = await res.json(); } catch (_) { /* not JSON */ }
+  if (res.status === 401) { showLogin("Sign in: the token was missing or wrong."); throw new Error("unauthorized"); }
+  if (!res.ok) throw new Error((data && data.error) || res.status + " " + res.statusText);
+  return data;
+}
+
+function flash(msg, bad) {
+  const f = $("#flash");
+  f.replaceChildren(el("p", { class: bad ? "error" : "okmsg", id: "flash-msg" }, msg));
+  setTimeout(() => { if (f.firstChild && f.firstChild.textContent === msg) f.replaceChildren(); }, 8000);
+}
+
+function ago(ts) {
+  if (!ts) return "–";
+  const s = Math.max(0, (Date.now() - Date.parse(ts)) / 1000);
+  if (s < 90) return Math.round(s) + " s ago";
+  if (s < 5400) return Math.round(s / 60) + " min ago";
+  if (s < 172800) return Math.round(s / 3600) + " h ago";
+  return Math.round(s / 86400) + " d ago";
+}
+const age = (secs) => secs == null ? "–" : ago(new Date(Date.now() - secs * 1000).toISOString()).replace(" ago", "");
+const can = (role) => me && ["viewer", "operator", "admin"].indexOf(me.role) >= ["viewer", "operator", "admin"].indexOf(role);
+
+function showLogin(msg) {
+  $("#login").hidden = false;
+  $("#login-error").textContent = msg || "";
+  $("#view").replaceChildren();
+}
+
+async function signIn(ev) {
+  ev.preventDefault();
+  sessionStorage.setItem("outbox-token", $("#token").value.trim());
+  await start();
+}
+
+async function start() {
+  try {
+    me = await api("/api/whoami");
+  } catch (e) {
+    if (e.message !== "unauthorized") showLogin(e.message);
+    return;
+  }
+  $("#login").hidden = true;
+  $("#who").textContent = me.holder + " (" + me.role + ")";
+  route();
+}
+
+// ---- modal: confirmation with inputs ----
+function modal(title, body, confirmText, onConfirm) {
+  const box = $("#modal-box");
+  const err = el("p", { class: "error", id: "modal-error" });
+  const go = el("button", { class: "primary", id: "modal-confirm", onclick: async () => {
+    go.disabled = true;
+    try { await onConfirm(); closeModal(); } catch (e) { err.textContent = e.message; go.disabled = false; }
+  } }, confirmText);
+  box.replaceChildren(el("h2", {}, title), ...body, err,
+    el("div", { class: "row" }, go, el("button", { id: "modal-cancel", onclick: closeModal }, "Cancel")));
+  $("#modal").classList.add("open");
+}
+function closeModal() { $("#modal").classList.remove("open"); }
+const field = (label, input) => el("div", { class: "row" }, el("label", {}, label), input);
+
+// ---- replay / drop of a selection ----
+async function replayDialog(selection, label) {
+  const dry = await api("/api/dlq/replay", { method: "POST", body: Object.assign({ dry_run: true }, selection) });
+  const rate = el("input", { id: "replay-rate", type: "number", value: "100", min: "1" });
+  const canary = el("input", { id: "replay-canary", type: "number", value: dry.count > 20 ? "10" : "0", min: "0" });
+  const targets = dry.by_topic.map(([t, n]) => n + " → " + t).join(", ");
+  modal("Replay " + label, [
+    el("p", { id: "replay-count" }, dry.count + " letter(s) will be sent back to their original topic" +
+      (targets ? " (" + targets + ")" : "") + "." +
+      (dry.skipped_loop_guard ? " " + dry.skipped_loop_guard + " skipped: already replayed 3 times." : "")),
+    el("p", { class: "muted" }, "The selection is frozen now; letters arriving later are not part of this job."),
+    field("Rate (msg/s)", rate),
+    field("Canary", canary),
+  ], "Replay " + dry.count, async () => {
+    if (dry.count === 0) throw new Error("nothing to replay");
+    const job = await api("/api/dlq/replay", { method: "POST", body: Object.assign({
+      rate: Number(rate.value), canary: Number(canary.value), canary_wait_secs: 30 }, selection) });
+    flash("Replay job " + job.id + " started (" + job.pending + " letters).");
+    location.hash = "#/jobs";
+  });
+}
+
+function dropDialog(selection, label, count) {
+  const reason = el("input", { id: "drop-reason", size: "50", placeholder: "why (required, audited)" });
+  modal("Drop " + label, [
+    el("p", {}, (count != null ? count + " new letter(s)" : "The selected letters") + " will be marked dropped. They stay in the archive until retention."),
+    field("Reason", reason),
+  ], "Drop", async () => {
+    if (!reason.value.trim()) throw new Error("a reason is required");
+    const r = await api("/api/dlq/drop", { method: "POST", body: Object.assign({ reason: reason.value }, selection) });
+    flash(r.dropped + " letter(s) dropped.");
+    route();
+  });
+}
+
+// ---- views ----
+async function viewGroups() {
+  const s = await api("/api/dlq/summary");
+  const topics = el("table", { id: "topics" },
+    el("tr", {}, el("th", {}, "Topic"), el("th", {}, "Group"), el("th", { class: "num" }, "New"),
+      el("th", { class: "num" }, "Replayed"), el("th", { class: "num" }, "Dropped"), el("th", {}, "Oldest new")),
+    s.topics.map(t => el("tr", {},
+      el("td", {}, t.original_topic), el("td", {}, t.consumer_group || "–"),
+      el("td", { class: "num" }, String(t.new)), el("td", { class: "num" }, String(t.replayed)),
+      el("td", { class: "num" }, String(t.dropped)), el("td", {}, age(t.oldest_new_age_secs)))));
+  const groups = el("table", { id: "groups" },
+    el("tr", {}, el("th", { class: "num" }, "Count"), el("th", {}, "Cause"), el("th", {}, "Kind"),
+      el("th", {}, "Topic / group"), el("th", {}, "First seen"), el("th", {}, "Last seen"),
+      el("th", {}, "Sample"), el("th", {}, "")),
+    s.groups.map((g, i) => {
+      const sel = { error_group: g.error_group, topic: g.original_topic, group: g.consumer_group || undefined,
+        kind: g.error_kind || undefined };
+      return el("tr", { "data-group": String(i) },
+        el("td", { class: "num count" }, String(g.count)),
+        el("td", { class: "err" }, g.error_group || "(no error text)",
+          el("div", { class: "muted" }, g.example_error || "")),
+        el("td", {}, el("span", { class: "pill" }, g.error_kind || "–")),
+        el("td", {}, g.original_topic, el("div", { class: "muted" }, g.consumer_group || "")),
+        el("td", { title: g.first_seen }, ago(g.first_seen)),
+        el("td", { title: g.last_seen }, ago(g.last_seen)),
+        el("td", {}, el("a", { href: "#/message/" + g.example_id, class: "sample" }, "#" + g.example_id)),
+        el("td", {},
+          el("a", { href: "#/messages?" + new URLSearchParams(Object.entries(sel).filter(([, v]) => v)) }, "list"), " ",
+          can("operator") ? el("button", { class: "primary replay-group", onclick: () => replayDialog(sel, "this group") }, "Replay group") : "",
+          " ",
+          can("operator") ? el("button", { class: "danger drop-group", onclick: () => dropDialog(sel, "this group", g.count) }, "Drop group") : ""));
+    }));
+  return [
+    el("h2", {}, "Dead letters by topic"),
+    s.topics.length ? topics : el("p", { class: "muted" }, "The archive is empty. Is `outbox dlq archive` running?"),
+    el("h2", {}, "New dead letters grouped by cause"),
+    s.groups.length ? groups : el("p", { class: "muted", id: "no-groups" }, "No new dead letters."),
+  ];
+}
+
+async function viewMessages(params) {
+  const form = el("form", { class: "filters", id: "filters" });
+  const inputs = {};
+  for (const [name, ph] of [["topic", "topic"], ["group", "group"], ["error_contains", "error contains"],
+    ["kind", "kind"], ["status", "status (new, replayed, dropped)"], ["since", "since (2h, RFC 3339)"]]) {
+    inputs[name] = el("input", { name, placeholder: ph, value: params.get(name) || "" });
+    form.append(inputs[name]);
+  }
+  form.append(el("button", { class: "primary", type: "submit" }, "Filter"));
+  form.addEventListener("submit", (ev) => {
+    ev.preventDefault();
+    const q = new URLSearchParams();
+    for (const [k, i] of Object.entries(inputs)) if (i.value.trim()) q.set(k, i.value.trim());
+    if (params.get("error_group")) q.set("error_group", params.get("error_group"));
+    location.hash = "#/messages?" + q;
+  });
+  const q = new URLSearchParams(params);
+  if (!q.get("limit")) q.set("limit", "50");
+  const page = await api("/api/dlq/messages?" + q);
+  const sel = {};
+  for (const k of ["topic", "group", "error_contains", "error_group", "kind", "since"]) if (params.get(k)) sel[k] = params.get(k);
+  const rows = el("table", { id: "messages" },
+    el("tr", {}, el("th", {}, "Id"), el("th", {}, "Failed"), el("th", {}, "Status"), el("th", {}, "Kind"),
+      el("th", {}, "Topic"), el("th", {}, "Group"), el("th", {}, "Error")),
+    page.messages.map(m => el("tr", {},
+      el("td", {}, el("a", { href: "#/message/" + m.id }, "#" + m.id)),
+      el("td", { title: m.failed_at }, ago(m.failed_at)), el("td", {}, m.status),
+      el("td", {}, m.error_kind || "–"), el("td", {}, m.original_topic), el("td", {}, m.consumer_group || "–"),
+      el("td", { class: "err" }, m.error || ""))));
+  const more = [];
+  if (page.next_before_id) {
+    const n = new URLSearchParams(params); n.set("before_id", page.next_before_id);
+    more.push(el("a", { href: "#/messages?" + n, id: "next-page" }, "Older →"));
+  }
+  if (params.get("before_id")) {
+    const n = new URLSearchParams(params); n.delete("before_id");
+    more.push(" ", el("a", { href: "#/messages?" + n }, "↑ Newest"));
+  }
+  const actions = Object.keys(sel).length && can("operator") ? el("p", {},
+    el("button", { class: "primary", onclick: () => replayDialog(sel, "the filtered letters") }, "Replay these (new only)"), " ",
+    el("button", { class: "danger", onclick: () => dropDialog(sel, "the filtered letters") }, "Drop these")) : "";
+  return [el("h2", {}, "Dead letters"), form, actions, rows, el("p", {}, more)];
+}
+
+function bytesView(v) {
+  if (v == null) return el("span", { class: "muted" }, "(none)");
+  if (v.redacted) return el("span", { class: "muted" }, "(redacted for your role)");
+  if (v.text != null) return el("pre", {}, v.text);
+  return el("pre", {}, "(base64) " + v.base64);
+}
+
+async function viewMessage(id) {
+  const m = await api("/api/dlq/messages/" + encodeURIComponent(id));
+  const facts = [["Status", m.status + (m.status_reason ? " — " + m.status_reason : "")],
+    ["Original", m.original_topic + " [" + (m.original_partition ?? "?") + "] @" + (m.original_offset ?? "?")],
+    ["Consumer group", m.consumer_group], ["Kind", m.error_kind], ["Error", m.error],
+    ["Attempts", m.attempts], ["DLQ retries", m.dlq_retries], ["First failed", m.first_failed_at],
+    ["Failed", m.failed_at], ["Archived", m.archived_at], ["Message id", m.message_id],
+    ["Type", m.message_type], ["DLQ record", m.dlq_topic + " [" + m.partition + "] @" + m.offset],
+    ["Times replayed", m.times_replayed]];
+  const headers = el("table", { id: "headers" }, el("tr", {}, el("th", {}, "Header"), el("th", {}, "Value")),
+    m.headers.map(h => el("tr", {}, el("td", {}, h.name),
+      el("td", { class: "err" }, h.value == null ? "(null)" : (h.value.text != null ? h.value.text : "(base64) " + h.value.base64)))));
+  const sel = { ids: [m.id] };
+  return [
+    el("h2", { id: "message-title" }, "Dead letter #" + m.id),
+    can("operator") && m.status !== "dropped" ? el("p", {},
+      el("button", { class: "primary", id: "replay-one", onclick: () => replayDialog(sel, "dead letter #" + m.id) }, "Replay"), " ",
+      m.status === "new" ? el("button", { class: "danger", id: "drop-one", onclick: () => dropDialog(sel, "dead letter #" + m.id, 1) }, "Drop") : "") : "",
+    el("table", { id: "facts" }, facts.map(([k, v]) => el("tr", {}, el("th", {}, k), el("td", { class: "err" }, v == null ? "–" : String(v))))),
+    el("h2", {}, "Key"), bytesView(m.key),
+    el("h2", {}, "Headers"), headers,
+    el("h2", {}, "Body"), bytesView(m.body),
+  ];
+}
+
+let jobsTimer = null;
+async function viewJobs() {
+  const jobs = await api("/api/dlq/jobs");
+  const act = (j, what) => async () => {
+    try { await api("/api/dlq/jobs/" + j.id + "/" + what, { method: "POST" }); flash("Job " + j.id + ": " + what + " requested."); route(); }
+    catch (e) { flash(e.message, true); }
+  };
+  const t = el("table", { id: "jobs" },
+    el("tr", {}, el("th", {}, "Job"), el("th", {}, "Status"), el("th", {}, "Progress"), el("th", { class: "num" }, "Sent"),
+      el("th", { class: "num" }, "Failed"), el("th", { class: "num" }, "Came back"), el("th", {}, "By"), el("th", {}, "Created"), el("th", {}, "")),
+    jobs.map(j => {
+      const done = j.sent + j.failed + j.skipped;
+      return el("tr", { "data-job": String(j.id) },
+        el("td", {}, "#" + j.id), el("td", { class: "job-status" }, j.status, el("div", { class: "muted" }, j.status_reason || "")),
+        el("td", {}, el("div", { class: "progress" }, el("div", { style: "width:" + (j.total ? Math.round(100 * done / j.total) : 0) + "%" })),
+          el("span", { class: "muted" }, done + " / " + j.total)),
+        el("td", { class: "num" }, String(j.sent)), el("td", { class: "num" }, String(j.failed)),
+        el("td", { class: "num" }, String(j.came_back)), el("td", {}, j.created_by), el("td", { title: j.created_at }, ago(j.created_at)),
+        el("td", {}, can("operator") && ["running", "pending"].includes(j.status) ? el("button", { onclick: act(j, "pause") }, "Pause") : "",
+          " ", can("operator") && ["paused", "pending"].includes(j.status) ? el("button", { onclick: act(j, "resume") }, "Resume") : "",
+          " ", can("operator") && ["running", "pending", "paused"].includes(j.status) ? el("button", { class: "danger", onclick: act(j, "cancel") }, "Cancel") : ""));
+    }));
+  if (jobs.some(j => j.status === "running")) jobsTimer = setTimeout(route, 1000);
+  return [el("h2", {}, "Replay jobs"), jobs.length ? t : el("p", { class: "muted" }, "No replay jobs yet.")];
+}
+
+async function viewOutbox() {
+  const s = await api("/api/outbox/status");
+  const counts = el("table", { id: "outbox-counts" }, el("tr", {}, el("th", {}, "Status"), el("th", { class: "num" }, "Rows"), el("th", {}, "Oldest")),
+    s.counts.map(c => el("tr", {}, el("td", {}, c.status), el("td", { class: "num" }, String(c.count)), el("td", {}, c.oldest || "–"))));
+  const failed = el("table", {}, el("tr", {}, el("th", { class: "num" }, "Rows"), el("th", {}, "Ids"), el("th", {}, "Last error")),
+    s.failed_by_error.map(g => el("tr", {}, el("td", { class: "num" }, String(g.count)), el("td", {}, g.min_id + "…" + g.max_id), el("td", { class: "err" }, g.last_error))));
+  return [
+    el("h2", {}, "Outbox"), counts,
+    el("p", {}, "Oldest pending: ", el("strong", {}, s.oldest_pending_age_secs == null ? "none" : s.oldest_pending_age_secs.toFixed(1) + " s")),
+    el("h2", {}, "Failed rows by error"),
+    s.failed_by_error.length ? failed : el("p", { class: "muted" }, "No failed rows."),
+    s.failed_by_error.length && can("operator") ? el("button", { class: "primary", onclick: () => modal("Requeue failed rows",
+      [el("p", {}, "Every failed row goes back to pending. Fix the cause first.")], "Requeue", async () => {
+        const r = await api("/api/outbox/requeue", { method: "POST", body: { failed: true } });
+        flash(r.requeued + " row(s) requeued."); route();
+      }) }, "Requeue all failed") : "",
+  ];
+}
+
+async function viewAudit() {
+  const rows = await api("/api/dlq/audit");
+  return [el("h2", {}, "Audit log"), el("table", { id: "audit" },
+    el("tr", {}, el("th", {}, "When"), el("th", {}, "Who"), el("th", {}, "Action"), el("th", { class: "num" }, "Letters"), el("th", {}, "Reason"), el("th", {}, "Selection")),
+    rows.map(a => el("tr", {}, el("td", { title: a.at }, ago(a.at)), el("td", {}, a.actor), el("td", {}, a.action),
+      el("td", { class: "num" }, String(a.count)), el("td", {}, a.reason || ""), el("td", { class: "err muted" }, JSON.stringify(a.filter)))))];
+}
+
+async function route() {
+  clearTimeout(jobsTimer);
+  if (!me) return;
+  const h = location.hash.replace(/^#/, "") || "/";
+  const [path, query] = h.split("?");
+  const params = new URLSearchParams(query || "");
+  let name = "groups", render;
+  if (path.startsWith("/message/")) { name = "messages"; render = () => viewMessage(path.slice(9)); }
+  else if (path === "/messages") { name = "messages"; render = () => viewMessages(params); }
+  else if (path === "/jobs") { name = "jobs"; render = viewJobs; }
+  else if (path === "/outbox") { name = "outbox"; render = viewOutbox; }
+  else if (path === "/audit") { name = "audit"; render = viewAudit; }
+  else render = viewGroups;
+  for (const a of document.querySelectorAll("nav a")) a.classList.toggle("active", a.dataset.view === name);
+  try {
+    const nodes = await render();
+    $("#view").replaceChildren(...nodes.flat().filter(n => n !== ""));
+    document.body.dataset.ready = name;
+  } catch (e) {
+    if (e.message !== "unauthorized") $("#view").replaceChildren(el("p", { class: "error", id: "view-error" }, e.message));
+  }
+}
+
+$("#login-form").addEventListener("submit", signIn);
+window.addEventListener("hashchange", route);
+start();
