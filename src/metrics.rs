@@ -47,7 +47,8 @@ pub const CONSUMER_PAUSED: &str = "outbox_consumer_paused_partitions";
 /// `{group}`: messages accepted and not yet final.
 pub const CONSUMER_IN_FLIGHT: &str = "outbox_consumer_in_flight";
 
-/// `outbox_dlq_messages{topic,group,status}`: archived dead letters.
+/// `outbox_dlq_messages{topic,group,kind,status}`: archived dead letters (`kind` is
+/// `x-error-kind`; the per-cause view, by normalised error, is the admin dashboard's).
 pub const DLQ_MESSAGES: &str = "outbox_dlq_messages";
 /// `{topic}`: age of the oldest new dead letter, seconds.
 pub const DLQ_OLDEST_AGE: &str = "outbox_dlq_oldest_age_seconds";

@@ -76,6 +76,8 @@ fn invalid<T>(msg: impl Into<String>) -> Result<T, DlqError> {
 pub struct Dlq {
     pool: Pool,
     schema: Schema,
+    /// Gauge series set so far (reset to 0 when their rows are gone).
+    gauges_seen: std::sync::Arc<std::sync::Mutex<std::collections::HashSet<(String, String, String, String)>>>,
 }
 
 impl Dlq {
@@ -84,12 +86,17 @@ impl Dlq {
         Self {
             pool: crate::db::pool(db).expect("pool configuration is static"),
             schema: db.schema.clone(),
+            gauges_seen: std::sync::Arc::default(),
         }
     }
 
     /// A handle sharing an existing pool.
     pub fn with_pool(pool: Pool, schema: Schema) -> Self {
-        Self { pool, schema }
+        Self {
+            pool,
+            schema,
+            gauges_seen: std::sync::Arc::default(),
+        }
     }
 
     /// `schema.table`, quoted.

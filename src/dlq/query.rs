@@ -395,28 +395,49 @@ impl Dlq {
         })
     }
 
-    /// Sets the DLQ gauges (`outbox_dlq_messages`, `outbox_dlq_oldest_age_seconds`) from
+    /// Sets the DLQ gauges (`outbox_dlq_messages{topic,group,kind,status}`,
+    /// `outbox_dlq_oldest_age_seconds{topic}`) from
     /// the archive; the archiver and the admin server call it every 15 s.
     ///
     /// # Errors
     /// [`DlqError`] when Postgres fails.
     pub async fn refresh_gauges(&self) -> Result<(), DlqError> {
-        let s = self.summary().await?;
+        let c = self.pool.get().await?;
+        let rows = c
+            .query(
+                &format!(
+                    "SELECT original_topic, coalesce(consumer_group, ''), coalesce(error_kind, ''),
+                            status, count(*),
+                            extract(epoch FROM now() - min(failed_at))::float8
+                     FROM {} GROUP BY 1, 2, 3, 4",
+                    self.t("dead_letters")
+                ),
+                &[],
+            )
+            .await?;
         let mut oldest: std::collections::HashMap<String, f64> = std::collections::HashMap::new();
-        for t in &s.topics {
-            let group = t.consumer_group.clone().unwrap_or_default();
-            for (status, n) in [
-                ("new", t.new),
-                ("replayed", t.replayed),
-                ("dropped", t.dropped),
-            ] {
-                metrics::gauge!(crate::metrics::DLQ_MESSAGES,
-                    "topic" => t.original_topic.clone(), "group" => group.clone(), "status" => status)
-                .set(n as f64);
+        let mut seen = std::collections::HashSet::new();
+        for r in &rows {
+            let (topic, group, kind, status): (String, String, String, String) =
+                (r.get(0), r.get(1), r.get(2), r.get(3));
+            let n: i64 = r.get(4);
+            seen.insert((topic.clone(), group.clone(), kind.clone(), status.clone()));
+            metrics::gauge!(crate::metrics::DLQ_MESSAGES,
+                "topic" => topic.clone(), "group" => group, "kind" => kind, "status" => status.clone())
+            .set(n as f64);
+            let e = oldest.entry(topic).or_insert(0.0);
+            if status == "new" {
+                *e = e.max(r.get::<_, Option<f64>>(5).unwrap_or(0.0));
             }
-            let e = oldest.entry(t.original_topic.clone()).or_insert(0.0);
-            *e = e.max(t.oldest_new_age_secs.unwrap_or(0.0));
         }
+        // Series that emptied since the last refresh go to 0 rather than keep their last value.
+        let mut known = self.gauges_seen.lock().expect("gauges lock");
+        for k in known.difference(&seen) {
+            metrics::gauge!(crate::metrics::DLQ_MESSAGES,
+                "topic" => k.0.clone(), "group" => k.1.clone(), "kind" => k.2.clone(), "status" => k.3.clone())
+            .set(0.0);
+        }
+        known.extend(seen);
         for (topic, age) in oldest {
             metrics::gauge!(crate::metrics::DLQ_OLDEST_AGE, "topic" => topic).set(age);
         }
