@@ -10,6 +10,10 @@
 //! exists and no event is ever published. After `commit`, `outbox relay` publishes the event —
 //! even if this process dies the next instant. Every fifth order here is deliberately rolled
 //! back to show that a rolled-back order announces nothing.
+//!
+//! Each order carries a W3C `traceparent` header (a fresh trace per order here; a real service
+//! passes its current request's trace), which the consumer's handler span takes as its parent.
+//! Environment: `OUTBOX_SCHEMA` (default `public`), `ORDER_TOPIC` (`orders.created`).
 
 use outbox::{Enqueuer, Message, Schema};
 
@@ -21,6 +25,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let db = outbox::DbConfig::new(&url, &schema)?;
     let mut client = outbox::connect(&db).await?;
     let outbox = Enqueuer::new(&Schema::new(&schema)?);
+    let topic = std::env::var("ORDER_TOPIC").unwrap_or_else(|_| "orders.created".into());
 
     client
         .batch_execute(
@@ -44,12 +49,16 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             &[&number, &customer, &total_cents],
         )
         .await?;
+        let trace = uuid::Uuid::now_v7().simple().to_string();
+        let span = &uuid::Uuid::now_v7().simple().to_string()[16..];
+        let traceparent = format!("00-{trace}-{span}-01");
         let event = Message::new(
-            "orders.created",
+            &topic,
             "order_created",
             &number, // the entity id: the Kafka key, so one order's events stay in order
             serde_json::json!({ "order_number": number, "customer": customer, "total_cents": total_cents }),
-        );
+        )
+        .with_header("traceparent", &traceparent);
         outbox.enqueue(&tx, &event).await?;
 
         if i % 5 == 0 {
@@ -57,7 +66,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             println!("rolled back {number} (no order row, no event)");
         } else {
             tx.commit().await?;
-            println!("created {number}  message_id={}", event.message_id());
+            println!(
+                "created {number}  message_id={}  traceparent={traceparent}",
+                event.message_id()
+            );
         }
     }
     Ok(())

@@ -65,6 +65,16 @@ pub struct Auth {
     insecure: bool,
 }
 
+impl fmt::Debug for Auth {
+    // Never prints digests.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Auth")
+            .field("tokens", &self.entries.len())
+            .field("insecure", &self.insecure)
+            .finish()
+    }
+}
+
 /// SHA-256 of a token, lowercase hex: what a tokens file stores.
 pub fn token_hash(token: &str) -> String {
     openssl::sha::sha256(token.as_bytes())

@@ -20,14 +20,9 @@ fn ok(v: impl serde::Serialize) -> ApiResult {
 }
 
 fn body<T>(b: Result<Json<T>, JsonRejection>) -> Result<T, ApiError> {
-    b.map(|Json(v)| v).map_err(|e| {
-        let code = match e {
-            JsonRejection::MissingJsonContentType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            JsonRejection::BytesRejection(_) => StatusCode::PAYLOAD_TOO_LARGE,
-            _ => StatusCode::BAD_REQUEST,
-        };
-        ApiError(code, e.body_text())
-    })
+    // 400 malformed, 413 too large, 415 not JSON, 422 well-formed but the wrong shape.
+    b.map(|Json(v)| v)
+        .map_err(|e| ApiError(e.status(), e.body_text()))
 }
 
 pub(super) async fn index() -> Html<&'static str> {

@@ -140,6 +140,17 @@ async fn authorize(
     });
     // Fail closed: a route without an entry is refused for everyone.
     let Some(spec) = spec else {
+        // A known path with another method: answer 405 before anything runs.
+        if path.is_none()
+            || path
+                .as_deref()
+                .is_some_and(|p| ROUTES.iter().any(|r| r.path == p))
+        {
+            return Err(ApiError(
+                StatusCode::METHOD_NOT_ALLOWED,
+                format!("{method} is not allowed here"),
+            ));
+        }
         return Err(ApiError(
             StatusCode::FORBIDDEN,
             "route has no access rule".into(),

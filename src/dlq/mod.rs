@@ -77,7 +77,9 @@ pub struct Dlq {
     pool: Pool,
     schema: Schema,
     /// Gauge series set so far (reset to 0 when their rows are gone).
-    gauges_seen: std::sync::Arc<std::sync::Mutex<std::collections::HashSet<(String, String, String, String)>>>,
+    gauges_seen: std::sync::Arc<
+        std::sync::Mutex<std::collections::HashSet<(String, String, String, String)>>,
+    >,
 }
 
 impl Dlq {
