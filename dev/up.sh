@@ -13,6 +13,11 @@ pkg-config --exists openssl 2>/dev/null || need_apt+=(libssl-dev)
 [ -e /usr/include/zlib.h ] || need_apt+=(zlib1g-dev)
 command -v make >/dev/null || need_apt+=(build-essential)
 command -v psql >/dev/null || need_apt+=(postgresql-client)
+command -v curl >/dev/null || need_apt+=(curl)
+# Operator surfaces: promtool checks the alert rules; Chromium + chromedriver run the dashboard test.
+command -v promtool >/dev/null || need_apt+=(prometheus)
+command -v chromium >/dev/null || need_apt+=(chromium)
+command -v chromedriver >/dev/null || need_apt+=(chromium-driver)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "[up] installing ${need_apt[*]} from Debian's packages" >&2
   export DEBIAN_FRONTEND=noninteractive

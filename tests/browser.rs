@@ -1,0 +1,196 @@
+//! The dashboard as a person uses it, in headless Chromium (Debian's `chromium` driven through
+//! `chromedriver` by fantoccini): sign in with a token, see the DLQ grouped by cause with its
+//! count, open a message, replay it with the confirmation, watch the job finish — and the
+//! message is on its original topic. Screenshots of the main views go to
+//! `target/screenshots/` (`docs/dashboard.png` in the README is one of them).
+
+mod common;
+
+use std::net::TcpListener;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use common::*;
+use fantoccini::{Client, ClientBuilder, Locator};
+
+const TOKEN: &str = "browser-test-token-0123456789";
+
+struct Kill(Child);
+impl Drop for Kill {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+async fn shot(c: &Client, name: &str) {
+    let dir = format!("{}/target/screenshots", env!("CARGO_MANIFEST_DIR"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let png = c.screenshot().await.unwrap();
+    std::fs::write(format!("{dir}/{name}.png"), png).unwrap();
+}
+
+/// Waits until `css` matches an element whose text contains `text`.
+async fn wait_text(c: &Client, css: &str, text: &str) -> fantoccini::elements::Element {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Ok(els) = c.find_all(Locator::Css(css)).await {
+            for e in els {
+                if e.text().await.is_ok_and(|t| t.contains(text)) {
+                    return e;
+                }
+            }
+        }
+        if tokio::time::Instant::now() > deadline {
+            let body = c.source().await.unwrap_or_default();
+            panic!("no {css} containing {text:?}; page:\n{body}");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_finds_a_dead_letter_group_opens_a_message_and_replays_it() {
+    let db = fresh_db().await;
+    let topic = topic_name();
+    create_topic_family(&topic, 1, &[]).await;
+    // 12 letters of one cause, 3 of another.
+    for i in 0..15 {
+        let error = if i < 12 {
+            format!("customer {} not found", 100 + i)
+        } else {
+            "schema v1 not supported".to_owned()
+        };
+        produce(
+            &format!("{topic}.dlq"),
+            Some(format!("order-{i}").as_bytes()),
+            &[
+                ("message_type", b"order_created"),
+                ("message_id", format!("msg-{i}-{}", hex(6)).as_bytes()),
+                ("x-original-topic", topic.as_bytes()),
+                ("x-consumer-group", b"billing"),
+                ("x-error", error.as_bytes()),
+                ("x-error-kind", b"permanent"),
+                ("x-failed-at", b"2026-11-30T08:00:00Z"),
+            ],
+            Some(format!("{{\"order\":\"A-{i}\",\"total_cents\":{}}}", 1000 + i).as_bytes()),
+        )
+        .await;
+    }
+    outbox::dlq::Archiver::new(&db, &kafka(), vec![format!("{topic}.dlq")])
+        .unwrap()
+        .group(&format!("it-a-{}", hex(6)))
+        .run_once(&mut |_, _| {})
+        .await
+        .unwrap();
+
+    let port = free_port();
+    let _admin = Kill(
+        outbox_command(&db)
+            .args(["admin", "--listen", &format!("127.0.0.1:{port}")])
+            .env("OUTBOX_ADMIN_TOKEN", TOKEN)
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let driver_port = free_port();
+    let _driver = Kill(
+        Command::new("chromedriver")
+            .arg(format!("--port={driver_port}"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("chromedriver (Debian's chromium-driver; dev/up.sh installs it)"),
+    );
+    let mut caps = serde_json::Map::new();
+    caps.insert(
+        "goog:chromeOptions".into(),
+        serde_json::json!({
+            "binary": "/usr/bin/chromium",
+            "args": ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                     "--window-size=1400,1000"]
+        }),
+    );
+    let mut client = None;
+    for _ in 0..100 {
+        match ClientBuilder::native()
+            .capabilities(caps.clone())
+            .connect(&format!("http://127.0.0.1:{driver_port}"))
+            .await
+        {
+            Ok(c) => {
+                client = Some(c);
+                break;
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+        }
+    }
+    let c = client.expect("a chromedriver session");
+    let base = format!("http://127.0.0.1:{port}");
+
+    let result = async {
+        // Sign in once.
+        c.goto(&format!("{base}/")).await.unwrap();
+        let token = c.wait().for_element(Locator::Id("token")).await.unwrap();
+        shot(&c, "login").await;
+        token.send_keys(TOKEN).await.unwrap();
+        c.find(Locator::Id("sign-in")).await.unwrap().click().await.unwrap();
+
+        // The home view: dead letters grouped by cause, with their counts.
+        let row = wait_text(&c, "#groups tr", "customer <n> not found").await;
+        assert_eq!(row.find(Locator::Css(".count")).await.unwrap().text().await.unwrap(), "12");
+        wait_text(&c, "#groups tr", "schema v1 not supported").await;
+        wait_text(&c, "#topics tr", &topic).await;
+        shot(&c, "dead-letters-by-cause").await;
+
+        // Open the group's sample message.
+        row.find(Locator::Css("a.sample")).await.unwrap().click().await.unwrap();
+        let title = wait_text(&c, "#message-title", "Dead letter #").await;
+        let id: i64 = title.text().await.unwrap().trim_start_matches("Dead letter #").parse().unwrap();
+        wait_text(&c, "#facts td", "customer 100 not found").await;
+        wait_text(&c, "pre", "\"order\":\"A-0\"").await;
+        shot(&c, "message").await;
+
+        // Replay it: the confirmation shows the dry-run count; no canary for one letter.
+        c.find(Locator::Id("replay-one")).await.unwrap().click().await.unwrap();
+        wait_text(&c, "#replay-count", "1 letter(s) will be sent back").await;
+        shot(&c, "replay-confirmation").await;
+        c.find(Locator::Id("modal-confirm")).await.unwrap().click().await.unwrap();
+        // The jobs view follows the job to its end.
+        wait_text(&c, "#jobs .job-status", "completed").await;
+        wait_text(&c, "#flash-msg", "started").await;
+        shot(&c, "replay-jobs").await;
+
+        // The message reached its original topic, byte for byte.
+        let back = read_all(&topic).await;
+        assert_eq!(back.len(), 1);
+        assert_eq!(back[0].key.as_deref(), Some(&b"order-0"[..]));
+        assert_eq!(back[0].payload, b"{\"order\":\"A-0\",\"total_cents\":1000}");
+        assert!(back[0].headers.contains_key("x-replayed-at"));
+
+        // The audit view names the token holder.
+        c.goto(&format!("{base}/#/audit")).await.unwrap();
+        let a = wait_text(&c, "#audit tr", "replay").await;
+        assert!(a.text().await.unwrap().contains("admin"));
+        shot(&c, "audit").await;
+        c.goto(&format!("{base}/#/outbox")).await.unwrap();
+        wait_text(&c, "h2", "Outbox").await;
+        shot(&c, "outbox").await;
+        id
+    }
+    .await;
+    c.close().await.unwrap();
+    assert!(result > 0);
+}
