@@ -45,12 +45,26 @@ pub struct CleanupReport {
 /// # Errors
 /// [`CleanupError`] when Postgres fails midway.
 pub async fn cleanup(db: &DbConfig, config: &CleanupConfig) -> Result<CleanupReport, CleanupError> {
+    cleanup_with_progress(db, config, &mut |_| {}).await
+}
+
+/// [`cleanup()`], calling `progress` with the running totals after every statement (the CLI
+/// shows them as a progress line).
+///
+/// # Errors
+/// [`CleanupError`] when Postgres fails midway.
+pub async fn cleanup_with_progress(
+    db: &DbConfig,
+    config: &CleanupConfig,
+    progress: &mut (dyn FnMut(&CleanupReport) + Send),
+) -> Result<CleanupReport, CleanupError> {
     let pool = crate::db::pool(db).expect("pool configuration is static");
     run_with(
         &pool,
         &Statements::new(&db.schema),
         config,
         &CancellationToken::new(),
+        progress,
     )
     .await
 }
@@ -60,6 +74,7 @@ pub(crate) async fn run_with(
     stmts: &Statements,
     config: &CleanupConfig,
     cancel: &CancellationToken,
+    progress: &mut (dyn FnMut(&CleanupReport) + Send),
 ) -> Result<CleanupReport, CleanupError> {
     let mut report = CleanupReport::default();
     let batch = i64::try_from(config.batch_size).unwrap_or(i64::MAX);
@@ -81,6 +96,7 @@ pub(crate) async fn run_with(
         let n: i64 = row.get(0);
         last_id = row.get(1);
         report.outbox_deleted += n as u64;
+        progress(&report);
         if n < batch {
             break;
         }
@@ -101,6 +117,7 @@ pub(crate) async fn run_with(
         report.longest_statement = report.longest_statement.max(started.elapsed());
         report.statements += 1;
         report.processed_deleted += n as u64;
+        progress(&report);
         if n < batch {
             break;
         }
@@ -115,5 +132,6 @@ pub(crate) async fn run_with(
     report.longest_statement = report.longest_statement.max(started.elapsed());
     report.statements += purged.statements;
     report.dlq_purged = purged.deleted;
+    progress(&report);
     Ok(report)
 }

@@ -73,7 +73,7 @@ pub mod topics;
 pub mod trace;
 
 pub use backoff::{Backoff, DEFAULT_BACKOFF_BASE, DEFAULT_BACKOFF_MAX};
-pub use cleanup::{cleanup, CleanupError, CleanupReport};
+pub use cleanup::{cleanup, cleanup_with_progress, CleanupError, CleanupReport};
 pub use config::*;
 pub use db::{connect, pool};
 pub use enqueue::{enqueue, enqueue_batch, EnqueueError, Enqueuer};

@@ -37,6 +37,7 @@ use crate::config::{ConfigError, DbConfig, KafkaConfig, RelayConfig};
 use crate::floor::{ClaimFloor, Sample};
 use crate::sql::Statements;
 use crate::topic::validate_topic;
+use tracing::Instrument as _;
 
 /// `last_error` is cut to this many characters (seed 002).
 pub const MAX_ERROR_LEN: usize = 500;
@@ -430,6 +431,12 @@ impl Relay {
         let claim_started = Instant::now();
         let rows: Vec<Row> = tx
             .query(&self.stmts.claim, &[&batch, &lanes, &begin.scan_from])
+            .instrument(tracing::debug_span!(
+                "outbox.claim",
+                batch,
+                lanes = lanes.len(),
+                from = begin.scan_from
+            ))
             .await?
             .into_iter()
             .map(|r| Row {
@@ -477,7 +484,10 @@ impl Relay {
         }
 
         metrics::histogram!(crate::metrics::OUTBOX_BATCH_SIZE).record(rows.len() as f64);
-        let fates = self.send(&rows, &waiting).await;
+        let fates = self
+            .send(&rows, &waiting)
+            .instrument(tracing::debug_span!("outbox.produce", rows = rows.len()))
+            .await;
         let acked_at = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0.0, |d| d.as_secs_f64());
@@ -524,7 +534,9 @@ impl Relay {
             }
         }
         if !sent.is_empty() {
-            tx.execute(&self.stmts.mark_sent, &[&sent]).await?;
+            tx.execute(&self.stmts.mark_sent, &[&sent])
+                .instrument(tracing::debug_span!("outbox.mark", sent = sent.len()))
+                .await?;
         }
         if !refused_ids.is_empty() {
             tx.execute(
@@ -945,7 +957,7 @@ async fn cleanup_schedule(
             () = cancel.cancelled() => return,
             _ = tick.tick() => {}
         }
-        match cleanup::run_with(&pool, &stmts, &config, &cancel).await {
+        match cleanup::run_with(&pool, &stmts, &config, &cancel, &mut |_| {}).await {
             Ok(r) => info!(
                 outbox_deleted = r.outbox_deleted,
                 processed_deleted = r.processed_deleted,

@@ -146,28 +146,62 @@ async fn an_operator_finds_a_dead_letter_group_opens_a_message_and_replays_it() 
         let token = c.wait().for_element(Locator::Id("token")).await.unwrap();
         shot(&c, "login").await;
         token.send_keys(TOKEN).await.unwrap();
-        c.find(Locator::Id("sign-in")).await.unwrap().click().await.unwrap();
+        c.find(Locator::Id("sign-in"))
+            .await
+            .unwrap()
+            .click()
+            .await
+            .unwrap();
 
         // The home view: dead letters grouped by cause, with their counts.
         let row = wait_text(&c, "#groups tr", "customer <n> not found").await;
-        assert_eq!(row.find(Locator::Css(".count")).await.unwrap().text().await.unwrap(), "12");
+        assert_eq!(
+            row.find(Locator::Css(".count"))
+                .await
+                .unwrap()
+                .text()
+                .await
+                .unwrap(),
+            "12"
+        );
         wait_text(&c, "#groups tr", "schema v1 not supported").await;
         wait_text(&c, "#topics tr", &topic).await;
         shot(&c, "dead-letters-by-cause").await;
 
         // Open the group's sample message.
-        row.find(Locator::Css("a.sample")).await.unwrap().click().await.unwrap();
+        row.find(Locator::Css("a.sample"))
+            .await
+            .unwrap()
+            .click()
+            .await
+            .unwrap();
         let title = wait_text(&c, "#message-title", "Dead letter #").await;
-        let id: i64 = title.text().await.unwrap().trim_start_matches("Dead letter #").parse().unwrap();
+        let id: i64 = title
+            .text()
+            .await
+            .unwrap()
+            .trim_start_matches("Dead letter #")
+            .parse()
+            .unwrap();
         wait_text(&c, "#facts td", "customer 100 not found").await;
         wait_text(&c, "pre", "\"order\":\"A-0\"").await;
         shot(&c, "message").await;
 
         // Replay it: the confirmation shows the dry-run count; no canary for one letter.
-        c.find(Locator::Id("replay-one")).await.unwrap().click().await.unwrap();
+        c.find(Locator::Id("replay-one"))
+            .await
+            .unwrap()
+            .click()
+            .await
+            .unwrap();
         wait_text(&c, "#replay-count", "1 letter(s) will be sent back").await;
         shot(&c, "replay-confirmation").await;
-        c.find(Locator::Id("modal-confirm")).await.unwrap().click().await.unwrap();
+        c.find(Locator::Id("modal-confirm"))
+            .await
+            .unwrap()
+            .click()
+            .await
+            .unwrap();
         // The jobs view follows the job to its end.
         wait_text(&c, "#jobs .job-status", "completed").await;
         wait_text(&c, "#flash-msg", "started").await;

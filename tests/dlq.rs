@@ -1112,3 +1112,54 @@ async fn the_archive_sidecar_finishes_commits_and_exits_0_on_sigterm() {
     }
     assert_eq!(total, 50);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn long_work_shows_a_progress_bar_on_a_terminal_and_plain_lines_otherwise() {
+    let (db, _c, topic, group) = setup(1).await;
+    let letters: Vec<Letter> = (0..60).map(|i| Letter::order(i, "boom")).collect();
+    dead_letter(&topic, "billing", &letters).await;
+    // Not a terminal: plain progress lines on stderr, the summary line on stdout.
+    let o = archive_once(&db, &topic, &group);
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("archive: "),
+        "{}",
+        text(&o)
+    );
+    assert_eq!(field(&last_line(&o), "archived"), 60);
+    let o = run(outbox_command(&db).args([
+        "dlq", "replay", "--topic", &topic, "--limit", "30", "--rate", "30", "--canary", "0",
+    ]));
+    assert!(o.status.success(), "{}", text(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.lines()
+            .any(|l| l.starts_with("replay job 1: ") && l.contains("/30")),
+        "{err}"
+    );
+    assert_eq!(field(&last_line(&o), "replayed"), 30);
+    let o = run(outbox_command(&db).args(["cleanup"]));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("cleanup: "),
+        "{}",
+        text(&o)
+    );
+    // A terminal (script(1) gives the command a pseudo-terminal): a drawn progress bar.
+    let cmd = format!(
+        "{} dlq replay --topic {topic} --limit 30 --rate 15 --canary 0",
+        env!("CARGO_BIN_EXE_outbox")
+    );
+    let o = run(Command::new("script")
+        .args(["-qec", &cmd, "/dev/null"])
+        .env("DATABASE_URL", database_url())
+        .env("OUTBOX_SCHEMA", db.schema.name())
+        .env("KAFKA_BOOTSTRAP_SERVERS", bootstrap())
+        .env("RUST_LOG", "warn")
+        .env("TERM", "xterm"));
+    let tty = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{tty}");
+    assert!(
+        tty.contains("replay job 2 [") && tty.contains("=>"),
+        "no bar drawn: {tty:?}"
+    );
+    assert!(tty.contains("replayed=30"), "{tty}");
+}

@@ -434,9 +434,14 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             if cleanup.cleanup_batch_size == 0 {
                 return Err(UsageError("cleanup batch size must be at least 1".into()).into());
             }
-            let r = outbox::cleanup(&db, &cleanup_config(&cleanup, None))
-                .await
-                .context("cleanup failed")?;
+            let mut m = dlq_cli::Meter::new("cleanup");
+            let r = outbox::cleanup_with_progress(&db, &cleanup_config(&cleanup, None), &mut |r| {
+                let n = r.outbox_deleted + r.processed_deleted + r.dlq_purged;
+                m.update(n, n, &format!("{} statement(s)", r.statements))
+            })
+            .await
+            .context("cleanup failed")?;
+            m.finish();
             println!(
                 "deleted {} sent outbox row(s), {} processed_messages row(s) and {} settled dead letter(s) in {} statement(s); longest {:?}",
                 r.outbox_deleted, r.processed_deleted, r.dlq_purged, r.statements, r.longest_statement

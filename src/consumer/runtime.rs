@@ -224,7 +224,10 @@ impl Runtime<'_> {
                     self.release_due();
                 }
                 m = self.consumer.recv(), if accepting => match m {
-                    Ok(m) => self.on_message(&m),
+                    Ok(m) => {
+                        let _poll = tracing::trace_span!("outbox.poll", topic = m.topic(), partition = m.partition(), offset = m.offset()).entered();
+                        self.on_message(&m)
+                    }
                     Err(e) => {
                         warn!(error = %e, "kafka consumer error");
                         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -537,6 +540,8 @@ impl Runtime<'_> {
             }
         }
         if stores.count() > 0 {
+            let _commit =
+                tracing::debug_span!("outbox.commit", partitions = stores.count()).entered();
             if let Err(e) = self.consumer.store_offsets(&stores) {
                 debug!(error = %e, "offset store refused (partition revoked?)");
             }

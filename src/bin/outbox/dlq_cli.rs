@@ -307,15 +307,15 @@ fn lift(e: DlqError) -> anyhow::Error {
     }
 }
 
-/// A progress bar on a terminal, a plain line every 5 s otherwise.
-struct Meter {
+/// A progress bar on a terminal; otherwise a plain line at the first update and every 5 s.
+pub(crate) struct Meter {
     bar: Option<indicatif::ProgressBar>,
     last: Instant,
     label: String,
 }
 
 impl Meter {
-    fn new(label: &str) -> Self {
+    pub(crate) fn new(label: &str) -> Self {
         let bar = std::io::stderr().is_terminal().then(|| {
             let b = indicatif::ProgressBar::new(0);
             b.set_style(
@@ -330,12 +330,12 @@ impl Meter {
         });
         Self {
             bar,
-            last: Instant::now(),
+            last: Instant::now() - Duration::from_secs(3600),
             label: label.to_owned(),
         }
     }
 
-    fn update(&mut self, pos: u64, total: u64, msg: &str) {
+    pub(crate) fn update(&mut self, pos: u64, total: u64, msg: &str) {
         match &self.bar {
             Some(b) => {
                 b.set_length(total);
@@ -350,7 +350,7 @@ impl Meter {
         }
     }
 
-    fn finish(&self) {
+    pub(crate) fn finish(&self) {
         if let Some(b) = &self.bar {
             b.finish_and_clear();
         }
