@@ -85,7 +85,7 @@ pub use message::{
 pub use migrate::{embedded_migrations, migrate, MigrateError, MigrateReport};
 pub use relay::{BatchReport, Outcome, Relay, RelayError, MAX_ERROR_LEN};
 pub use schema::{InvalidSchema, Schema, DEFAULT_SCHEMA};
-pub use status::{requeue, status, FailedGroup, Requeue, Status, StatusCount};
+pub use status::{requeue, status, FailedGroup, OpenBreakerRow, Requeue, Status, StatusCount};
 pub use topic::{validate_topic, InvalidTopic, MAX_TOPIC_LEN};
 
 /// The relay's and cleanup's hot statements for `schema`, by name, for plan inspection

@@ -47,6 +47,11 @@ pub const CONSUMER_PAUSED: &str = "outbox_consumer_paused_partitions";
 /// `{group}`: messages accepted and not yet final.
 pub const CONSUMER_IN_FLIGHT: &str = "outbox_consumer_in_flight";
 
+/// `{group,dependency}`: 1 while the group's shared circuit breaker for the dependency is open.
+pub const BREAKER_OPEN: &str = "outbox_breaker_open";
+/// `{group}`: 0 normal, 1 paused (a breaker is open), 2 draining parked letters.
+pub const CONSUMER_MODE: &str = "outbox_consumer_mode";
+
 /// `outbox_dlq_messages{topic,group,kind,status}`: archived dead letters (`kind` is
 /// `x-error-kind`; the per-cause view, by normalised error, is the admin dashboard's).
 pub const DLQ_MESSAGES: &str = "outbox_dlq_messages";
@@ -64,7 +69,9 @@ pub const DLQ_REPLAY_CAME_BACK: &str = "outbox_dlq_replay_came_back_total";
 pub const DLQ_DROPPED: &str = "outbox_dlq_dropped_total";
 
 /// Every metric name the code exports, for the dashboard and alert-rule checks.
-pub const ALL: [&str; 23] = [
+pub const ALL: [&str; 25] = [
+    BREAKER_OPEN,
+    CONSUMER_MODE,
     OUTBOX_ROWS,
     OUTBOX_OLDEST_PENDING_AGE,
     OUTBOX_PUBLISHED,

@@ -36,6 +36,23 @@ pub struct Status {
     pub oldest_pending_age_secs: Option<f64>,
     /// Failed rows grouped by error, most frequent first (at most 20 groups).
     pub failed_by_error: Vec<FailedGroup>,
+    /// Consumer circuit breakers open now (every replica of the group is paused).
+    pub open_breakers: Vec<OpenBreakerRow>,
+}
+
+/// An open circuit breaker (`circuit_breakers`).
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct OpenBreakerRow {
+    /// The consumer group.
+    pub consumer_group: String,
+    /// The dependency.
+    pub dependency: String,
+    /// Seconds until it closes.
+    pub closes_in_secs: f64,
+    /// Why it opened.
+    pub reason: Option<String>,
+    /// Opens so far.
+    pub generation: i64,
 }
 
 impl Status {
@@ -77,10 +94,22 @@ pub async fn status(db: &DbConfig) -> Result<Status, tokio_postgres::Error> {
             max_id: r.get(3),
         })
         .collect();
+    let open_breakers = crate::consumer::open_breakers(&client, &db.schema)
+        .await?
+        .into_iter()
+        .map(|(g, n, secs, reason, generation)| OpenBreakerRow {
+            consumer_group: g,
+            dependency: n,
+            closes_in_secs: secs,
+            reason,
+            generation,
+        })
+        .collect();
     Ok(Status {
         counts,
         oldest_pending_age_secs,
         failed_by_error,
+        open_breakers,
     })
 }
 

@@ -323,6 +323,21 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                     Some(a) => println!("oldest pending age: {a:.1} s"),
                     None => println!("oldest pending age: - (no pending rows)"),
                 }
+                if s.open_breakers.is_empty() {
+                    println!("circuit breakers: none open");
+                } else {
+                    println!("circuit breakers OPEN (every replica of the group is paused):");
+                    for b in &s.open_breakers {
+                        println!(
+                            "  {:<24} {:<20} closes in {:>6.1} s  opened {} time(s)  {}",
+                            b.consumer_group,
+                            b.dependency,
+                            b.closes_in_secs,
+                            b.generation,
+                            b.reason.as_deref().unwrap_or("")
+                        );
+                    }
+                }
                 if !s.failed_by_error.is_empty() {
                     println!("failed rows by last_error:");
                     for g in &s.failed_by_error {

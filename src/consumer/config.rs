@@ -45,6 +45,9 @@ pub struct ConsumerConfig {
     /// application installs [`crate::metrics::install`] and mounts [`crate::metrics::router`]
     /// itself, or does without).
     pub metrics_addr: Option<std::net::SocketAddr>,
+    /// The circuit breaker shared by the group's replicas (seed 000), for handlers that report
+    /// [`super::HandlerError::unavailable`]. `None` (the default): such errors are transient.
+    pub breaker: Option<super::BreakerConfig>,
 }
 
 impl ConsumerConfig {
@@ -64,6 +67,7 @@ impl ConsumerConfig {
             shutdown_timeout: Duration::from_secs(30),
             pause_after: DEFAULT_PAUSE_AFTER,
             metrics_addr: None,
+            breaker: None,
         }
     }
 
@@ -83,6 +87,9 @@ impl ConsumerConfig {
         }
         for t in &self.topics {
             crate::topic::validate_topic(t).map_err(|e| ConsumerError::Config(e.to_string()))?;
+        }
+        if let Some(b) = &self.breaker {
+            b.validate().map_err(ConsumerError::Config)?;
         }
         if self.concurrency == 0 || self.max_buffered == 0 {
             return bad("concurrency and max_buffered must be at least 1".into());

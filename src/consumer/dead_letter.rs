@@ -17,7 +17,7 @@ pub const X_CONSUMER_GROUP: &str = "x-consumer-group";
 pub const X_ATTEMPTS: &str = "x-attempts";
 /// The last error, at most 500 characters.
 pub const X_ERROR: &str = "x-error";
-/// `transient-exhausted`, `permanent`, `decode` or `panic`.
+/// `transient-exhausted`, `permanent`, `decode`, `panic` or `unavailable`.
 pub const X_ERROR_KIND: &str = "x-error-kind";
 /// When the message was dead-lettered (RFC 3339).
 pub const X_FAILED_AT: &str = "x-failed-at";
@@ -52,6 +52,8 @@ pub enum DeadLetterKind {
     Decode,
     /// The handler panicked.
     Panic,
+    /// A downstream dependency was unavailable: parked by the circuit breaker, drained later.
+    Unavailable,
 }
 
 impl DeadLetterKind {
@@ -62,6 +64,7 @@ impl DeadLetterKind {
             Self::Permanent => "permanent",
             Self::Decode => "decode",
             Self::Panic => "panic",
+            Self::Unavailable => "unavailable",
         }
     }
 }

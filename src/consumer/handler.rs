@@ -27,50 +27,98 @@ pub enum ErrorKind {
 pub struct HandlerError {
     kind: ErrorKind,
     message: String,
-    unavailable: bool,
+    /// The consumer's own database is unreachable.
+    database_unavailable: bool,
+    /// The downstream dependency that is unavailable (drives the shared circuit breaker).
+    dependency: Option<String>,
+    /// The error says "the other side is not answering" (connection refused, timeout, HTTP
+    /// 502/503/504): [`HandlerError::on`] turns it into an outage of the named dependency.
+    availability: bool,
 }
 
 impl HandlerError {
+    fn new(kind: ErrorKind, message: String) -> Self {
+        Self {
+            kind,
+            message,
+            database_unavailable: false,
+            dependency: None,
+            availability: false,
+        }
+    }
+
     /// A failure worth retrying.
     pub fn transient(message: impl fmt::Display) -> Self {
-        Self {
-            kind: ErrorKind::Transient,
-            message: message.to_string(),
-            unavailable: false,
-        }
+        Self::new(ErrorKind::Transient, message.to_string())
     }
 
     /// A failure that retrying cannot fix.
     pub fn permanent(message: impl fmt::Display) -> Self {
-        Self {
-            kind: ErrorKind::Permanent,
-            message: message.to_string(),
-            unavailable: false,
+        Self::new(ErrorKind::Permanent, message.to_string())
+    }
+
+    /// The downstream `dependency` (e.g. `"loyalty-api"`) is unavailable. With a
+    /// [`super::BreakerConfig`], in-place retries are spent, then the group's shared circuit
+    /// breaker for that dependency opens: every replica pauses, the message is parked in the
+    /// DLQ and drained when the breaker closes (seed 000). Without one it is a transient error.
+    pub fn unavailable(dependency: &str, err: impl fmt::Display) -> Self {
+        let mut e = Self::new(
+            ErrorKind::Transient,
+            format!("{dependency} unavailable: {err}"),
+        );
+        e.dependency = Some(dependency.to_owned());
+        e.availability = true;
+        e
+    }
+
+    /// Names the dependency a call failed on: connection refused, timeouts and HTTP
+    /// 502/503/504 (from `?` on I/O and timeout errors, or [`HandlerError::from_http_status`])
+    /// become [`HandlerError::unavailable`] for it; other errors are returned unchanged.
+    ///
+    /// ```
+    /// # use outbox::consumer::HandlerError;
+    /// let e = HandlerError::from_http_status(503, "busy").on("loyalty-api");
+    /// assert_eq!(e.dependency(), Some("loyalty-api"));
+    /// let e = HandlerError::from_http_status(400, "bad").on("loyalty-api");
+    /// assert_eq!(e.dependency(), None);
+    /// ```
+    #[must_use]
+    pub fn on(mut self, dependency: &str) -> Self {
+        if self.availability && self.kind == ErrorKind::Transient {
+            self.dependency = Some(dependency.to_owned());
+            self.message = format!("{dependency} unavailable: {}", self.message);
         }
+        self
+    }
+
+    /// The unavailable dependency, if this error names one.
+    pub fn dependency(&self) -> Option<&str> {
+        self.dependency.as_deref()
     }
 
     /// The consumer's own database is unreachable (connection refused or lost, server shutting
     /// down). The runtime waits it out with capped backoff *without* spending the message's
     /// retry budget: an outage must not push healthy messages into the dead-letter topic.
-    pub fn unavailable(message: impl fmt::Display) -> Self {
-        Self {
-            kind: ErrorKind::Transient,
-            message: message.to_string(),
-            unavailable: true,
-        }
+    pub fn database_unavailable(message: impl fmt::Display) -> Self {
+        let mut e = Self::new(ErrorKind::Transient, message.to_string());
+        e.database_unavailable = true;
+        e
     }
 
-    /// True for [`HandlerError::unavailable`] errors (and Postgres connection failures
-    /// converted with `?`).
-    pub fn is_unavailable(&self) -> bool {
-        self.unavailable
+    /// True for [`HandlerError::database_unavailable`] errors (and Postgres connection
+    /// failures converted with `?`).
+    pub fn is_database_unavailable(&self) -> bool {
+        self.database_unavailable
     }
 
     /// Classifies an HTTP response status from a downstream API: 408, 425, 429 and 5xx are
-    /// transient; other 4xx are permanent.
+    /// transient (502, 503 and 504 also count as the dependency being unavailable, see
+    /// [`HandlerError::on`]); other 4xx are permanent.
     pub fn from_http_status(status: u16, message: impl fmt::Display) -> Self {
         if matches!(status, 408 | 425 | 429) || status >= 500 {
-            Self::transient(format!("HTTP {status}: {message}"))
+            let mut e = Self::transient(format!("HTTP {status}: {message}"));
+            e.availability = matches!(status, 502..=504);
+            e
         } else {
             Self::permanent(format!("HTTP {status}: {message}"))
         }
@@ -107,7 +155,7 @@ impl From<tokio_postgres::Error> for HandlerError {
             None => format!("postgres: {e}"),
         };
         if crate::classify::postgres_is_unavailable(&e) {
-            Self::unavailable(text)
+            Self::database_unavailable(text)
         } else if crate::classify::postgres_is_transient(&e) {
             Self::transient(text)
         } else {
@@ -129,7 +177,18 @@ impl From<std::io::Error> for HandlerError {
             | K::Interrupted
             | K::WouldBlock
             | K::UnexpectedEof
-            | K::AddrNotAvailable => Self::transient(format!("io: {e}")),
+            | K::AddrNotAvailable => {
+                let mut h = Self::transient(format!("io: {e}"));
+                h.availability = matches!(
+                    e.kind(),
+                    K::TimedOut
+                        | K::ConnectionRefused
+                        | K::ConnectionReset
+                        | K::ConnectionAborted
+                        | K::NotConnected
+                );
+                h
+            }
             _ => Self::permanent(format!("io: {e}")),
         }
     }
@@ -143,7 +202,9 @@ impl From<serde_json::Error> for HandlerError {
 
 impl From<tokio::time::error::Elapsed> for HandlerError {
     fn from(e: tokio::time::error::Elapsed) -> Self {
-        Self::transient(format!("timeout: {e}"))
+        let mut h = Self::transient(format!("timeout: {e}"));
+        h.availability = true;
+        h
     }
 }
 
@@ -201,21 +262,23 @@ impl Delivered {
 /// An event handler: runs inside the Postgres transaction that also records the message in
 /// `processed_messages`; returning `Ok` commits both, an error rolls both back.
 ///
-/// Implement it on a struct, or pass a function item with the signature of
-/// [`Handler::handle`]:
+/// Write it as a plain `async fn` (or an async closure that does not borrow from its captures),
+/// or implement the trait on a struct:
 ///
 /// ```no_run
-/// use outbox::consumer::{BoxFuture, Delivered, HandlerError};
-/// fn charge<'a>(msg: &'a Delivered, tx: &'a tokio_postgres::Transaction<'a>)
-///     -> BoxFuture<'a, Result<(), HandlerError>> {
-///     Box::pin(async move {
-///         let total = msg.json()["total_cents"].as_i64()
-///             .ok_or_else(|| HandlerError::permanent("total_cents missing"))?;
-///         tx.execute("INSERT INTO charges (amount_cents) VALUES ($1)", &[&total]).await?;
-///         Ok(())
-///     })
+/// use outbox::consumer::{Delivered, HandlerError};
+/// async fn charge(msg: &Delivered, tx: &tokio_postgres::Transaction<'_>) -> Result<(), HandlerError> {
+///     let total = msg.json()["total_cents"].as_i64()
+///         .ok_or_else(|| HandlerError::permanent("total_cents missing"))?;
+///     tx.execute("INSERT INTO charges (amount_cents) VALUES ($1)", &[&total]).await?;
+///     Ok(())
 /// }
+/// # fn register(c: outbox::consumer::Consumer) -> outbox::consumer::Consumer {
+/// c.handler("order_created", charge)
+/// # }
 /// ```
+///
+/// The older form, a function returning a [`BoxFuture`], still works.
 pub trait Handler: Send + Sync + 'static {
     /// Handles one message within `tx`. Must not commit or roll back `tx` itself.
     fn handle<'a>(
@@ -225,22 +288,37 @@ pub trait Handler: Send + Sync + 'static {
     ) -> BoxFuture<'a, Result<(), HandlerError>>;
 }
 
+/// A function usable as a [`Handler`]: `async fn(&Delivered, &Transaction<'_>) ->
+/// Result<(), HandlerError>`, or one returning a [`BoxFuture`]. (A helper trait: it names the
+/// future per lifetime, which a plain `Fn` bound cannot.)
+pub trait HandlerFn<'a>: Send + Sync + 'static {
+    /// The future the function returns.
+    type Fut: Future<Output = Result<(), HandlerError>> + Send + 'a;
+    /// Calls the function.
+    fn call(&self, msg: &'a Delivered, tx: &'a tokio_postgres::Transaction<'a>) -> Self::Fut;
+}
+
+impl<'a, F, Fut> HandlerFn<'a> for F
+where
+    F: Fn(&'a Delivered, &'a tokio_postgres::Transaction<'a>) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<(), HandlerError>> + Send + 'a,
+{
+    type Fut = Fut;
+    fn call(&self, msg: &'a Delivered, tx: &'a tokio_postgres::Transaction<'a>) -> Fut {
+        self(msg, tx)
+    }
+}
+
 impl<F> Handler for F
 where
-    F: for<'a> Fn(
-            &'a Delivered,
-            &'a tokio_postgres::Transaction<'a>,
-        ) -> BoxFuture<'a, Result<(), HandlerError>>
-        + Send
-        + Sync
-        + 'static,
+    F: for<'a> HandlerFn<'a>,
 {
     fn handle<'a>(
         &'a self,
         msg: &'a Delivered,
         tx: &'a tokio_postgres::Transaction<'a>,
     ) -> BoxFuture<'a, Result<(), HandlerError>> {
-        self(msg, tx)
+        Box::pin(HandlerFn::call(self, msg, tx))
     }
 }
 
@@ -251,7 +329,8 @@ where
 /// lane, so per-key order holds), records them all in `processed_messages` with one multi-row
 /// insert and passes only the first deliveries to `handle_batch`. If the batch fails, every
 /// message is retried on its own (a batch of one) so one bad message cannot sink the others:
-/// a permanent failure then dead-letters only that message.
+/// a permanent failure then dead-letters only that message. Like [`Handler`], a plain
+/// `async fn(&[&Delivered], &Transaction<'_>)` works.
 pub trait BatchHandler: Send + Sync + 'static {
     /// Handles `msgs` (first deliveries only, never empty) within `tx`.
     fn handle_batch<'a>(
@@ -259,6 +338,85 @@ pub trait BatchHandler: Send + Sync + 'static {
         msgs: &'a [&'a Delivered],
         tx: &'a tokio_postgres::Transaction<'a>,
     ) -> BoxFuture<'a, Result<(), HandlerError>>;
+}
+
+/// A function usable as a [`BatchHandler`] (see [`HandlerFn`]).
+pub trait BatchHandlerFn<'a>: Send + Sync + 'static {
+    /// The future the function returns.
+    type Fut: Future<Output = Result<(), HandlerError>> + Send + 'a;
+    /// Calls the function.
+    fn call(&self, msgs: &'a [&'a Delivered], tx: &'a tokio_postgres::Transaction<'a>)
+        -> Self::Fut;
+}
+
+impl<'a, F, Fut> BatchHandlerFn<'a> for F
+where
+    F: Fn(&'a [&'a Delivered], &'a tokio_postgres::Transaction<'a>) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<(), HandlerError>> + Send + 'a,
+{
+    type Fut = Fut;
+    fn call(&self, msgs: &'a [&'a Delivered], tx: &'a tokio_postgres::Transaction<'a>) -> Fut {
+        self(msgs, tx)
+    }
+}
+
+impl<F> BatchHandler for F
+where
+    F: for<'a> BatchHandlerFn<'a>,
+{
+    fn handle_batch<'a>(
+        &'a self,
+        msgs: &'a [&'a Delivered],
+        tx: &'a tokio_postgres::Transaction<'a>,
+    ) -> BoxFuture<'a, Result<(), HandlerError>> {
+        Box::pin(BatchHandlerFn::call(self, msgs, tx))
+    }
+}
+
+/// The outcome of a freshness check against the source of truth (seed 000), run before a
+/// parked letter is handled during a drain.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Freshness {
+    /// The event still describes the entity: handle it.
+    Match,
+    /// The entity moved on (deleted, newer version): drop the letter as `event_obsolete`.
+    Mismatch,
+    /// The check itself failed: park the letter again (`x-dlq-retries` + 1).
+    QueryFailed(String),
+}
+
+/// A freshness check: `async fn(&Delivered) -> Freshness`, or a struct implementing it.
+pub trait FreshnessCheck: Send + Sync + 'static {
+    /// Checks one parked letter.
+    fn check<'a>(&'a self, msg: &'a Delivered) -> BoxFuture<'a, Freshness>;
+}
+
+/// A function usable as a [`FreshnessCheck`] (see [`HandlerFn`]).
+pub trait FreshnessFn<'a>: Send + Sync + 'static {
+    /// The future the function returns.
+    type Fut: Future<Output = Freshness> + Send + 'a;
+    /// Calls the function.
+    fn call(&self, msg: &'a Delivered) -> Self::Fut;
+}
+
+impl<'a, F, Fut> FreshnessFn<'a> for F
+where
+    F: Fn(&'a Delivered) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Freshness> + Send + 'a,
+{
+    type Fut = Fut;
+    fn call(&self, msg: &'a Delivered) -> Fut {
+        self(msg)
+    }
+}
+
+impl<F> FreshnessCheck for F
+where
+    F: for<'a> FreshnessFn<'a>,
+{
+    fn check<'a>(&'a self, msg: &'a Delivered) -> BoxFuture<'a, Freshness> {
+        Box::pin(FreshnessFn::call(self, msg))
+    }
 }
 
 #[cfg(test)]
@@ -277,5 +435,77 @@ mod tests {
         assert!(!e.is_transient());
         let e: HandlerError = serde_json::from_str::<i32>("x").unwrap_err().into();
         assert!(!e.is_transient());
+        // Naming the dependency turns outages into `unavailable`, and nothing else.
+        let e: HandlerError = std::io::Error::from(std::io::ErrorKind::ConnectionRefused).into();
+        assert_eq!(e.on("api").dependency(), Some("api"));
+        let e: HandlerError = std::io::Error::from(std::io::ErrorKind::InvalidData).into();
+        assert_eq!(e.on("api").dependency(), None);
+        assert_eq!(
+            HandlerError::from_http_status(504, "x")
+                .on("api")
+                .dependency(),
+            Some("api")
+        );
+        assert_eq!(
+            HandlerError::from_http_status(500, "x")
+                .on("api")
+                .dependency(),
+            None
+        );
+        assert_eq!(
+            HandlerError::from_http_status(404, "x")
+                .on("api")
+                .dependency(),
+            None
+        );
+        assert!(HandlerError::unavailable("api", "down").is_transient());
+    }
+
+    async fn plain(
+        _m: &Delivered,
+        _tx: &tokio_postgres::Transaction<'_>,
+    ) -> Result<(), HandlerError> {
+        Ok(())
+    }
+    async fn plain_batch(
+        _m: &[&Delivered],
+        _tx: &tokio_postgres::Transaction<'_>,
+    ) -> Result<(), HandlerError> {
+        Ok(())
+    }
+    async fn fresh(_m: &Delivered) -> Freshness {
+        Freshness::Match
+    }
+    fn boxed<'a>(
+        _m: &'a Delivered,
+        _tx: &'a tokio_postgres::Transaction<'a>,
+    ) -> BoxFuture<'a, Result<(), HandlerError>> {
+        Box::pin(async { Ok(()) })
+    }
+
+    #[test]
+    fn async_fns_closures_and_the_boxed_form_are_handlers() {
+        fn is_handler<H: Handler>(_: &H) {}
+        fn is_batch<H: BatchHandler>(_: &H) {}
+        fn is_check<H: FreshnessCheck>(_: &H) {}
+        is_handler(&plain);
+        is_handler(&boxed);
+        is_handler(
+            &async |m: &Delivered, _tx: &tokio_postgres::Transaction<'_>| {
+                if m.message_id.is_empty() {
+                    return Err(HandlerError::permanent("no id"));
+                }
+                Ok(())
+            },
+        );
+        is_batch(&plain_batch);
+        is_check(&fresh);
+        is_check(&async |m: &Delivered| {
+            if m.offset >= 0 {
+                Freshness::Match
+            } else {
+                Freshness::Mismatch
+            }
+        });
     }
 }

@@ -24,6 +24,7 @@
 //! handler finishes for 2 s meanwhile (a stalled downstream), every assigned partition is paused (backpressure) until the
 //! backlog is down to half the bound. Memory stays bounded either way.
 
+mod breaker;
 mod config;
 mod dead_letter;
 mod handler;
@@ -35,11 +36,18 @@ mod retry;
 mod runtime;
 mod stats;
 
+pub use breaker::{
+    BreakerConfig, ConsumerState, FailureRate, Mode, OpenBreaker, StateHandle,
+    DEFAULT_BREAKER_CHECK_INTERVAL, DEFAULT_OPEN_FOR,
+};
 pub use config::{
     ConsumerConfig, ConsumerError, DEFAULT_CONCURRENCY, DEFAULT_DLQ_SUFFIX, DEFAULT_MAX_BUFFERED,
 };
 pub use dead_letter::*;
-pub use handler::{BatchHandler, BoxFuture, Delivered, ErrorKind, Handler, HandlerError};
+pub use handler::{
+    BatchHandler, BatchHandlerFn, BoxFuture, Delivered, ErrorKind, Freshness, FreshnessCheck,
+    FreshnessFn, Handler, HandlerError, HandlerFn,
+};
 pub use inbox::{Inbox, InboxOutcome};
 pub use retry::{
     retry_suffix, RetryStrategy, DEFAULT_IN_PLACE_ATTEMPTS, DEFAULT_IN_PLACE_BASE,
@@ -62,6 +70,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::info;
 
 use crate::config::{DbConfig, KafkaConfig};
+use breaker::Breakers;
 use runtime::{Ctx, Partitions, Runtime};
 
 /// A registered handler.
@@ -77,9 +86,30 @@ struct Shared {
     handlers: HashMap<String, HandlerRef>,
     config: ConsumerConfig,
     retry_topics: HashMap<String, (String, usize)>,
+    /// With a breaker: each DLQ topic read during drains → its main topic.
+    drain_topics: HashMap<String, String>,
     inbox: Inbox,
     stats: Arc<ConsumerStats>,
     cancel: CancellationToken,
+    breakers: Arc<Breakers>,
+    freshness: Option<Arc<dyn FreshnessCheck>>,
+    /// For recording drained and dropped letters in the archive.
+    dlq: crate::dlq::Dlq,
+}
+
+/// Open breakers of every group in `schema` (for `outbox status`).
+pub(crate) async fn open_breakers(
+    client: &tokio_postgres::Client,
+    schema: &crate::schema::Schema,
+) -> Result<Vec<(String, String, f64, Option<String>, i64)>, tokio_postgres::Error> {
+    Breakers::for_status(client, schema).await
+}
+
+impl Shared {
+    /// The breaker, when one is configured.
+    fn breaker(&self) -> Option<&Breakers> {
+        self.config.breaker.as_ref().map(|_| &*self.breakers)
+    }
 }
 
 /// The consumer runtime. Register handlers with [`Consumer::handler`], then [`Consumer::run`].
@@ -89,6 +119,8 @@ pub struct Consumer {
     config: ConsumerConfig,
     handlers: HashMap<String, HandlerRef>,
     stats: Arc<ConsumerStats>,
+    breakers: Arc<Breakers>,
+    freshness: Option<Arc<dyn FreshnessCheck>>,
 }
 
 impl Consumer {
@@ -111,12 +143,21 @@ impl Consumer {
                 "enable.auto.offset.store must stay false: offsets are stored only for final messages".into(),
             ));
         }
+        let pool = crate::db::pool(db).map_err(|e| ConsumerError::Config(format!("pool: {e}")))?;
+        let breakers = Arc::new(Breakers::new(
+            pool,
+            db.schema.clone(),
+            config.group.clone(),
+            config.breaker.clone().unwrap_or_default(),
+        ));
         Ok(Self {
             db: db.clone(),
             kafka: kafka.clone(),
             config,
             handlers: HashMap::new(),
             stats: Arc::default(),
+            breakers,
+            freshness: None,
         })
     }
 
@@ -147,6 +188,21 @@ impl Consumer {
     /// Counters, shared with the running consumer.
     pub fn stats(&self) -> Arc<ConsumerStats> {
         self.stats.clone()
+    }
+
+    /// The breaker cycle's state (mode, open breakers, parked/drained/dropped counts), readable
+    /// while the consumer runs: `consumer.state().get()`.
+    pub fn state(&self) -> StateHandle {
+        StateHandle(self.breakers.clone())
+    }
+
+    /// A freshness check run before each parked letter is handled during a drain (seed 000):
+    /// `Match` handles it, `Mismatch` drops it as `event_obsolete`, `QueryFailed` parks it
+    /// again. A plain `async fn(&Delivered) -> Freshness` works.
+    #[must_use]
+    pub fn freshness(mut self, check: impl FreshnessCheck) -> Self {
+        self.freshness = Some(Arc::new(check));
+        self
     }
 
     /// Every topic the consumer needs: main, retry and dead-letter.
@@ -198,6 +254,16 @@ impl Consumer {
         let last_final = Arc::new(Mutex::new(HashMap::new()));
         let backpressure = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let consumer: StreamConsumer<Ctx> = cc.create_with_context(Ctx {
+            breakers: self.config.breaker.as_ref().map(|_| self.breakers.clone()),
+            drain_topics: if self.config.breaker.is_some() {
+                self.config
+                    .topics
+                    .iter()
+                    .map(|t| self.config.dlq_topic(t))
+                    .collect()
+            } else {
+                HashSet::new()
+            },
             group: self.config.group.clone(),
             last_final: last_final.clone(),
             partitions: partitions.clone(),
@@ -239,6 +305,17 @@ impl Consumer {
         let retry_topics = self.config.retry_topics();
         let mut subscribe: Vec<String> = self.config.topics.clone();
         subscribe.extend(retry_topics.keys().cloned());
+        // With a breaker the group also reads its topics' DLQs, paused except during drains.
+        let drain_topics: HashMap<String, String> = if self.config.breaker.is_some() {
+            self.config
+                .topics
+                .iter()
+                .map(|t| (self.config.dlq_topic(t), t.clone()))
+                .collect()
+        } else {
+            HashMap::new()
+        };
+        subscribe.extend(drain_topics.keys().cloned());
         consumer.subscribe(&subscribe.iter().map(String::as_str).collect::<Vec<_>>())?;
 
         let mut db = self.db.clone();
@@ -266,17 +343,46 @@ impl Consumer {
                 cancel.cancel();
             });
         }
+        let dlq = crate::dlq::Dlq::with_pool(pool.clone(), self.db.schema.clone());
+        if self.config.breaker.is_some() {
+            // Every replica re-reads the shared breaker rows on its own clock.
+            let (b, c, every) = (
+                self.breakers.clone(),
+                cancel.clone(),
+                self.breakers.config.check_interval,
+            );
+            b.refresh().await;
+            tokio::spawn(async move {
+                loop {
+                    tokio::select! {
+                        () = c.cancelled() => return,
+                        () = tokio::time::sleep(every) => b.refresh().await,
+                    }
+                }
+            });
+        }
         let shared = Arc::new(Shared {
             pool,
             producer,
             handlers: self.handlers,
             inbox: Inbox::new(&self.db.schema, self.config.group.clone()),
             retry_topics,
+            drain_topics,
             config: self.config,
             stats: self.stats,
             cancel: cancel.clone(),
+            breakers: self.breakers,
+            freshness: self.freshness,
+            dlq,
         });
         info!(group = %shared.config.group, topics = ?subscribe, concurrency = shared.config.concurrency, "consumer started");
+        if shared.breaker().is_some() {
+            // A first drain at startup picks up letters parked before a restart.
+            shared
+                .breakers
+                .set_mode(Mode::Drain, "startup: draining letters parked earlier");
+        }
+        let drain_rate = shared.breakers.config.drain_rate;
         let mut rt = Runtime {
             consumer: &consumer,
             partitions,
@@ -292,6 +398,11 @@ impl Consumer {
             last_progress: Instant::now(),
             last_final,
             gauges_at: Instant::now(),
+            held: VecDeque::new(),
+            drain_target: HashMap::new(),
+            drain_done: HashMap::new(),
+            drain_pacer: breaker::DrainPacer::new(drain_rate),
+            steer_at: Instant::now(),
         };
         rt.run(cancel).await;
         Ok(())

@@ -41,6 +41,23 @@ pub(super) struct Origin {
 }
 
 pub(super) fn origin(raw: &Raw, shared: &Shared) -> Origin {
+    if let Some(main) = shared.drain_topics.get(&raw.topic) {
+        // A parked letter: it belongs to its original topic (and inbox key).
+        return Origin {
+            topic: raw
+                .header(super::X_ORIGINAL_TOPIC)
+                .map_or_else(|| main.clone(), str::to_owned),
+            partition: raw
+                .header(X_ORIGINAL_PARTITION)
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(raw.partition),
+            offset: raw
+                .header(X_ORIGINAL_OFFSET)
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(raw.offset),
+            hop: 0,
+        };
+    }
     match shared.retry_topics.get(&raw.topic) {
         Some((orig, hop)) => Origin {
             topic: orig.clone(),

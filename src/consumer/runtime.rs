@@ -1,7 +1,7 @@
 //! The poll loop: partitions and their offset trackers, per-key lanes, dispatch to bounded
 //! handler tasks, retry-topic delays, backpressure, and the shutdown commit.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
@@ -17,9 +17,10 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
+use super::breaker::{Breakers, DrainPacer, Mode};
 use super::handler::Delivered;
 use super::offsets::OffsetTracker;
-use super::process::{process, process_batch, Fate};
+use super::process::{process, process_batch, process_drain, Fate};
 use super::record::{decode, origin, Origin, Raw, UNREADABLE_HEADERS};
 use super::retry::RetryStrategy;
 use super::stats::ConsumerStats;
@@ -44,6 +45,21 @@ pub(super) struct Ctx {
     pub(super) partitions: Arc<Mutex<Partitions>>,
     /// Mirrors the runtime's backpressure pause, so partitions assigned meanwhile start paused.
     pub(super) backpressure: Arc<std::sync::atomic::AtomicBool>,
+    /// The breaker cycle (when configured) and the DLQ topics read during drains: partitions
+    /// assigned meanwhile start paused or not according to the mode.
+    pub(super) breakers: Option<Arc<Breakers>>,
+    pub(super) drain_topics: HashSet<String>,
+}
+
+impl Ctx {
+    fn mode_allows(&self, topic: &str) -> bool {
+        let mode = self.breakers.as_ref().map_or(Mode::Normal, |b| b.mode());
+        if self.drain_topics.contains(topic) {
+            mode == Mode::Drain
+        } else {
+            mode == Mode::Normal
+        }
+    }
 }
 
 impl ClientContext for Ctx {
@@ -103,6 +119,14 @@ impl ConsumerContext for Ctx {
             if self.backpressure.load(Ordering::SeqCst) {
                 // Backpressure is on: new partitions must not flow in unbounded.
                 let _ = c.pause(tpl);
+            } else if self.breakers.is_some() {
+                let mut held = TopicPartitionList::new();
+                for e in tpl.elements() {
+                    if !self.mode_allows(e.topic()) {
+                        held.add_partition(e.topic(), e.partition());
+                    }
+                }
+                let _ = c.pause(&held);
             }
         }
     }
@@ -122,6 +146,8 @@ pub(super) struct Envelope {
     pub(super) origin: Origin,
     /// Decoded before dispatch: a decode error never reaches a handler or spends retries.
     pub(super) decoded: Result<Delivered, String>,
+    /// A parked letter of this group, read from a DLQ topic during a drain.
+    pub(super) drain: bool,
 }
 
 #[derive(Default)]
@@ -160,6 +186,15 @@ pub(super) struct Runtime<'c> {
     pub(super) last_progress: Instant,
     pub(super) last_final: Arc<Mutex<HashMap<Tp, i64>>>,
     pub(super) gauges_at: Instant,
+    /// Lanes whose head the current mode does not allow (main topics while paused or
+    /// draining, parked letters outside a drain); back to `ready` at the next transition.
+    pub(super) held: VecDeque<LaneKey>,
+    /// During a drain: per DLQ partition, the end seen when the drain started, and how far
+    /// this replica has settled it.
+    pub(super) drain_target: HashMap<Tp, i64>,
+    pub(super) drain_done: HashMap<Tp, i64>,
+    pub(super) drain_pacer: DrainPacer,
+    pub(super) steer_at: Instant,
 }
 
 /// Default for [`ConsumerConfig::pause_after`]: how long the runtime may sit at
@@ -187,6 +222,7 @@ impl Runtime<'_> {
         let (done_tx, mut done_rx) = mpsc::unbounded_channel::<Done>();
         loop {
             self.forget_revoked();
+            self.steer();
             self.dispatch(&done_tx);
             self.backpressure();
             if self.gauges_at.elapsed() >= Duration::from_secs(1) {
@@ -212,7 +248,17 @@ impl Runtime<'_> {
                 .saturated_since
                 .filter(|_| !self.bp_paused)
                 .map(|t| t.max(self.last_progress) + self.shared.config.pause_after);
-            let next_wake = [next_due, pause_at].into_iter().flatten().min();
+            let pacer_at = (self.mode() == Mode::Drain && !self.ready.is_empty())
+                .then(|| self.drain_pacer.wait().map(Instant::from_std))
+                .flatten();
+            let steer_at = self
+                .shared
+                .breaker()
+                .map(|b| self.steer_at + b.config.check_interval);
+            let next_wake = [next_due, pause_at, pacer_at, steer_at]
+                .into_iter()
+                .flatten()
+                .min();
             // At the bound, stop pulling from librdkafka (its prefetch queue is bounded too);
             // once paused, keep polling so rebalances are served.
             let accepting = self.buffered < self.shared.config.max_buffered || self.bp_paused;
@@ -332,6 +378,20 @@ impl Runtime<'_> {
                 .min(delay.as_millis() as u64);
             Instant::now() + Duration::from_millis(wait)
         });
+        let is_dlq = self.shared.drain_topics.contains_key(&raw.topic);
+        if is_dlq && !self.ours(&raw) {
+            // Another group's letter, or one a drain must never take (decode, permanent,
+            // panic): passed over at once, no handler, no pacing.
+            self.settle(vec![DoneItem {
+                lane: (raw.topic.clone(), raw.partition, LaneId::Offset(raw.offset)),
+                tp,
+                offset: raw.offset,
+                epoch,
+                fate: Fate::Final,
+                timestamp_ms: raw.timestamp_ms,
+            }]);
+            return;
+        }
         let origin = origin(&raw, &self.shared);
         let decoded = decode(&raw, &origin);
         let env = Envelope {
@@ -340,6 +400,7 @@ impl Runtime<'_> {
             due,
             origin,
             decoded,
+            drain: is_dlq,
         };
         let waiting = self.delayed.get(&tp).is_some_and(|q| !q.is_empty());
         if waiting || env.due.is_some_and(|d| d > Instant::now()) {
@@ -385,7 +446,7 @@ impl Runtime<'_> {
             }
             if empty {
                 self.delayed.remove(&tp);
-                if !self.bp_paused {
+                if !self.bp_paused && self.mode_allows(&tp.0) {
                     if let Err(e) = self.consumer.resume(&tpl_of([&tp])) {
                         debug!(error = %e, "resume of retry partition failed");
                     }
@@ -431,12 +492,47 @@ impl Runtime<'_> {
     }
 
     fn dispatch(&mut self, done_tx: &mpsc::UnboundedSender<Done>) {
-        while self.running < self.shared.config.concurrency {
+        let mode = self.mode();
+        let limit = match (mode, self.shared.breaker()) {
+            (Mode::Drain, Some(b)) => b
+                .config
+                .drain_concurrency
+                .min(self.shared.config.concurrency),
+            _ => self.shared.config.concurrency,
+        };
+        while self.running < limit {
+            // Heads the mode does not allow wait in `held`.
+            while let Some(key) = self.ready.front().cloned() {
+                let allowed = self
+                    .lanes
+                    .get(&key)
+                    .and_then(|l| l.queue.front())
+                    .is_none_or(|e| Self::allowed(mode, e));
+                if allowed {
+                    break;
+                }
+                self.ready.pop_front();
+                self.held.push_back(key);
+            }
+            if mode == Mode::Drain && !self.ready.is_empty() {
+                if self.drain_pacer.wait().is_some() {
+                    return;
+                }
+                self.drain_pacer.take();
+            }
             let Some((key, env)) = self.next_head() else {
                 return;
             };
+            if !Self::allowed(mode, &env) {
+                let lane = self.lanes.get_mut(&key).expect("lane");
+                lane.queue.push_front(env);
+                lane.busy = false;
+                self.held.push_back(key);
+                continue;
+            }
+            let drain = env.drain;
             let mut batch = vec![(key, env)];
-            if let Some((ty, max)) = self.batch_of(&batch[0].1) {
+            if let Some((ty, max)) = (!drain).then(|| self.batch_of(&batch[0].1)).flatten() {
                 // Gather following ready heads of the same type: different lanes, so per-key
                 // order is unaffected.
                 while batch.len() < max {
@@ -472,7 +568,9 @@ impl Runtime<'_> {
             tokio::spawn(async move {
                 let envs: Vec<&Envelope> = batch.iter().map(|(_, e)| e).collect();
                 let work = async {
-                    if envs.len() == 1 {
+                    if drain {
+                        vec![process_drain(envs[0], &shared).await]
+                    } else if envs.len() == 1 {
                         vec![process(envs[0], &shared).await]
                     } else {
                         process_batch(&envs, &shared).await
@@ -507,8 +605,13 @@ impl Runtime<'_> {
     fn on_done(&mut self, done: Done) {
         self.running -= 1;
         self.last_progress = Instant::now();
+        self.settle(done.items);
+    }
+
+    /// Records outcomes: lanes freed, final offsets stored.
+    fn settle(&mut self, items: Vec<DoneItem>) {
         let mut stores = TopicPartitionList::new();
-        for item in done.items {
+        for item in items {
             self.buffered -= 1;
             if let Some(lane) = self.lanes.get_mut(&item.lane) {
                 lane.busy = false;
@@ -532,6 +635,10 @@ impl Runtime<'_> {
                     }
                 };
                 if let Some(next) = point {
+                    if self.shared.drain_topics.contains_key(&item.tp.0) {
+                        let d = self.drain_done.entry(item.tp.clone()).or_insert(next);
+                        *d = (*d).max(next);
+                    }
                     // A later item of the same partition overrides an earlier one: both are
                     // commit points and offsets only grow.
                     let _ =
@@ -576,7 +683,7 @@ impl Runtime<'_> {
                 let mut tpl = TopicPartitionList::new();
                 for e in a.elements() {
                     let tp = (e.topic().to_owned(), e.partition());
-                    if !self.delayed.contains_key(&tp) {
+                    if !self.delayed.contains_key(&tp) && self.mode_allows(&tp.0) {
                         tpl.add_partition(e.topic(), e.partition());
                     }
                 }
@@ -590,5 +697,152 @@ impl Runtime<'_> {
                 }
             }
         }
+    }
+}
+
+impl Runtime<'_> {
+    fn mode(&self) -> Mode {
+        self.shared.breaker().map_or(Mode::Normal, Breakers::mode)
+    }
+
+    fn allowed(mode: Mode, env: &Envelope) -> bool {
+        match mode {
+            Mode::Normal => !env.drain,
+            Mode::Drain => env.drain,
+            Mode::Paused => false,
+        }
+    }
+
+    fn mode_allows(&self, topic: &str) -> bool {
+        let mode = self.mode();
+        if self.shared.drain_topics.contains_key(topic) {
+            mode == Mode::Drain
+        } else {
+            mode == Mode::Normal
+        }
+    }
+
+    /// A parked letter this group drains: written by this group because a dependency was
+    /// unavailable or transient retries ran out. Decode, permanent and panic letters never.
+    fn ours(&self, raw: &Raw) -> bool {
+        raw.header(super::X_CONSUMER_GROUP) == Some(self.shared.config.group.as_str())
+            && matches!(
+                raw.header(super::X_ERROR_KIND),
+                Some("unavailable" | "transient-exhausted")
+            )
+    }
+
+    /// Pauses and resumes assigned partitions so that only what the mode allows flows.
+    fn apply_pauses(&mut self) {
+        let Ok(a) = self.consumer.assignment() else {
+            return;
+        };
+        let (mut pause, mut resume) = (TopicPartitionList::new(), TopicPartitionList::new());
+        for e in a.elements() {
+            let tp = (e.topic().to_owned(), e.partition());
+            if self.bp_paused || self.delayed.contains_key(&tp) || !self.mode_allows(&tp.0) {
+                pause.add_partition(&tp.0, tp.1);
+            } else {
+                resume.add_partition(&tp.0, tp.1);
+            }
+        }
+        if let Err(e) = self.consumer.pause(&pause) {
+            warn!(error = %e, "pause failed");
+        }
+        if let Err(e) = self.consumer.resume(&resume) {
+            warn!(error = %e, "resume failed");
+        }
+    }
+
+    fn transition(&mut self, to: Mode, why: &str) {
+        let Some(b) = self.shared.breaker() else {
+            return;
+        };
+        b.set_mode(to, why);
+        self.ready.extend(self.held.drain(..));
+        if to == Mode::Drain {
+            self.drain_target.clear();
+            self.drain_done.clear();
+            self.drain_pacer = DrainPacer::new(b.config.drain_rate);
+        }
+        self.apply_pauses();
+    }
+
+    /// NORMAL → PAUSED → DRAIN → NORMAL, from the shared breaker rows (refreshed by a task).
+    fn steer(&mut self) {
+        let Some(b) = self.shared.breaker() else {
+            return;
+        };
+        self.steer_at = Instant::now();
+        let open = b.any_open();
+        match self.mode() {
+            Mode::Normal | Mode::Drain if open => self.transition(Mode::Paused, "breaker open"),
+            Mode::Paused if !open => {
+                self.transition(Mode::Drain, "breaker closed: draining parked letters")
+            }
+            Mode::Drain => {
+                if self.drain_complete() {
+                    self.transition(Mode::Normal, "parked letters drained: main topics resumed");
+                    let b = self.shared.breakers.clone();
+                    tokio::spawn(async move { b.reset_streaks().await });
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Every assigned DLQ partition settled up to the end it had when the drain started, and
+    /// no parked letter buffered or in flight.
+    fn drain_complete(&mut self) -> bool {
+        let Ok(a) = self.consumer.assignment() else {
+            return false;
+        };
+        if a.count() == 0 {
+            return false; // not assigned yet (startup): wait
+        }
+        let dlq: Vec<Tp> = a
+            .elements()
+            .iter()
+            .filter(|e| self.shared.drain_topics.contains_key(e.topic()))
+            .map(|e| (e.topic().to_owned(), e.partition()))
+            .collect();
+        let missing: Vec<Tp> = dlq
+            .iter()
+            .filter(|tp| !self.drain_target.contains_key(*tp))
+            .cloned()
+            .collect();
+        if !missing.is_empty() {
+            let timeout = rdkafka::util::Timeout::After(Duration::from_secs(5));
+            let committed = self
+                .consumer
+                .committed_offsets(tpl_of(missing.iter()), timeout)
+                .ok();
+            for tp in &missing {
+                let Ok((lo, hi)) = self.consumer.fetch_watermarks(&tp.0, tp.1, timeout) else {
+                    return false;
+                };
+                let from = committed
+                    .as_ref()
+                    .and_then(|c| c.find_partition(&tp.0, tp.1))
+                    .and_then(|e| match e.offset() {
+                        Offset::Offset(o) => Some(o),
+                        _ => None,
+                    })
+                    .unwrap_or(lo)
+                    .max(lo);
+                self.drain_target.insert(tp.clone(), hi);
+                let d = self.drain_done.entry(tp.clone()).or_insert(from);
+                *d = (*d).max(from);
+            }
+        }
+        let busy = self
+            .lanes
+            .keys()
+            .any(|k| self.shared.drain_topics.contains_key(&k.0));
+        !busy
+            && dlq.iter().all(|tp| {
+                self.drain_done.get(tp).copied().unwrap_or(0)
+                    >= self.drain_target.get(tp).copied().unwrap_or(0)
+            })
     }
 }

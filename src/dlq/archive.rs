@@ -482,6 +482,55 @@ fn tpl_of<'a>(tps: impl Iterator<Item = &'a Tp>) -> TopicPartitionList {
 }
 
 impl Dlq {
+    /// Records a letter settled outside an operator's action (a drain handled or dropped it):
+    /// inserted with that status if the archive has not read it yet, updated otherwise.
+    pub(crate) async fn record_settled(
+        &self,
+        r: &Row,
+        status: &str,
+        reason: &str,
+    ) -> Result<(), DlqError> {
+        let c = self.pool.get().await?;
+        c.execute(
+            &format!(
+                "INSERT INTO {} (dlq_topic, \"partition\", \"offset\", original_topic,
+                     original_partition, original_offset, consumer_group, message_key, body,
+                     headers, message_type, message_id, error, error_group, error_kind, attempts,
+                     dlq_retries, first_failed_at, failed_at, status, status_at, status_reason)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16,
+                         $17, $18, $19, $20, now(), $21)
+                 ON CONFLICT (dlq_topic, \"partition\", \"offset\") DO UPDATE
+                   SET status = EXCLUDED.status, status_at = now(), status_reason = EXCLUDED.status_reason",
+                self.t("dead_letters")
+            ),
+            &[
+                &r.dlq_topic,
+                &r.partition,
+                &r.offset,
+                &r.original_topic,
+                &r.original_partition,
+                &r.original_offset,
+                &r.group,
+                &r.key,
+                &r.body,
+                &r.headers,
+                &r.message_type,
+                &r.message_id,
+                &r.error,
+                &r.error_group,
+                &r.error_kind,
+                &r.attempts,
+                &r.dlq_retries,
+                &r.first_failed_at,
+                &r.failed_at,
+                &status,
+                &reason,
+            ],
+        )
+        .await?;
+        Ok(())
+    }
+
     /// Inserts archive rows in one transaction; returns how many were new.
     pub(crate) async fn insert_rows(&self, rows: &[Row]) -> Result<u64, DlqError> {
         let mut client = self.pool.get().await?;

@@ -24,6 +24,7 @@ mod normalize;
 mod query;
 mod replay;
 
+pub(crate) use archive::Row;
 pub use archive::{ArchiveReport, Archiver, ARCHIVE_GROUP, DEFAULT_RETENTION};
 pub use drop::{DropReport, PurgeReport};
 pub use filter::{Filter, Status};

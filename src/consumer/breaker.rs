@@ -1,0 +1,505 @@
+//! The circuit breaker shared by every replica of a consumer group (seed 000), kept in
+//! Postgres (`circuit_breakers`) instead of Redis.
+//!
+//! **NORMAL** → a handler reports a dependency unavailable ([`super::HandlerError::unavailable`])
+//! past its in-place retries, or the failure rate crosses the threshold → the breaker row is
+//! set open for `open_for` and the message is parked in `<topic>.dlq` (`x-error-kind:
+//! unavailable`) → **PAUSED**: every replica sees the open row within `check_interval` and
+//! pauses its main-topic partitions (group membership kept, no handler runs) → the row expires
+//! → **DRAIN**: the replica reads its own parked letters from `<topic>.dlq` with the main topic
+//! still paused, throttled (`drain_rate`, `drain_concurrency`), applying the envelope policies
+//! (deadline, `max_dlq_retries`, freshness check) → at the end of its DLQ partitions → NORMAL,
+//! main topic resumed. A failure during the drain re-opens the breaker for twice as long (up
+//! to `max_open_for`) and parks the letter again with `x-dlq-retries + 1`.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+use deadpool_postgres::Pool;
+use serde::Serialize;
+use tracing::{info, warn};
+
+use crate::schema::Schema;
+
+/// Default for [`BreakerConfig::check_interval`].
+pub const DEFAULT_BREAKER_CHECK_INTERVAL: Duration = Duration::from_secs(1);
+/// Default for [`BreakerConfig::open_for`].
+pub const DEFAULT_OPEN_FOR: Duration = Duration::from_secs(30);
+
+/// A failure-rate threshold: the breaker opens when, within `window`, at least `min_calls`
+/// handler calls were made and more than `threshold` of them failed as unavailable.
+#[derive(Debug, Clone, Copy)]
+pub struct FailureRate {
+    /// Share of calls (0.5 = 50 %).
+    pub threshold: f64,
+    /// Calls needed before the rate counts.
+    pub min_calls: u32,
+    /// The sliding window.
+    pub window: Duration,
+}
+
+/// Breaker and drain settings (seed 000's defaults where it has them).
+#[derive(Debug, Clone)]
+pub struct BreakerConfig {
+    /// How often every replica re-reads the shared breaker rows (default 1 s).
+    pub check_interval: Duration,
+    /// How long an opened breaker stays open (default 30 s); each re-open before a completed
+    /// drain doubles it.
+    pub open_for: Duration,
+    /// The cap of the doubling (default 10 min).
+    pub max_open_for: Duration,
+    /// In-place attempts for an unavailable dependency before the breaker opens (default 3).
+    pub attempts: u32,
+    /// Wait between those attempts (default 200 ms).
+    pub retry_delay: Duration,
+    /// Also open on a failure rate (default off).
+    pub failure_rate: Option<FailureRate>,
+    /// Parked letters handled at once during a drain (default 4).
+    pub drain_concurrency: usize,
+    /// Parked letters handled per second during a drain, at most (default 10).
+    pub drain_rate: f64,
+    /// A letter parked more often than this is dropped as `max_dlq_retries` (default 5).
+    pub max_dlq_retries: u32,
+    /// A letter whose first failure is older than this is dropped as `deadline_exceeded`
+    /// (default 24 h).
+    pub deadline: Duration,
+}
+
+impl Default for BreakerConfig {
+    fn default() -> Self {
+        Self {
+            check_interval: DEFAULT_BREAKER_CHECK_INTERVAL,
+            open_for: DEFAULT_OPEN_FOR,
+            max_open_for: Duration::from_secs(600),
+            attempts: 3,
+            retry_delay: Duration::from_millis(200),
+            failure_rate: None,
+            drain_concurrency: 4,
+            drain_rate: 10.0,
+            max_dlq_retries: 5,
+            deadline: Duration::from_secs(24 * 3600),
+        }
+    }
+}
+
+impl BreakerConfig {
+    pub(super) fn validate(&self) -> Result<(), String> {
+        if self.check_interval.is_zero() || self.open_for.is_zero() {
+            return Err("breaker check_interval and open_for must be positive".into());
+        }
+        if self.max_open_for < self.open_for {
+            return Err("breaker max_open_for must be at least open_for".into());
+        }
+        if self.attempts == 0 || self.drain_concurrency == 0 {
+            return Err("breaker attempts and drain_concurrency must be at least 1".into());
+        }
+        if !(self.drain_rate.is_finite() && self.drain_rate > 0.0) {
+            return Err("breaker drain_rate must be positive".into());
+        }
+        if let Some(f) = self.failure_rate {
+            if !(0.0..=1.0).contains(&f.threshold) || f.min_calls == 0 || f.window.is_zero() {
+                return Err("failure_rate: threshold 0..1, min_calls ≥ 1, window > 0".into());
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Where the consumer is in the NORMAL → PAUSED → DRAIN cycle.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// Consuming the main topics.
+    Normal,
+    /// A dependency's breaker is open: main topics paused, no handler calls.
+    Paused,
+    /// Breakers closed: parked letters first, main topics still paused.
+    Drain,
+}
+
+impl Mode {
+    fn from_u8(v: u8) -> Self {
+        match v {
+            1 => Self::Paused,
+            2 => Self::Drain,
+            _ => Self::Normal,
+        }
+    }
+    fn as_u8(self) -> u8 {
+        match self {
+            Self::Normal => 0,
+            Self::Paused => 1,
+            Self::Drain => 2,
+        }
+    }
+}
+
+/// One open breaker.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct OpenBreaker {
+    /// The dependency.
+    pub name: String,
+    /// Seconds until it closes.
+    pub closes_in_secs: f64,
+    /// Why it opened.
+    pub reason: Option<String>,
+    /// Which replica opened it.
+    pub opened_by: String,
+    /// Opens so far (the row's generation).
+    pub generation: i64,
+}
+
+/// A snapshot of [`super::Consumer::state`].
+#[derive(Debug, Clone, Serialize)]
+pub struct ConsumerState {
+    /// The current mode.
+    pub mode: Mode,
+    /// How long it has been in that mode.
+    pub mode_for_secs: f64,
+    /// Breakers open as last read.
+    pub open: Vec<OpenBreaker>,
+    /// Messages parked in the DLQ because a dependency was unavailable.
+    pub parked: u64,
+    /// Parked letters handled by drains.
+    pub drained: u64,
+    /// Parked letters dropped by a policy (deadline, retries, obsolete).
+    pub dropped: u64,
+    /// Parked letters parked again (a failure during a drain, a failed freshness query).
+    pub reparked: u64,
+    /// Breaker opens made by this replica.
+    pub opens: u64,
+}
+
+/// Shared between the runtime, its tasks and [`StateHandle`].
+pub(crate) struct Breakers {
+    pool: Pool,
+    schema: Schema,
+    pub group: String,
+    pub config: BreakerConfig,
+    me: String,
+    open: Mutex<HashMap<String, OpenBreaker>>,
+    mode: AtomicU8,
+    mode_since: Mutex<Instant>,
+    calls: Mutex<VecDeque<(Instant, bool)>>,
+    pub parked: AtomicU64,
+    pub drained: AtomicU64,
+    pub dropped: AtomicU64,
+    pub reparked: AtomicU64,
+    pub opens: AtomicU64,
+    /// Postgres answered the last refresh (for the "back" log line).
+    reachable: Mutex<bool>,
+}
+
+/// A handle on a consumer's breaker state, readable while it runs.
+#[derive(Clone)]
+pub struct StateHandle(pub(crate) Arc<Breakers>);
+
+impl StateHandle {
+    /// The current state.
+    pub fn get(&self) -> ConsumerState {
+        let b = &self.0;
+        let mut open: Vec<OpenBreaker> =
+            b.open.lock().expect("breakers").values().cloned().collect();
+        open.sort_by(|a, c| a.name.cmp(&c.name));
+        ConsumerState {
+            mode: b.mode(),
+            mode_for_secs: b.mode_since.lock().expect("mode").elapsed().as_secs_f64(),
+            open,
+            parked: b.parked.load(Ordering::Relaxed),
+            drained: b.drained.load(Ordering::Relaxed),
+            dropped: b.dropped.load(Ordering::Relaxed),
+            reparked: b.reparked.load(Ordering::Relaxed),
+            opens: b.opens.load(Ordering::Relaxed),
+        }
+    }
+}
+
+impl Breakers {
+    pub fn new(pool: Pool, schema: Schema, group: String, config: BreakerConfig) -> Self {
+        let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "local".into());
+        Self {
+            pool,
+            schema,
+            group,
+            config,
+            me: format!("{host}:{}", std::process::id()),
+            open: Mutex::default(),
+            mode: AtomicU8::new(Mode::Normal.as_u8()),
+            mode_since: Mutex::new(Instant::now()),
+            calls: Mutex::default(),
+            parked: AtomicU64::default(),
+            drained: AtomicU64::default(),
+            dropped: AtomicU64::default(),
+            reparked: AtomicU64::default(),
+            opens: AtomicU64::default(),
+            reachable: Mutex::new(true),
+        }
+    }
+
+    pub fn mode(&self) -> Mode {
+        Mode::from_u8(self.mode.load(Ordering::SeqCst))
+    }
+
+    /// Switches mode; logs the transition once with how long the previous mode lasted.
+    pub fn set_mode(&self, to: Mode, why: &str) {
+        let from = self.mode();
+        if from == to {
+            return;
+        }
+        let lasted = {
+            let mut s = self.mode_since.lock().expect("mode");
+            let d = s.elapsed();
+            *s = Instant::now();
+            d
+        };
+        self.mode.store(to.as_u8(), Ordering::SeqCst);
+        let deps: Vec<String> = self
+            .open
+            .lock()
+            .expect("breakers")
+            .keys()
+            .cloned()
+            .collect();
+        info!(group = %self.group, dependency = ?deps, from = ?from, to = ?to, reason = why, lasted = ?lasted, "consumer breaker transition");
+        metrics::gauge!(crate::metrics::CONSUMER_MODE, "group" => self.group.clone())
+            .set(f64::from(to.as_u8()));
+    }
+
+    pub fn is_open(&self, name: &str) -> bool {
+        self.open
+            .lock()
+            .expect("breakers")
+            .get(name)
+            .is_some_and(|b| b.closes_in_secs > 0.0)
+    }
+
+    pub fn any_open(&self) -> bool {
+        !self.open.lock().expect("breakers").is_empty()
+    }
+
+    fn t(&self) -> String {
+        format!("{}.circuit_breakers", self.schema.quoted())
+    }
+
+    /// Re-reads the group's open breakers. On a Postgres error the last known state stays
+    /// (a breaker that was open keeps the consumer paused; it is re-read on reconnect).
+    pub async fn refresh(&self) {
+        let rows = match self.pool.get().await {
+            Ok(c) => {
+                c.query(
+                    &format!(
+                        "SELECT name, extract(epoch FROM open_until - now())::float8, reason, opened_by,
+                                generation
+                         FROM {} WHERE consumer_group = $1 AND open_until > now()",
+                        self.t()
+                    ),
+                    &[&self.group],
+                )
+                .await
+            }
+            Err(e) => {
+                self.unreachable(&e.to_string());
+                return;
+            }
+        };
+        match rows {
+            Ok(rows) => {
+                {
+                    let mut r = self.reachable.lock().expect("reachable");
+                    if !*r {
+                        info!(group = %self.group, "breaker state re-read from Postgres after an outage");
+                        *r = true;
+                    }
+                }
+                let mut open = HashMap::new();
+                for r in rows {
+                    let b = OpenBreaker {
+                        name: r.get(0),
+                        closes_in_secs: r.get(1),
+                        reason: r.get(2),
+                        opened_by: r.get(3),
+                        generation: r.get(4),
+                    };
+                    open.insert(b.name.clone(), b);
+                }
+                let mut cur = self.open.lock().expect("breakers");
+                for name in cur.keys().filter(|k| !open.contains_key(*k)) {
+                    metrics::gauge!(crate::metrics::BREAKER_OPEN, "group" => self.group.clone(), "dependency" => name.clone()).set(0.0);
+                }
+                for name in open.keys() {
+                    metrics::gauge!(crate::metrics::BREAKER_OPEN, "group" => self.group.clone(), "dependency" => name.clone()).set(1.0);
+                }
+                *cur = open;
+            }
+            Err(e) => self.unreachable(&e.to_string()),
+        }
+    }
+
+    fn unreachable(&self, e: &str) {
+        let mut r = self.reachable.lock().expect("reachable");
+        if *r {
+            warn!(group = %self.group, error = %e, "cannot read the breaker state; keeping the last known until Postgres is back");
+            *r = false;
+        }
+        // Let known breakers run out on the local clock meanwhile.
+        let step = self.config.check_interval.as_secs_f64();
+        self.open.lock().expect("breakers").retain(|_, b| {
+            b.closes_in_secs -= step;
+            b.closes_in_secs > 0.0
+        });
+    }
+
+    /// Opens the breaker for `name` (no-op when another replica already did). Returns how
+    /// long it is open.
+    pub async fn open(&self, name: &str, reason: &str) -> Option<Duration> {
+        let base = self.config.open_for.as_secs_f64();
+        let cap = self.config.max_open_for.as_secs_f64();
+        let reason: String = reason.chars().take(500).collect();
+        let c = match self.pool.get().await {
+            Ok(c) => c,
+            Err(e) => {
+                warn!(error = %e, dependency = name, "cannot open the shared breaker (Postgres unreachable); opening it locally");
+                self.local_open(name, base, &reason);
+                return None;
+            }
+        };
+        let row = c
+            .query_opt(
+                &format!(
+                    "INSERT INTO {t} AS b (consumer_group, name, open_until, opened_by, reason)
+                     VALUES ($1, $2, now() + make_interval(secs => $3), $5, $6)
+                     ON CONFLICT (consumer_group, name) DO UPDATE
+                       SET open_until = now() + make_interval(secs => least($4, $3 * power(2, b.streak))),
+                           opened_at = now(), opened_by = $5, reason = $6,
+                           generation = b.generation + 1, streak = b.streak + 1
+                       WHERE b.open_until <= now()
+                     RETURNING extract(epoch FROM open_until - now())::float8",
+                    t = self.t()
+                ),
+                &[&self.group, &name, &base, &cap, &self.me, &reason],
+            )
+            .await;
+        match row {
+            Ok(Some(r)) => {
+                let secs: f64 = r.get(0);
+                self.opens.fetch_add(1, Ordering::Relaxed);
+                warn!(group = %self.group, dependency = name, open_for = ?Duration::from_secs_f64(secs.max(0.0)), %reason, "circuit breaker opened for every replica");
+                self.local_open(name, secs, &reason);
+                Some(Duration::from_secs_f64(secs.max(0.0)))
+            }
+            Ok(None) => {
+                // Already open (another replica was first): read it.
+                self.refresh().await;
+                None
+            }
+            Err(e) => {
+                warn!(error = %e, dependency = name, "cannot open the shared breaker; opening it locally");
+                self.local_open(name, base, &reason);
+                None
+            }
+        }
+    }
+
+    fn local_open(&self, name: &str, secs: f64, reason: &str) {
+        self.open.lock().expect("breakers").insert(
+            name.to_owned(),
+            OpenBreaker {
+                name: name.to_owned(),
+                closes_in_secs: secs,
+                reason: Some(reason.to_owned()),
+                opened_by: self.me.clone(),
+                generation: 0,
+            },
+        );
+    }
+
+    /// After a completed drain: the next outage starts again at `open_for`.
+    pub async fn reset_streaks(&self) {
+        if let Ok(c) = self.pool.get().await {
+            let _ = c
+                .execute(
+                    &format!(
+                        "UPDATE {} SET streak = 0 WHERE consumer_group = $1 AND open_until <= now() AND streak > 0",
+                        self.t()
+                    ),
+                    &[&self.group],
+                )
+                .await;
+        }
+    }
+
+    /// Records a handler call for the failure-rate rule; returns the dependency whose rate
+    /// crossed the threshold.
+    pub fn record_call(&self, failed_dependency: Option<&str>) -> bool {
+        let Some(rule) = self.config.failure_rate else {
+            return false;
+        };
+        let mut calls = self.calls.lock().expect("calls");
+        let now = Instant::now();
+        calls.push_back((now, failed_dependency.is_some()));
+        while calls
+            .front()
+            .is_some_and(|(t, _)| now.duration_since(*t) > rule.window)
+        {
+            calls.pop_front();
+        }
+        let n = calls.len() as u32;
+        let failed = calls.iter().filter(|(_, f)| *f).count() as f64;
+        failed_dependency.is_some() && n >= rule.min_calls && failed / f64::from(n) > rule.threshold
+    }
+
+    /// The open breakers in the database for `outbox status`.
+    pub(crate) async fn for_status(
+        client: &tokio_postgres::Client,
+        schema: &Schema,
+    ) -> Result<Vec<(String, String, f64, Option<String>, i64)>, tokio_postgres::Error> {
+        Ok(client
+            .query(
+                &format!(
+                    "SELECT consumer_group, name, extract(epoch FROM open_until - now())::float8, reason, generation
+                     FROM {}.circuit_breakers WHERE open_until > now() ORDER BY 1, 2",
+                    schema.quoted()
+                ),
+                &[],
+            )
+            .await?
+            .iter()
+            .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4)))
+            .collect())
+    }
+}
+
+/// Paces drain dispatches: at most `rate` per second.
+pub(super) struct DrainPacer {
+    period: Duration,
+    next: Instant,
+}
+
+impl DrainPacer {
+    pub fn new(rate: f64) -> Self {
+        Self {
+            period: Duration::from_secs_f64(1.0 / rate),
+            next: Instant::now(),
+        }
+    }
+    /// When the next dispatch may happen (None: now).
+    pub fn wait(&self) -> Option<Instant> {
+        (self.next > Instant::now()).then_some(self.next)
+    }
+    pub fn take(&mut self) {
+        let now = Instant::now();
+        self.next = self.next.max(now) + self.period;
+    }
+}
+
+/// When a parked letter was first dead-lettered, from its envelope.
+pub(super) fn first_failed(headers: &[(String, Option<Vec<u8>>)]) -> Option<SystemTime> {
+    headers
+        .iter()
+        .find(|(k, _)| k == super::X_FIRST_FAILED_AT)
+        .and_then(|(_, v)| v.as_deref())
+        .and_then(|v| std::str::from_utf8(v).ok())
+        .and_then(|v| humantime::parse_rfc3339_weak(v).ok())
+}
