@@ -16,15 +16,13 @@
 //! `BILLING_GROUP` (`billing-service`), `BILLING_CONCURRENCY` (16), `OUTBOX_KAFKA_PROPERTIES`
 //! (`name=value;…`, passed to librdkafka).
 
-use outbox::consumer::{BoxFuture, Consumer, ConsumerConfig, Delivered, HandlerError};
+use outbox::consumer::{Consumer, ConsumerConfig, Delivered, HandlerError};
 
 /// Charges one order: validation failures are permanent (dead-lettered), database trouble is
 /// classified by SQLSTATE (serialization failures and lost connections are retried).
-fn charge<'a>(
-    msg: &'a Delivered,
-    tx: &'a tokio_postgres::Transaction<'a>,
-) -> BoxFuture<'a, Result<(), HandlerError>> {
-    Box::pin(async move {
+/// A handler is a plain `async fn`.
+async fn charge(msg: &Delivered, tx: &tokio_postgres::Transaction<'_>) -> Result<(), HandlerError> {
+    {
         let body = msg.json();
         let order = body["order_number"]
             .as_str()
@@ -43,7 +41,7 @@ fn charge<'a>(
         )
         .await?;
         Ok(())
-    })
+    }
 }
 
 #[tokio::main]

@@ -253,7 +253,9 @@ impl Consumer {
         }
         let last_final = Arc::new(Mutex::new(HashMap::new()));
         let backpressure = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let assigned = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let consumer: StreamConsumer<Ctx> = cc.create_with_context(Ctx {
+            assigned: assigned.clone(),
             breakers: self.config.breaker.as_ref().map(|_| self.breakers.clone()),
             drain_topics: if self.config.breaker.is_some() {
                 self.config
@@ -403,6 +405,7 @@ impl Consumer {
             drain_done: HashMap::new(),
             drain_pacer: breaker::DrainPacer::new(drain_rate),
             steer_at: Instant::now(),
+            assigned,
         };
         rt.run(cancel).await;
         Ok(())

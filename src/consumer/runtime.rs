@@ -49,6 +49,9 @@ pub(super) struct Ctx {
     /// assigned meanwhile start paused or not according to the mode.
     pub(super) breakers: Option<Arc<Breakers>>,
     pub(super) drain_topics: HashSet<String>,
+    /// Set on every assignment: partitions taken over from another replica may hold parked
+    /// letters, so the runtime drains before consuming their main topics.
+    pub(super) assigned: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Ctx {
@@ -120,6 +123,7 @@ impl ConsumerContext for Ctx {
                 // Backpressure is on: new partitions must not flow in unbounded.
                 let _ = c.pause(tpl);
             } else if self.breakers.is_some() {
+                self.assigned.store(true, Ordering::SeqCst);
                 let mut held = TopicPartitionList::new();
                 for e in tpl.elements() {
                     if !self.mode_allows(e.topic()) {
@@ -195,6 +199,7 @@ pub(super) struct Runtime<'c> {
     pub(super) drain_done: HashMap<Tp, i64>,
     pub(super) drain_pacer: DrainPacer,
     pub(super) steer_at: Instant,
+    pub(super) assigned: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// Default for [`ConsumerConfig::pause_after`]: how long the runtime may sit at
@@ -775,6 +780,19 @@ impl Runtime<'_> {
         };
         self.steer_at = Instant::now();
         let open = b.any_open();
+        if self.assigned.swap(false, Ordering::SeqCst) {
+            match self.mode() {
+                Mode::Normal if !open => {
+                    self.transition(Mode::Drain, "partitions assigned: draining their parked letters first");
+                    return;
+                }
+                Mode::Drain => {
+                    self.drain_target.clear();
+                    self.apply_pauses();
+                }
+                _ => {}
+            }
+        }
         match self.mode() {
             Mode::Normal | Mode::Drain if open => self.transition(Mode::Paused, "breaker open"),
             Mode::Paused if !open => {
