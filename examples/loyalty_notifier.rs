@@ -73,7 +73,11 @@ impl FreshnessCheck for OrderExists {
 }
 
 /// POSTs one order; records the points in the same transaction as the inbox mark.
-async fn notify(app: &App, msg: &Delivered, tx: &tokio_postgres::Transaction<'_>) -> Result<(), HandlerError> {
+async fn notify(
+    app: &App,
+    msg: &Delivered,
+    tx: &tokio_postgres::Transaction<'_>,
+) -> Result<(), HandlerError> {
     let order = msg.json()["order_number"]
         .as_str()
         .ok_or_else(|| HandlerError::permanent("order_number missing"))?;
@@ -90,7 +94,9 @@ async fn notify(app: &App, msg: &Delivered, tx: &tokio_postgres::Transaction<'_>
     let status = res.status().as_u16();
     if !res.status().is_success() {
         // 502/503/504 become `unavailable` for loyalty-api; 4xx are permanent.
-        return Err(HandlerError::from_http_status(status, "loyalty API refused").on("loyalty-api"));
+        return Err(
+            HandlerError::from_http_status(status, "loyalty API refused").on("loyalty-api"),
+        );
     }
     tx.execute(
         "INSERT INTO loyalty_points (order_number, points, message_id) VALUES ($1, $2, $3)",
@@ -111,9 +117,15 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let ms = |k: &str, d: &str| -> Result<Duration, std::num::ParseIntError> {
         Ok(Duration::from_millis(env(k, d).parse()?))
     };
-    let db = outbox::DbConfig::new(&std::env::var("DATABASE_URL")?, &env("OUTBOX_SCHEMA", "public"))?;
+    let db = outbox::DbConfig::new(
+        &std::env::var("DATABASE_URL")?,
+        &env("OUTBOX_SCHEMA", "public"),
+    )?;
     let mut kafka = outbox::KafkaConfig::new(&std::env::var("KAFKA_BOOTSTRAP_SERVERS")?)?;
-    for pair in env("OUTBOX_KAFKA_PROPERTIES", "").split(';').filter(|p| !p.trim().is_empty()) {
+    for pair in env("OUTBOX_KAFKA_PROPERTIES", "")
+        .split(';')
+        .filter(|p| !p.trim().is_empty())
+    {
         kafka.set_from_pair(pair.trim())?;
     }
     let client = outbox::connect(&db).await?;
@@ -152,8 +164,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .freshness(OrderExists({
             let c = outbox::connect(&db).await?;
             // Like the handlers' connections: the service's schema first.
-            c.batch_execute(&format!("SET search_path TO {}, public", db.schema.quoted()))
-                .await?;
+            c.batch_execute(&format!(
+                "SET search_path TO {}, public",
+                db.schema.quoted()
+            ))
+            .await?;
             c
         }));
     let state = consumer.state();

@@ -52,7 +52,10 @@ impl Stub {
         self.calls.lock().unwrap().clone()
     }
     fn calls_between(&self, from: Instant, to: Instant) -> usize {
-        self.calls().iter().filter(|c| c.at >= from && c.at < to).count()
+        self.calls()
+            .iter()
+            .filter(|c| c.at >= from && c.at < to)
+            .count()
     }
 
     async fn start(&self) -> SocketAddr {
@@ -122,8 +125,10 @@ impl Handler for Notify {
                 .await
                 .map_err(|e| HandlerError::unavailable("loyalty-api", e))?;
             if !res.status().is_success() {
-                return Err(HandlerError::from_http_status(res.status().as_u16(), "refused")
-                    .on("loyalty-api"));
+                return Err(
+                    HandlerError::from_http_status(res.status().as_u16(), "refused")
+                        .on("loyalty-api"),
+                );
             }
             tx.execute(
                 "INSERT INTO loyalty_points (order_number, message_id) VALUES ($1, $2)",
@@ -288,8 +293,21 @@ async fn two_replicas_pause_together_drain_parked_letters_first_and_handle_every
     for i in 20..40 {
         order(&w, &format!("k{i}"), &format!("o{i}")).await;
     }
-    produce(&w.topic, Some(b"bad"), &[("message_id", b"no-type")], Some(b"{}")).await;
-    produce_event(&w.topic, "k-perm", "order_created", &uuid::Uuid::now_v7().to_string(), &serde_json::json!({"no_order": 1})).await;
+    produce(
+        &w.topic,
+        Some(b"bad"),
+        &[("message_id", b"no-type")],
+        Some(b"{}"),
+    )
+    .await;
+    produce_event(
+        &w.topic,
+        "k-perm",
+        "order_created",
+        &uuid::Uuid::now_v7().to_string(),
+        &serde_json::json!({"no_order": 1}),
+    )
+    .await;
     wait_until(Duration::from_secs(30), "the breaker opens", || async {
         breaker_row(&w).await.is_some()
     })
@@ -299,7 +317,10 @@ async fn two_replicas_pause_together_drain_parked_letters_first_and_handle_every
         a.state.get().mode == Mode::Paused && b.state.get().mode == Mode::Paused
     })
     .await;
-    assert!(opened.elapsed() < Duration::from_secs(3), "both paused within check_interval + 1 s");
+    assert!(
+        opened.elapsed() < Duration::from_secs(3),
+        "both paused within check_interval + 1 s"
+    );
     // Newer events of keys that have a parked letter: they must reach the API after it.
     for i in 20..25 {
         order(&w, &format!("k{i}"), &format!("o{i}-second")).await;
@@ -318,18 +339,30 @@ async fn two_replicas_pause_together_drain_parked_letters_first_and_handle_every
         effects(&w).await == 45
     })
     .await;
-    wait_until(Duration::from_secs(30), "both replicas back to normal", || async {
-        a.state.get().mode == Mode::Normal && b.state.get().mode == Mode::Normal
-    })
+    wait_until(
+        Duration::from_secs(30),
+        "both replicas back to normal",
+        || async { a.state.get().mode == Mode::Normal && b.state.get().mode == Mode::Normal },
+    )
     .await;
-    assert_eq!(count(&w.c, "SELECT count(DISTINCT message_id) FROM loyalty_points").await, 45);
+    assert_eq!(
+        count(
+            &w.c,
+            "SELECT count(DISTINCT message_id) FROM loyalty_points"
+        )
+        .await,
+        45
+    );
     let calls = w.stub.calls();
     let ok: Vec<&Call> = calls.iter().filter(|c| c.status == 200).collect();
     // Parked letters before any newer main-topic message of the same key.
     for i in 20..25 {
         let first = ok.iter().position(|c| c.order == format!("o{i}"));
         let second = ok.iter().position(|c| c.order == format!("o{i}-second"));
-        assert!(first.is_some() && second.is_some() && first < second, "o{i}: {first:?} {second:?}");
+        assert!(
+            first.is_some() && second.is_some() && first < second,
+            "o{i}: {first:?} {second:?}"
+        );
     }
     // The drain is throttled: 2 replicas × 5/s, counted over 1-s windows of the calls made
     // for parked letters (o20..o39 that the API did not take the first time).
@@ -337,7 +370,12 @@ async fn two_replicas_pause_together_drain_parked_letters_first_and_handle_every
         .await
         .iter()
         .filter(|r| r.headers.get("x-error-kind").map(String::as_str) == Some("unavailable"))
-        .map(|r| r.json()["order_number"].as_str().unwrap_or_default().to_owned())
+        .map(|r| {
+            r.json()["order_number"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned()
+        })
         .collect();
     assert!(!parked_orders.is_empty());
     let drained: Vec<Instant> = ok
@@ -346,7 +384,10 @@ async fn two_replicas_pause_together_drain_parked_letters_first_and_handle_every
         .map(|c| c.at)
         .collect();
     for t in &drained {
-        let n = drained.iter().filter(|u| **u >= *t && **u < *t + Duration::from_secs(1)).count();
+        let n = drained
+            .iter()
+            .filter(|u| **u >= *t && **u < *t + Duration::from_secs(1))
+            .count();
         assert!(n <= 12, "{n} drained calls within 1 s");
     }
     let s = (a.state.get(), b.state.get());
@@ -354,12 +395,31 @@ async fn two_replicas_pause_together_drain_parked_letters_first_and_handle_every
     assert!(s.0.drained + s.1.drained >= parked);
     // The undecodable and the refused message are in the DLQ and were never drained.
     let dlq = read_all(&format!("{}.dlq", w.topic)).await;
-    let kinds: Vec<&str> = dlq.iter().map(|r| r.headers["x-error-kind"].as_str()).collect();
-    assert!(kinds.contains(&"decode") && kinds.contains(&"permanent"), "{kinds:?}");
-    assert_eq!(count(&w.c, "SELECT count(*) FROM dead_letters WHERE error_kind IN ('decode', 'permanent')").await, 0);
+    let kinds: Vec<&str> = dlq
+        .iter()
+        .map(|r| r.headers["x-error-kind"].as_str())
+        .collect();
+    assert!(
+        kinds.contains(&"decode") && kinds.contains(&"permanent"),
+        "{kinds:?}"
+    );
+    assert_eq!(
+        count(
+            &w.c,
+            "SELECT count(*) FROM dead_letters WHERE error_kind IN ('decode', 'permanent')"
+        )
+        .await,
+        0
+    );
     // Offsets: every main-topic partition committed to its end.
     for p in 0..4 {
-        let hi = read_all(&w.topic).await.iter().filter(|r| r.partition == p).map(|r| r.offset + 1).max().unwrap_or(0);
+        let hi = read_all(&w.topic)
+            .await
+            .iter()
+            .filter(|r| r.partition == p)
+            .map(|r| r.offset + 1)
+            .max()
+            .unwrap_or(0);
         wait_until(Duration::from_secs(10), "offsets committed", || async {
             committed(&w.group, &w.topic, p).await.unwrap_or(0) == hi
         })
@@ -393,7 +453,10 @@ async fn a_failure_during_the_drain_reopens_for_longer_and_retries_past_the_limi
     .await;
     let (_, second_open, _) = breaker_row(&w).await.unwrap();
     eprintln!("open for {first_open:.2} s, then {second_open:.2} s");
-    assert!(second_open >= first_open * 1.8, "re-open doubles: {first_open} → {second_open}");
+    assert!(
+        second_open >= first_open * 1.8,
+        "re-open doubles: {first_open} → {second_open}"
+    );
     let mut reparked = String::new();
     wait_until(Duration::from_secs(10), "the re-parked letter", || async {
         read_all(&format!("{}.dlq", w.topic))
@@ -418,21 +481,25 @@ async fn a_failure_during_the_drain_reopens_for_longer_and_retries_past_the_limi
             && effects(&w).await == 5
     })
     .await;
-    let dropped: String = w
-        .c
-        .query_one("SELECT message_id FROM dead_letters WHERE status = 'dropped'", &[])
+    let dropped: String =
+        w.c.query_one(
+            "SELECT message_id FROM dead_letters WHERE status = 'dropped'",
+            &[],
+        )
         .await
         .unwrap()
         .get(0);
-    assert_eq!(dropped, reparked, "the letter that failed mid-drain is the one dropped");
-    let handled: HashSet<String> = w
-        .c
-        .query("SELECT message_id FROM loyalty_points", &[])
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+    assert_eq!(
+        dropped, reparked,
+        "the letter that failed mid-drain is the one dropped"
+    );
+    let handled: HashSet<String> =
+        w.c.query("SELECT message_id FROM loyalty_points", &[])
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
     assert_eq!(handled.len(), 5);
     assert!(!handled.contains(&reparked));
     let s = r.state.get();
@@ -441,7 +508,14 @@ async fn a_failure_during_the_drain_reopens_for_longer_and_retries_past_the_limi
 }
 
 /// A letter as a replica of `group` parks it.
-async fn parked_letter(w: &World, group: &str, kind: &str, order: &str, first_failed: SystemTime, retries: u32) -> String {
+async fn parked_letter(
+    w: &World,
+    group: &str,
+    kind: &str,
+    order: &str,
+    first_failed: SystemTime,
+    retries: u32,
+) -> String {
     let id = uuid::Uuid::now_v7().to_string();
     let ff = outbox::rfc3339(first_failed);
     produce(
@@ -458,7 +532,11 @@ async fn parked_letter(w: &World, group: &str, kind: &str, order: &str, first_fa
             ("x-first-failed-at", ff.as_bytes()),
             ("x-dlq-retries", retries.to_string().as_bytes()),
         ],
-        Some(serde_json::json!({ "order_number": order }).to_string().as_bytes()),
+        Some(
+            serde_json::json!({ "order_number": order })
+                .to_string()
+                .as_bytes(),
+        ),
     )
     .await;
     id
@@ -471,7 +549,15 @@ async fn envelope_policies_drop_with_a_reason_and_only_this_groups_outage_letter
     let now = SystemTime::now();
     let good = parked_letter(&w, &w.group, "unavailable", "fine-1", now, 0).await;
     let good2 = parked_letter(&w, &w.group, "transient-exhausted", "fine-2", now, 1).await;
-    parked_letter(&w, &w.group, "unavailable", "old-1", now - Duration::from_secs(3 * 86_400), 0).await;
+    parked_letter(
+        &w,
+        &w.group,
+        "unavailable",
+        "old-1",
+        now - Duration::from_secs(3 * 86_400),
+        0,
+    )
+    .await;
     parked_letter(&w, &w.group, "unavailable", "tired-1", now, 9).await;
     parked_letter(&w, &w.group, "unavailable", "gone-1", now, 0).await;
     parked_letter(&w, &w.group, "decode", "never-1", now, 0).await;
@@ -480,13 +566,20 @@ async fn envelope_policies_drop_with_a_reason_and_only_this_groups_outage_letter
     // A replica starting up drains what was parked before it.
     let r = replica(&w, breaker(2000));
     wait_until(Duration::from_secs(60), "the startup drain", || async {
-        count(&w.c, "SELECT count(*) FROM dead_letters WHERE status IN ('replayed', 'dropped')").await == 5
+        count(
+            &w.c,
+            "SELECT count(*) FROM dead_letters WHERE status IN ('replayed', 'dropped')",
+        )
+        .await
+            == 5
             && r.state.get().mode == Mode::Normal
     })
     .await;
-    let rows: HashMap<String, (String, String)> = w
-        .c
-        .query("SELECT convert_from(message_key, 'UTF8'), status, status_reason FROM dead_letters", &[])
+    let rows: HashMap<String, (String, String)> =
+        w.c.query(
+            "SELECT convert_from(message_key, 'UTF8'), status, status_reason FROM dead_letters",
+            &[],
+        )
         .await
         .unwrap()
         .iter()
@@ -494,21 +587,33 @@ async fn envelope_policies_drop_with_a_reason_and_only_this_groups_outage_letter
         .collect();
     assert_eq!(rows["fine-1"], ("replayed".into(), "drain".into()));
     assert_eq!(rows["fine-2"], ("replayed".into(), "drain".into()));
-    assert_eq!(rows["old-1"], ("dropped".into(), "deadline_exceeded".into()));
-    assert_eq!(rows["tired-1"], ("dropped".into(), "max_dlq_retries".into()));
+    assert_eq!(
+        rows["old-1"],
+        ("dropped".into(), "deadline_exceeded".into())
+    );
+    assert_eq!(
+        rows["tired-1"],
+        ("dropped".into(), "max_dlq_retries".into())
+    );
     assert_eq!(rows["gone-1"], ("dropped".into(), "event_obsolete".into()));
-    assert_eq!(rows.len(), 5, "decode, permanent and other groups' letters are not touched: {rows:?}");
-    let ids: HashSet<String> = w
-        .c
-        .query("SELECT message_id FROM loyalty_points", &[])
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+    assert_eq!(
+        rows.len(),
+        5,
+        "decode, permanent and other groups' letters are not touched: {rows:?}"
+    );
+    let ids: HashSet<String> =
+        w.c.query("SELECT message_id FROM loyalty_points", &[])
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
     assert_eq!(ids, HashSet::from([good, good2]));
     let called: HashSet<String> = w.stub.calls().into_iter().map(|c| c.order).collect();
-    assert_eq!(called, HashSet::from(["fine-1".to_owned(), "fine-2".to_owned()]));
+    assert_eq!(
+        called,
+        HashSet::from(["fine-1".to_owned(), "fine-2".to_owned()])
+    );
     let s = r.state.get();
     assert_eq!((s.drained, s.dropped), (2, 3), "{s:?}");
     r.stop().await;
@@ -533,7 +638,10 @@ fn notifier(w: &World) -> Kill {
             .env("LOYALTY_URL", &w.url)
             .env("BREAKER_OPEN_FOR_MS", "6000")
             .env("DRAIN_RATE", "20")
-            .env("OUTBOX_KAFKA_PROPERTIES", "session.timeout.ms=6000;heartbeat.interval.ms=1000")
+            .env(
+                "OUTBOX_KAFKA_PROPERTIES",
+                "session.timeout.ms=6000;heartbeat.interval.ms=1000",
+            )
             .env("RUST_LOG", "warn")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -546,30 +654,55 @@ fn notifier(w: &World) -> Kill {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_killed_while_paused_leaves_the_survivor_to_complete_the_cycle() {
     let w = world(4).await;
-    w.c.batch_execute("ALTER TABLE loyalty_points ADD COLUMN points bigint").await.unwrap();
+    w.c.batch_execute("ALTER TABLE loyalty_points ADD COLUMN points bigint")
+        .await
+        .unwrap();
     w.stub.up();
     let mut a = Some(notifier(&w));
     let _b = notifier(&w);
     let mut orders = Vec::new();
     for i in 0..10 {
         orders.push(format!("o{i}"));
-        w.c.execute("INSERT INTO orders VALUES ($1)", &[&format!("o{i}")]).await.unwrap();
+        w.c.execute("INSERT INTO orders VALUES ($1)", &[&format!("o{i}")])
+            .await
+            .unwrap();
         order(&w, &format!("k{i}"), &format!("o{i}")).await;
     }
-    wait_until(Duration::from_secs(60), "10 handled", || async { effects(&w).await == 10 }).await;
+    wait_until(Duration::from_secs(60), "10 handled", || async {
+        effects(&w).await == 10
+    })
+    .await;
     w.stub.down();
     for i in 10..30 {
-        w.c.execute("INSERT INTO orders VALUES ($1)", &[&format!("o{i}")]).await.unwrap();
+        w.c.execute("INSERT INTO orders VALUES ($1)", &[&format!("o{i}")])
+            .await
+            .unwrap();
         order(&w, &format!("k{i}"), &format!("o{i}")).await;
     }
-    wait_until(Duration::from_secs(30), "the breaker opens", || async { breaker_row(&w).await.is_some() }).await;
+    wait_until(Duration::from_secs(30), "the breaker opens", || async {
+        breaker_row(&w).await.is_some()
+    })
+    .await;
     // One replica dies with SIGKILL while both are paused.
     drop(a.take());
     w.stub.up();
-    wait_until(Duration::from_secs(90), "the survivor handles every order", || async {
-        effects(&w).await >= 30
-    })
+    wait_until(
+        Duration::from_secs(90),
+        "the survivor handles every order",
+        || async { effects(&w).await >= 30 },
+    )
     .await;
-    assert_eq!(count(&w.c, "SELECT count(DISTINCT message_id) FROM loyalty_points").await, 30);
-    assert_eq!(count(&w.c, "SELECT count(*) FROM loyalty_points").await, 30, "no order handled twice");
+    assert_eq!(
+        count(
+            &w.c,
+            "SELECT count(DISTINCT message_id) FROM loyalty_points"
+        )
+        .await,
+        30
+    );
+    assert_eq!(
+        count(&w.c, "SELECT count(*) FROM loyalty_points").await,
+        30,
+        "no order handled twice"
+    );
 }

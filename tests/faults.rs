@@ -358,3 +358,98 @@ async fn postgres_down_for_10s_mid_run_loses_nothing() {
     );
     eprintln!("postgres outage: {} messages, cpu share during outage {cpu_share:.3}, relay resumed {recovery:?} after restart", ids.len());
 }
+
+struct RecordEffect;
+impl outbox::consumer::Handler for RecordEffect {
+    fn handle<'a>(
+        &'a self,
+        m: &'a outbox::consumer::Delivered,
+        tx: &'a tokio_postgres::Transaction<'a>,
+    ) -> outbox::consumer::BoxFuture<'a, Result<(), outbox::consumer::HandlerError>> {
+        Box::pin(async move {
+            tx.execute(
+                "INSERT INTO effects (message_id) VALUES ($1)",
+                &[&m.message_id],
+            )
+            .await?;
+            Ok(())
+        })
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_breaker_left_by_a_dead_process_holds_through_a_postgres_restart_then_expires() {
+    use outbox::consumer::{BreakerConfig, Consumer, ConsumerConfig, Mode};
+    let _serial = SERIAL.lock().await;
+    dev("kafka.sh", "start");
+    dev("postgres.sh", "start");
+    let db = fresh_db().await;
+    let c = client(&db).await;
+    c.batch_execute("CREATE TABLE effects (message_id text PRIMARY KEY)")
+        .await
+        .unwrap();
+    let topic = topic_name();
+    create_topic_family(&topic, 2, &[]).await;
+    let group = format!("it-breaker-{}", hex(6));
+    // The row a replica that died right after opening the breaker leaves behind.
+    c.execute(
+        "INSERT INTO circuit_breakers (consumer_group, name, open_until, opened_by, reason)
+         VALUES ($1, 'loyalty-api', now() + interval '14 seconds', 'dead-host:4242', 'HTTP 503')",
+        &[&group],
+    )
+    .await
+    .unwrap();
+    let open_until = Instant::now() + Duration::from_secs(14);
+    let mut cfg = ConsumerConfig::new(group.clone(), [topic.clone()]);
+    cfg.breaker = Some(BreakerConfig::default());
+    let consumer = Consumer::new(&db, &kafka(), cfg)
+        .unwrap()
+        .handler("it_event", RecordEffect);
+    let state = consumer.state();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(consumer.run(async move {
+        let _ = stopped.await;
+    }));
+    for i in 0..5 {
+        produce_event(
+            &topic,
+            &format!("k{i}"),
+            "it_event",
+            &format!("m{i}-{}", hex(6)),
+            &serde_json::json!({}),
+        )
+        .await;
+    }
+    wait_until(
+        Duration::from_secs(10),
+        "paused by the leftover breaker",
+        || async { state.get().mode == Mode::Paused },
+    )
+    .await;
+    drop(c);
+    dev("postgres.sh", "restart");
+    let c = client(&db).await;
+    // Still open after the restart: nothing handled, the state re-read from Postgres.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(state.get().mode, Mode::Paused);
+    assert_eq!(state.get().open.len(), 1, "{:?}", state.get());
+    assert!(
+        Instant::now() + Duration::from_secs(1) < open_until,
+        "test too slow to observe"
+    );
+    assert_eq!(count(&c, "SELECT count(*) FROM effects").await, 0);
+    // It expires on its own: drain (nothing parked), then the main topic.
+    wait_until(
+        Duration::from_secs(40),
+        "the messages handled after expiry",
+        || async { count(&c, "SELECT count(*) FROM effects").await == 5 },
+    )
+    .await;
+    assert!(
+        Instant::now() >= open_until,
+        "handled before the breaker expired"
+    );
+    assert_eq!(state.get().mode, Mode::Normal);
+    let _ = stop.send(());
+    task.await.unwrap().unwrap();
+}

@@ -783,7 +783,10 @@ impl Runtime<'_> {
         if self.assigned.swap(false, Ordering::SeqCst) {
             match self.mode() {
                 Mode::Normal if !open => {
-                    self.transition(Mode::Drain, "partitions assigned: draining their parked letters first");
+                    self.transition(
+                        Mode::Drain,
+                        "partitions assigned: draining their parked letters first",
+                    );
                     return;
                 }
                 Mode::Drain => {
