@@ -542,3 +542,35 @@ async fn topics_apply_creates_chain_then_verifies_and_reports_differences() {
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
     assert!(text(&o).contains("invalid topic name"), "{}", text(&o));
 }
+
+#[test]
+fn log_format_json_writes_one_json_object_per_line() {
+    use std::io::{BufRead, BufReader};
+    let db = outbox::DbConfig::new(&database_url(), "public").unwrap();
+    let mut child = outbox_cmd(&db)
+        .args([
+            "--log-format",
+            "json",
+            "admin",
+            "--listen",
+            "127.0.0.1:0",
+            "--insecure-no-auth",
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let first = lines.next().unwrap().unwrap();
+    let second = lines.next().unwrap().unwrap();
+    let _ = child.kill();
+    let _ = child.wait();
+    for l in [first, second] {
+        let v: serde_json::Value = serde_json::from_str(&l).unwrap_or_else(|e| panic!("{e}: {l}"));
+        assert!(
+            v["level"].is_string() && v["fields"]["message"].is_string(),
+            "{l}"
+        );
+    }
+}

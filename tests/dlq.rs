@@ -1163,3 +1163,94 @@ async fn long_work_shows_a_progress_bar_on_a_terminal_and_plain_lines_otherwise(
     );
     assert!(tty.contains("replayed=30"), "{tty}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ctrl_c_pauses_a_replay_and_a_letter_that_cannot_be_sent_exits_1() {
+    let (db, c, topic, group) = setup(1).await;
+    let letters: Vec<Letter> = (0..40).map(|i| Letter::order(i, "boom")).collect();
+    dead_letter(&topic, "billing", &letters).await;
+    archive_once(&db, &topic, &group);
+    let child = outbox_command(&db)
+        .args([
+            "dlq", "replay", "--topic", &topic, "--rate", "10", "--canary", "0",
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_until(Duration::from_secs(30), "some letters sent", || async {
+        count(
+            &c,
+            "SELECT count(*) FROM dlq_replay_items WHERE state = 'sent'",
+        )
+        .await
+            >= 5
+    })
+    .await;
+    let pid = child.id().to_string();
+    assert!(Command::new("kill")
+        .args(["-INT", &pid])
+        .status()
+        .unwrap()
+        .success());
+    let o = child.wait_with_output().unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(last_line(&o).contains("status=paused"), "{}", text(&o));
+    assert!(
+        text(&o).contains("paused: interrupted") && text(&o).contains("job resume 1"),
+        "{}",
+        text(&o)
+    );
+    let sent = count(
+        &c,
+        "SELECT count(*) FROM dlq_replay_items WHERE state = 'sent'",
+    )
+    .await;
+    assert!(sent < 40, "{sent}");
+    assert_eq!(
+        count(
+            &c,
+            "SELECT count(*) FROM dlq_replay_jobs WHERE status = 'paused'"
+        )
+        .await,
+        1
+    );
+    // Cancelled, the job frees its unsent letters.
+    let o = run(outbox_command(&db).args(["dlq", "job", "cancel", "1"]));
+    assert!(o.status.success(), "{}", text(&o));
+    // A letter whose target topic does not exist: failed, exit 1, the letter stays new.
+    let id: i64 = c
+        .query_one("SELECT max(id) FROM dead_letters WHERE status = 'new'", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let o = run(outbox_command(&db).args([
+        "dlq",
+        "replay",
+        "--id",
+        &id.to_string(),
+        "--to",
+        "it.nowhere.created",
+        "--canary",
+        "0",
+    ]));
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    let l = last_line(&o);
+    assert_eq!((field(&l, "replayed"), field(&l, "failed")), (0, 1), "{l}");
+    let status: String = c
+        .query_one("SELECT status FROM dead_letters WHERE id = $1", &[&id])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(status, "new");
+    let err: String = c
+        .query_one(
+            "SELECT error FROM dlq_replay_items WHERE dead_letter_id = $1 AND state = 'failed'",
+            &[&id],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(err.contains("does not exist"), "{err}");
+}

@@ -503,3 +503,67 @@ pub(super) fn first_failed(headers: &[(String, Option<Vec<u8>>)]) -> Option<Syst
         .and_then(|v| std::str::from_utf8(v).ok())
         .and_then(|v| humantime::parse_rfc3339_weak(v).ok())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn breakers(rule: Option<FailureRate>) -> Breakers {
+        let db = crate::DbConfig::new("postgres://u:p@127.0.0.1:1/x", "public").unwrap();
+        Breakers::new(
+            crate::db::pool(&db).unwrap(),
+            Schema::default(),
+            "g".into(),
+            BreakerConfig {
+                failure_rate: rule,
+                ..BreakerConfig::default()
+            },
+        )
+    }
+
+    #[test]
+    fn the_failure_rate_opens_only_past_the_threshold_with_enough_calls() {
+        let b = breakers(Some(FailureRate {
+            threshold: 0.5,
+            min_calls: 4,
+            window: Duration::from_secs(60),
+        }));
+        assert!(!b.record_call(Some("api")), "1 call: not enough calls");
+        assert!(!b.record_call(None));
+        assert!(!b.record_call(None));
+        assert!(!b.record_call(Some("api")), "2 of 4 failed: not above 50 %");
+        assert!(b.record_call(Some("api")), "3 of 5 failed: above 50 %");
+        assert!(!b.record_call(None), "a success never opens");
+        let off = breakers(None);
+        for _ in 0..10 {
+            assert!(!off.record_call(Some("api")));
+        }
+    }
+
+    #[test]
+    fn the_drain_pacer_spaces_dispatches() {
+        let mut p = DrainPacer::new(10.0);
+        assert!(p.wait().is_none());
+        p.take();
+        let next = p.wait().expect("the next one waits");
+        let gap = next.duration_since(Instant::now());
+        assert!(
+            gap > Duration::from_millis(80) && gap <= Duration::from_millis(100),
+            "{gap:?}"
+        );
+    }
+
+    #[test]
+    fn invalid_settings_are_refused() {
+        let bad = |f: fn(&mut BreakerConfig)| {
+            let mut c = BreakerConfig::default();
+            f(&mut c);
+            c.validate().is_err()
+        };
+        assert!(bad(|c| c.open_for = Duration::ZERO));
+        assert!(bad(|c| c.max_open_for = Duration::from_secs(1)));
+        assert!(bad(|c| c.drain_rate = 0.0));
+        assert!(bad(|c| c.attempts = 0));
+        assert!(BreakerConfig::default().validate().is_ok());
+    }
+}
