@@ -13,8 +13,9 @@
 //! deliberately has no unique constraint: exactly-once here is the inbox's doing.
 //!
 //! Environment: `OUTBOX_SCHEMA` (default `public`), `BILLING_TOPIC` (`orders.created`),
-//! `BILLING_GROUP` (`billing-service`), `BILLING_CONCURRENCY` (16), `OUTBOX_KAFKA_PROPERTIES`
-//! (`name=value;…`, passed to librdkafka).
+//! `BILLING_GROUP` (`billing-service`), `BILLING_CONCURRENCY` (16), `BILLING_INSTANCE_ID`
+//! (static group membership: unset by default), `OUTBOX_KAFKA_PROPERTIES` (`name=value;…`,
+//! passed to librdkafka).
 
 use outbox::consumer::{Consumer, ConsumerConfig, Delivered, HandlerError};
 
@@ -83,6 +84,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         [env("BILLING_TOPIC", "orders.created")],
     );
     config.concurrency = env("BILLING_CONCURRENCY", "16").parse()?;
+    // Static membership: a restarted replica gets its partitions back at once (KIP-345).
+    // Set it to something stable and unique per replica, e.g. a StatefulSet pod name.
+    config.instance_id = std::env::var("BILLING_INSTANCE_ID").ok().filter(|s| !s.is_empty());
     let consumer = Consumer::new(&db, &kafka, config)?.handler("order_created", charge);
     let stats = consumer.stats();
     consumer

@@ -122,6 +122,25 @@ pub(crate) async fn run_with(
             break;
         }
     }
+    loop {
+        if cancel.is_cancelled() {
+            return Ok(report);
+        }
+        let client = pool.get().await?;
+        let started = Instant::now();
+        let n: i64 = client
+            .query_one(
+                stmts.cleanup_dead_lettered.as_str(),
+                &[&config.processed_retention.as_secs_f64(), &batch],
+            )
+            .await?
+            .get(0);
+        report.longest_statement = report.longest_statement.max(started.elapsed());
+        report.statements += 1;
+        if n < batch {
+            break;
+        }
+    }
     if cancel.is_cancelled() {
         return Ok(report);
     }

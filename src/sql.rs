@@ -118,6 +118,17 @@ SELECT count(*)::bigint, coalesce(max(id), $3) FROM gone";
 
 /// Delete one bounded batch of processed-message marks older than `$1` seconds, oldest first
 /// through the `processed_at` index; `$2` = batch size. Returns the number deleted.
+/// Like [`CLEANUP_PROCESSED`] for the consumer's record of dead-lettered records.
+const CLEANUP_DEAD_LETTERED: &str = "\
+WITH doomed AS (
+    SELECT ctid FROM {s}.dead_lettered
+     WHERE dead_lettered_at < now() - make_interval(secs => $1)
+     ORDER BY dead_lettered_at
+     LIMIT $2
+     FOR UPDATE SKIP LOCKED),
+gone AS (DELETE FROM {s}.dead_lettered AS p USING doomed WHERE p.ctid = doomed.ctid RETURNING 1)
+SELECT count(*)::bigint FROM gone";
+
 const CLEANUP_PROCESSED: &str = "\
 WITH doomed AS (
     SELECT ctid FROM {s}.processed_messages
@@ -180,6 +191,7 @@ pub(crate) struct Statements {
     pub enqueue_batch: String,
     pub cleanup_outbox: String,
     pub cleanup_processed: String,
+    pub cleanup_dead_lettered: String,
     pub gauges: String,
     pub status_counts: String,
     pub oldest_pending_age: String,
@@ -207,6 +219,7 @@ impl Statements {
             enqueue_batch: ENQUEUE_BATCH.replace("{s}", &qualified_prefix),
             cleanup_outbox: r(CLEANUP_OUTBOX),
             cleanup_processed: r(CLEANUP_PROCESSED),
+            cleanup_dead_lettered: r(CLEANUP_DEAD_LETTERED),
             gauges: r(GAUGES),
             status_counts: r(STATUS_COUNTS),
             oldest_pending_age: r(OLDEST_PENDING_AGE),

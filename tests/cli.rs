@@ -205,10 +205,11 @@ async fn cleanup_deletes_only_rows_past_retention_in_bounded_batches() {
     let o = run(outbox_cmd(&db).args(["cleanup", "--cleanup-batch-size", "3"]));
     assert!(o.status.success(), "{}", text(&o));
     let t = text(&o);
-    // 7 sent rows in batches of 3 → 3 statements; 5 marks → 2 statements.
+    // 7 sent rows in batches of 3 → 3 statements; 5 marks → 2; dead-lettered records → 1;
+    // settled dead letters → 1.
     assert!(
         t.contains(
-            "deleted 7 sent outbox row(s), 5 processed_messages row(s) and 2 settled dead letter(s) in 6 statement(s)"
+            "deleted 7 sent outbox row(s), 5 processed_messages row(s) and 2 settled dead letter(s) in 7 statement(s)"
         ),
         "{t}"
     );

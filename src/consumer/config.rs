@@ -48,7 +48,20 @@ pub struct ConsumerConfig {
     /// The circuit breaker shared by the group's replicas (seed 000), for handlers that report
     /// [`super::HandlerError::unavailable`]. `None` (the default): such errors are transient.
     pub breaker: Option<super::BreakerConfig>,
+    /// Static group membership (KIP-345, `group.instance.id`): a replica restarted with the
+    /// same id (a StatefulSet's pod name, a host name) gets its partitions back at once
+    /// instead of waiting for its dead predecessor's session to time out. Unique per replica.
+    pub instance_id: Option<String>,
+    /// How long the broker waits for a silent member before giving its partitions to the
+    /// others (default [`DEFAULT_SESSION_TIMEOUT`]; `session.timeout.ms`). Heartbeats go every
+    /// third of it from librdkafka's own thread, so slow handlers do not count against it.
+    pub session_timeout: Duration,
 }
+
+/// Default [`ConsumerConfig::session_timeout`]: 6 s, the broker's minimum
+/// (`group.min.session.timeout.ms`). A crashed replica's partitions move to the survivors
+/// within it (librdkafka's own default is 45 s).
+pub const DEFAULT_SESSION_TIMEOUT: Duration = Duration::from_secs(6);
 
 impl ConsumerConfig {
     /// Settings for `group` reading `topics`, with the defaults.
@@ -68,6 +81,8 @@ impl ConsumerConfig {
             pause_after: DEFAULT_PAUSE_AFTER,
             metrics_addr: None,
             breaker: None,
+            instance_id: None,
+            session_timeout: DEFAULT_SESSION_TIMEOUT,
         }
     }
 
@@ -87,6 +102,14 @@ impl ConsumerConfig {
         }
         for t in &self.topics {
             crate::topic::validate_topic(t).map_err(|e| ConsumerError::Config(e.to_string()))?;
+        }
+        if let Some(id) = &self.instance_id {
+            if id.trim().is_empty() || id.len() > 249 || id.chars().any(char::is_control) {
+                return bad(format!("invalid instance id {id:?}: give a printable name, unique per replica"));
+            }
+        }
+        if self.session_timeout < Duration::from_secs(1) {
+            return bad("session timeout must be at least 1 s".into());
         }
         if let Some(b) = &self.breaker {
             b.validate().map_err(ConsumerError::Config)?;

@@ -99,3 +99,73 @@ pub(crate) fn rebuild(
     }
     h
 }
+
+/// The consumer's record of the records it dead-lettered (`dead_lettered`), so that a record
+/// redelivered after a crash is not dead-lettered a second time.
+#[derive(Debug, Clone)]
+pub(super) struct DeadLetterLog {
+    check: String,
+    mark: String,
+    group: String,
+}
+
+impl DeadLetterLog {
+    pub(super) fn new(schema: &crate::schema::Schema, group: &str) -> Self {
+        let t = format!("{}.dead_lettered", schema.quoted());
+        Self {
+            check: format!(
+                "SELECT 1 FROM {t} WHERE consumer_group = $1 AND topic = $2 AND \"partition\" = $3 AND \"offset\" = $4"
+            ),
+            mark: format!(
+                "INSERT INTO {t} (consumer_group, topic, \"partition\", \"offset\") VALUES ($1, $2, $3, $4)
+                 ON CONFLICT DO NOTHING"
+            ),
+            group: group.to_owned(),
+        }
+    }
+
+    /// Whether this record was dead-lettered before (false when Postgres cannot tell: at worst
+    /// a duplicate dead letter, never a lost one).
+    pub(super) async fn seen(&self, pool: &deadpool_postgres::Pool, raw: &super::record::Raw) -> bool {
+        let Ok(c) = pool.get().await else {
+            return false;
+        };
+        c.query_opt(&self.check, &[&self.group, &raw.topic, &raw.partition, &raw.offset])
+            .await
+            .ok()
+            .flatten()
+            .is_some()
+    }
+
+    /// Records an acknowledged dead letter, retrying through a Postgres outage (until shutdown).
+    pub(super) async fn record(
+        &self,
+        pool: &deadpool_postgres::Pool,
+        raw: &super::record::Raw,
+        cancel: &tokio_util::sync::CancellationToken,
+    ) {
+        let mut backoff = crate::backoff::Backoff::default();
+        loop {
+            let r = match pool.get().await {
+                Ok(c) => c
+                    .execute(&self.mark, &[&self.group, &raw.topic, &raw.partition, &raw.offset])
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| e.to_string()),
+                Err(e) => Err(e.to_string()),
+            };
+            match r {
+                Ok(()) => return,
+                Err(e) => {
+                    if backoff.failures() == 0 {
+                        tracing::warn!(error = %e, "cannot record a dead letter as written; retrying (a crash meanwhile may duplicate it)");
+                    }
+                    tokio::select! {
+                        () = cancel.cancelled() => return,
+                        () = tokio::time::sleep(backoff.next_delay()) => {}
+                    }
+                }
+            }
+        }
+    }
+}

@@ -42,6 +42,7 @@ pub use breaker::{
 };
 pub use config::{
     ConsumerConfig, ConsumerError, DEFAULT_CONCURRENCY, DEFAULT_DLQ_SUFFIX, DEFAULT_MAX_BUFFERED,
+    DEFAULT_SESSION_TIMEOUT,
 };
 pub use dead_letter::*;
 pub use handler::{
@@ -95,6 +96,8 @@ struct Shared {
     freshness: Option<Arc<dyn FreshnessCheck>>,
     /// For recording drained and dropped letters in the archive.
     dlq: crate::dlq::Dlq,
+    /// Records already dead-lettered (not written twice after a crash).
+    dead_lettered: DeadLetterLog,
 }
 
 /// Open breakers of every group in `schema` (for `outbox status`).
@@ -239,6 +242,20 @@ impl Consumer {
         if !self.kafka.properties.contains_key("auto.offset.reset") {
             cc.set("auto.offset.reset", "earliest");
         }
+        if let Some(id) = &self.config.instance_id {
+            cc.set("group.instance.id", id);
+        }
+        // With KIP-848 (`group.protocol=consumer`) the session timeout is the broker's setting.
+        let consumer_protocol = self
+            .kafka
+            .properties
+            .get("group.protocol")
+            .is_some_and(|p| p == "consumer");
+        if !consumer_protocol && !self.kafka.properties.contains_key("session.timeout.ms") {
+            let ms = self.config.session_timeout.as_millis();
+            cc.set("session.timeout.ms", ms.to_string())
+                .set("heartbeat.interval.ms", (ms / 3).max(100).to_string());
+        }
         if !self
             .kafka
             .properties
@@ -363,6 +380,7 @@ impl Consumer {
                 }
             });
         }
+        let dead_lettered = DeadLetterLog::new(&self.db.schema, &self.config.group);
         let shared = Arc::new(Shared {
             pool,
             producer,
@@ -376,6 +394,7 @@ impl Consumer {
             breakers: self.breakers,
             freshness: self.freshness,
             dlq,
+            dead_lettered,
         });
         info!(group = %shared.config.group, topics = ?subscribe, concurrency = shared.config.concurrency, "consumer started");
         if shared.breaker().is_some() {

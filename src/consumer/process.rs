@@ -394,7 +394,14 @@ pub(super) async fn dead_letter(
         ],
     );
     let topic = shared.config.dlq_topic(&origin.topic);
+    // A record already dead-lettered before a crash (its DLQ write acked, its offset not yet
+    // committed) is not written twice: one defect, one dead letter.
+    if shared.dead_lettered.seen(&shared.pool, raw).await {
+        debug!(topic = %raw.topic, partition = raw.partition, offset = raw.offset, "already dead-lettered before a restart: not written again");
+        return Fate::Final;
+    }
     if produce_until_acked(shared, &topic, raw, headers).await {
+        shared.dead_lettered.record(&shared.pool, raw, &shared.cancel).await;
         ConsumerStats::inc(&shared.stats.dead_lettered);
         count(shared, &origin.topic, "dead_lettered", 1);
         Fate::Final

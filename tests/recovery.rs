@@ -1,0 +1,157 @@
+//! Consumers back in seconds after a crash, and dead letters written once: `billing_consumer`
+//! processes SIGKILLed and restarted against the real broker.
+
+mod common;
+
+use std::collections::HashSet;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+
+struct Billing {
+    child: Child,
+}
+
+impl Billing {
+    fn start(db: &outbox::DbConfig, topic: &str, group: &str, instance: Option<&str>, extra: &str) -> Self {
+        let mut c = Command::new(example_binary("billing_consumer"));
+        c.env("DATABASE_URL", database_url())
+            .env("KAFKA_BOOTSTRAP_SERVERS", bootstrap())
+            .env("OUTBOX_SCHEMA", db.schema.name())
+            .env("BILLING_TOPIC", topic)
+            .env("BILLING_GROUP", group)
+            .env("BILLING_CONCURRENCY", "4")
+            .env("OUTBOX_KAFKA_PROPERTIES", extra)
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        if let Some(id) = instance {
+            c.env("BILLING_INSTANCE_ID", id);
+        }
+        Self {
+            child: c.spawn().unwrap(),
+        }
+    }
+
+    fn kill9(mut self) {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+    }
+}
+
+impl Drop for Billing {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+async fn orders(topic: &str, from: usize, n: usize, poison_every: usize) -> usize {
+    let mut poison = 0;
+    for i in from..from + n {
+        let cents = if poison_every > 0 && i % poison_every == 0 {
+            poison += 1;
+            -1 // refused: a permanent error, dead-lettered
+        } else {
+            100 + i as i64
+        };
+        produce_event(
+            topic,
+            &format!("c{}", i % 50),
+            "order_created",
+            &uuid::Uuid::now_v7().to_string(),
+            &serde_json::json!({"order_number": format!("A-{i}"), "total_cents": cents}),
+        )
+        .await;
+    }
+    poison
+}
+
+async fn charges(c: &tokio_postgres::Client) -> i64 {
+    if count(c, "SELECT count(*) FROM pg_tables WHERE tablename = 'charges' AND schemaname = current_schema()").await == 0 {
+        return 0;
+    }
+    count(c, "SELECT count(*) FROM charges").await
+}
+
+/// Seconds from the restart after three SIGKILLs to the first new order charged.
+async fn recovery(instance: Option<&str>, extra: &str) -> f64 {
+    let db = fresh_db().await;
+    let c = client(&db).await;
+    let topic = topic_name();
+    create_topic_family(&topic, 3, &[]).await;
+    let group = format!("billing-{}", hex(6));
+    orders(&topic, 0, 30, 0).await;
+    let b = Billing::start(&db, &topic, &group, instance, extra);
+    wait_until(Duration::from_secs(60), "30 charged", || async { charges(&c).await == 30 }).await;
+    // Three kills a few seconds apart, each after the process had rejoined.
+    b.kill9();
+    for _ in 0..2 {
+        let b = Billing::start(&db, &topic, &group, instance, extra);
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        b.kill9();
+    }
+    let restarted = Instant::now();
+    let _b = Billing::start(&db, &topic, &group, instance, extra);
+    orders(&topic, 30, 6, 0).await;
+    wait_until(Duration::from_secs(240), "a new order charged", || async { charges(&c).await > 30 }).await;
+    let secs = restarted.elapsed().as_secs_f64();
+    wait_until(Duration::from_secs(60), "all new orders charged", || async { charges(&c).await == 36 }).await;
+    assert_eq!(count(&c, "SELECT count(DISTINCT message_id) FROM charges").await, 36);
+    secs
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_consumer_handles_again_within_seconds_after_three_sigkills() {
+    let with_id = recovery(Some(&format!("billing-{}", hex(4))), "").await;
+    let without = recovery(None, "").await;
+    eprintln!("first order charged after the restart: {with_id:.1} s with an instance id, {without:.1} s without (session timeout 6 s)");
+    assert!(with_id <= 5.0, "with an instance id: {with_id:.1} s");
+    assert!(without <= 15.0, "without an instance id: {without:.1} s");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn poison_messages_are_dead_lettered_once_across_repeated_sigkills() {
+    let db = fresh_db().await;
+    let c = client(&db).await;
+    let topic = topic_name();
+    create_topic_family(&topic, 3, &[]).await;
+    let group = format!("billing-{}", hex(6));
+    // 3,000 orders, every 25th refused: 120 poison messages among them.
+    let poison = orders(&topic, 0, 3000, 25).await;
+    assert_eq!(poison, 120);
+    let mut kills = 0;
+    let mut dlq_at_kill = Vec::new();
+    while kills < 3 {
+        let b = Billing::start(&db, &topic, &group, Some("billing-poison"), "");
+        let before = charges(&c).await;
+        wait_until(Duration::from_secs(60), "progress", || async { charges(&c).await > before + 150 }).await;
+        b.kill9();
+        kills += 1;
+        dlq_at_kill.push(topic_len(&format!("{topic}.dlq")).await);
+    }
+    let _b = Billing::start(&db, &topic, &group, Some("billing-poison"), "");
+    wait_until(Duration::from_secs(120), "every good order charged", || async {
+        charges(&c).await == 2880
+    })
+    .await;
+    let dlq = read_all(&format!("{topic}.dlq")).await;
+    let distinct: HashSet<String> = dlq.iter().map(Record::message_id).collect();
+    eprintln!("DLQ records after 3 SIGKILLs: {} ({} distinct poison messages); DLQ size at each kill: {dlq_at_kill:?}", dlq.len(), distinct.len());
+    assert_eq!(distinct.len(), 120);
+    assert_eq!(dlq.len(), 120, "a poison message was dead-lettered twice");
+    assert_eq!(count(&c, "SELECT count(DISTINCT message_id) FROM charges").await, 2880);
+}
+
+/// The evaluation of Kafka 4's consumer group protocol (KIP-848) with the bundled librdkafka:
+/// `cargo test --test recovery kip848 -- --ignored --nocapture` (figures in BENCHMARKS.md).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "an evaluation, run by hand"]
+async fn kip848_consumer_protocol_recovery() {
+    let classic = recovery(None, "").await;
+    let kip848 = recovery(None, "group.protocol=consumer").await;
+    let kip848_static = recovery(Some(&format!("billing-{}", hex(4))), "group.protocol=consumer").await;
+    eprintln!("first order after the restart: classic {classic:.1} s, consumer protocol {kip848:.1} s, consumer protocol + instance id {kip848_static:.1} s");
+}
