@@ -86,7 +86,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     config.concurrency = env("BILLING_CONCURRENCY", "16").parse()?;
     // Static membership: a restarted replica gets its partitions back at once (KIP-345).
     // Set it to something stable and unique per replica, e.g. a StatefulSet pod name.
-    config.instance_id = std::env::var("BILLING_INSTANCE_ID").ok().filter(|s| !s.is_empty());
+    config.instance_id = std::env::var("BILLING_INSTANCE_ID")
+        .ok()
+        .filter(|s| !s.is_empty());
     let consumer = Consumer::new(&db, &kafka, config)?.handler("order_created", charge);
     let stats = consumer.stats();
     consumer

@@ -19,7 +19,7 @@
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use tracing::{debug, info, warn};
+use tracing::{debug, info};
 
 use crate::config::DbConfig;
 
@@ -36,10 +36,18 @@ pub(crate) struct Lanes {
     member_id: i32,
     last: Option<Instant>,
     interval: Duration,
+    /// After a failure, the next attempt waits (capped, jittered) instead of every pass.
+    backoff: crate::backoff::Backoff,
+    retry_at: Option<Instant>,
+    outages: std::sync::Arc<crate::relay::Outages>,
 }
 
 impl Lanes {
-    pub fn new(db: &DbConfig, interval: Duration) -> Self {
+    pub fn new(
+        db: &DbConfig,
+        interval: Duration,
+        outages: std::sync::Arc<crate::relay::Outages>,
+    ) -> Self {
         Self {
             db: db.clone(),
             conn: None,
@@ -47,6 +55,9 @@ impl Lanes {
             member_id: fastrand::i32(1..i32::MAX),
             last: None,
             interval,
+            backoff: crate::backoff::Backoff::default(),
+            retry_at: None,
+            outages,
         }
     }
 
@@ -64,6 +75,9 @@ impl Lanes {
             .conn
             .as_ref()
             .is_none_or(tokio_postgres::Client::is_closed);
+        if self.retry_at.is_some_and(|t| Instant::now() < t) {
+            return; // backing off after a failure
+        }
         if lost || self.last.is_none_or(|t| t.elapsed() >= self.interval) {
             self.rebalance().await;
         }
@@ -72,10 +86,20 @@ impl Lanes {
     /// Registers this relay, counts relays, and moves towards the fair share of lanes.
     pub async fn rebalance(&mut self) {
         self.last = Some(Instant::now());
-        if let Err(e) = self.try_rebalance().await {
-            warn!(error = %e, "lane rebalance failed; holding no lanes until the lock connection is back");
-            self.conn = None;
-            self.owned.clear();
+        match self.try_rebalance().await {
+            Ok(()) => {
+                self.backoff.reset();
+                self.retry_at = None;
+                self.outages.postgres.ok();
+            }
+            Err(e) => {
+                self.outages.postgres.failed(&format!(
+                    "lane rebalance failed; holding no lanes until the lock connection is back: {e}"
+                ));
+                self.retry_at = Some(Instant::now() + self.backoff.next_delay());
+                self.conn = None;
+                self.owned.clear();
+            }
         }
     }
 

@@ -42,6 +42,7 @@
 //! | `config` | [`DbConfig`], [`KafkaConfig`], [`RelayConfig`], [`CleanupConfig`] with named defaults |
 //! | `lanes` | ordering lanes: advisory-lock ownership so per-key order holds across relays |
 //! | `floor` | the claim floor: where a claim may start so held snapshots do not slow it; the sweep |
+//! | `outage` | one log line per outage (start, once a minute, end) instead of one per retry |
 //! | `backoff` | [`Backoff`]: capped exponential backoff for outages |
 //! | `classify` | transient vs permanent errors (seed 001's table) |
 //! | `db` | connection pool and single connections |
@@ -64,6 +65,7 @@ mod lanes;
 mod message;
 pub mod metrics;
 mod migrate;
+mod outage;
 mod relay;
 mod schema;
 mod sql;

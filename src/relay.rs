@@ -35,6 +35,7 @@ use crate::backoff::Backoff;
 use crate::cleanup;
 use crate::config::{ConfigError, DbConfig, KafkaConfig, RelayConfig};
 use crate::floor::{ClaimFloor, Sample};
+use crate::outage::Outage;
 use crate::sql::Statements;
 use crate::topic::validate_topic;
 use tracing::Instrument as _;
@@ -128,7 +129,8 @@ pub struct Relay {
     pool: Pool,
     /// Replaced when librdkafka reports a fatal error (an idempotent producer that lost its
     /// sequence state cannot be used again).
-    producer: std::sync::RwLock<FutureProducer>,
+    producer: std::sync::RwLock<RelayProducer>,
+    outages: Arc<Outages>,
     kafka: KafkaConfig,
     stmts: Arc<Statements>,
     db: DbConfig,
@@ -140,12 +142,30 @@ pub struct Relay {
     pass: tokio::sync::Mutex<()>,
 }
 
+/// The relay's view of its dependencies: one log line per outage, not one per retry.
+pub(crate) struct Outages {
+    pub postgres: Outage,
+    pub kafka: Arc<Outage>,
+}
+
+impl Outages {
+    pub(crate) fn new() -> Arc<Self> {
+        Arc::new(Self {
+            postgres: Outage::new("postgres", "relay"),
+            kafka: Arc::new(Outage::new("kafka", "relay")),
+        })
+    }
+}
+
+type RelayProducer = FutureProducer<crate::outage::KafkaQuiet>;
+
 /// Builds the producer: the pass-through properties first, then the settings the guarantees
 /// rest on, which may not be weakened.
 fn producer_for(
     kafka: &KafkaConfig,
     delivery_timeout: Duration,
-) -> Result<FutureProducer, RelayError> {
+    outages: &Arc<Outages>,
+) -> Result<RelayProducer, RelayError> {
     for (name, required) in [("enable.idempotence", "true"), ("acks", "all")] {
         if let Some(v) = kafka.properties.get(name) {
             let ok = v.eq_ignore_ascii_case(required) || (name == "acks" && v == "-1");
@@ -178,18 +198,19 @@ fn producer_for(
             "message.timeout.ms",
             delivery_timeout.as_millis().to_string(),
         );
-    c.create().map_err(|e| match e {
-        // librdkafka's message repeats the value, which may be a secret: keep only the name.
-        KafkaError::ClientConfig(_, desc, name, _value) => {
-            let reason = desc
-                .split(':')
-                .next()
-                .unwrap_or("refused by librdkafka")
-                .to_owned();
-            RelayError::Config(ConfigError::KafkaProperty { name, reason })
-        }
-        other => RelayError::Kafka(other),
-    })
+    c.create_with_context(crate::outage::KafkaQuiet(outages.kafka.clone()))
+        .map_err(|e| match e {
+            // librdkafka's message repeats the value, which may be a secret: keep only the name.
+            KafkaError::ClientConfig(_, desc, name, _value) => {
+                let reason = desc
+                    .split(':')
+                    .next()
+                    .unwrap_or("refused by librdkafka")
+                    .to_owned();
+                RelayError::Config(ConfigError::KafkaProperty { name, reason })
+            }
+            other => RelayError::Kafka(other),
+        })
 }
 
 /// Errors that say the cluster (not the message) is the problem: the row stays pending and
@@ -274,11 +295,17 @@ impl Relay {
         config.validate()?;
         let pool = crate::db::pool(db)
             .map_err(|e| ConfigError::DatabaseUrl(format!("cannot build pool: {e}")))?;
-        let producer = producer_for(kafka, config.delivery_timeout)?;
+        let outages = Outages::new();
+        let producer = producer_for(kafka, config.delivery_timeout, &outages)?;
         Ok(Self {
-            lanes: tokio::sync::Mutex::new(crate::lanes::Lanes::new(db, config.rebalance_interval)),
+            lanes: tokio::sync::Mutex::new(crate::lanes::Lanes::new(
+                db,
+                config.rebalance_interval,
+                outages.clone(),
+            )),
             pool,
             producer: std::sync::RwLock::new(producer),
+            outages,
             kafka: kafka.clone(),
             stmts: Arc::new(Statements::new(&db.schema)),
             db: db.clone(),
@@ -289,7 +316,7 @@ impl Relay {
         })
     }
 
-    fn producer(&self) -> FutureProducer {
+    fn producer(&self) -> RelayProducer {
         self.producer.read().expect("producer lock").clone()
     }
 
@@ -494,7 +521,7 @@ impl Relay {
         let producer = self.producer();
         if let Some(fatal) = producer.client().fatal_error() {
             warn!(error = ?fatal, "kafka producer hit a fatal error: replacing it (unacked rows stay pending)");
-            match producer_for(&self.kafka, self.config.delivery_timeout) {
+            match producer_for(&self.kafka, self.config.delivery_timeout, &self.outages) {
                 Ok(p) => *self.producer.write().expect("producer lock") = p,
                 Err(e) => warn!(error = %e, "cannot recreate the producer; will retry next pass"),
             }
@@ -569,7 +596,13 @@ impl Relay {
         report.sent = sent.len();
         report.backed_off = refused_ids.len();
         if let Some(reason) = deferred_reason {
-            warn!(rows = report.deferred, reason = %reason, "rows left pending: no delivery report (cluster unreachable?)");
+            // Rows stay pending with their attempts: an outage of the cluster, logged once.
+            self.outages.kafka.failed(&format!(
+                "{} row(s) left pending: {reason}",
+                report.deferred
+            ));
+        } else if report.sent > 0 {
+            self.outages.kafka.ok();
         }
         debug!(?report, "batch settled");
         Ok(Outcome::Published(report))
@@ -702,6 +735,7 @@ impl Relay {
                 wake.clone(),
                 self.floor.clone(),
                 cancel.clone(),
+                self.outages.clone(),
             ));
         }
         tracker.spawn(sweep_schedule(
@@ -731,7 +765,11 @@ impl Relay {
         let mut backoff = Backoff::default();
         let mut total_sent: u64 = 0;
         while !cancel.is_cancelled() {
-            let wait = match self.run_once().await {
+            let result = self.run_once().await;
+            if result.is_ok() && !self.lanes.lock().await.owned().is_empty() {
+                self.outages.postgres.ok();
+            }
+            let wait = match result {
                 Ok(Outcome::Published(r)) => {
                     total_sent += r.sent as u64;
                     if r.deferred > 0 {
@@ -753,7 +791,15 @@ impl Relay {
                 }
                 Err(e) => {
                     let d = backoff.next_delay();
-                    warn!(error = %e, retry_in = ?d, failures = backoff.failures(), "relay pass failed; backing off");
+                    match &e {
+                        RelayError::Postgres(_) | RelayError::Pool(_) => self
+                            .outages
+                            .postgres
+                            .failed(&format!("relay pass failed; backing off: {e}")),
+                        _ => {
+                            warn!(error = %e, retry_in = ?d, failures = backoff.failures(), "relay pass failed; backing off")
+                        }
+                    }
                     Some(d)
                 }
             };
@@ -856,6 +902,7 @@ async fn listen(
     wake: Arc<Notify>,
     floor: Arc<Mutex<ClaimFloor>>,
     cancel: CancellationToken,
+    outages: Arc<Outages>,
 ) {
     let channel = db.schema.notify_channel();
     let mut backoff = Backoff::default();
@@ -895,7 +942,7 @@ async fn listen(
                     () = cancel.cancelled() => { driver.abort(); return; }
                     ended = &mut driver => {
                         if let Ok(Err(e)) = ended {
-                            warn!(error = %e, "notification connection lost; polling until it is back");
+                            outages.postgres.failed(&format!("notification connection lost; polling until it is back: {e}"));
                         }
                     }
                 }

@@ -14,7 +14,13 @@ struct Billing {
 }
 
 impl Billing {
-    fn start(db: &outbox::DbConfig, topic: &str, group: &str, instance: Option<&str>, extra: &str) -> Self {
+    fn start(
+        db: &outbox::DbConfig,
+        topic: &str,
+        group: &str,
+        instance: Option<&str>,
+        extra: &str,
+    ) -> Self {
         let mut c = Command::new(example_binary("billing_consumer"));
         c.env("DATABASE_URL", database_url())
             .env("KAFKA_BOOTSTRAP_SERVERS", bootstrap())
@@ -85,7 +91,10 @@ async fn recovery(instance: Option<&str>, extra: &str) -> f64 {
     let group = format!("billing-{}", hex(6));
     orders(&topic, 0, 30, 0).await;
     let b = Billing::start(&db, &topic, &group, instance, extra);
-    wait_until(Duration::from_secs(60), "30 charged", || async { charges(&c).await == 30 }).await;
+    wait_until(Duration::from_secs(60), "30 charged", || async {
+        charges(&c).await == 30
+    })
+    .await;
     // Three kills a few seconds apart, each after the process had rejoined.
     b.kill9();
     for _ in 0..2 {
@@ -96,10 +105,21 @@ async fn recovery(instance: Option<&str>, extra: &str) -> f64 {
     let restarted = Instant::now();
     let _b = Billing::start(&db, &topic, &group, instance, extra);
     orders(&topic, 30, 6, 0).await;
-    wait_until(Duration::from_secs(240), "a new order charged", || async { charges(&c).await > 30 }).await;
+    wait_until(Duration::from_secs(240), "a new order charged", || async {
+        charges(&c).await > 30
+    })
+    .await;
     let secs = restarted.elapsed().as_secs_f64();
-    wait_until(Duration::from_secs(60), "all new orders charged", || async { charges(&c).await == 36 }).await;
-    assert_eq!(count(&c, "SELECT count(DISTINCT message_id) FROM charges").await, 36);
+    wait_until(
+        Duration::from_secs(60),
+        "all new orders charged",
+        || async { charges(&c).await == 36 },
+    )
+    .await;
+    assert_eq!(
+        count(&c, "SELECT count(DISTINCT message_id) FROM charges").await,
+        36
+    );
     secs
 }
 
@@ -127,22 +147,30 @@ async fn poison_messages_are_dead_lettered_once_across_repeated_sigkills() {
     while kills < 3 {
         let b = Billing::start(&db, &topic, &group, Some("billing-poison"), "");
         let before = charges(&c).await;
-        wait_until(Duration::from_secs(60), "progress", || async { charges(&c).await > before + 150 }).await;
+        wait_until(Duration::from_secs(60), "progress", || async {
+            charges(&c).await > before + 150
+        })
+        .await;
         b.kill9();
         kills += 1;
         dlq_at_kill.push(topic_len(&format!("{topic}.dlq")).await);
     }
     let _b = Billing::start(&db, &topic, &group, Some("billing-poison"), "");
-    wait_until(Duration::from_secs(120), "every good order charged", || async {
-        charges(&c).await == 2880
-    })
+    wait_until(
+        Duration::from_secs(120),
+        "every good order charged",
+        || async { charges(&c).await == 2880 },
+    )
     .await;
     let dlq = read_all(&format!("{topic}.dlq")).await;
     let distinct: HashSet<String> = dlq.iter().map(Record::message_id).collect();
     eprintln!("DLQ records after 3 SIGKILLs: {} ({} distinct poison messages); DLQ size at each kill: {dlq_at_kill:?}", dlq.len(), distinct.len());
     assert_eq!(distinct.len(), 120);
     assert_eq!(dlq.len(), 120, "a poison message was dead-lettered twice");
-    assert_eq!(count(&c, "SELECT count(DISTINCT message_id) FROM charges").await, 2880);
+    assert_eq!(
+        count(&c, "SELECT count(DISTINCT message_id) FROM charges").await,
+        2880
+    );
 }
 
 /// The evaluation of Kafka 4's consumer group protocol (KIP-848) with the bundled librdkafka:
@@ -152,6 +180,10 @@ async fn poison_messages_are_dead_lettered_once_across_repeated_sigkills() {
 async fn kip848_consumer_protocol_recovery() {
     let classic = recovery(None, "").await;
     let kip848 = recovery(None, "group.protocol=consumer").await;
-    let kip848_static = recovery(Some(&format!("billing-{}", hex(4))), "group.protocol=consumer").await;
+    let kip848_static = recovery(
+        Some(&format!("billing-{}", hex(4))),
+        "group.protocol=consumer",
+    )
+    .await;
     eprintln!("first order after the restart: classic {classic:.1} s, consumer protocol {kip848:.1} s, consumer protocol + instance id {kip848_static:.1} s");
 }

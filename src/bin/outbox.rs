@@ -469,7 +469,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| "info,tokio_postgres=warn,refinery_core=warn".into());
+        .unwrap_or_else(|_| "info,tokio_postgres=warn,refinery_core=warn,deadpool=error".into());
     match cli.log_format {
         LogFormat::Text => tracing_subscriber::fmt()
             .with_env_filter(filter)

@@ -105,7 +105,9 @@ impl ConsumerConfig {
         }
         if let Some(id) = &self.instance_id {
             if id.trim().is_empty() || id.len() > 249 || id.chars().any(char::is_control) {
-                return bad(format!("invalid instance id {id:?}: give a printable name, unique per replica"));
+                return bad(format!(
+                    "invalid instance id {id:?}: give a printable name, unique per replica"
+                ));
             }
         }
         if self.session_timeout < Duration::from_secs(1) {

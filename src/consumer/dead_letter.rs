@@ -126,15 +126,22 @@ impl DeadLetterLog {
 
     /// Whether this record was dead-lettered before (false when Postgres cannot tell: at worst
     /// a duplicate dead letter, never a lost one).
-    pub(super) async fn seen(&self, pool: &deadpool_postgres::Pool, raw: &super::record::Raw) -> bool {
+    pub(super) async fn seen(
+        &self,
+        pool: &deadpool_postgres::Pool,
+        raw: &super::record::Raw,
+    ) -> bool {
         let Ok(c) = pool.get().await else {
             return false;
         };
-        c.query_opt(&self.check, &[&self.group, &raw.topic, &raw.partition, &raw.offset])
-            .await
-            .ok()
-            .flatten()
-            .is_some()
+        c.query_opt(
+            &self.check,
+            &[&self.group, &raw.topic, &raw.partition, &raw.offset],
+        )
+        .await
+        .ok()
+        .flatten()
+        .is_some()
     }
 
     /// Records an acknowledged dead letter, retrying through a Postgres outage (until shutdown).
@@ -148,7 +155,10 @@ impl DeadLetterLog {
         loop {
             let r = match pool.get().await {
                 Ok(c) => c
-                    .execute(&self.mark, &[&self.group, &raw.topic, &raw.partition, &raw.offset])
+                    .execute(
+                        &self.mark,
+                        &[&self.group, &raw.topic, &raw.partition, &raw.offset],
+                    )
                     .await
                     .map(|_| ())
                     .map_err(|e| e.to_string()),

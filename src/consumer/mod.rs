@@ -83,7 +83,7 @@ enum HandlerRef {
 
 struct Shared {
     pool: Pool,
-    producer: FutureProducer,
+    producer: FutureProducer<crate::outage::KafkaQuiet>,
     handlers: HashMap<String, HandlerRef>,
     config: ConsumerConfig,
     retry_topics: HashMap<String, (String, usize)>,
@@ -98,6 +98,8 @@ struct Shared {
     dlq: crate::dlq::Dlq,
     /// Records already dead-lettered (not written twice after a crash).
     dead_lettered: DeadLetterLog,
+    /// One log line per outage of the consumer's database.
+    pg_outage: crate::outage::Outage,
 }
 
 /// Open breakers of every group in `schema` (for `outbox status`).
@@ -271,7 +273,9 @@ impl Consumer {
         let last_final = Arc::new(Mutex::new(HashMap::new()));
         let backpressure = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let assigned = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let kafka_outage = Arc::new(crate::outage::Outage::new("kafka", "consumer"));
         let consumer: StreamConsumer<Ctx> = cc.create_with_context(Ctx {
+            kafka_outage: kafka_outage.clone(),
             assigned: assigned.clone(),
             breakers: self.config.breaker.as_ref().map(|_| self.breakers.clone()),
             drain_topics: if self.config.breaker.is_some() {
@@ -298,7 +302,8 @@ impl Consumer {
                 "message.timeout.ms",
                 self.config.delivery_timeout.as_millis().to_string(),
             );
-        let producer: FutureProducer = pc.create()?;
+        let producer: FutureProducer<crate::outage::KafkaQuiet> =
+            pc.create_with_context(crate::outage::KafkaQuiet(kafka_outage.clone()))?;
 
         // Missing retry/DLQ topics must stop us now, not at the first failure.
         let required = self.required_topics();
@@ -395,6 +400,7 @@ impl Consumer {
             freshness: self.freshness,
             dlq,
             dead_lettered,
+            pg_outage: crate::outage::Outage::new("postgres", "consumer"),
         });
         info!(group = %shared.config.group, topics = ?subscribe, concurrency = shared.config.concurrency, "consumer started");
         if shared.breaker().is_some() {
@@ -425,6 +431,7 @@ impl Consumer {
             drain_pacer: breaker::DrainPacer::new(drain_rate),
             steer_at: Instant::now(),
             assigned,
+            kafka_outage,
         };
         rt.run(cancel).await;
         Ok(())

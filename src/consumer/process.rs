@@ -218,6 +218,7 @@ pub(super) async fn process(env: &Envelope, shared: &Shared) -> Fate {
         handler_seconds(shared, &origin.topic, started);
         let err = match result {
             Ok(Ok(InboxOutcome::Processed)) => {
+                shared.pg_outage.ok();
                 ConsumerStats::inc(&shared.stats.handled);
                 count(shared, &origin.topic, "handled", 1);
                 if let Some(b) = shared.breaker() {
@@ -244,9 +245,9 @@ pub(super) async fn process(env: &Envelope, shared: &Shared) -> Fate {
             attempt -= 1;
             ConsumerStats::inc(&shared.stats.outage_waits);
             let wait = outage.next_delay();
-            if outage.failures() == 1 {
-                warn!(error = %err, "database unavailable: holding messages until it is back");
-            }
+            shared.pg_outage.failed(&format!(
+                "database unavailable: holding messages until it is back: {err}"
+            ));
             tokio::select! {
                 () = shared.cancel.cancelled() => return Fate::Abandoned,
                 () = tokio::time::sleep(wait) => {}
@@ -401,7 +402,10 @@ pub(super) async fn dead_letter(
         return Fate::Final;
     }
     if produce_until_acked(shared, &topic, raw, headers).await {
-        shared.dead_lettered.record(&shared.pool, raw, &shared.cancel).await;
+        shared
+            .dead_lettered
+            .record(&shared.pool, raw, &shared.cancel)
+            .await;
         ConsumerStats::inc(&shared.stats.dead_lettered);
         count(shared, &origin.topic, "dead_lettered", 1);
         Fate::Final

@@ -52,6 +52,8 @@ pub(super) struct Ctx {
     /// Set on every assignment: partitions taken over from another replica may hold parked
     /// letters, so the runtime drains before consuming their main topics.
     pub(super) assigned: Arc<std::sync::atomic::AtomicBool>,
+    /// One log line per Kafka outage (librdkafka's callbacks and poll errors).
+    pub(super) kafka_outage: Arc<crate::outage::Outage>,
 }
 
 impl Ctx {
@@ -66,6 +68,14 @@ impl Ctx {
 }
 
 impl ClientContext for Ctx {
+    fn log(&self, level: rdkafka::config::RDKafkaLogLevel, fac: &str, log_message: &str) {
+        crate::outage::KafkaQuiet(self.kafka_outage.clone()).log(level, fac, log_message);
+    }
+
+    fn error(&self, error: KafkaError, reason: &str) {
+        crate::outage::KafkaQuiet(self.kafka_outage.clone()).error(error, reason);
+    }
+
     /// librdkafka's statistics (every `statistics.interval.ms`): per-partition lag as gauges.
     fn stats(&self, stats: rdkafka::Statistics) {
         let now = now_ms();
@@ -200,6 +210,7 @@ pub(super) struct Runtime<'c> {
     pub(super) drain_pacer: DrainPacer,
     pub(super) steer_at: Instant,
     pub(super) assigned: Arc<std::sync::atomic::AtomicBool>,
+    pub(super) kafka_outage: Arc<crate::outage::Outage>,
 }
 
 /// Default for [`ConsumerConfig::pause_after`]: how long the runtime may sit at
@@ -277,10 +288,11 @@ impl Runtime<'_> {
                 m = self.consumer.recv(), if accepting => match m {
                     Ok(m) => {
                         let _poll = tracing::trace_span!("outbox.poll", topic = m.topic(), partition = m.partition(), offset = m.offset()).entered();
+                        self.kafka_outage.ok();
                         self.on_message(&m)
                     }
                     Err(e) => {
-                        warn!(error = %e, "kafka consumer error");
+                        self.kafka_outage.failed(&format!("kafka consumer error: {e}"));
                         tokio::time::sleep(Duration::from_millis(100)).await;
                     }
                 },
