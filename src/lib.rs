@@ -94,9 +94,21 @@ pub use topic::{validate_topic, InvalidTopic, MAX_TOPIC_LEN};
 /// (`EXPLAIN`) in tests and benchmarks. Not a stable API.
 #[doc(hidden)]
 pub fn hot_statements(schema: &Schema) -> Vec<(&'static str, String)> {
+    hot_statements_of(schema)
+}
+
+/// The session settings of the relay's connections (see `sql::PLAN_SETTINGS`), for tests that
+/// explain its statements as it runs them. Not a stable API.
+#[doc(hidden)]
+pub fn relay_session_settings() -> &'static str {
+    sql::PLAN_SETTINGS
+}
+
+fn hot_statements_of(schema: &Schema) -> Vec<(&'static str, String)> {
     let s = sql::Statements::new(schema);
     vec![
         ("claim", s.claim),
+        ("claim_free", s.claim_free),
         ("first_pending", s.first_pending),
         ("sample", s.sample),
         ("left_behind", s.left_behind),

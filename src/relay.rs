@@ -293,7 +293,14 @@ impl Relay {
         config: RelayConfig,
     ) -> Result<Self, RelayError> {
         config.validate()?;
-        let pool = crate::db::pool(db)
+        let mut planned = db.clone();
+        let opts = format!(
+            "{} {}",
+            planned.pg.get_options().unwrap_or(""),
+            crate::sql::PLAN_SETTINGS
+        );
+        planned.pg.options(opts.trim());
+        let pool = crate::db::pool(&planned)
             .map_err(|e| ConfigError::DatabaseUrl(format!("cannot build pool: {e}")))?;
         let outages = Outages::new();
         let producer = producer_for(kafka, config.delivery_timeout, &outages)?;
@@ -452,12 +459,18 @@ impl Relay {
             max_id: sampled.get(0),
             writers: sampled.get(1),
         };
+        let some_not_due: bool = sampled.get(2);
         let begin = self.floor.lock().expect("floor lock").begin(&lanes, sample);
         let batch = i64::try_from(self.config.batch_size).unwrap_or(i64::MAX);
         metrics::gauge!(crate::metrics::OUTBOX_LANES_OWNED).set(lanes.len() as f64);
         let claim_started = Instant::now();
+        let claim = if some_not_due {
+            &self.stmts.claim
+        } else {
+            &self.stmts.claim_free
+        };
         let rows: Vec<Row> = tx
-            .query(&self.stmts.claim, &[&batch, &lanes, &begin.scan_from])
+            .query(claim, &[&batch, &lanes, &begin.scan_from])
             .instrument(tracing::debug_span!(
                 "outbox.claim",
                 batch,

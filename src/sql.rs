@@ -31,6 +31,20 @@ SELECT o.id, o.topic, o.message_key, o.headers::text, o.payload::text,
  LIMIT $1
  FOR UPDATE OF o SKIP LOCKED";
 
+/// [`CLAIM`] when no pending row is backed off or scheduled for later (the usual case, told
+/// by [`SAMPLE`]): nothing can be held back, so the claim is a plain walk of
+/// `outbox_pending_id_idx` from the floor that stops after the batch. Per-key order still holds:
+/// `FIRST_PENDING` checks every claimed key against earlier pending rows before sending.
+const CLAIM_FREE: &str = "\
+SELECT o.id, o.topic, o.message_key, o.headers::text, o.payload::text,
+       extract(epoch FROM o.created_at)::float8
+  FROM {s}.outbox AS o
+ WHERE o.status = 'pending' AND o.id >= $3 AND (o.available_at <= now()) IS TRUE
+   AND (hashtext(coalesce(o.message_key, '')) & 63) = ANY($2::int[])
+ ORDER BY o.id
+ LIMIT $1
+ FOR UPDATE OF o SKIP LOCKED";
+
 /// For each key (`$1`), the lowest pending id: a claimed row whose key has an earlier pending
 /// row outside this claim (locked by another relay, or not due) must not be sent yet. One index
 /// probe per key (`outbox_pending_key_idx`), whatever the backlog, starting at the claim floor
@@ -42,7 +56,8 @@ SELECT k, (SELECT e.id FROM {s}.outbox AS e
   FROM unnest($1::text[]) AS k";
 
 /// First statement of every claim transaction: what the relay needs to move its claim floor
-/// (see `floor.rs`). Returns the highest visible id, and the transactions holding `ROW
+/// (see `floor.rs`), and whether any pending row is not yet due (then the claim must skip
+/// later rows of such keys: [`CLAIM`]; otherwise [`CLAIM_FREE`]). Returns the highest visible id, and the transactions holding `ROW
 /// EXCLUSIVE` on the outbox table (every INSERT takes it before drawing its id and keeps it to
 /// commit), this session excluded. Both are read after the statement's snapshot was taken:
 /// every id up to the first was drawn by one of those writers or by a transaction that ended.
@@ -53,7 +68,9 @@ SELECT coalesce((SELECT max(m.id) FROM {s}.outbox AS m), 0),
                 AND l.relation = '{s}.outbox'::regclass
                 AND l.database = (SELECT d.oid FROM pg_database AS d
                                    WHERE d.datname = current_database())
-                AND l.pid IS DISTINCT FROM pg_backend_pid())";
+                AND l.pid IS DISTINCT FROM pg_backend_pid()),
+       EXISTS (SELECT 1 FROM {s}.outbox AS h
+                WHERE h.status = 'pending' AND h.available_at > now())";
 
 /// Last statement of a claim transaction (after the marks, so this pass's sent rows are no longer
 /// pending to it): the lowest row of the relay's lanes (`$3`) still pending in `[$1, $2)`, the
@@ -181,6 +198,7 @@ pub(crate) struct Statements {
     /// The schema the statements were rendered for.
     pub schema: Schema,
     pub claim: String,
+    pub claim_free: String,
     pub first_pending: String,
     pub sample: String,
     pub left_behind: String,
@@ -209,6 +227,7 @@ impl Statements {
         Self {
             schema: schema.clone(),
             claim: r(CLAIM),
+            claim_free: r(CLAIM_FREE),
             first_pending: r(FIRST_PENDING),
             sample: r(SAMPLE),
             left_behind: r(LEFT_BEHIND),
@@ -235,3 +254,11 @@ impl Statements {
         (ENQUEUE.replace("{s}", ""), ENQUEUE_BATCH.replace("{s}", ""))
     }
 }
+
+/// Session settings of the relay's connections: the planner may only use index scans and
+/// nested loops, so no hot statement changes shape with the table's statistics (a never-
+/// analyzed outbox with a backlog otherwise gets a bitmap scan of every pending row, a
+/// per-row probe over all of them and a sort, measured at 15 s per claim). Every relay
+/// statement is written for an index; the settings make that the only plan.
+pub(crate) const PLAN_SETTINGS: &str = "-c enable_seqscan=off -c enable_bitmapscan=off \
+    -c enable_sort=off -c enable_hashjoin=off -c enable_mergejoin=off -c enable_hashagg=off";

@@ -92,7 +92,27 @@ pub async fn delete_topic(name: &str) {
 /// Inserts `rows` pending rows server-side: ≈200-byte JSON payloads, `keys` distinct keys,
 /// the four standard headers.
 pub async fn fill_outbox(db: &outbox::DbConfig, topic: &str, rows: usize, keys: usize) {
+    fill_outbox_stats(db, topic, rows, keys, true).await;
+}
+
+/// [`fill_outbox`]; with `analyze = false` the table is never analyzed (autovacuum off for
+/// it): the planner knows nothing of the backlog, as after a bulk import or a relay outage.
+pub async fn fill_outbox_stats(
+    db: &outbox::DbConfig,
+    topic: &str,
+    rows: usize,
+    keys: usize,
+    analyze: bool,
+) {
     let c = outbox::connect(db).await.unwrap();
+    if !analyze {
+        c.batch_execute(&format!(
+            "ALTER TABLE {}.outbox SET (autovacuum_enabled = false)",
+            db.schema.quoted()
+        ))
+        .await
+        .unwrap();
+    }
     let chunk = 50_000;
     let mut done = 0;
     while done < rows {
@@ -115,9 +135,11 @@ pub async fn fill_outbox(db: &outbox::DbConfig, topic: &str, rows: usize, keys: 
         .unwrap();
         done += n;
     }
-    c.batch_execute(&format!("ANALYZE {}.outbox", db.schema.quoted()))
-        .await
-        .unwrap();
+    if analyze {
+        c.batch_execute(&format!("ANALYZE {}.outbox", db.schema.quoted()))
+            .await
+            .unwrap();
+    }
 }
 
 pub fn git_commit() -> String {
