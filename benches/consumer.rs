@@ -151,13 +151,20 @@ async fn main() {
     let relay = outbox::Relay::new(&db, &kafka(), outbox::RelayConfig::default()).unwrap();
     while let outbox::Outcome::Published(_) = relay.run_once().await.unwrap() {}
 
+    // The peer measured in the same run: pgbench's rate of single-insert commits from 16
+    // clients against the same Postgres (what a per-message handler is made of).
+    let pgbench = pgbench_single_insert_tps(&db, if full() { 15 } else { 2 });
     for (mode, conc, batch, n) in [
         ("per-message", 1, 1, rows_c1),
         ("per-message", 16, 1, rows),
         ("batched", 16, max_batch, rows),
     ] {
         // A topic prefix of n messages: the first n of the topic are consumed by a fresh group.
-        let r = run(&db, &topic, n, mode, conc, batch).await;
+        let mut r = run(&db, &topic, n, mode, conc, batch).await;
+        if let (Some(tps), Some(rate)) = (pgbench, r["msgs_per_sec"].as_f64()) {
+            r["pgbench_single_insert_tps_c16"] = serde_json::json!(tps.round());
+            r["ratio_to_pgbench"] = serde_json::json!(round2(rate / tps));
+        }
         emit(
             "consumer",
             serde_json::json!({"messages": n, "partitions": 6, "keys": 1000, "mode": mode, "concurrency": conc, "max_batch": batch}),
@@ -167,4 +174,35 @@ async fn main() {
     drop_schema(&db).await;
     delete_topic(&topic).await;
     delete_topic(&format!("{topic}.dlq")).await;
+}
+
+/// pgbench, 16 clients, each transaction one INSERT into a fresh table, for `secs` seconds:
+/// transactions per second (None when pgbench is missing).
+fn pgbench_single_insert_tps(db: &outbox::DbConfig, secs: u32) -> Option<f64> {
+    let url = std::env::var("DATABASE_URL").ok()?;
+    let table = format!("{}.pgbench_sink", db.schema.quoted());
+    let script = std::env::temp_dir().join(format!("outbox-pgbench-{}.sql", rand_name(6)));
+    std::fs::write(
+        &script,
+        format!("INSERT INTO {table} (order_number, amount_cents, message_id) VALUES ('A-' || :client_id, 100, md5(random()::text));\n"),
+    )
+    .ok()?;
+    let setup = std::process::Command::new("psql")
+        .args([&url, "-qc", &format!("CREATE TABLE IF NOT EXISTS {table} (order_number text, amount_cents bigint, message_id text)")])
+        .status()
+        .ok()?;
+    if !setup.success() {
+        return None;
+    }
+    let out = std::process::Command::new("pgbench")
+        .args(["-n", "-c", "16", "-j", "2", "-T", &secs.to_string(), "-f"])
+        .arg(&script)
+        .arg(&url)
+        .output()
+        .ok()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.lines()
+        .find(|l| l.starts_with("tps = "))
+        .and_then(|l| l.trim_start_matches("tps = ").split_whitespace().next())
+        .and_then(|v| v.parse().ok())
 }

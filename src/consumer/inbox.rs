@@ -56,6 +56,12 @@ impl Inbox {
         }
     }
 
+    /// The single-message insert (`$1` group, `$2` topic, `$3` message id; a row back means a
+    /// first delivery), for callers that prepare it once per connection.
+    pub(crate) fn insert_sql(&self) -> &str {
+        &self.insert
+    }
+
     /// The consumer group this inbox records for.
     pub fn group(&self) -> &str {
         &self.group
