@@ -101,44 +101,30 @@ pub(crate) async fn run_with(
             break;
         }
     }
-    loop {
-        if cancel.is_cancelled() {
-            return Ok(report);
-        }
-        let client = pool.get().await?;
-        let started = Instant::now();
-        let n: i64 = client
-            .query_one(
-                stmts.cleanup_processed.as_str(),
-                &[&config.processed_retention.as_secs_f64(), &batch],
-            )
-            .await?
-            .get(0);
-        report.longest_statement = report.longest_statement.max(started.elapsed());
-        report.statements += 1;
-        report.processed_deleted += n as u64;
-        progress(&report);
-        if n < batch {
-            break;
-        }
-    }
-    loop {
-        if cancel.is_cancelled() {
-            return Ok(report);
-        }
-        let client = pool.get().await?;
-        let started = Instant::now();
-        let n: i64 = client
-            .query_one(
-                stmts.cleanup_dead_lettered.as_str(),
-                &[&config.processed_retention.as_secs_f64(), &batch],
-            )
-            .await?
-            .get(0);
-        report.longest_statement = report.longest_statement.max(started.elapsed());
-        report.statements += 1;
-        if n < batch {
-            break;
+    // processed_messages, then the consumer's record of dead-lettered records: same retention.
+    for (stmt, processed) in [
+        (stmts.cleanup_processed.as_str(), true),
+        (stmts.cleanup_dead_lettered.as_str(), false),
+    ] {
+        loop {
+            if cancel.is_cancelled() {
+                return Ok(report);
+            }
+            let client = pool.get().await?;
+            let started = Instant::now();
+            let n: i64 = client
+                .query_one(stmt, &[&config.processed_retention.as_secs_f64(), &batch])
+                .await?
+                .get(0);
+            report.longest_statement = report.longest_statement.max(started.elapsed());
+            report.statements += 1;
+            if processed {
+                report.processed_deleted += n as u64;
+            }
+            progress(&report);
+            if n < batch {
+                break;
+            }
         }
     }
     if cancel.is_cancelled() {

@@ -88,6 +88,31 @@ pub(crate) struct Row {
 const UNREADABLE: &str = "\u{0}outbox-unreadable-headers";
 
 impl Row {
+    /// The 19 insert parameters, in the column order of the archive's INSERTs.
+    fn params(&self) -> [&(dyn tokio_postgres::types::ToSql + Sync); 19] {
+        [
+            &self.dlq_topic,
+            &self.partition,
+            &self.offset,
+            &self.original_topic,
+            &self.original_partition,
+            &self.original_offset,
+            &self.group,
+            &self.key,
+            &self.body,
+            &self.headers,
+            &self.message_type,
+            &self.message_id,
+            &self.error,
+            &self.error_group,
+            &self.error_kind,
+            &self.attempts,
+            &self.dlq_retries,
+            &self.first_failed_at,
+            &self.failed_at,
+        ]
+    }
+
     pub(crate) fn from_message(m: &BorrowedMessage<'_>, suffix: &str) -> Self {
         // rdkafka's header iterator panics on a header *name* that is not UTF-8: keep the
         // record (key and body intact) and say so in its headers.
@@ -504,28 +529,10 @@ impl Dlq {
                 self.t("dead_letters")
             ),
             &[
-                &r.dlq_topic,
-                &r.partition,
-                &r.offset,
-                &r.original_topic,
-                &r.original_partition,
-                &r.original_offset,
-                &r.group,
-                &r.key,
-                &r.body,
-                &r.headers,
-                &r.message_type,
-                &r.message_id,
-                &r.error,
-                &r.error_group,
-                &r.error_kind,
-                &r.attempts,
-                &r.dlq_retries,
-                &r.first_failed_at,
-                &r.failed_at,
-                &status,
-                &reason,
-            ],
+                &r.params()[..],
+                &[&status as &(dyn tokio_postgres::types::ToSql + Sync), &reason],
+            ]
+            .concat(),
         )
         .await?;
         Ok(())
@@ -548,32 +555,7 @@ impl Dlq {
             ))
             .await?;
         // Pipelined on the one connection: one round trip's latency for the batch.
-        let params: Vec<[&(dyn tokio_postgres::types::ToSql + Sync); 19]> = rows
-            .iter()
-            .map(|r| -> [&(dyn tokio_postgres::types::ToSql + Sync); 19] {
-                [
-                    &r.dlq_topic,
-                    &r.partition,
-                    &r.offset,
-                    &r.original_topic,
-                    &r.original_partition,
-                    &r.original_offset,
-                    &r.group,
-                    &r.key,
-                    &r.body,
-                    &r.headers,
-                    &r.message_type,
-                    &r.message_id,
-                    &r.error,
-                    &r.error_group,
-                    &r.error_kind,
-                    &r.attempts,
-                    &r.dlq_retries,
-                    &r.first_failed_at,
-                    &r.failed_at,
-                ]
-            })
-            .collect();
+        let params: Vec<_> = rows.iter().map(Row::params).collect();
         let futs = params.iter().map(|p| tx.query_opt(&stmt, p));
         let inserted: Vec<i64> = futures::future::try_join_all(futs)
             .await?
