@@ -43,8 +43,9 @@ CREATE INDEX dead_letters_message_idx ON dead_letters (original_topic, message_i
 CREATE INDEX dead_letters_failed_at_idx ON dead_letters (failed_at);
 -- "Is this cause new?" (metrics, alerting on a new error type).
 CREATE INDEX dead_letters_cause_idx ON dead_letters (original_topic, error_group, id);
--- Retention: settled letters are purged by age.
-CREATE INDEX dead_letters_settled_idx ON dead_letters (archived_at) WHERE status <> 'new';
+-- Retention: settled letters are purged by how long ago they were settled.
+CREATE INDEX dead_letters_settled_idx ON dead_letters ((coalesce(status_at, archived_at)))
+    WHERE status <> 'new';
 
 -- Who did what to which letters, written in the same transaction as the change it records.
 CREATE TABLE dlq_audit (

@@ -222,6 +222,16 @@ async fn viewers_never_see_bodies_bad_bodies_get_4xx_and_api_replays_are_audited
     );
     let v: serde_json::Value = serde_json::from_str(&b).unwrap();
     assert_eq!(v["body"]["redacted"], true);
+    assert_eq!(v["key"]["redacted"], true, "{b}");
+    assert!(
+        v["headers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|h| h["value"]["redacted"] == true),
+        "{b}"
+    );
+    assert!(!b.contains("key-0"), "a viewer received the key: {b}");
     let (_, b) = http(
         s.port,
         "GET",

@@ -494,7 +494,7 @@ async fn a_failure_during_the_drain_reopens_for_longer_and_retries_past_the_limi
     .await;
     let dropped: HashSet<String> =
         w.c.query(
-            "SELECT message_id FROM dead_letters WHERE status = 'dropped'",
+            "SELECT message_id FROM dead_letters WHERE status = 'dropped' AND status_reason = 'max_dlq_retries'",
             &[],
         )
         .await

@@ -198,7 +198,13 @@ async fn cleanup_deletes_only_rows_past_retention_in_bounded_batches() {
            ('a.b.dlq', 0, 1, 'a.b', now(), now() - interval '31 days', 'replayed', 'old replayed'),
            ('a.b.dlq', 0, 2, 'a.b', now(), now() - interval '31 days', 'dropped', 'old dropped'),
            ('a.b.dlq', 0, 3, 'a.b', now(), now() - interval '31 days', 'new', 'old new'),
-           ('a.b.dlq', 0, 4, 'a.b', now(), now() - interval '29 days', 'replayed', 'recent replayed');",
+           ('a.b.dlq', 0, 4, 'a.b', now(), now() - interval '29 days', 'replayed', 'recent replayed'),
+           ('a.b.dlq', 0, 5, 'a.b', now(), now() - interval '31 days', 'replayed', 'old, in a paused job');
+         INSERT INTO dlq_audit (actor, action, filter, count) VALUES ('t', 'replay', '{}', 1);
+         INSERT INTO dlq_replay_jobs (created_by, audit_id, filter, rate, canary, canary_wait_ms, max_refail, status)
+           VALUES ('t', (SELECT max(id) FROM dlq_audit), '{}', 10, 0, 0, 0.1, 'paused');
+         INSERT INTO dlq_replay_items (job_id, dead_letter_id, seq, state)
+           SELECT (SELECT max(id) FROM dlq_replay_jobs), id, 1, 'sent' FROM dead_letters WHERE \"offset\" = 5;",
     )
     .await
     .unwrap();
@@ -221,7 +227,7 @@ async fn cleanup_deletes_only_rows_past_retention_in_bounded_batches() {
         .iter()
         .map(|r| r.get(0))
         .collect();
-    assert_eq!(left, ["old new", "recent replayed"]);
+    assert_eq!(left, ["old new", "recent replayed", "old, in a paused job"]);
     assert_eq!(
         count(
             &c,

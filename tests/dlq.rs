@@ -188,7 +188,11 @@ async fn archive_twice_is_a_no_op_and_odd_bytes_survive_archive_and_replay_byte_
             b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".to_vec(),
         ),
         ("bin-header".into(), vec![0x00, 0xff, 0x10]),
+        // Valid UTF-8 with NULs (a big-endian int, as some clients write): jsonb cannot hold it
+        // as text; it must not stop the archive.
+        ("int-header".into(), vec![0, 0, 0, 5]),
     ];
+    odd.error = "bad\0byte in the body".into();
     let mut letters: Vec<Letter> = (2..6).map(|i| Letter::order(i, "boom")).collect();
     letters.push(odd);
     dead_letter(&topic, "billing", &letters).await;
@@ -257,6 +261,9 @@ async fn archive_twice_is_a_no_op_and_odd_bytes_survive_archive_and_replay_byte_
     assert!(m
         .raw_headers
         .contains(&("bin-header".into(), Some(vec![0x00, 0xff, 0x10]))));
+    assert!(m
+        .raw_headers
+        .contains(&("int-header".into(), Some(vec![0, 0, 0, 5]))));
     assert_eq!(
         m.headers["traceparent"],
         "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
@@ -733,6 +740,34 @@ async fn the_selection_is_frozen_and_jobs_pause_resume_and_cancel() {
         5,
         "a cancelled job leaves its letters new"
     );
+    // A letter dropped after a job froze it is not sent: the job skips it.
+    let j3 = dlq.create_job(&f, &o).await.unwrap();
+    assert_eq!(j3.pending, 5);
+    let victim: i64 = c
+        .query_one("SELECT min(id) FROM dead_letters WHERE status = 'new'", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let o8 = run(outbox_command(&db).args([
+        "dlq",
+        "drop",
+        "--id",
+        &victim.to_string(),
+        "--reason",
+        "obsolete",
+    ]));
+    assert!(o8.status.success(), "{}", text(&o8));
+    dlq.run_job(&kafka(), j3.id, &CancellationToken::new(), &mut |_| {})
+        .await
+        .unwrap();
+    let j3 = dlq.job(j3.id).await.unwrap();
+    assert_eq!((j3.sent, j3.skipped), (4, 1), "{j3:?}");
+    let status: String = c
+        .query_one("SELECT status FROM dead_letters WHERE id = $1", &[&victim])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(status, "dropped");
 }
 
 /// A consumer that still fails every message, and an archiver feeding its dead letters back.

@@ -292,15 +292,18 @@ pub(super) async fn dlq_replay(
     Ok((StatusCode::ACCEPTED, Json(job)).into_response())
 }
 
-/// Runs a job on a task of the server (it pauses when the server stops).
-async fn spawn_job(s: &AppState, id: i64) {
+/// Runs a job on a task of the server (it pauses when the server stops). False when this
+/// server already runs it (checked and recorded under one lock).
+async fn spawn_job(s: &AppState, id: i64) -> bool {
     let (dlq, kafka, stop, jobs) = (
         s.dlq.clone(),
         s.kafka.clone(),
         s.stop.clone(),
         s.jobs.clone(),
     );
-    jobs.lock().await.insert(id);
+    if !jobs.lock().await.insert(id) {
+        return false;
+    }
     tokio::spawn(async move {
         match dlq.run_job(&kafka, id, &stop, &mut |_| {}).await {
             Ok(o) => tracing::info!(job = id, outcome = ?o, "replay job ended"),
@@ -308,6 +311,7 @@ async fn spawn_job(s: &AppState, id: i64) {
         }
         jobs.lock().await.remove(&id);
     });
+    true
 }
 
 #[derive(Deserialize)]
@@ -420,13 +424,12 @@ pub(super) async fn dlq_job_resume(
             .to_lowercase(),
         ));
     }
-    if s.jobs.lock().await.contains(&id) {
+    if !spawn_job(&s, id).await {
         return Err(ApiError(
             StatusCode::CONFLICT,
             format!("job {id} is already running here"),
         ));
     }
-    spawn_job(&s, id).await;
     Ok((StatusCode::ACCEPTED, Json(s.dlq.job(id).await?)).into_response())
 }
 

@@ -190,6 +190,8 @@ pub(crate) struct Breakers {
     pub opens: AtomicU64,
     /// Postgres answered the last refresh (for the "back" log line).
     reachable: Mutex<bool>,
+    /// Signalled when the set of open breakers changes, so the runtime steers at once.
+    pub changed: tokio::sync::Notify,
 }
 
 /// A handle on a consumer's breaker state, readable while it runs.
@@ -235,6 +237,7 @@ impl Breakers {
             reparked: AtomicU64::default(),
             opens: AtomicU64::default(),
             reachable: Mutex::new(true),
+            changed: tokio::sync::Notify::new(),
         }
     }
 
@@ -331,7 +334,12 @@ impl Breakers {
                 for name in open.keys() {
                     metrics::gauge!(crate::metrics::BREAKER_OPEN, "group" => self.group.clone(), "dependency" => name.clone()).set(1.0);
                 }
+                let changed = cur.len() != open.len() || cur.keys().any(|k| !open.contains_key(k));
                 *cur = open;
+                drop(cur);
+                if changed {
+                    self.changed.notify_one();
+                }
             }
             Err(e) => self.unreachable(&e.to_string()),
         }

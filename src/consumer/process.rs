@@ -596,8 +596,16 @@ async fn repark(env: &Envelope, shared: &Shared, error: &str, kind: DeadLetterKi
     let f = dead_letter(&env.raw, &env.origin, shared, kind, error, 1).await;
     if let (Fate::Final, Some(b)) = (f, shared.breaker()) {
         b.reparked.fetch_add(1, Ordering::Relaxed);
+        superseded(env, shared, kind).await;
     }
     f
+}
+
+/// The letter read during a drain now has a successor in the DLQ (parked again, or
+/// dead-lettered for good): the archived copy is settled so operators act on the new one only.
+async fn superseded(env: &Envelope, shared: &Shared, kind: DeadLetterKind) {
+    let reason = format!("drain: superseded by a new dead letter ({})", kind.as_str());
+    settle(env, shared, "dropped", &reason).await;
 }
 
 /// Drops a parked letter by policy: never silently — recorded in the archive as `dropped`

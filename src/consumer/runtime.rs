@@ -282,6 +282,7 @@ impl Runtime<'_> {
                 biased;
                 () = cancel.cancelled() => break,
                 Some(done) = done_rx.recv() => self.on_done(done),
+                () = self.shared.breakers.changed.notified(), if self.shared.breaker().is_some() => {}
                 () = tokio::time::sleep_until(next_wake.unwrap_or_else(|| Instant::now() + Duration::from_secs(3600))), if next_wake.is_some() => {
                     self.release_due();
                 }
@@ -846,21 +847,31 @@ impl Runtime<'_> {
             .collect();
         if !missing.is_empty() {
             let timeout = rdkafka::util::Timeout::After(Duration::from_secs(5));
-            let committed = self
+            // Where this replica stands on each DLQ partition: the group's committed offset,
+            // or (never committed) the fetch position; if neither can be read now, ask again
+            // at the next check rather than guess.
+            let Ok(committed) = self
                 .consumer
                 .committed_offsets(tpl_of(missing.iter()), timeout)
-                .ok();
-            for tp in &missing {
-                let Ok((lo, hi)) = self.consumer.fetch_watermarks(&tp.0, tp.1, timeout) else {
-                    return false;
-                };
-                let from = committed
-                    .as_ref()
-                    .and_then(|c| c.find_partition(&tp.0, tp.1))
+            else {
+                return false;
+            };
+            let position = self.consumer.position().ok();
+            let offset_of = |tpl: Option<&TopicPartitionList>, tp: &Tp| {
+                tpl.and_then(|c| c.find_partition(&tp.0, tp.1))
                     .and_then(|e| match e.offset() {
                         Offset::Offset(o) => Some(o),
                         _ => None,
                     })
+            };
+            for tp in &missing {
+                let Ok((lo, hi)) = self.consumer.fetch_watermarks(&tp.0, tp.1, timeout) else {
+                    return false;
+                };
+                let from = offset_of(Some(&committed), tp)
+                    .into_iter()
+                    .chain(offset_of(position.as_ref(), tp))
+                    .max()
                     .unwrap_or(lo)
                     .max(lo);
                 self.drain_target.insert(tp.clone(), hi);

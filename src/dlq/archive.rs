@@ -155,7 +155,8 @@ impl Row {
         record_time: Option<SystemTime>,
         suffix: &str,
     ) -> Self {
-        let h = |n: &str| find(headers, n).map(str::to_owned);
+        // Text columns cannot hold NUL (a hostile or broken producer): replaced, never fatal.
+        let h = |n: &str| find(headers, n).map(super::headers::no_nul);
         let time = |n: &str| find(headers, n).and_then(|v| humantime::parse_rfc3339_weak(v).ok());
         let error = h(X_ERROR).or_else(|| {
             headers
@@ -171,6 +172,7 @@ impl Row {
                     .unwrap_or(topic)
                     .to_owned()
             });
+        let original_topic = super::headers::no_nul(&original_topic);
         Self {
             dlq_topic: topic.to_owned(),
             partition,

@@ -149,7 +149,8 @@ impl Dlq {
         })
     }
 
-    /// Deletes settled (`replayed`, `dropped`) letters archived longer than `retention` ago,
+    /// Deletes settled (`replayed`, `dropped`) letters settled longer than `retention` ago (and
+    /// not part of a job still pending, running or paused),
     /// `batch` per statement, each batch audited as `archive-purge`.
     ///
     /// # Errors
@@ -161,7 +162,7 @@ impl Dlq {
         actor: &str,
     ) -> Result<PurgeReport, DlqError> {
         let batch = i64::try_from(batch.max(1)).unwrap_or(i64::MAX);
-        let filter = json!({"status": ["replayed", "dropped"], "archived_before_secs_ago": retention.as_secs()});
+        let filter = json!({"status": ["replayed", "dropped"], "settled_before_secs_ago": retention.as_secs()});
         let mut report = PurgeReport::default();
         loop {
             let c = self.pool.get().await?;
@@ -169,9 +170,12 @@ impl Dlq {
                 .query_one(
                     &format!(
                         "WITH victims AS (
-                           SELECT id FROM {t} WHERE status <> 'new'
-                             AND archived_at < now() - make_interval(secs => $1)
-                           ORDER BY archived_at LIMIT $2 FOR UPDATE SKIP LOCKED),
+                           SELECT d.id FROM {t} d WHERE d.status <> 'new'
+                             AND coalesce(d.status_at, d.archived_at) < now() - make_interval(secs => $1)
+                             AND NOT EXISTS (SELECT 1 FROM {items} i JOIN {jobs} j ON j.id = i.job_id
+                                             WHERE i.dead_letter_id = d.id
+                                               AND j.status IN ('pending', 'running', 'paused'))
+                           ORDER BY coalesce(d.status_at, d.archived_at) LIMIT $2 FOR UPDATE SKIP LOCKED),
                          del AS (DELETE FROM {t} d USING victims v WHERE d.id = v.id RETURNING d.id),
                          audit AS (
                            INSERT INTO {a} (actor, action, filter, count, dead_letter_ids)
@@ -179,7 +183,9 @@ impl Dlq {
                            FROM del HAVING count(*) > 0)
                          SELECT count(*) FROM del",
                         t = self.t("dead_letters"),
-                        a = self.t("dlq_audit")
+                        a = self.t("dlq_audit"),
+                        items = self.t("dlq_replay_items"),
+                        jobs = self.t("dlq_replay_jobs"),
                     ),
                     &[&secs(retention), &batch, &actor, &filter],
                 )

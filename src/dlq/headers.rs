@@ -38,18 +38,28 @@ pub(crate) fn to_json(headers: &[(String, Option<Vec<u8>>)]) -> Value {
     Value::Array(
         headers
             .iter()
-            .map(|(k, v)| match v {
-                None => json!({"name": k, "value": null}),
-                Some(b) => match std::str::from_utf8(b) {
-                    Ok(s) => json!({"name": k, "value": s}),
-                    Err(_) => json!({
-                        "name": k,
-                        "base64": base64::engine::general_purpose::STANDARD.encode(b)
-                    }),
-                },
+            .map(|(k, v)| {
+                // jsonb cannot hold NUL: names are made printable, values with a NUL (a
+                // big-endian integer, say) go as base64 like any non-UTF-8 value.
+                let k = no_nul(k);
+                match v {
+                    None => json!({"name": k, "value": null}),
+                    Some(b) => match std::str::from_utf8(b) {
+                        Ok(s) if !s.contains('\0') => json!({"name": k, "value": s}),
+                        _ => json!({
+                            "name": k,
+                            "base64": base64::engine::general_purpose::STANDARD.encode(b)
+                        }),
+                    },
+                }
             })
             .collect(),
     )
+}
+
+/// Text Postgres can store: NUL replaced by U+FFFD.
+pub(crate) fn no_nul(s: &str) -> String {
+    s.replace('\0', "\u{fffd}")
 }
 
 /// The archive's JSON array back to headers; entries it cannot read are skipped.
@@ -129,12 +139,15 @@ mod tests {
     #[test]
     fn json_round_trip_is_lossless_for_non_utf8_and_null_values() {
         let h = vec![
+            ("int".to_owned(), Some(vec![0, 0, 0, 5])),
             ("a".to_owned(), Some(b"text".to_vec())),
             ("bin".to_owned(), Some(vec![0xff, 0x00, 0xfe])),
             ("none".to_owned(), None),
             ("a".to_owned(), Some(b"second".to_vec())),
         ];
-        let back = from_json(&to_json(&h));
+        let json = to_json(&h);
+        assert!(!json.to_string().contains("\\u0000"), "{json}");
+        let back = from_json(&json);
         let expect: Vec<(String, HeaderValue)> = h
             .into_iter()
             .map(|(k, v)| (k, v.map_or(HeaderValue::Null, HeaderValue::Bytes)))

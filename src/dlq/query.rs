@@ -156,8 +156,9 @@ fn bytes_json(b: Option<&[u8]>, redact: bool) -> Value {
 
 impl DeadLetter {
     /// JSON for the CLI and the API: key and body as `{"text"}` when UTF-8, `{"base64"}`
-    /// otherwise; with `redact_body` the body and header values are replaced by
-    /// `{"redacted": true}` (the viewer role never receives message contents).
+    /// otherwise; with `redact_body` the body, the key and every header value are replaced by
+    /// `{"redacted": true}` (the viewer role never receives message contents; header names,
+    /// the error and the framework columns stay).
     pub fn to_json(&self, redact_body: bool) -> Value {
         let headers: Vec<Value> = self
             .headers
@@ -165,7 +166,7 @@ impl DeadLetter {
             .map(|(k, v)| {
                 let value = match v {
                     HeaderValue::Null => Value::Null,
-                    HeaderValue::Bytes(b) => bytes_json(Some(b), false),
+                    HeaderValue::Bytes(b) => bytes_json(Some(b), redact_body),
                 };
                 json!({"name": k, "value": value})
             })
@@ -179,7 +180,7 @@ impl DeadLetter {
             "original_partition": self.original_partition,
             "original_offset": self.original_offset,
             "consumer_group": self.consumer_group,
-            "key": bytes_json(self.key.as_deref(), false),
+            "key": bytes_json(self.key.as_deref(), redact_body),
             "body": bytes_json(self.body.as_deref(), redact_body),
             "headers": headers,
             "message_type": self.message_type,

@@ -379,6 +379,10 @@ impl Dlq {
         let mut states = Vec::with_capacity(sel.len());
         let mut errors: Vec<Option<String>> = Vec::with_capacity(sel.len());
         let mut go_ids = Vec::new();
+        // Letters to send first (oldest first), skipped ones after: the canary is the first
+        // `canary` items by seq, so it must be made of letters that are actually sent.
+        let mut sel = sel;
+        sel.sort_by_key(|(id, n, _)| (!(opts.force || *n < guard), *id));
         for (id, n, _) in &sel {
             ids.push(*id);
             if opts.force || *n < guard {
@@ -647,6 +651,18 @@ impl Dlq {
 
     async fn next_items(&self, job: i64, n: i64) -> Result<Vec<Item>, DlqError> {
         let c = self.pool.get().await?;
+        // Letters dropped by an operator after the job froze them are not sent.
+        c.execute(
+            &format!(
+                "UPDATE {items} i SET state = 'skipped', error = 'dropped after the job was created'
+                 FROM {t} d WHERE d.id = i.dead_letter_id AND i.job_id = $1 AND i.state = 'pending'
+                   AND d.status = 'dropped'",
+                items = self.t("dlq_replay_items"),
+                t = self.t("dead_letters"),
+            ),
+            &[&job],
+        )
+        .await?;
         let rows = c
             .query(
                 &format!(
@@ -711,7 +727,7 @@ impl Dlq {
                 &format!(
                     "UPDATE {} SET status = 'replayed', status_at = now(),
                             status_reason = 'replay job ' || $2::bigint
-                     WHERE id = ANY($1)",
+                     WHERE id = ANY($1) AND status <> 'dropped'",
                     self.t("dead_letters")
                 ),
                 &[&ids, &job],
