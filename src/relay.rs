@@ -496,6 +496,7 @@ impl Relay {
                 .left_behind(&tx, begin.scan_from, bound, &lanes)
                 .await?;
             tx.commit().await?;
+            self.outages.postgres.ok();
             self.floor.lock().expect("floor lock").finish(bound, left);
             return Ok(Outcome::Empty);
         }
@@ -596,6 +597,7 @@ impl Relay {
             .left_behind(&tx, begin.scan_from, bound, &lanes)
             .await?;
         tx.commit().await?;
+        self.outages.postgres.ok();
         // Counted once the marks are durable.
         for (topic, n) in sent_topics {
             metrics::counter!(crate::metrics::OUTBOX_PUBLISHED, "topic" => topic.to_owned())
@@ -778,11 +780,7 @@ impl Relay {
         let mut backoff = Backoff::default();
         let mut total_sent: u64 = 0;
         while !cancel.is_cancelled() {
-            let result = self.run_once().await;
-            if result.is_ok() && !self.lanes.lock().await.owned().is_empty() {
-                self.outages.postgres.ok();
-            }
-            let wait = match result {
+            let wait = match self.run_once().await {
                 Ok(Outcome::Published(r)) => {
                     total_sent += r.sent as u64;
                     if r.deferred > 0 {

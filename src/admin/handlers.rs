@@ -370,19 +370,20 @@ pub(super) async fn dlq_job(State(s): State<AppState>, Path(id): Path<String>) -
     ok(s.dlq.job(job_id(&id)?).await?)
 }
 
-/// Operators act on their own jobs; admins on anyone's.
-async fn own_job(s: &AppState, c: &Caller, id: i64) -> Result<(), ApiError> {
-    let j = s.dlq.job(id).await?;
+/// The job named in the path, if the caller may act on it: operators act on their own jobs,
+/// admins on anyone's.
+async fn own_job(s: &AppState, c: &Caller, id: &str) -> Result<crate::dlq::Job, ApiError> {
+    let j = s.dlq.job(job_id(id)?).await?;
     if c.role < Role::Admin && j.created_by != c.holder {
         return Err(ApiError(
             StatusCode::FORBIDDEN,
             format!(
-                "job {id} belongs to {}; acting on others' jobs needs admin",
-                j.created_by
+                "job {} belongs to {}; acting on others' jobs needs admin",
+                j.id, j.created_by
             ),
         ));
     }
-    Ok(())
+    Ok(j)
 }
 
 pub(super) async fn dlq_job_pause(
@@ -390,9 +391,8 @@ pub(super) async fn dlq_job_pause(
     Extension(c): Extension<Caller>,
     Path(id): Path<String>,
 ) -> ApiResult {
-    let id = job_id(&id)?;
-    own_job(&s, &c, id).await?;
-    ok(s.dlq.pause_job(id, &c.holder).await?)
+    let j = own_job(&s, &c, &id).await?;
+    ok(s.dlq.pause_job(j.id, &c.holder).await?)
 }
 
 pub(super) async fn dlq_job_cancel(
@@ -400,9 +400,8 @@ pub(super) async fn dlq_job_cancel(
     Extension(c): Extension<Caller>,
     Path(id): Path<String>,
 ) -> ApiResult {
-    let id = job_id(&id)?;
-    own_job(&s, &c, id).await?;
-    ok(s.dlq.cancel_job(id, &c.holder).await?)
+    let j = own_job(&s, &c, &id).await?;
+    ok(s.dlq.cancel_job(j.id, &c.holder).await?)
 }
 
 pub(super) async fn dlq_job_resume(
@@ -410,9 +409,8 @@ pub(super) async fn dlq_job_resume(
     Extension(c): Extension<Caller>,
     Path(id): Path<String>,
 ) -> ApiResult {
-    let id = job_id(&id)?;
-    own_job(&s, &c, id).await?;
-    let j = s.dlq.job(id).await?;
+    let j = own_job(&s, &c, &id).await?;
+    let id = j.id;
     use crate::dlq::JobStatus as J;
     if !matches!(j.status, J::Pending | J::Paused | J::Running) {
         return Err(ApiError(

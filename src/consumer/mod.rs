@@ -72,6 +72,8 @@ use tracing::info;
 
 use crate::config::{DbConfig, KafkaConfig};
 use breaker::Breakers;
+pub(crate) use record::{Raw, UNREADABLE_HEADERS};
+pub(crate) use runtime::tpl_of;
 use runtime::{Ctx, Partitions, Runtime};
 
 /// A registered handler.

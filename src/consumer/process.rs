@@ -628,21 +628,7 @@ async fn drop_letter(env: &Envelope, shared: &Shared, reason: &'static str) -> F
 /// Records a drained or dropped letter in `dead_letters` (inserted if the archive has not
 /// seen it yet). Retries through a Postgres outage; false only at shutdown.
 async fn settle(env: &Envelope, shared: &Shared, status: &str, reason: &str) -> bool {
-    let raw = &env.raw;
-    let ts = raw
-        .timestamp_ms
-        .and_then(|ms| u64::try_from(ms).ok())
-        .map(|ms| std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms));
-    let row = crate::dlq::Row::from_parts(
-        &raw.topic,
-        raw.partition,
-        raw.offset,
-        raw.key.clone(),
-        raw.payload.clone(),
-        &raw.headers,
-        ts,
-        &shared.config.dlq_suffix,
-    );
+    let row = crate::dlq::Row::from_raw(&env.raw, &shared.config.dlq_suffix);
     let mut backoff = Backoff::default();
     loop {
         match shared.dlq.record_settled(&row, status, reason).await {

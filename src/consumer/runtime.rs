@@ -10,7 +10,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use futures::FutureExt;
 use rdkafka::consumer::{BaseConsumer, Consumer as _, ConsumerContext, Rebalance, StreamConsumer};
 use rdkafka::error::KafkaError;
-use rdkafka::message::{Headers, Message as _};
+use rdkafka::message::Message as _;
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
@@ -21,12 +21,12 @@ use super::breaker::{Breakers, DrainPacer, Mode};
 use super::handler::Delivered;
 use super::offsets::OffsetTracker;
 use super::process::{process, process_batch, process_drain, Fate};
-use super::record::{decode, origin, Origin, Raw, UNREADABLE_HEADERS};
+use super::record::{decode, origin, Origin, Raw};
 use super::retry::RetryStrategy;
 use super::stats::ConsumerStats;
 use super::{HandlerRef, Shared};
 
-pub(super) type Tp = (String, i32);
+pub(crate) type Tp = (String, i32);
 
 /// Shared with the rebalance callback: which partitions we own and their offset trackers.
 #[derive(Default)]
@@ -56,14 +56,20 @@ pub(super) struct Ctx {
     pub(super) kafka_outage: Arc<crate::outage::Outage>,
 }
 
+/// Whether partitions of a topic flow in `mode`: DLQ topics only while draining, the others
+/// only in NORMAL.
+fn flows(mode: Mode, dlq_topic: bool) -> bool {
+    if dlq_topic {
+        mode == Mode::Drain
+    } else {
+        mode == Mode::Normal
+    }
+}
+
 impl Ctx {
     fn mode_allows(&self, topic: &str) -> bool {
         let mode = self.breakers.as_ref().map_or(Mode::Normal, |b| b.mode());
-        if self.drain_topics.contains(topic) {
-            mode == Mode::Drain
-        } else {
-            mode == Mode::Normal
-        }
+        flows(mode, self.drain_topics.contains(topic))
     }
 }
 
@@ -219,7 +225,7 @@ pub(super) struct Runtime<'c> {
 /// (measured: pausing at every saturation capped a 16-way consumer at ~1,000 msg/s).
 pub const DEFAULT_PAUSE_AFTER: Duration = Duration::from_secs(2);
 
-pub(super) fn tpl_of<'a>(tps: impl IntoIterator<Item = &'a Tp>) -> TopicPartitionList {
+pub(crate) fn tpl_of<'a>(tps: impl IntoIterator<Item = &'a Tp>) -> TopicPartitionList {
     let mut tpl = TopicPartitionList::new();
     for (t, p) in tps {
         tpl.add_partition(t, *p);
@@ -344,28 +350,7 @@ impl Runtime<'_> {
     }
 
     fn on_message(&mut self, m: &rdkafka::message::BorrowedMessage<'_>) {
-        let raw = Raw {
-            topic: m.topic().to_owned(),
-            partition: m.partition(),
-            offset: m.offset(),
-            key: m.key().map(<[u8]>::to_vec),
-            payload: m.payload().map(<[u8]>::to_vec),
-            // rdkafka's header iterator panics on a header *name* that is not UTF-8; such a
-            // record is unreadable and goes to the DLQ as a decode error (key and body intact).
-            headers: match std::panic::catch_unwind(AssertUnwindSafe(|| {
-                m.headers()
-                    .map(|h| {
-                        h.iter()
-                            .map(|h| (h.key.to_owned(), h.value.map(<[u8]>::to_vec)))
-                            .collect::<Vec<_>>()
-                    })
-                    .unwrap_or_default()
-            })) {
-                Ok(h) => h,
-                Err(_) => vec![(UNREADABLE_HEADERS.to_owned(), None)],
-            },
-            timestamp_ms: m.timestamp().to_millis(),
-        };
+        let raw = Raw::from_message(m);
         let tp = (raw.topic.clone(), raw.partition);
         let epoch = {
             let mut p = self.partitions.lock().expect("partitions lock");
@@ -724,20 +709,11 @@ impl Runtime<'_> {
     }
 
     fn allowed(mode: Mode, env: &Envelope) -> bool {
-        match mode {
-            Mode::Normal => !env.drain,
-            Mode::Drain => env.drain,
-            Mode::Paused => false,
-        }
+        flows(mode, env.drain)
     }
 
     fn mode_allows(&self, topic: &str) -> bool {
-        let mode = self.mode();
-        if self.shared.drain_topics.contains_key(topic) {
-            mode == Mode::Drain
-        } else {
-            mode == Mode::Normal
-        }
+        flows(self.mode(), self.shared.drain_topics.contains_key(topic))
     }
 
     /// A parked letter this group drains: written by this group because a dependency was

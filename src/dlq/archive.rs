@@ -7,11 +7,10 @@
 
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
-use std::panic::AssertUnwindSafe;
 use std::time::{Duration, SystemTime};
 
 use rdkafka::consumer::{CommitMode, Consumer as _, StreamConsumer};
-use rdkafka::message::{BorrowedMessage, Headers, Message as _};
+use rdkafka::message::BorrowedMessage;
 use rdkafka::util::Timeout;
 use rdkafka::{Offset, TopicPartitionList};
 use tracing::{info, warn};
@@ -22,8 +21,9 @@ use super::{invalid, Dlq, DlqError};
 use crate::backoff::Backoff;
 use crate::config::{DbConfig, KafkaConfig};
 use crate::consumer::{
-    DEFAULT_DLQ_SUFFIX, X_ATTEMPTS, X_CONSUMER_GROUP, X_DLQ_RETRIES, X_ERROR, X_ERROR_KIND,
-    X_FAILED_AT, X_FIRST_FAILED_AT, X_ORIGINAL_OFFSET, X_ORIGINAL_PARTITION, X_ORIGINAL_TOPIC,
+    Raw, DEFAULT_DLQ_SUFFIX, UNREADABLE_HEADERS, X_ATTEMPTS, X_CONSUMER_GROUP, X_DLQ_RETRIES,
+    X_ERROR, X_ERROR_KIND, X_FAILED_AT, X_FIRST_FAILED_AT, X_ORIGINAL_OFFSET, X_ORIGINAL_PARTITION,
+    X_ORIGINAL_TOPIC,
 };
 use crate::message::{HEADER_MESSAGE_ID, HEADER_MESSAGE_TYPE};
 
@@ -84,9 +84,6 @@ pub(crate) struct Row {
     pub failed_at: SystemTime,
 }
 
-/// Header name marking a record whose header names could not be read (not UTF-8).
-const UNREADABLE: &str = "\u{0}outbox-unreadable-headers";
-
 impl Row {
     /// The 19 insert parameters, in the column order of the archive's INSERTs.
     fn params(&self) -> [&(dyn tokio_postgres::types::ToSql + Sync); 19] {
@@ -114,32 +111,19 @@ impl Row {
     }
 
     pub(crate) fn from_message(m: &BorrowedMessage<'_>, suffix: &str) -> Self {
-        // rdkafka's header iterator panics on a header *name* that is not UTF-8: keep the
-        // record (key and body intact) and say so in its headers.
-        let headers: Vec<(String, Option<Vec<u8>>)> =
-            std::panic::catch_unwind(AssertUnwindSafe(|| {
-                m.headers()
-                    .map(|h| {
-                        h.iter()
-                            .map(|h| (h.key.to_owned(), h.value.map(<[u8]>::to_vec)))
-                            .collect::<Vec<_>>()
-                    })
-                    .unwrap_or_default()
-            }))
-            .unwrap_or_else(|_| vec![(UNREADABLE.to_owned(), None)]);
-        let ts = m
-            .timestamp()
-            .to_millis()
-            .and_then(|ms| u64::try_from(ms).ok())
-            .map(|ms| SystemTime::UNIX_EPOCH + Duration::from_millis(ms));
+        Self::from_raw(&Raw::from_message(m), suffix)
+    }
+
+    /// The archive row of a record read from a DLQ topic.
+    pub(crate) fn from_raw(r: &Raw, suffix: &str) -> Self {
         Self::from_parts(
-            m.topic(),
-            m.partition(),
-            m.offset(),
-            m.key().map(<[u8]>::to_vec),
-            m.payload().map(<[u8]>::to_vec),
-            &headers,
-            ts,
+            &r.topic,
+            r.partition,
+            r.offset,
+            r.key.clone(),
+            r.payload.clone(),
+            &r.headers,
+            r.time(),
             suffix,
         )
     }
@@ -161,7 +145,7 @@ impl Row {
         let error = h(X_ERROR).or_else(|| {
             headers
                 .iter()
-                .any(|(k, _)| k == UNREADABLE)
+                .any(|(k, _)| k == UNREADABLE_HEADERS)
                 .then(|| "a header name is not valid UTF-8".to_owned())
         });
         let original_topic = h(X_ORIGINAL_TOPIC)
@@ -353,7 +337,7 @@ impl Archiver {
             }
             if seen_assignment.as_ref() != Some(&assigned) {
                 // What the group committed before us counts as done.
-                let tpl = tpl_of(assigned.iter());
+                let tpl = crate::consumer::tpl_of(assigned.iter());
                 if let Ok(committed) =
                     c.committed_offsets(tpl, Timeout::After(Duration::from_secs(10)))
                 {
@@ -498,14 +482,6 @@ impl Archiver {
         }
         Ok(next.into_iter().collect())
     }
-}
-
-fn tpl_of<'a>(tps: impl Iterator<Item = &'a Tp>) -> TopicPartitionList {
-    let mut tpl = TopicPartitionList::new();
-    for (t, p) in tps {
-        tpl.add_partition(t, *p);
-    }
-    tpl
 }
 
 impl Dlq {

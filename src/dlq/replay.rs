@@ -809,6 +809,9 @@ impl Dlq {
 
         let chunk = ((job.rate / 5.0).ceil() as i64).clamp(1, 500);
         let mut pacer = Pacer::new(job.rate);
+        // Counted here between the (once a second) reads of the job's aggregate counts, so a
+        // large job does not re-count all its items after every chunk.
+        let mut shown = self.progress(id).await?;
         let mut last_check = Instant::now();
         // The canary: the first letters alone, then a wait for their outcome.
         if job.canary > 0 && !job.canary_done {
@@ -820,9 +823,12 @@ impl Dlq {
                     break;
                 }
                 left -= items.len() as i64;
-                self.send_chunk(&producer, id, items, &mut pacer, &mut topics_ok)
+                let (sent, failed) = self
+                    .send_chunk(&producer, id, items, &mut pacer, &mut topics_ok)
                     .await?;
-                progress(&self.progress(id).await?);
+                shown.sent += sent;
+                shown.failed += failed;
+                progress(&shown);
             }
             let wait_until = Instant::now() + Duration::from_millis(job.canary_wait_ms as u64);
             info!(job = id, wait = ?Duration::from_millis(job.canary_wait_ms as u64), "canary sent; waiting for its outcome");
@@ -856,8 +862,11 @@ impl Dlq {
             let items = self.next_items(id, chunk).await?;
             let finished = items.is_empty();
             if !finished {
-                self.send_chunk(&producer, id, items, &mut pacer, &mut topics_ok)
+                let (sent, failed) = self
+                    .send_chunk(&producer, id, items, &mut pacer, &mut topics_ok)
                     .await?;
+                shown.sent += sent;
+                shown.failed += failed;
             }
             if finished || last_check.elapsed() >= REFAIL_CHECK {
                 last_check = Instant::now();
@@ -873,8 +882,9 @@ impl Dlq {
                     progress(&self.progress(id).await?);
                     return Ok(RunOutcome::Stopped(why));
                 }
+                shown = self.progress(id).await?;
             }
-            progress(&self.progress(id).await?);
+            progress(&shown);
             if finished {
                 self.set_status(id, &["running"], "completed", None).await?;
                 info!(job = id, "replay job completed");
@@ -907,15 +917,27 @@ impl Dlq {
                 .await?;
             return Ok(Some(RunOutcome::Paused("interrupted".into())));
         }
-        let j = self.job(id).await?;
-        Ok(match j.status {
-            JobStatus::Paused => Some(RunOutcome::Paused(j.status_reason.unwrap_or_default())),
+        // The status only (a primary-key read): the counts are not needed here.
+        let c = self.pool.get().await?;
+        let r = c
+            .query_one(
+                &format!(
+                    "SELECT status, status_reason FROM {} WHERE id = $1",
+                    self.t("dlq_replay_jobs")
+                ),
+                &[&id],
+            )
+            .await?;
+        let reason: Option<String> = r.get(1);
+        Ok(match JobStatus::parse(r.get(0)) {
+            JobStatus::Paused => Some(RunOutcome::Paused(reason.unwrap_or_default())),
             JobStatus::Cancelled => Some(RunOutcome::Cancelled),
             _ => None,
         })
     }
 
-    /// Sends one chunk on the pacer's schedule, waits for every ack, records the outcome.
+    /// Sends one chunk on the pacer's schedule, waits for every ack, records the outcome;
+    /// returns (sent, failed).
     async fn send_chunk(
         &self,
         producer: &FutureProducer,
@@ -923,7 +945,7 @@ impl Dlq {
         items: Vec<Item>,
         pacer: &mut Pacer,
         topics_ok: &mut HashMap<String, bool>,
-    ) -> Result<(), DlqError> {
+    ) -> Result<(u64, u64), DlqError> {
         let mut pending = Vec::with_capacity(items.len());
         let mut failed: Vec<(i64, String)> = Vec::new();
         for it in &items {
@@ -973,7 +995,8 @@ impl Dlq {
         if !failed.is_empty() {
             warn!(job, failed = failed.len(), first = %failed[0].1, "letters could not be replayed");
         }
-        self.mark(job, &sent, &failed).await
+        self.mark(job, &sent, &failed).await?;
+        Ok((sent.len() as u64, failed.len() as u64))
     }
 }
 
