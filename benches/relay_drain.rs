@@ -1,5 +1,15 @@
 //! Relay throughput: N pending rows (≈200-byte payloads, 1,000 keys, a 6-partition topic)
-//! drained to empty by one relay, then by two relays side by side → msgs/s.
+//! drained to empty → msgs/s, each figure next to this machine's ceiling measured in the same
+//! run:
+//!
+//! - **Postgres alone**: one connection claiming and marking the same rows with the relay's own
+//!   claim and mark statements, nothing else (no Kafka, no per-key check, no floor bookkeeping);
+//! - **Kafka alone**: the same records (topic, key, headers, payload read from the outbox)
+//!   produced by an idempotent `acks=all` producer configured like the relay's, all in flight.
+//!
+//! The relay's figure is printed as a ratio to the lower of the two. Then one relay vs two
+//! relays side by side, pipelined vs one batch at a time, and a never-analyzed backlog vs the
+//! same backlog analyzed.
 //!
 //! `cargo bench --bench relay_drain` (env: ROWS=200000, BATCH=…); smoke size under cargo test.
 
@@ -9,22 +19,33 @@ mod support;
 use std::sync::Arc;
 use std::time::Instant;
 
+use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::producer::{FutureProducer, FutureRecord};
 use support::*;
 
-async fn drain_with(relays: usize, rows: usize, batch: usize, analyze: bool) -> serde_json::Value {
+/// One relay setup to measure.
+#[derive(Clone, Copy)]
+struct Setup {
+    relays: usize,
+    in_flight: usize,
+    analyze: bool,
+}
+
+async fn drain_with(s: Setup, rows: usize, batch: usize) -> serde_json::Value {
     let db = fresh_db().await;
     let topic = format!("bench.{}.created", rand_name(8));
     create_topic(&topic, 6).await;
-    fill_outbox_stats(&db, &topic, rows, 1000, analyze).await;
+    fill_outbox_stats(&db, &topic, rows, 1000, s.analyze).await;
     let cfg = outbox::RelayConfig {
         batch_size: batch,
+        in_flight_batches: s.in_flight,
         cleanup: outbox::CleanupConfig {
             interval: None,
             ..Default::default()
         },
         ..Default::default()
     };
-    let rs: Vec<Arc<outbox::Relay>> = (0..relays)
+    let rs: Vec<Arc<outbox::Relay>> = (0..s.relays)
         .map(|_| Arc::new(outbox::Relay::new(&db, &kafka(), cfg.clone()).unwrap()))
         .collect();
     // Converge the ordering lanes (each relay its share) before the clock starts.
@@ -40,7 +61,7 @@ async fn drain_with(relays: usize, rows: usize, batch: usize, analyze: bool) -> 
             let r = r.clone();
             tokio::spawn(async move {
                 let mut sent = 0usize;
-                while let outbox::Outcome::Published(b) = r.run_once().await.unwrap() {
+                while let outbox::Outcome::Published(b) = r.run_pipeline().await.unwrap() {
                     sent += b.sent;
                 }
                 sent
@@ -62,7 +83,7 @@ async fn drain_with(relays: usize, rows: usize, batch: usize, analyze: bool) -> 
     );
     while c.query_one(&pending, &[]).await.unwrap().get::<_, i64>(0) > 0 {
         first.rebalance().await;
-        while let outbox::Outcome::Published(b) = first.run_once().await.unwrap() {
+        while let outbox::Outcome::Published(b) = first.run_pipeline().await.unwrap() {
             sent += b.sent;
         }
     }
@@ -70,30 +91,192 @@ async fn drain_with(relays: usize, rows: usize, batch: usize, analyze: bool) -> 
     assert_eq!(sent, rows, "every row sent");
     drop_schema(&db).await;
     delete_topic(&topic).await;
-    serde_json::json!({"relays": relays, "rows": rows, "statistics": if analyze { "analyzed" } else { "never analyzed" }, "seconds": round2(secs), "msgs_per_sec": (rows as f64 / secs).round()})
+    serde_json::json!({
+        "relays": s.relays,
+        "in_flight_batches": s.in_flight,
+        "rows": rows,
+        "statistics": if s.analyze { "analyzed" } else { "never analyzed" },
+        "seconds": round2(secs),
+        "msgs_per_sec": (rows as f64 / secs).round(),
+    })
+}
+
+/// Postgres alone: the relay's claim (the plain walk it uses when nothing is backed off) and
+/// mark, batch after batch on one connection, from just past the previous batch.
+async fn postgres_ceiling(rows: usize, batch: usize) -> f64 {
+    let db = fresh_db().await;
+    fill_outbox_stats(&db, "bench.ceiling", rows, 1000, true).await;
+    let stmts: std::collections::HashMap<_, _> =
+        outbox::hot_statements(&db.schema).into_iter().collect();
+    let mut c = outbox::connect(&db).await.unwrap();
+    let claim = c.prepare(&stmts["claim_free"]).await.unwrap();
+    let mark = c.prepare(&stmts["mark_sent"]).await.unwrap();
+    let lanes: Vec<i32> = (0..outbox::LANES).collect();
+    let (mut from, mut done) = (0i64, 0usize);
+    let started = Instant::now();
+    loop {
+        let tx = c.transaction().await.unwrap();
+        let claimed = tx
+            .query(&claim, &[&(batch as i64), &lanes, &from])
+            .await
+            .unwrap();
+        if claimed.is_empty() {
+            break;
+        }
+        // Decoded as the relay decodes them.
+        let ids: Vec<i64> = claimed
+            .iter()
+            .map(|r| {
+                let _: (String, Option<String>, String, String, f64) =
+                    (r.get(1), r.get(2), r.get(3), r.get(4), r.get(5));
+                r.get(0)
+            })
+            .collect();
+        tx.execute(&mark, &[&ids]).await.unwrap();
+        tx.commit().await.unwrap();
+        from = ids.last().unwrap() + 1;
+        done += ids.len();
+    }
+    let secs = started.elapsed().as_secs_f64();
+    assert_eq!(done, rows);
+    drop_schema(&db).await;
+    rows as f64 / secs
+}
+
+/// Kafka alone: the same records, produced all at once by a producer set up like the relay's.
+async fn kafka_ceiling(rows: usize) -> f64 {
+    let db = fresh_db().await;
+    let topic = format!("bench.{}.created", rand_name(8));
+    create_topic(&topic, 6).await;
+    fill_outbox_stats(&db, &topic, rows, 1000, true).await;
+    let c = outbox::connect(&db).await.unwrap();
+    let records: Vec<(String, String, String)> = c
+        .query(
+            &format!(
+                "SELECT message_key, headers::text, payload::text FROM {}.outbox ORDER BY id",
+                db.schema.quoted()
+            ),
+            &[],
+        )
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .collect();
+    let producer: FutureProducer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", bootstrap())
+        .set("enable.idempotence", "true")
+        .set("acks", "all")
+        .set("linger.ms", "0")
+        .set("batch.num.messages", "10000")
+        .set("queue.buffering.max.messages", "200000")
+        .create()
+        .unwrap();
+    let started = Instant::now();
+    let mut deliveries = Vec::with_capacity(rows);
+    for (key, headers, payload) in &records {
+        let map: serde_json::Map<String, serde_json::Value> =
+            serde_json::from_str(headers).unwrap();
+        let mut h = OwnedHeaders::new_with_capacity(map.len());
+        for (k, v) in &map {
+            h = h.insert(Header {
+                key: k,
+                value: Some(v.as_str().unwrap_or_default().as_bytes()),
+            });
+        }
+        let mut record = FutureRecord::to(&topic)
+            .key(key.as_bytes())
+            .payload(payload.as_bytes())
+            .headers(h);
+        loop {
+            match producer.send_result(record) {
+                Ok(d) => {
+                    deliveries.push(d);
+                    break;
+                }
+                Err((_, back)) => {
+                    record = back;
+                    tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+                }
+            }
+        }
+    }
+    for d in futures::future::join_all(deliveries).await {
+        d.unwrap().unwrap();
+    }
+    let secs = started.elapsed().as_secs_f64();
+    drop_schema(&db).await;
+    delete_topic(&topic).await;
+    rows as f64 / secs
+}
+
+fn rate(v: &serde_json::Value) -> f64 {
+    v["msgs_per_sec"].as_f64().unwrap()
 }
 
 #[tokio::main]
 async fn main() {
     let rows = param("ROWS", if full() { 200_000 } else { 2_000 });
     let batch = param("BATCH", outbox::DEFAULT_BATCH_SIZE);
-    for relays in [1, 2] {
-        let r = drain_with(relays, rows, batch, true).await;
-        emit(
-            "relay_drain",
-            serde_json::json!({"rows": rows, "keys": 1000, "partitions": 6, "batch": batch, "relays": relays}),
-            r,
-        );
+    let depth = outbox::DEFAULT_IN_FLIGHT_BATCHES;
+    let params = serde_json::json!({"rows": rows, "keys": 1000, "partitions": 6, "batch": batch});
+
+    // The ceilings, then the relay in the same run.
+    let pg = postgres_ceiling(rows, batch).await;
+    let kafka = kafka_ceiling(rows).await;
+    let ceiling = pg.min(kafka);
+    let analyzed = |relays, in_flight| Setup {
+        relays,
+        in_flight,
+        analyze: true,
+    };
+    let one = drain_with(analyzed(1, depth), rows, batch).await;
+    let serial = drain_with(analyzed(1, 1), rows, batch).await;
+    let two = drain_with(analyzed(2, depth), rows, batch).await;
+    emit(
+        "relay_drain_ceiling",
+        params.clone(),
+        serde_json::json!({
+            "postgres_alone_rows_per_sec": pg.round(),
+            "kafka_alone_msgs_per_sec": kafka.round(),
+            "relay_msgs_per_sec": rate(&one),
+            "relay_to_ceiling": round2(rate(&one) / ceiling),
+            "one_batch_at_a_time_msgs_per_sec": rate(&serial),
+            "one_batch_at_a_time_to_ceiling": round2(rate(&serial) / ceiling),
+            "pipelined_to_one_batch_at_a_time": round2(rate(&one) / rate(&serial)),
+        }),
+    );
+    for r in [&one, &two] {
+        emit("relay_drain", params.clone(), r.clone());
     }
+    emit(
+        "relay_drain_two_relays",
+        params.clone(),
+        serde_json::json!({
+            "one_relay_msgs_per_sec": rate(&one),
+            "two_relays_msgs_per_sec": rate(&two),
+            "two_to_one": round2(rate(&two) / rate(&one)),
+            "two_relays_to_ceiling": round2(rate(&two) / ceiling),
+        }),
+    );
     // The user's situation after an outage or a bulk import: a backlog the planner has no
     // statistics for, next to the same backlog analyzed, measured in the same run.
-    let analyzed = drain_with(1, rows, batch, true).await;
-    let stale = drain_with(1, rows, batch, false).await;
-    let ratio =
-        stale["msgs_per_sec"].as_f64().unwrap() / analyzed["msgs_per_sec"].as_f64().unwrap();
+    let stale = drain_with(
+        Setup {
+            analyze: false,
+            ..analyzed(1, depth)
+        },
+        rows,
+        batch,
+    )
+    .await;
     emit(
         "relay_drain_stale_statistics",
-        serde_json::json!({"rows": rows, "keys": 1000, "partitions": 6, "batch": batch, "relays": 1}),
-        serde_json::json!({"analyzed_msgs_per_sec": analyzed["msgs_per_sec"], "never_analyzed_msgs_per_sec": stale["msgs_per_sec"], "stale_to_analyzed": round2(ratio)}),
+        params,
+        serde_json::json!({
+            "analyzed_msgs_per_sec": rate(&one),
+            "never_analyzed_msgs_per_sec": rate(&stale),
+            "stale_to_analyzed": round2(rate(&stale) / rate(&one)),
+        }),
     );
 }

@@ -15,6 +15,11 @@ use crate::schema::{InvalidSchema, Schema};
 pub const DEFAULT_BATCH_SIZE: usize = 2000;
 /// Largest batch accepted: a claim transaction holds its row locks while the batch is in flight.
 pub const MAX_BATCH_SIZE: usize = 50_000;
+/// Default [`RelayConfig::in_flight_batches`]: one batch waiting for acks while the next is
+/// claimed and the previous marked (measured in `benches/relay_drain.rs`).
+pub const DEFAULT_IN_FLIGHT_BATCHES: usize = 2;
+/// Upper bound of [`RelayConfig::in_flight_batches`].
+pub const MAX_IN_FLIGHT_BATCHES: usize = 8;
 /// Produce attempts before a row becomes `failed` (seed 002).
 pub const DEFAULT_MAX_ATTEMPTS: i32 = 10;
 /// How often an idle relay looks for due rows when no notification arrives.
@@ -412,6 +417,10 @@ pub struct RelayConfig {
     /// floor back; its rows are published by the next sweep after it commits
     /// (default [`DEFAULT_LONG_TRANSACTION`]).
     pub long_transaction: Duration,
+    /// Claim transactions open at once: while one batch waits for Kafka's acks the next is
+    /// claimed and the one before is marked (default [`DEFAULT_IN_FLIGHT_BATCHES`]; 1 = one
+    /// batch at a time). Each takes a pooled connection.
+    pub in_flight_batches: usize,
     /// Fault injection for tests: the probability that a row is refused with
     /// "injected produce failure" instead of being produced (exercises the backoff path).
     #[doc(hidden)]
@@ -431,6 +440,7 @@ impl Default for RelayConfig {
             rebalance_interval: crate::lanes::DEFAULT_REBALANCE_INTERVAL,
             sweep_interval: DEFAULT_SWEEP_INTERVAL,
             long_transaction: DEFAULT_LONG_TRANSACTION,
+            in_flight_batches: DEFAULT_IN_FLIGHT_BATCHES,
             inject_refusals: 0.0,
         }
     }
@@ -450,6 +460,9 @@ impl RelayConfig {
         };
         if self.batch_size == 0 || self.batch_size > MAX_BATCH_SIZE {
             return bad("batch size", "must be between 1 and 50000");
+        }
+        if self.in_flight_batches == 0 || self.in_flight_batches > MAX_IN_FLIGHT_BATCHES {
+            return bad("in-flight batches", "must be between 1 and 8");
         }
         if self.max_attempts < 1 {
             return bad("max attempts", "must be at least 1");

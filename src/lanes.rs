@@ -71,16 +71,21 @@ impl Lanes {
 
     /// Rebalances when the interval has passed (or the lock connection was lost).
     pub async fn refresh_if_due(&mut self) {
+        if self.is_due() {
+            self.rebalance().await;
+        }
+    }
+
+    /// True when [`Lanes::refresh_if_due`] would rebalance now.
+    pub fn is_due(&self) -> bool {
         let lost = self
             .conn
             .as_ref()
             .is_none_or(tokio_postgres::Client::is_closed);
         if self.retry_at.is_some_and(|t| Instant::now() < t) {
-            return; // backing off after a failure
+            return false; // backing off after a failure
         }
-        if lost || self.last.is_none_or(|t| t.elapsed() >= self.interval) {
-            self.rebalance().await;
-        }
+        lost || self.last.is_none_or(|t| t.elapsed() >= self.interval)
     }
 
     /// Registers this relay, counts relays, and moves towards the fair share of lanes.

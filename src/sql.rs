@@ -45,15 +45,17 @@ SELECT o.id, o.topic, o.message_key, o.headers::text, o.payload::text,
  LIMIT $1
  FOR UPDATE OF o SKIP LOCKED";
 
-/// For each key (`$1`), the lowest pending id: a claimed row whose key has an earlier pending
-/// row outside this claim (locked by another relay, or not due) must not be sent yet. One index
-/// probe per key (`outbox_pending_key_idx`), whatever the backlog, starting at the claim floor
-/// `$2` (below it nothing of these lanes is pending, see [`CLAIM`]).
+/// For each key (`$1`), the lowest pending id from `$2` (same position: the claim floor, or
+/// just past the key's rows in batches this relay still has in flight, whose order the
+/// pipeline keeps): a claimed row whose key has an earlier pending row outside this claim
+/// (locked by another relay, or not due) must not be sent yet. One index probe per key
+/// (`outbox_pending_key_idx`), whatever the backlog (below the floor nothing of these lanes is
+/// pending, see [`CLAIM`]).
 const FIRST_PENDING: &str = "\
-SELECT k, (SELECT e.id FROM {s}.outbox AS e
-            WHERE e.status = 'pending' AND e.message_key = k AND e.id >= $2
-            ORDER BY e.id LIMIT 1)
-  FROM unnest($1::text[]) AS k";
+SELECT u.k, (SELECT e.id FROM {s}.outbox AS e
+              WHERE e.status = 'pending' AND e.message_key = u.k AND e.id >= u.f
+              ORDER BY e.id LIMIT 1)
+  FROM unnest($1::text[], $2::bigint[]) AS u(k, f)";
 
 /// First statement of every claim transaction: what the relay needs to move its claim floor
 /// (see `floor.rs`), and whether any pending row is not yet due (then the claim must skip

@@ -754,3 +754,77 @@ async fn a_row_locked_by_another_session_holds_the_floor_and_its_key() {
         .collect();
     assert_eq!(held, vec![1, 2]);
 }
+
+/// Pipelining (two batches in flight): batch 2 is claimed while batch 1 waits for Kafka, and
+/// both hold a row of key `k`. Batch 1's row of `k` is refused; batch 2's later row of `k`
+/// must then stay pending (held back), never overtake it — whichever of the two claims ran
+/// first against the other's commit. Once the first row can go, both reach the topic in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failure_in_one_batch_holds_back_the_key_in_the_batch_claimed_behind_it() {
+    let db = fresh_db().await;
+    let topic = topic_name();
+    create_topic(&topic, 3).await;
+    let missing = topic_name(); // never created: the row is refused
+    let c = client(&db).await;
+    // ids 1..20: 1 = (missing, k); 2..10 = fillers; 11 = (topic, k); 12..20 = fillers.
+    c.execute(
+        "INSERT INTO outbox (topic, message_key, headers, payload)
+         SELECT CASE WHEN g = 1 THEN $2 ELSE $1 END,
+                CASE WHEN g IN (1, 11) THEN 'k' ELSE 'f' || g END,
+                jsonb_build_object('message_type', 't', 'message_id', outbox_uuidv7()::text),
+                jsonb_build_object('g', g)
+           FROM generate_series(1, 20) g ORDER BY g",
+        &[&topic, &missing],
+    )
+    .await
+    .unwrap();
+    let cfg = outbox::RelayConfig {
+        batch_size: 10,
+        in_flight_batches: 2,
+        max_attempts: 5,
+        ..relay_config()
+    };
+    let relay = Relay::new(&db, &kafka(), cfg).unwrap();
+    let Outcome::Published(r) = relay.run_pipeline().await.unwrap() else {
+        panic!("nothing claimed")
+    };
+    assert_eq!(
+        (r.claimed, r.sent, r.backed_off, r.held_back),
+        (20, 18, 1, 1),
+        "{r:?}"
+    );
+    let state = |id: i64| {
+        let c = &c;
+        async move {
+            let row = c
+                .query_one("SELECT status, attempts FROM outbox WHERE id = $1", &[&id])
+                .await
+                .unwrap();
+            (row.get::<_, String>(0), row.get::<_, i32>(1))
+        }
+    };
+    assert_eq!(state(1).await, ("pending".into(), 1), "refused, backed off");
+    assert_eq!(state(11).await, ("pending".into(), 0), "held back, no attempt spent");
+    let keys_on_topic = |recs: &[Record]| {
+        recs.iter()
+            .filter(|r| r.key.as_deref() == Some(b"k".as_slice()))
+            .map(|r| r.json()["g"].as_i64().unwrap())
+            .collect::<Vec<_>>()
+    };
+    assert!(keys_on_topic(&read_all(&topic).await).is_empty());
+
+    // Row 1 becomes sendable: both rows of k go, in id order.
+    c.execute(
+        "UPDATE outbox SET topic = $1, available_at = now() WHERE id = 1",
+        &[&topic],
+    )
+    .await
+    .unwrap();
+    let Outcome::Published(r) = relay.run_pipeline().await.unwrap() else {
+        panic!("nothing claimed")
+    };
+    assert_eq!(r.sent, 2, "{r:?}");
+    let mut recs = read_all(&topic).await;
+    recs.sort_by_key(|r| (r.partition, r.offset));
+    assert_eq!(keys_on_topic(&recs), vec![1, 11]);
+}

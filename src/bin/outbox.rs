@@ -87,6 +87,10 @@ enum Command {
         /// Rows claimed per pass.
         #[arg(long, default_value_t = outbox::DEFAULT_BATCH_SIZE)]
         batch_size: usize,
+        /// Batches in flight at once: the next is claimed and the previous marked while one
+        /// waits for Kafka's acks (1 = one at a time). Each takes a pooled connection.
+        #[arg(long, default_value_t = outbox::DEFAULT_IN_FLIGHT_BATCHES)]
+        in_flight_batches: usize,
         /// Attempts before a row becomes failed.
         #[arg(long, default_value_t = outbox::DEFAULT_MAX_ATTEMPTS)]
         max_attempts: i32,
@@ -261,6 +265,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             kafka,
             cleanup,
             batch_size,
+            in_flight_batches,
             max_attempts,
             poll_interval,
             delivery_timeout,
@@ -285,6 +290,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 rebalance_interval,
                 sweep_interval,
                 long_transaction,
+                in_flight_batches,
                 inject_refusals: 0.0,
             };
             let relay = Relay::new(&db, &kafka, config).map_err(|e| match e {

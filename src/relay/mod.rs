@@ -40,6 +40,8 @@ use crate::sql::Statements;
 use crate::topic::validate_topic;
 use tracing::Instrument as _;
 
+mod pipeline;
+
 /// `last_error` is cut to this many characters (seed 002).
 pub const MAX_ERROR_LEN: usize = 500;
 /// Margin added to the delivery timeout before unreported rows are given up for this pass.
@@ -114,13 +116,88 @@ struct Row {
 }
 
 /// How one row's send ended.
-enum Fate {
+pub(crate) enum Fate {
     Sent,
     Refused(String),
     Deferred(String),
     /// Not sent because an earlier row of the same key failed in this batch: it stays pending
     /// and waits behind that row (per-key order).
     HeldBack,
+}
+
+/// A claimed batch whose transaction is still open: its rows stay locked (other relays and this
+/// relay's next claims skip them) until [`Relay::settle`] commits.
+pub(crate) struct Claimed {
+    tx: OpenTx,
+    rows: Vec<Row>,
+    begin: crate::floor::Begin,
+    lanes: Vec<i32>,
+    /// Keys with an earlier pending row outside this claim: their rows are not sent.
+    waiting: HashSet<String>,
+}
+
+impl Claimed {
+    /// Rows claimed.
+    pub(crate) fn len(&self) -> usize {
+        self.rows.len()
+    }
+
+    /// For each key of the batch, its highest id (what the next claim must start after).
+    pub(crate) fn last_of_keys(&self) -> impl Iterator<Item = (&str, i64)> {
+        self.rows
+            .iter()
+            .filter_map(|r| r.key.as_deref().map(|k| (k, r.id)))
+    }
+
+    /// Rows that can be sent (their key is not waiting on an earlier row).
+    pub(crate) fn sendable(&self) -> usize {
+        self.rows
+            .iter()
+            .filter(|r| !r.key.as_ref().is_some_and(|k| self.waiting.contains(k)))
+            .count()
+    }
+
+    /// Keys whose row did not reach Kafka in this batch (`fates` in row order): later rows of
+    /// those keys must wait.
+    pub(crate) fn unsent_keys<'a>(&'a self, fates: &'a [Fate]) -> impl Iterator<Item = String> + 'a {
+        self.rows
+            .iter()
+            .zip(fates)
+            .filter(|(_, f)| !matches!(f, Fate::Sent))
+            .filter_map(|(r, _)| r.key.clone())
+    }
+}
+
+/// A transaction on a pooled connection, owned rather than borrowed so that one claim can stay
+/// open while the relay claims the next batch on another connection. Dropped unfinished (an
+/// error, a cancelled pass) it closes its connection instead of returning it to the pool, so
+/// the server rolls the transaction back.
+pub(crate) struct OpenTx(Option<deadpool_postgres::Object>);
+
+impl OpenTx {
+    async fn begin(pool: &Pool) -> Result<Self, RelayError> {
+        let tx = Self(Some(pool.get().await?));
+        tx.client().batch_execute("BEGIN").await?;
+        Ok(tx)
+    }
+
+    fn client(&self) -> &deadpool_postgres::Object {
+        self.0.as_ref().expect("transaction is open until commit or drop")
+    }
+
+    async fn commit(mut self) -> Result<(), RelayError> {
+        self.client().batch_execute("COMMIT").await?;
+        self.0 = None; // back to the pool
+        Ok(())
+    }
+}
+
+impl Drop for OpenTx {
+    fn drop(&mut self) {
+        if let Some(conn) = self.0.take() {
+            drop(deadpool_postgres::Object::take(conn));
+        }
+    }
 }
 
 /// The publisher. Cheap to share: all state is behind `Arc`s.
@@ -434,6 +511,7 @@ impl Relay {
 
     /// One pass: claim a batch, produce it, wait for the reports, mark, commit.
     /// Returns [`Outcome::Empty`] when nothing is due — tests drain with it deterministically.
+    /// [`Relay::run`] overlaps passes instead (see [`Relay::run_pipeline`]).
     ///
     /// # Errors
     /// [`RelayError`] when Postgres fails; the claim transaction is then rolled back (or dies
@@ -451,9 +529,29 @@ impl Relay {
         if lanes.is_empty() {
             return Ok(Outcome::Empty);
         }
-        let mut client = self.pool.get().await?;
-        let tx = client.transaction().await?;
-        let sampled = tx.query_one(&self.stmts.sample, &[]).await?;
+        let claimed = self.claim(lanes, &HashMap::new()).await?;
+        if claimed.rows.is_empty() {
+            self.settle(claimed, Vec::new()).await?;
+            return Ok(Outcome::Empty);
+        }
+        let fates = self.produce(&claimed, &HashSet::new()).await;
+        Ok(Outcome::Published(self.settle(claimed, fates).await?))
+    }
+
+    /// Claims a batch of `lanes` in a new transaction, left open: the rows stay locked until
+    /// [`Relay::settle`] commits. `after` gives, for keys with rows in batches still in flight
+    /// (pipelining), the highest such id: those rows precede this claim's and their order is
+    /// kept by the pipeline, so the per-key check starts after them.
+    pub(crate) async fn claim(
+        &self,
+        lanes: Vec<i32>,
+        after: &HashMap<String, i64>,
+    ) -> Result<Claimed, RelayError> {
+        let tx = OpenTx::begin(&self.pool).await?;
+        let c = tx.client();
+        let sampled = c
+            .query_one(&c.prepare_cached(&self.stmts.sample).await?, &[])
+            .await?;
         let sample = Sample {
             at: Instant::now(),
             max_id: sampled.get(0),
@@ -464,13 +562,15 @@ impl Relay {
         let batch = i64::try_from(self.config.batch_size).unwrap_or(i64::MAX);
         metrics::gauge!(crate::metrics::OUTBOX_LANES_OWNED).set(lanes.len() as f64);
         let claim_started = Instant::now();
-        let claim = if some_not_due {
-            &self.stmts.claim
-        } else {
-            &self.stmts.claim_free
-        };
-        let rows: Vec<Row> = tx
-            .query(claim, &[&batch, &lanes, &begin.scan_from])
+        let claim = c
+            .prepare_cached(if some_not_due {
+                &self.stmts.claim
+            } else {
+                &self.stmts.claim_free
+            })
+            .await?;
+        let rows: Vec<Row> = c
+            .query(&claim, &[&batch, &lanes, &begin.scan_from])
             .instrument(tracing::debug_span!(
                 "outbox.claim",
                 batch,
@@ -490,16 +590,6 @@ impl Relay {
             .collect();
         metrics::histogram!(crate::metrics::OUTBOX_CLAIM_SECONDS)
             .record(claim_started.elapsed().as_secs_f64());
-        if rows.is_empty() {
-            let bound = begin.bound(None);
-            let left = self
-                .left_behind(&tx, begin.scan_from, bound, &lanes)
-                .await?;
-            tx.commit().await?;
-            self.outages.postgres.ok();
-            self.floor.lock().expect("floor lock").finish(bound, left);
-            return Ok(Outcome::Empty);
-        }
 
         // Keys with an earlier pending row outside this claim (another relay's batch, or a row
         // backed off after the claim's snapshot) wait: per-key order never rests on lane
@@ -510,37 +600,49 @@ impl Relay {
                 first_of_key.entry(k).or_insert(r.id);
             }
         }
-        let keys: Vec<&str> = first_of_key.keys().copied().collect();
         let mut waiting: HashSet<String> = HashSet::new();
-        if !keys.is_empty() {
-            for r in tx
-                .query(&self.stmts.first_pending, &[&keys, &begin.scan_from])
-                .await?
-            {
+        if !first_of_key.is_empty() {
+            let (keys, from): (Vec<&str>, Vec<i64>) = first_of_key
+                .keys()
+                .map(|k| {
+                    let past = after.get(*k).map_or(i64::MIN, |a| a.saturating_add(1));
+                    (*k, past.max(begin.scan_from))
+                })
+                .unzip();
+            let first_pending = c.prepare_cached(&self.stmts.first_pending).await?;
+            for r in c.query(&first_pending, &[&keys, &from]).await? {
                 let (k, lowest): (String, Option<i64>) = (r.get(0), r.get(1));
                 if lowest.is_some_and(|l| l < first_of_key[k.as_str()]) {
                     waiting.insert(k);
                 }
             }
         }
+        Ok(Claimed {
+            tx,
+            rows,
+            begin,
+            lanes,
+            waiting,
+        })
+    }
 
-        metrics::histogram!(crate::metrics::OUTBOX_BATCH_SIZE).record(rows.len() as f64);
-        let fates = self
-            .send(&rows, &waiting)
-            .instrument(tracing::debug_span!("outbox.produce", rows = rows.len()))
-            .await;
+    /// Marks what `fates` say, moves the claim floor and commits the claim's transaction.
+    pub(crate) async fn settle(
+        &self,
+        claimed: Claimed,
+        fates: Vec<Fate>,
+    ) -> Result<BatchReport, RelayError> {
+        let Claimed {
+            tx,
+            rows,
+            begin,
+            lanes,
+            ..
+        } = claimed;
+        let c = tx.client();
         let acked_at = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0.0, |d| d.as_secs_f64());
-        let producer = self.producer();
-        if let Some(fatal) = producer.client().fatal_error() {
-            warn!(error = ?fatal, "kafka producer hit a fatal error: replacing it (unacked rows stay pending)");
-            match producer_for(&self.kafka, self.config.delivery_timeout, &self.outages) {
-                Ok(p) => *self.producer.write().expect("producer lock") = p,
-                Err(e) => warn!(error = %e, "cannot recreate the producer; will retry next pass"),
-            }
-        }
-
         let mut report = BatchReport {
             claimed: rows.len(),
             ..BatchReport::default()
@@ -575,12 +677,12 @@ impl Relay {
             }
         }
         if !sent.is_empty() {
-            tx.execute(&self.stmts.mark_sent, &[&sent])
+            c.execute(&c.prepare_cached(&self.stmts.mark_sent).await?, &[&sent])
                 .instrument(tracing::debug_span!("outbox.mark", sent = sent.len()))
                 .await?;
         }
         if !refused_ids.is_empty() {
-            tx.execute(
+            c.execute(
                 &self.stmts.mark_failed,
                 &[&refused_ids, &refused_errs, &self.config.max_attempts],
             )
@@ -593,9 +695,16 @@ impl Relay {
         // drains, was tried: under a held snapshot the relay then stalled for minutes in the
         // soak. The floor moves after every pass.)
         let bound = begin.bound(full_batch_last);
-        let left = self
-            .left_behind(&tx, begin.scan_from, bound, &lanes)
-            .await?;
+        let left = match bound {
+            Some(bound) => c
+                .query_one(
+                    &c.prepare_cached(&self.stmts.left_behind).await?,
+                    &[&begin.scan_from, &bound, &lanes],
+                )
+                .await?
+                .get(0),
+            None => None,
+        };
         tx.commit().await?;
         self.outages.postgres.ok();
         // Counted once the marks are durable.
@@ -620,29 +729,23 @@ impl Relay {
             self.outages.kafka.ok();
         }
         debug!(?report, "batch settled");
-        Ok(Outcome::Published(report))
+        Ok(report)
     }
 
-    /// The lowest row still pending between the floor and where it would move (see
-    /// `sql::LEFT_BEHIND`); nothing to look at when the floor does not move.
-    async fn left_behind(
+    /// Produces every row of `claimed`, keeping them all in flight, and returns each row's fate
+    /// in order. Rows of keys in `claimed.waiting` or `blocked` (keys whose earlier row failed
+    /// in the batch before this one) are held back, and so are the later rows of any key whose
+    /// row fails here before it leaves this process.
+    pub(crate) async fn produce(
         &self,
-        tx: &deadpool_postgres::Transaction<'_>,
-        scan_from: i64,
-        bound: Option<i64>,
-        lanes: &[i32],
-    ) -> Result<Option<i64>, RelayError> {
-        let Some(bound) = bound else {
-            return Ok(None);
-        };
-        Ok(tx
-            .query_one(&self.stmts.left_behind, &[&scan_from, &bound, &lanes])
-            .await?
-            .get(0))
-    }
-
-    /// Produces every row, keeping them all in flight, and returns each row's fate in order.
-    async fn send(&self, rows: &[Row], waiting: &HashSet<String>) -> Vec<Fate> {
+        claimed: &Claimed,
+        blocked: &HashSet<String>,
+    ) -> Vec<Fate> {
+        let rows = &claimed.rows;
+        if rows.is_empty() {
+            return Vec::new();
+        }
+        metrics::histogram!(crate::metrics::OUTBOX_BATCH_SIZE).record(rows.len() as f64);
         let producer = self.producer();
         let topics: HashSet<String> = rows.iter().map(|r| r.topic.clone()).collect();
         let problems = self.topic_problems(topics).await;
@@ -650,29 +753,37 @@ impl Relay {
         let mut fates: Vec<Option<Fate>> = Vec::with_capacity(rows.len());
         let mut in_flight = Vec::with_capacity(rows.len());
         // Keys with a row refused before it left this process: their later rows must wait.
-        let mut blocked: HashSet<&str> = waiting.iter().map(String::as_str).collect();
+        let mut held: HashSet<&str> = claimed
+            .waiting
+            .iter()
+            .chain(blocked)
+            .map(String::as_str)
+            .collect();
+        let span = tracing::debug_span!("outbox.produce", rows = rows.len());
         for (i, row) in rows.iter().enumerate() {
-            if row.key.as_deref().is_some_and(|k| blocked.contains(k)) {
+            if row.key.as_deref().is_some_and(|k| held.contains(k)) {
                 fates.push(Some(Fate::HeldBack));
                 continue;
             }
-            let refused = if let Some(p) = problems.get(&row.topic) {
-                Some(p.clone())
+            let headers = if let Some(p) = problems.get(&row.topic) {
+                Err(p.clone())
             } else if self.config.inject_refusals > 0.0
                 && fastrand::f64() < self.config.inject_refusals
             {
-                Some("injected produce failure".to_owned())
+                Err("injected produce failure".to_owned())
             } else {
-                kafka_headers(&row.headers).err()
+                kafka_headers(&row.headers)
             };
-            if let Some(reason) = refused {
-                if let Some(k) = row.key.as_deref() {
-                    blocked.insert(k);
+            let headers = match headers {
+                Ok(h) => h,
+                Err(reason) => {
+                    if let Some(k) = row.key.as_deref() {
+                        held.insert(k);
+                    }
+                    fates.push(Some(Fate::Refused(reason)));
+                    continue;
                 }
-                fates.push(Some(Fate::Refused(reason)));
-                continue;
-            }
-            let headers = kafka_headers(&row.headers).expect("checked above");
+            };
             let mut record = FutureRecord::to(&row.topic)
                 .payload(row.payload.as_bytes())
                 .headers(headers);
@@ -696,7 +807,7 @@ impl Relay {
             };
             if fate.is_some() {
                 if let Some(k) = row.key.as_deref() {
-                    blocked.insert(k);
+                    held.insert(k);
                 }
             }
             fates.push(fate);
@@ -708,6 +819,7 @@ impl Relay {
                 .into_iter()
                 .map(|(i, d)| async move { (i, tokio::time::timeout_at(deadline, d).await) }),
         )
+        .instrument(span)
         .await;
         for (i, report) in reports {
             fates[i] = Some(match report {
@@ -716,6 +828,13 @@ impl Relay {
                 Ok(Err(_canceled)) => Fate::Deferred("producer dropped the message".into()),
                 Err(_elapsed) => Fate::Deferred("no delivery report before the timeout".into()),
             });
+        }
+        if let Some(fatal) = producer.client().fatal_error() {
+            warn!(error = ?fatal, "kafka producer hit a fatal error: replacing it (unacked rows stay pending)");
+            match producer_for(&self.kafka, self.config.delivery_timeout, &self.outages) {
+                Ok(p) => *self.producer.write().expect("producer lock") = p,
+                Err(e) => warn!(error = %e, "cannot recreate the producer; will retry next pass"),
+            }
         }
         fates
             .into_iter()
@@ -780,20 +899,15 @@ impl Relay {
         let mut backoff = Backoff::default();
         let mut total_sent: u64 = 0;
         while !cancel.is_cancelled() {
-            let wait = match self.run_once().await {
+            // Batches back to back (pipelined) until one comes back short.
+            let wait = match self.pump(&cancel).await {
                 Ok(Outcome::Published(r)) => {
                     total_sent += r.sent as u64;
                     if r.deferred > 0 {
                         Some(backoff.next_delay())
                     } else {
                         backoff.reset();
-                        // A full batch means more may be due right away (unless nothing in it could
-                        // move: then wait like an idle relay instead of spinning).
-                        if r.claimed >= self.config.batch_size && r.held_back < r.claimed {
-                            continue;
-                        } else {
-                            None
-                        }
+                        None
                     }
                 }
                 Ok(Outcome::Empty) => {
