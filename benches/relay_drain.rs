@@ -11,7 +11,8 @@
 //! relays side by side, pipelined vs one batch at a time, and a never-analyzed backlog vs the
 //! same backlog analyzed.
 //!
-//! `cargo bench --bench relay_drain` (env: ROWS=200000, BATCH=…); smoke size under cargo test.
+//! `cargo bench --bench relay_drain` (env: ROWS=200000, BATCH=…, IN_FLIGHT=…); smoke size under
+//! cargo test.
 
 #[path = "support/mod.rs"]
 mod support;
@@ -218,7 +219,7 @@ fn rate(v: &serde_json::Value) -> f64 {
 async fn main() {
     let rows = param("ROWS", if full() { 200_000 } else { 2_000 });
     let batch = param("BATCH", outbox::DEFAULT_BATCH_SIZE);
-    let depth = outbox::DEFAULT_IN_FLIGHT_BATCHES;
+    let depth = param("IN_FLIGHT", outbox::DEFAULT_IN_FLIGHT_BATCHES);
     let params = serde_json::json!({"rows": rows, "keys": 1000, "partitions": 6, "batch": batch});
 
     // The ceilings, then the relay in the same run.

@@ -1073,3 +1073,95 @@ async fn a_second_consumer_joining_mid_run_rebalances_without_loss_or_double_eff
     }
     assert_eq!(committed_total, total as i64);
 }
+
+/// Records each message with the id of the transaction it ran in, then fails permanently when
+/// the body asks — after its insert, so a failure leaves partial work to roll back.
+struct TxProbe(&'static str);
+impl Handler for TxProbe {
+    fn handle<'a>(
+        &'a self,
+        m: &'a Delivered,
+        tx: &'a tokio_postgres::Transaction<'a>,
+    ) -> BoxFuture<'a, Result<(), HandlerError>> {
+        Box::pin(async move {
+            let b = m.json();
+            tx.execute(
+                "INSERT INTO tx_effects (run, message_id, k, seq, txid) VALUES ($1, $2, $3, $4, txid_current())",
+                &[&self.0, &m.message_id, &m.key_str().unwrap_or(""), &b["seq"].as_i64().unwrap_or(-1)],
+            )
+            .await?;
+            if b["permanent"].as_bool() == Some(true) {
+                return Err(HandlerError::permanent("declined after writing"));
+            }
+            Ok(())
+        })
+    }
+}
+
+/// Commit groups (`consumer/group.rs`): a backlog of per-message work shares transactions,
+/// and still each message's work and mark commit together or not at all — a handler that
+/// fails after writing loses only its own rows (savepoint) and is dead-lettered alone; every
+/// other message's effect is there exactly once, in per-key order. With `commit_group = 1`
+/// every message has its own transaction.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backlog_of_per_message_work_shares_transactions_and_a_failure_rolls_back_only_its_own() {
+    let s = setup(3, &[]).await;
+    s.c.batch_execute(
+        "CREATE TABLE tx_effects (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, run text,
+                                  message_id text, k text, seq bigint, txid bigint)",
+    )
+    .await
+    .unwrap();
+    let (n, poison) = (400, [37, 150, 151, 333]);
+    for seq in 0..n {
+        let body = if poison.contains(&seq) {
+            serde_json::json!({"seq": seq, "permanent": true})
+        } else {
+            serde_json::json!({"seq": seq})
+        };
+        produce_event(&s.topic, &format!("k{}", seq % 40), "it_event", &format!("m{seq}"), &body).await;
+    }
+    for (run, commit_group) in [("grouped", 16), ("alone", 1)] {
+        let config = ConsumerConfig {
+            concurrency: 2,
+            commit_group,
+            ..ConsumerConfig::new(format!("{}-{run}", s.group), [&s.topic])
+        };
+        let consumer = Consumer::new(&s.db, &kafka(), config)
+            .unwrap()
+            .handler("it_event", TxProbe(run));
+        let stats = consumer.stats();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let h = tokio::spawn(consumer.run(async move {
+            let _ = stopped.await;
+        }));
+        wait_until(Duration::from_secs(60), "all settled", || async {
+            get(&stats.handled) == (n - 4) as u64 && get(&stats.dead_lettered) == 4
+        })
+        .await;
+        stop.send(()).unwrap();
+        h.await.unwrap().unwrap();
+        let q = |sql: &str| sql.replace("$run", &format!("'{run}'"));
+        let c = &s.c;
+        assert_eq!(
+            count(c, &q("SELECT count(*) FROM tx_effects WHERE run = $run")).await,
+            (n - 4) as i64,
+            "{run}: one row per good message, none of the failed ones"
+        );
+        assert_eq!(
+            count(c, &q("SELECT count(DISTINCT message_id) FROM tx_effects WHERE run = $run AND message_id IN ('m37', 'm150', 'm151', 'm333')")).await,
+            0
+        );
+        let violations = count(c, &q("SELECT count(*) FROM (SELECT seq, lag(seq) OVER (PARTITION BY k ORDER BY id) prev FROM tx_effects WHERE run = $run) x WHERE seq <= prev")).await;
+        assert_eq!(violations, 0, "{run}: per-key order");
+        let txs = count(c, &q("SELECT count(DISTINCT txid) FROM tx_effects WHERE run = $run")).await;
+        println!("{run}: {} messages in {txs} transactions", n - 4);
+        if commit_group == 1 {
+            assert_eq!(txs, (n - 4) as i64, "a transaction per message");
+        } else {
+            assert!(txs < (n as i64) / 3, "{txs} transactions: groups formed from the backlog");
+        }
+    }
+    let dlq = read_all(&format!("{}.dlq", s.topic)).await;
+    assert_eq!(dlq.len(), 8, "each poison message dead-lettered once per group");
+}

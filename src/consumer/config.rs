@@ -56,7 +56,21 @@ pub struct ConsumerConfig {
     /// others (default [`DEFAULT_SESSION_TIMEOUT`]; `session.timeout.ms`). Heartbeats go every
     /// third of it from librdkafka's own thread, so slow handlers do not count against it.
     pub session_timeout: Duration,
+    /// Most messages of per-message handlers that share one transaction when more are ready
+    /// than there are free handler slots (default [`DEFAULT_COMMIT_GROUP`], at most
+    /// [`MAX_COMMIT_GROUP`]; 1 = a transaction per message). Each message keeps its own
+    /// savepoint: a handler that fails rolls back only its own work and mark, and is retried
+    /// alone; the others commit together. Groups form only from messages already waiting, so
+    /// at low load nothing waits for company. See `consumer/group.rs`.
+    pub commit_group: usize,
 }
+
+/// Default [`ConsumerConfig::commit_group`].
+pub const DEFAULT_COMMIT_GROUP: usize = 16;
+/// Upper bound of [`ConsumerConfig::commit_group`]: each grouped message is a subtransaction,
+/// and Postgres tracks at most 64 per transaction in shared memory before every other
+/// session's visibility checks slow down (subtransaction overflow).
+pub const MAX_COMMIT_GROUP: usize = 32;
 
 /// Default [`ConsumerConfig::session_timeout`]: 6 s, the broker's minimum
 /// (`group.min.session.timeout.ms`). A crashed replica's partitions move to the survivors
@@ -83,6 +97,7 @@ impl ConsumerConfig {
             breaker: None,
             instance_id: None,
             session_timeout: DEFAULT_SESSION_TIMEOUT,
+            commit_group: DEFAULT_COMMIT_GROUP,
         }
     }
 
@@ -115,6 +130,9 @@ impl ConsumerConfig {
         }
         if let Some(b) = &self.breaker {
             b.validate().map_err(ConsumerError::Config)?;
+        }
+        if self.commit_group == 0 || self.commit_group > MAX_COMMIT_GROUP {
+            return bad(format!("commit_group must be between 1 and {MAX_COMMIT_GROUP}"));
         }
         if self.concurrency == 0 || self.max_buffered == 0 {
             return bad("concurrency and max_buffered must be at least 1".into());

@@ -27,6 +27,7 @@
 mod breaker;
 mod config;
 mod dead_letter;
+mod group;
 mod handler;
 mod inbox;
 mod offsets;
@@ -41,8 +42,8 @@ pub use breaker::{
     DEFAULT_BREAKER_CHECK_INTERVAL, DEFAULT_OPEN_FOR,
 };
 pub use config::{
-    ConsumerConfig, ConsumerError, DEFAULT_CONCURRENCY, DEFAULT_DLQ_SUFFIX, DEFAULT_MAX_BUFFERED,
-    DEFAULT_SESSION_TIMEOUT,
+    ConsumerConfig, ConsumerError, DEFAULT_COMMIT_GROUP, DEFAULT_CONCURRENCY, DEFAULT_DLQ_SUFFIX,
+    DEFAULT_MAX_BUFFERED, DEFAULT_SESSION_TIMEOUT, MAX_COMMIT_GROUP,
 };
 pub use dead_letter::*;
 pub use handler::{

@@ -168,14 +168,14 @@ pub(super) fn count(shared: &Shared, topic: &str, outcome: &'static str, n: u64)
     .increment(n);
 }
 
-fn handler_seconds(shared: &Shared, topic: &str, started: std::time::Instant) {
+pub(super) fn handler_seconds(shared: &Shared, topic: &str, started: std::time::Instant) {
     metrics::histogram!(crate::metrics::CONSUMER_HANDLER_SECONDS,
         "topic" => topic.to_owned(), "group" => shared.config.group.clone())
     .record(started.elapsed().as_secs_f64());
 }
 
 /// The handler span: a `traceparent` header makes its trace the parent.
-fn handle_span(d: &Delivered, shared: &Shared) -> tracing::Span {
+pub(super) fn handle_span(d: &Delivered, shared: &Shared) -> tracing::Span {
     let tp = d
         .headers
         .iter()

@@ -20,6 +20,7 @@ use tracing::{debug, info, warn};
 use super::breaker::{Breakers, DrainPacer, Mode};
 use super::handler::Delivered;
 use super::offsets::OffsetTracker;
+use super::group::process_group;
 use super::process::{process, process_batch, process_drain, Fate};
 use super::record::{decode, origin, Origin, Raw};
 use super::retry::RetryStrategy;
@@ -485,6 +486,50 @@ impl Runtime<'_> {
         }
     }
 
+    /// Appends the following ready heads that `fits` — other lanes, so per-key order is
+    /// unaffected — until `batch` holds `max`.
+    fn gather(
+        &mut self,
+        batch: &mut Vec<(LaneKey, Envelope)>,
+        max: usize,
+        fits: impl Fn(&Self, &Envelope) -> bool,
+    ) {
+        while batch.len() < max {
+            let next_fits = self
+                .ready
+                .front()
+                .and_then(|k| self.lanes.get(k))
+                .and_then(|l| l.queue.front())
+                .is_some_and(|e| fits(self, e));
+            if !next_fits {
+                break;
+            }
+            match self.next_head() {
+                // next_head may have skipped revoked heads and returned another lane's head:
+                // take it only if it fits too.
+                Some(item) if fits(self, &item.1) => batch.push(item),
+                Some((k, env)) => {
+                    let lane = self.lanes.get_mut(&k).expect("lane");
+                    lane.queue.push_front(env);
+                    lane.busy = false;
+                    self.ready.push_front(k);
+                    break;
+                }
+                None => break,
+            }
+        }
+    }
+
+    /// True for a decoded message whose type has a per-message handler.
+    fn single(&self, env: &Envelope) -> bool {
+        env.decoded.as_ref().is_ok_and(|d| {
+            matches!(
+                self.shared.handlers.get(&d.message_type),
+                Some(HandlerRef::Single(_))
+            )
+        })
+    }
+
     /// The batch handler and bound for an envelope, if its type has one.
     fn batch_of(&self, env: &Envelope) -> Option<(String, usize)> {
         let d = env.decoded.as_ref().ok()?;
@@ -536,35 +581,24 @@ impl Runtime<'_> {
             let drain = env.drain;
             let mut batch = vec![(key, env)];
             if let Some((ty, max)) = (!drain).then(|| self.batch_of(&batch[0].1)).flatten() {
-                // Gather following ready heads of the same type: different lanes, so per-key
-                // order is unaffected.
-                while batch.len() < max {
-                    let same = self
-                        .ready
-                        .front()
-                        .and_then(|k| self.lanes.get(k))
-                        .and_then(|l| l.queue.front())
-                        .is_some_and(|e| self.batch_of(e).is_some_and(|(t, _)| t == ty));
-                    if !same {
-                        break;
-                    }
-                    match self.next_head() {
-                        // next_head may have skipped revoked heads and returned another lane's
-                        // head: take it only if it is of the same batch type.
-                        Some(item) if self.batch_of(&item.1).is_some_and(|(t, _)| t == ty) => {
-                            batch.push(item)
-                        }
-                        Some((k, env)) => {
-                            let lane = self.lanes.get_mut(&k).expect("lane");
-                            lane.queue.push_front(env);
-                            lane.busy = false;
-                            self.ready.push_front(k);
-                            break;
-                        }
-                        None => break,
-                    }
+                self.gather(&mut batch, max, |rt, e| {
+                    Self::allowed(mode, e) && rt.batch_of(e).is_some_and(|(t, _)| t == ty)
+                });
+            } else if !drain && self.single(&batch[0].1) {
+                // A commit group (`group.rs`), only when more heads wait than slots are free:
+                // the waiting heads are spread over the free slots, so no slot idles.
+                let free = limit - self.running;
+                let waiting = self.ready.len() + 1;
+                let size = waiting
+                    .div_ceil(free)
+                    .min(self.shared.config.commit_group);
+                if size > 1 {
+                    self.gather(&mut batch, size, |rt, e| {
+                        Self::allowed(mode, e) && !e.drain && rt.single(e)
+                    });
                 }
             }
+            let single = self.single(&batch[0].1);
             self.running += 1;
             let shared = self.shared.clone();
             let tx = done_tx.clone();
@@ -575,6 +609,8 @@ impl Runtime<'_> {
                         vec![process_drain(envs[0], &shared).await]
                     } else if envs.len() == 1 {
                         vec![process(envs[0], &shared).await]
+                    } else if single {
+                        process_group(&envs, &shared).await
                     } else {
                         process_batch(&envs, &shared).await
                     }

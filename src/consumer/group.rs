@@ -1,0 +1,130 @@
+//! Commit groups: several messages of per-message handlers in one transaction, so a backlog
+//! pays one `BEGIN`/`COMMIT` (and one WAL flush) per group instead of per message.
+//!
+//! The runtime forms a group only from heads already waiting in different lanes (different
+//! keys, so per-key order is untouched), and only when more are waiting than there are free
+//! handler slots: at low load every message still has its own transaction and nobody waits
+//! for company. Inside the group each message runs under its own savepoint, issued together
+//! with its inbox mark in one round trip:
+//!
+//! ```text
+//! BEGIN
+//!   SAVEPOINT m; INSERT INTO processed_messages … RETURNING 1   -- pipelined
+//!   <handler A's statements>
+//!   SAVEPOINT m; INSERT …                                         -- B is a duplicate: skipped
+//!   SAVEPOINT m; INSERT …; <handler C fails> ROLLBACK TO SAVEPOINT m
+//! COMMIT                                                          -- A's work + mark, B's nothing
+//! ```
+//!
+//! What each message is promised is unchanged: its handler's changes and its inbox mark commit
+//! together or not at all. A handler that fails (or panics) loses only its own work and mark
+//! and is then processed alone by [`super::process::process`] — retries, breaker, dead letter —
+//! after the group committed. If the group's transaction itself fails (the database went
+//! away, the commit failed), every message of the group is processed alone.
+
+use std::panic::AssertUnwindSafe;
+
+use futures::FutureExt;
+use tracing::Instrument as _;
+
+use super::handler::HandlerError;
+use super::process::{count, handle_span, handler_seconds, process, Fate};
+use super::runtime::Envelope;
+use super::stats::ConsumerStats;
+use super::{HandlerRef, Shared};
+
+/// How one message of a group ended inside the group's transaction.
+enum InGroup {
+    Processed,
+    Duplicate,
+    /// Its handler failed or panicked, or it is not a per-message handler's: processed alone.
+    Alone,
+}
+
+/// Processes `envs` (heads of different lanes) as one commit group; returns each one's fate.
+pub(super) async fn process_group(envs: &[&Envelope], shared: &Shared) -> Vec<Fate> {
+    let outcomes = match run_group(envs, shared)
+        .instrument(tracing::debug_span!("outbox.commit_group", size = envs.len()))
+        .await
+    {
+        Ok(o) => o,
+        Err(e) => {
+            tracing::debug!(error = %e, size = envs.len(), "commit group failed: processing its messages one by one");
+            envs.iter().map(|_| InGroup::Alone).collect()
+        }
+    };
+    let mut fates = Vec::with_capacity(envs.len());
+    for (env, outcome) in envs.iter().zip(outcomes) {
+        let topic = &env.origin.topic;
+        fates.push(match outcome {
+            InGroup::Processed => {
+                ConsumerStats::inc(&shared.stats.handled);
+                count(shared, topic, "handled", 1);
+                if let Some(b) = shared.breaker() {
+                    b.record_call(None);
+                }
+                Fate::Final
+            }
+            InGroup::Duplicate => {
+                ConsumerStats::inc(&shared.stats.duplicates);
+                count(shared, topic, "duplicate", 1);
+                Fate::Final
+            }
+            InGroup::Alone => process(env, shared).await,
+        });
+    }
+    fates
+}
+
+/// The group's transaction. An `Err` means it did not commit: nothing of it happened.
+async fn run_group(envs: &[&Envelope], shared: &Shared) -> Result<Vec<InGroup>, HandlerError> {
+    let mut conn = shared
+        .pool
+        .get()
+        .await
+        .map_err(|e| HandlerError::database_unavailable(format!("postgres pool: {e}")))?;
+    let mark = conn.prepare_cached(shared.inbox.insert_sql()).await?;
+    let tx = conn.transaction().await?;
+    let mut outcomes = Vec::with_capacity(envs.len());
+    for env in envs {
+        let (Ok(d), Some(HandlerRef::Single(h))) = (
+            env.decoded.as_ref(),
+            env.decoded
+                .as_ref()
+                .ok()
+                .and_then(|d| shared.handlers.get(&d.message_type)),
+        ) else {
+            outcomes.push(InGroup::Alone);
+            continue;
+        };
+        // The savepoint and the mark in one round trip (tokio-postgres pipelines requests
+        // polled together, and the server runs them in order).
+        let group = shared.inbox.group();
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 3] =
+            [&group, &d.topic, &d.message_id];
+        let (savepoint, fresh) = futures::join!(
+            tx.batch_execute("SAVEPOINT m"),
+            tx.query_opt(&mark, &params)
+        );
+        savepoint?;
+        if fresh?.is_none() {
+            outcomes.push(InGroup::Duplicate);
+            continue;
+        }
+        let started = std::time::Instant::now();
+        let handled = AssertUnwindSafe(h.handle(d, &tx))
+            .catch_unwind()
+            .instrument(handle_span(d, shared))
+            .await;
+        handler_seconds(shared, &env.origin.topic, started);
+        if let Ok(Ok(())) = handled {
+            outcomes.push(InGroup::Processed);
+        } else {
+            tx.batch_execute("ROLLBACK TO SAVEPOINT m").await?;
+            outcomes.push(InGroup::Alone);
+        }
+    }
+    tx.commit().await?;
+    shared.pg_outage.ok();
+    Ok(outcomes)
+}
