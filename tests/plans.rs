@@ -262,7 +262,11 @@ async fn a_never_analyzed_backlog_is_claimed_by_walking_the_index_whatever_the_s
             &stmts["claim_free"],
             vec![&2000i64, &lanes, &0i64],
         ),
-        ("first_pending", &stmts["first_pending"], vec![&keys, &from_zero]),
+        (
+            "first_pending",
+            &stmts["first_pending"],
+            vec![&keys, &from_zero],
+        ),
         ("sample", &stmts["sample"], vec![]),
         (
             "left_behind",

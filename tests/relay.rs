@@ -804,7 +804,11 @@ async fn a_failure_in_one_batch_holds_back_the_key_in_the_batch_claimed_behind_i
         }
     };
     assert_eq!(state(1).await, ("pending".into(), 1), "refused, backed off");
-    assert_eq!(state(11).await, ("pending".into(), 0), "held back, no attempt spent");
+    assert_eq!(
+        state(11).await,
+        ("pending".into(), 0),
+        "held back, no attempt spent"
+    );
     let keys_on_topic = |recs: &[Record]| {
         recs.iter()
             .filter(|r| r.key.as_deref() == Some(b"k".as_slice()))

@@ -132,7 +132,9 @@ impl ConsumerConfig {
             b.validate().map_err(ConsumerError::Config)?;
         }
         if self.commit_group == 0 || self.commit_group > MAX_COMMIT_GROUP {
-            return bad(format!("commit_group must be between 1 and {MAX_COMMIT_GROUP}"));
+            return bad(format!(
+                "commit_group must be between 1 and {MAX_COMMIT_GROUP}"
+            ));
         }
         if self.concurrency == 0 || self.max_buffered == 0 {
             return bad("concurrency and max_buffered must be at least 1".into());

@@ -18,8 +18,8 @@
 //!
 //! What each message is promised is unchanged: its handler's changes and its inbox mark commit
 //! together or not at all. A handler that fails (or panics) loses only its own work and mark
-//! and is then processed alone by [`super::process::process`] — retries, breaker, dead letter —
-//! after the group committed. If the group's transaction itself fails (the database went
+//! and is then processed alone by [`super::process::process_from`] — retries, breaker, dead
+//! letter, that failed try counting as its first attempt — after the group committed. If the group's transaction itself fails (the database went
 //! away, the commit failed), every message of the group is processed alone.
 
 use std::panic::AssertUnwindSafe;
@@ -28,7 +28,8 @@ use futures::FutureExt;
 use tracing::Instrument as _;
 
 use super::handler::HandlerError;
-use super::process::{count, handle_span, handler_seconds, process, Fate};
+use super::inbox::InboxOutcome;
+use super::process::{count, handle_span, handler_seconds, process, process_from, Fate, Tried};
 use super::runtime::Envelope;
 use super::stats::ConsumerStats;
 use super::{HandlerRef, Shared};
@@ -37,14 +38,19 @@ use super::{HandlerRef, Shared};
 enum InGroup {
     Processed,
     Duplicate,
-    /// Its handler failed or panicked, or it is not a per-message handler's: processed alone.
+    /// Its handler failed or panicked: processed alone, this try counting as its first.
+    Failed(Tried),
+    /// Not tried (the group failed, or it is not a per-message handler's): processed alone.
     Alone,
 }
 
 /// Processes `envs` (heads of different lanes) as one commit group; returns each one's fate.
 pub(super) async fn process_group(envs: &[&Envelope], shared: &Shared) -> Vec<Fate> {
     let outcomes = match run_group(envs, shared)
-        .instrument(tracing::debug_span!("outbox.commit_group", size = envs.len()))
+        .instrument(tracing::debug_span!(
+            "outbox.commit_group",
+            size = envs.len()
+        ))
         .await
     {
         Ok(o) => o,
@@ -70,6 +76,7 @@ pub(super) async fn process_group(envs: &[&Envelope], shared: &Shared) -> Vec<Fa
                 count(shared, topic, "duplicate", 1);
                 Fate::Final
             }
+            InGroup::Failed(tried) => process_from(env, shared, Some(tried)).await,
             InGroup::Alone => process(env, shared).await,
         });
     }
@@ -117,11 +124,14 @@ async fn run_group(envs: &[&Envelope], shared: &Shared) -> Result<Vec<InGroup>, 
             .instrument(handle_span(d, shared))
             .await;
         handler_seconds(shared, &env.origin.topic, started);
-        if let Ok(Ok(())) = handled {
-            outcomes.push(InGroup::Processed);
-        } else {
-            tx.batch_execute("ROLLBACK TO SAVEPOINT m").await?;
-            outcomes.push(InGroup::Alone);
+        match handled {
+            Ok(Ok(())) => outcomes.push(InGroup::Processed),
+            failed => {
+                tx.batch_execute("ROLLBACK TO SAVEPOINT m").await?;
+                outcomes.push(InGroup::Failed(
+                    failed.map(|r| r.map(|()| InboxOutcome::Processed)),
+                ));
+            }
         }
     }
     tx.commit().await?;

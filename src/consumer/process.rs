@@ -197,6 +197,19 @@ pub(super) fn handle_span(d: &Delivered, shared: &Shared) -> tracing::Span {
 }
 
 pub(super) async fn process(env: &Envelope, shared: &Shared) -> Fate {
+    process_from(env, shared, None).await
+}
+
+/// What one try of a handler in its transaction gave (a panic is the `Err`).
+pub(super) type Tried = std::thread::Result<Result<InboxOutcome, HandlerError>>;
+
+/// [`process`], when the first try already happened elsewhere (in a commit group, see
+/// `group.rs`) and gave `first`: it counts as attempt 1.
+pub(super) async fn process_from(
+    env: &Envelope,
+    shared: &Shared,
+    mut first: Option<Tried>,
+) -> Fate {
     let (raw, origin) = (&env.raw, &env.origin);
     let d = match &env.decoded {
         Ok(d) => d,
@@ -217,12 +230,18 @@ pub(super) async fn process(env: &Envelope, shared: &Shared) -> Fate {
     let mut outage = Backoff::default();
     loop {
         attempt += 1;
-        let started = std::time::Instant::now();
-        let result = AssertUnwindSafe(run_in_tx(shared, handler, d))
-            .catch_unwind()
-            .instrument(handle_span(d, shared))
-            .await;
-        handler_seconds(shared, &origin.topic, started);
+        let result = match first.take() {
+            Some(tried) => tried,
+            None => {
+                let started = std::time::Instant::now();
+                let tried = AssertUnwindSafe(run_in_tx(shared, handler, d))
+                    .catch_unwind()
+                    .instrument(handle_span(d, shared))
+                    .await;
+                handler_seconds(shared, &origin.topic, started);
+                tried
+            }
+        };
         let err = match result {
             Ok(Ok(InboxOutcome::Processed)) => {
                 shared.pg_outage.ok();

@@ -18,9 +18,9 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use super::breaker::{Breakers, DrainPacer, Mode};
+use super::group::process_group;
 use super::handler::Delivered;
 use super::offsets::OffsetTracker;
-use super::group::process_group;
 use super::process::{process, process_batch, process_drain, Fate};
 use super::record::{decode, origin, Origin, Raw};
 use super::retry::RetryStrategy;
@@ -589,9 +589,7 @@ impl Runtime<'_> {
                 // the waiting heads are spread over the free slots, so no slot idles.
                 let free = limit - self.running;
                 let waiting = self.ready.len() + 1;
-                let size = waiting
-                    .div_ceil(free)
-                    .min(self.shared.config.commit_group);
+                let size = waiting.div_ceil(free).min(self.shared.config.commit_group);
                 if size > 1 {
                     self.gather(&mut batch, size, |rt, e| {
                         Self::allowed(mode, e) && !e.drain && rt.single(e)
@@ -649,7 +647,7 @@ impl Runtime<'_> {
 
     /// Records outcomes: lanes freed, final offsets stored.
     fn settle(&mut self, items: Vec<DoneItem>) {
-        let mut stores = TopicPartitionList::new();
+        let mut stores: HashMap<Tp, i64> = HashMap::new();
         for item in items {
             self.buffered -= 1;
             if let Some(lane) = self.lanes.get_mut(&item.lane) {
@@ -678,17 +676,19 @@ impl Runtime<'_> {
                         let d = self.drain_done.entry(item.tp.clone()).or_insert(next);
                         *d = (*d).max(next);
                     }
-                    // A later item of the same partition overrides an earlier one: both are
-                    // commit points and offsets only grow.
-                    let _ =
-                        stores.add_partition_offset(&item.tp.0, item.tp.1, Offset::Offset(next));
+                    // One entry per partition (librdkafka refuses a store naming a partition
+                    // twice): points only grow, so the last is the one to store.
+                    stores.insert(item.tp.clone(), next);
                 }
             }
         }
-        if stores.count() > 0 {
-            let _commit =
-                tracing::debug_span!("outbox.commit", partitions = stores.count()).entered();
-            if let Err(e) = self.consumer.store_offsets(&stores) {
+        if !stores.is_empty() {
+            let mut tpl = TopicPartitionList::with_capacity(stores.len());
+            for ((topic, partition), next) in &stores {
+                let _ = tpl.add_partition_offset(topic, *partition, Offset::Offset(*next));
+            }
+            let _commit = tracing::debug_span!("outbox.commit", partitions = tpl.count()).entered();
+            if let Err(e) = self.consumer.store_offsets(&tpl) {
                 debug!(error = %e, "offset store refused (partition revoked?)");
             }
         }

@@ -159,7 +159,10 @@ impl Claimed {
 
     /// Keys whose row did not reach Kafka in this batch (`fates` in row order): later rows of
     /// those keys must wait.
-    pub(crate) fn unsent_keys<'a>(&'a self, fates: &'a [Fate]) -> impl Iterator<Item = String> + 'a {
+    pub(crate) fn unsent_keys<'a>(
+        &'a self,
+        fates: &'a [Fate],
+    ) -> impl Iterator<Item = String> + 'a {
         self.rows
             .iter()
             .zip(fates)
@@ -182,7 +185,9 @@ impl OpenTx {
     }
 
     fn client(&self) -> &deadpool_postgres::Object {
-        self.0.as_ref().expect("transaction is open until commit or drop")
+        self.0
+            .as_ref()
+            .expect("transaction is open until commit or drop")
     }
 
     async fn commit(mut self) -> Result<(), RelayError> {
@@ -736,11 +741,7 @@ impl Relay {
     /// in order. Rows of keys in `claimed.waiting` or `blocked` (keys whose earlier row failed
     /// in the batch before this one) are held back, and so are the later rows of any key whose
     /// row fails here before it leaves this process.
-    pub(crate) async fn produce(
-        &self,
-        claimed: &Claimed,
-        blocked: &HashSet<String>,
-    ) -> Vec<Fate> {
+    pub(crate) async fn produce(&self, claimed: &Claimed, blocked: &HashSet<String>) -> Vec<Fate> {
         let rows = &claimed.rows;
         if rows.is_empty() {
             return Vec::new();

@@ -182,14 +182,7 @@ impl Relay {
                 produced: produced_rx,
                 settled: settled_rx,
             });
-            passes.push(self.pipelined(
-                seq,
-                oldest_open,
-                claimed,
-                links,
-                produced_tx,
-                settled_tx,
-            ));
+            passes.push(self.pipelined(seq, oldest_open, claimed, links, produced_tx, settled_tx));
         }
         if let Some(e) = tally.error {
             return Err(e);
