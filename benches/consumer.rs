@@ -1,6 +1,8 @@
 //! Idempotent consumer throughput: N messages through the consumer runtime into a business
-//! table (inbox mark + insert per message), at concurrency 1 and 16, and with a batched
-//! handler (many messages per transaction) → msgs/s.
+//! table (inbox mark + insert per message), at concurrency 1 and 16 — with commit groups (the
+//! default) and with a transaction per message — and with a batched handler (many messages per
+//! transaction) → msgs/s, each next to pgbench's single-insert commit rate from 16 clients
+//! against the same Postgres in the same run.
 //!
 //! `cargo bench --bench consumer` (env: ROWS=200000, ROWS_C1=20000, MAX_BATCH=500).
 
@@ -87,6 +89,7 @@ async fn run(
     mode: &str,
     concurrency: usize,
     max_batch: usize,
+    commit_group: usize,
 ) -> serde_json::Value {
     let table = format!("charges_{}", rand_name(6));
     let c = outbox::connect(db).await.unwrap();
@@ -98,6 +101,7 @@ async fn run(
     .unwrap();
     let mut cfg = ConsumerConfig::new(format!("bench-{}", rand_name(8)), [topic]);
     cfg.concurrency = concurrency;
+    cfg.commit_group = commit_group;
     cfg.max_buffered = param("MAX_BUFFERED", cfg.max_buffered);
     let consumer = Consumer::new(db, &kafka(), cfg).unwrap();
     let consumer = if max_batch > 1 {
@@ -134,7 +138,7 @@ async fn run(
         "each handled message's effect exactly once"
     );
     assert!(n as usize >= rows);
-    serde_json::json!({"mode": mode, "concurrency": concurrency, "max_batch": max_batch, "messages": rows,
+    serde_json::json!({"mode": mode, "concurrency": concurrency, "max_batch": max_batch, "commit_group": commit_group, "messages": rows,
                        "seconds": round2(secs), "msgs_per_sec": (rows as f64 / secs).round()})
 }
 
@@ -154,20 +158,23 @@ async fn main() {
     // The peer measured in the same run: pgbench's rate of single-insert commits from 16
     // clients against the same Postgres (what a per-message handler is made of).
     let pgbench = pgbench_single_insert_tps(&db, if full() { 15 } else { 2 });
-    for (mode, conc, batch, n) in [
-        ("per-message", 1, 1, rows_c1),
-        ("per-message", 16, 1, rows),
-        ("batched", 16, max_batch, rows),
+    let group = outbox::consumer::DEFAULT_COMMIT_GROUP;
+    for (mode, conc, batch, cg, n) in [
+        ("per-message", 1, 1, group, rows_c1),
+        ("per-message", 16, 1, group, rows),
+        // The same without commit groups: a transaction per message.
+        ("per-message", 16, 1, 1, rows),
+        ("batched", 16, max_batch, group, rows),
     ] {
         // A topic prefix of n messages: the first n of the topic are consumed by a fresh group.
-        let mut r = run(&db, &topic, n, mode, conc, batch).await;
+        let mut r = run(&db, &topic, n, mode, conc, batch, cg).await;
         if let (Some(tps), Some(rate)) = (pgbench, r["msgs_per_sec"].as_f64()) {
             r["pgbench_single_insert_tps_c16"] = serde_json::json!(tps.round());
             r["ratio_to_pgbench"] = serde_json::json!(round2(rate / tps));
         }
         emit(
             "consumer",
-            serde_json::json!({"messages": n, "partitions": 6, "keys": 1000, "mode": mode, "concurrency": conc, "max_batch": batch}),
+            serde_json::json!({"messages": n, "partitions": 6, "keys": 1000, "mode": mode, "concurrency": conc, "max_batch": batch, "commit_group": cg}),
             r,
         );
     }

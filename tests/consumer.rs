@@ -1088,9 +1088,10 @@ async fn a_second_consumer_joining_mid_run_rebalances_without_loss_or_double_eff
     assert_eq!(committed_total, total as i64);
 }
 
-/// Records each message with the id of the transaction it ran in, then fails permanently when
-/// the body asks — after its insert, so a failure leaves partial work to roll back.
-struct TxProbe(&'static str);
+/// Records each message with the id of the transaction it ran in, then fails when the body
+/// asks — after its insert, so a failure leaves partial work to roll back: permanently, or
+/// (`flaky`) transiently on its first try only.
+struct TxProbe(&'static str, Mutex<std::collections::HashSet<String>>);
 impl Handler for TxProbe {
     fn handle<'a>(
         &'a self,
@@ -1106,6 +1107,11 @@ impl Handler for TxProbe {
             .await?;
             if b["permanent"].as_bool() == Some(true) {
                 return Err(HandlerError::permanent("declined after writing"));
+            }
+            if b["flaky"].as_bool() == Some(true)
+                && self.1.lock().unwrap().insert(m.message_id.clone())
+            {
+                return Err(HandlerError::transient("timeout after writing"));
             }
             Ok(())
         })
@@ -1130,6 +1136,9 @@ async fn a_backlog_of_per_message_work_shares_transactions_and_a_failure_rolls_b
     for seq in 0..n {
         let body = if poison.contains(&seq) {
             serde_json::json!({"seq": seq, "permanent": true})
+        } else if seq % 50 == 7 {
+            // Fails once, then succeeds alone: its mark must have left with its work.
+            serde_json::json!({"seq": seq, "flaky": true})
         } else {
             serde_json::json!({"seq": seq})
         };
@@ -1150,7 +1159,7 @@ async fn a_backlog_of_per_message_work_shares_transactions_and_a_failure_rolls_b
         };
         let consumer = Consumer::new(&s.db, &kafka(), config)
             .unwrap()
-            .handler("it_event", TxProbe(run));
+            .handler("it_event", TxProbe(run, Mutex::default()));
         let stats = consumer.stats();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let h = tokio::spawn(consumer.run(async move {

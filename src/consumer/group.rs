@@ -4,16 +4,15 @@
 //! The runtime forms a group only from heads already waiting in different lanes (different
 //! keys, so per-key order is untouched), and only when more are waiting than there are free
 //! handler slots: at low load every message still has its own transaction and nobody waits
-//! for company. Inside the group each message runs under its own savepoint, issued together
-//! with its inbox mark in one round trip:
+//! for company. The group's inbox marks are one statement; each handler then runs under its
+//! own savepoint, sent ahead of the handler's first statement (no extra round trip):
 //!
 //! ```text
 //! BEGIN
-//!   SAVEPOINT m; INSERT INTO processed_messages … RETURNING 1   -- pipelined
-//!   <handler A's statements>
-//!   SAVEPOINT m; INSERT …                                         -- B is a duplicate: skipped
-//!   SAVEPOINT m; INSERT …; <handler C fails> ROLLBACK TO SAVEPOINT m
-//! COMMIT                                                          -- A's work + mark, B's nothing
+//!   INSERT INTO processed_messages … unnest(A, B, C) … RETURNING   -- B is a duplicate
+//!   SAVEPOINT m; <handler A's statements>                          -- pipelined
+//!   SAVEPOINT m; <handler C fails>; ROLLBACK TO SAVEPOINT m; DELETE C's mark
+//! COMMIT                                                           -- A's work + mark only
 //! ```
 //!
 //! What each message is promised is unchanged: its handler's changes and its inbox mark commit
@@ -27,7 +26,9 @@ use std::panic::AssertUnwindSafe;
 use futures::FutureExt;
 use tracing::Instrument as _;
 
-use super::handler::HandlerError;
+use std::sync::Arc;
+
+use super::handler::{Delivered, Handler, HandlerError};
 use super::inbox::InboxOutcome;
 use super::process::{count, handle_span, handler_seconds, process, process_from, Fate, Tried};
 use super::runtime::Envelope;
@@ -90,44 +91,51 @@ async fn run_group(envs: &[&Envelope], shared: &Shared) -> Result<Vec<InGroup>, 
         .get()
         .await
         .map_err(|e| HandlerError::database_unavailable(format!("postgres pool: {e}")))?;
-    let mark = conn.prepare_cached(shared.inbox.insert_sql()).await?;
     let tx = conn.transaction().await?;
+    let singles: Vec<Option<(&Delivered, &Arc<dyn Handler>)>> = envs
+        .iter()
+        .map(|env| {
+            let d = env.decoded.as_ref().ok()?;
+            match shared.handlers.get(&d.message_type)? {
+                HandlerRef::Single(h) => Some((d, h)),
+                HandlerRef::Batch(..) => None,
+            }
+        })
+        .collect();
+    // Every mark of the group in one statement; a message that fails has its mark taken back.
+    let keys: Vec<(&str, &str)> = singles
+        .iter()
+        .flatten()
+        .map(|(d, _)| (d.topic.as_str(), d.message_id.as_str()))
+        .collect();
+    let mut fresh = shared.inbox.mark_many(&*tx, &keys).await?;
     let mut outcomes = Vec::with_capacity(envs.len());
-    for env in envs {
-        let (Ok(d), Some(HandlerRef::Single(h))) = (
-            env.decoded.as_ref(),
-            env.decoded
-                .as_ref()
-                .ok()
-                .and_then(|d| shared.handlers.get(&d.message_type)),
-        ) else {
+    for (env, single) in envs.iter().zip(singles) {
+        let Some((d, h)) = single else {
             outcomes.push(InGroup::Alone);
             continue;
         };
-        // The savepoint and the mark in one round trip (tokio-postgres pipelines requests
-        // polled together, and the server runs them in order).
-        let group = shared.inbox.group();
-        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 3] =
-            [&group, &d.topic, &d.message_id];
-        let (savepoint, fresh) = futures::join!(
-            tx.batch_execute("SAVEPOINT m"),
-            tx.query_opt(&mark, &params)
-        );
-        savepoint?;
-        if fresh?.is_none() {
+        // The first of a repeated pair is the delivery; the rest are duplicates.
+        if !fresh.remove(&(d.topic.clone(), d.message_id.clone())) {
             outcomes.push(InGroup::Duplicate);
             continue;
         }
         let started = std::time::Instant::now();
-        let handled = AssertUnwindSafe(h.handle(d, &tx))
-            .catch_unwind()
-            .instrument(handle_span(d, shared))
-            .await;
+        // The savepoint is sent ahead of the handler's first statement, not waited for:
+        // tokio-postgres pipelines requests polled together, and the server runs them in order.
+        let (savepoint, handled) = futures::join!(
+            tx.batch_execute("SAVEPOINT m"),
+            AssertUnwindSafe(h.handle(d, &tx))
+                .catch_unwind()
+                .instrument(handle_span(d, shared))
+        );
         handler_seconds(shared, &env.origin.topic, started);
+        savepoint?;
         match handled {
             Ok(Ok(())) => outcomes.push(InGroup::Processed),
             failed => {
                 tx.batch_execute("ROLLBACK TO SAVEPOINT m").await?;
+                shared.inbox.unmark(&*tx, &d.topic, &d.message_id).await?;
                 outcomes.push(InGroup::Failed(
                     failed.map(|r| r.map(|()| InboxOutcome::Processed)),
                 ));

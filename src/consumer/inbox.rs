@@ -25,6 +25,7 @@ use crate::schema::Schema;
 pub struct Inbox {
     insert: String,
     insert_many: String,
+    delete: String,
     group: String,
 }
 
@@ -52,8 +53,26 @@ impl Inbox {
                  ON CONFLICT DO NOTHING RETURNING topic, message_id",
                 schema.quoted()
             ),
+            delete: format!(
+                "DELETE FROM {}.processed_messages \
+                 WHERE consumer_group = $1 AND topic = $2 AND message_id = $3",
+                schema.quoted()
+            ),
             group: group.into(),
         }
+    }
+
+    /// Removes a mark made earlier in the caller's transaction (a commit group whose message
+    /// failed after the group's marks were written).
+    pub(crate) async fn unmark<C: GenericClient>(
+        &self,
+        tx: &C,
+        topic: &str,
+        message_id: &str,
+    ) -> Result<(), tokio_postgres::Error> {
+        tx.execute(&self.delete, &[&self.group, &topic, &message_id])
+            .await?;
+        Ok(())
     }
 
     /// The single-message insert (`$1` group, `$2` topic, `$3` message id; a row back means a
