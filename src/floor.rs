@@ -55,6 +55,9 @@ pub(crate) struct Begin {
     /// Every row with an id below this is visible to the claim's statements (committed or rolled
     /// back), when that could be shown.
     pub visible_below: Option<i64>,
+    /// The last claim that settled moved the floor to its bound with nothing left behind, and
+    /// nothing rewound it since: no row is known to wait at the floor.
+    pub clean: bool,
 }
 
 impl Begin {
@@ -78,6 +81,8 @@ pub(crate) struct ClaimFloor {
     samples: VecDeque<Sample>,
     rewind: Option<i64>,
     long_transaction: Duration,
+    /// See [`Begin::clean`].
+    clean: bool,
 }
 
 impl ClaimFloor {
@@ -88,6 +93,7 @@ impl ClaimFloor {
             samples: VecDeque::new(),
             rewind: None,
             long_transaction,
+            clean: false,
         }
     }
 
@@ -114,9 +120,11 @@ impl ClaimFloor {
             // Lanes just taken over may hold old pending rows: start from the head once.
             self.lanes = lanes.to_vec();
             self.floor = 0;
+            self.clean = false;
         }
         if let Some(r) = self.rewind.take() {
             self.floor = self.floor.min(r);
+            self.clean = false;
         }
         let now = sample.at;
         let running: HashSet<String> = sample.writers.iter().cloned().collect();
@@ -127,6 +135,7 @@ impl ClaimFloor {
         Begin {
             scan_from: self.floor,
             visible_below: self.proven(now, &running).map(|v| v.saturating_add(1)),
+            clean: self.clean,
         }
     }
 
@@ -137,6 +146,7 @@ impl ClaimFloor {
         if let Some(bound) = bound {
             self.floor = left_pending.map_or(bound, |l| l.min(bound));
         }
+        self.clean = bound.is_some() && left_pending.is_none();
     }
 
     /// The highest id all of whose rows (and lower ones) are proven committed or rolled back,
@@ -179,7 +189,8 @@ mod tests {
             b,
             Begin {
                 scan_from: 0,
-                visible_below: None
+                visible_below: None,
+                clean: false,
             }
         );
         f.finish(b.bound(None), None);
@@ -195,12 +206,14 @@ mod tests {
             b,
             Begin {
                 scan_from: 11,
-                visible_below: Some(31)
+                visible_below: Some(31),
+                clean: true,
             }
         );
-        // A row left pending at 25 stops the floor there.
+        // A row left pending at 25 stops the floor there: not clean.
         f.finish(b.bound(None), Some(25));
         assert_eq!(f.get(), 25);
+        assert!(!f.begin(LANES, sample(t0, 30, 30, &[])).clean);
     }
 
     #[test]
@@ -236,6 +249,7 @@ mod tests {
         let b = Begin {
             scan_from: 1_801,
             visible_below: Some(1_500),
+            clean: true,
         };
         assert_eq!(b.bound(None), None);
         f.finish(b.bound(None), None);

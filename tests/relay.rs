@@ -312,9 +312,12 @@ async fn unknown_topic_and_oversize_rows_back_off_then_fail_while_others_flow() 
         ..relay_config()
     };
     let relay = Relay::new(&db, &kafka(), cfg).unwrap();
+    let clock = "SELECT extract(epoch FROM clock_timestamp())::float8";
+    let before: f64 = c.query_one(clock, &[]).await.unwrap().get(0);
     let Outcome::Published(r) = relay.run_once().await.unwrap() else {
         panic!("nothing claimed")
     };
+    let after: f64 = c.query_one(clock, &[]).await.unwrap().get(0);
     assert_eq!(
         (r.claimed, r.sent, r.backed_off, r.deferred),
         (22, 20, 2, 0)
@@ -327,11 +330,12 @@ async fn unknown_topic_and_oversize_rows_back_off_then_fail_while_others_flow() 
         .collect();
     assert_eq!(got, good.iter().cloned().collect());
 
-    // First failure: attempts 1, readable error, available_at ≈ now + 1 s (±25 % jitter).
+    // First failure: attempts 1, readable error, available_at = the mark's time + 1 s (±25 %
+    // jitter); the mark happened between `before` and `after`.
     let rows = c
         .query(
             "SELECT message_key, attempts, status, last_error, \
-             extract(epoch FROM available_at - now())::float8 FROM outbox WHERE status <> 'sent' ORDER BY id",
+             extract(epoch FROM available_at)::float8 FROM outbox WHERE status <> 'sent' ORDER BY id",
             &[],
         )
         .await
@@ -340,8 +344,13 @@ async fn unknown_topic_and_oversize_rows_back_off_then_fail_while_others_flow() 
     for row in &rows {
         assert_eq!(row.get::<_, i32>(1), 1);
         assert_eq!(row.get::<_, &str>(2), "pending");
-        let delay: f64 = row.get(4);
-        assert!((0.5..=1.3).contains(&delay), "first backoff {delay}");
+        let due: f64 = row.get(4);
+        assert!(
+            due - before >= 0.75 && due - after <= 1.25,
+            "first backoff: due {:.3} s after the pass began, {:.3} s after it ended",
+            due - before,
+            due - after
+        );
     }
     let err_missing: &str = rows[0].get(3);
     let err_big: &str = rows[1].get(3);

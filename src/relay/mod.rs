@@ -142,6 +142,15 @@ impl Claimed {
         self.rows.len()
     }
 
+    /// What the next claim may skip, if this batch is full (see [`Ahead`]).
+    pub(crate) fn ahead(&self, batch_size: usize) -> Option<Ahead> {
+        let last = self.rows.last()?;
+        (self.rows.len() >= batch_size).then_some(Ahead {
+            scan_from: self.begin.scan_from,
+            next: last.id.saturating_add(1),
+        })
+    }
+
     /// For each key of the batch, its highest id (what the next claim must start after).
     pub(crate) fn last_of_keys(&self) -> impl Iterator<Item = (&str, i64)> {
         self.rows
@@ -169,6 +178,22 @@ impl Claimed {
             .filter(|(_, f)| !matches!(f, Fate::Sent))
             .filter_map(|(r, _)| r.key.clone())
     }
+}
+
+/// The newest batch in flight, when it was full, for the next claim: if the floor has not
+/// moved since that batch was claimed from it and no row is known to wait at the floor
+/// ([`Begin::clean`](crate::floor::Begin)), that claim saw every row up to its last one and
+/// took all it could, so the next claim starts just past it instead of stepping over its
+/// locked rows one by one (`SKIP LOCKED` still has to look at each). Rows it could not take
+/// (locked elsewhere, not due, not yet committed) are not lost: its floor probe finds them when
+/// it settles, the floor stays at them (no longer clean), and every claim from then on starts
+/// at the floor until it moves freely again.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Ahead {
+    /// The floor that batch was claimed from.
+    pub scan_from: i64,
+    /// One past its last row.
+    pub next: i64,
 }
 
 /// A transaction on a pooled connection, owned rather than borrowed so that one claim can stay
@@ -534,7 +559,7 @@ impl Relay {
         if lanes.is_empty() {
             return Ok(Outcome::Empty);
         }
-        let claimed = self.claim(lanes, &HashMap::new()).await?;
+        let claimed = self.claim(lanes, &HashMap::new(), None).await?;
         if claimed.rows.is_empty() {
             self.settle(claimed, Vec::new()).await?;
             return Ok(Outcome::Empty);
@@ -546,11 +571,13 @@ impl Relay {
     /// Claims a batch of `lanes` in a new transaction, left open: the rows stay locked until
     /// [`Relay::settle`] commits. `after` gives, for keys with rows in batches still in flight
     /// (pipelining), the highest such id: those rows precede this claim's and their order is
-    /// kept by the pipeline, so the per-key check starts after them.
+    /// kept by the pipeline, so the per-key check starts after them. `ahead` is the newest
+    /// batch in flight, when it was full: see [`Ahead`].
     pub(crate) async fn claim(
         &self,
         lanes: Vec<i32>,
         after: &HashMap<String, i64>,
+        ahead: Option<Ahead>,
     ) -> Result<Claimed, RelayError> {
         let tx = OpenTx::begin(&self.pool).await?;
         let c = tx.client();
@@ -574,8 +601,14 @@ impl Relay {
                 &self.stmts.claim_free
             })
             .await?;
+        // Where the claim statement starts; the per-key check and the floor probe still cover
+        // everything from the floor.
+        let claim_from = match ahead {
+            Some(a) if begin.clean && a.scan_from == begin.scan_from => a.next.max(begin.scan_from),
+            _ => begin.scan_from,
+        };
         let rows: Vec<Row> = c
-            .query(&claim, &[&batch, &lanes, &begin.scan_from])
+            .query(&claim, &[&batch, &lanes, &claim_from])
             .instrument(tracing::debug_span!(
                 "outbox.claim",
                 batch,

@@ -102,6 +102,8 @@ impl Relay {
             more: true,
         };
         let mut seq = 0u64;
+        // The newest batch in flight, if full (see `Ahead`).
+        let mut ahead = None;
         loop {
             let room = tally.more && passes.len() < depth && !cancel.is_cancelled();
             let lanes = if room {
@@ -144,7 +146,7 @@ impl Relay {
             }
             // Keep the batches in flight moving while this one is claimed.
             let claimed = {
-                let claim = self.claim(lanes, &after);
+                let claim = self.claim(lanes, &after, ahead);
                 tokio::pin!(claim);
                 loop {
                     tokio::select! {
@@ -169,6 +171,7 @@ impl Relay {
                 tally.more = false; // drained (or nothing here can move): the caller waits
             }
             seq += 1;
+            ahead = claimed.ahead(self.config.batch_size);
             open.insert(
                 seq,
                 claimed
