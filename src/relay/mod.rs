@@ -640,8 +640,11 @@ impl Relay {
         }
         let mut waiting: HashSet<String> = HashSet::new();
         if !first_of_key.is_empty() {
-            let (keys, from): (Vec<&str>, Vec<i64>) = first_of_key
-                .keys()
+            // In key order, so the probes walk the key index forward instead of at random.
+            let mut sorted: Vec<&str> = first_of_key.keys().copied().collect();
+            sorted.sort_unstable();
+            let (keys, from): (Vec<&str>, Vec<i64>) = sorted
+                .iter()
                 .map(|k| {
                     let past = after.get(*k).map_or(i64::MIN, |a| a.saturating_add(1));
                     (*k, past.max(begin.scan_from))
