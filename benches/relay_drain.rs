@@ -55,6 +55,7 @@ async fn drain_with(s: Setup, rows: usize, batch: usize) -> serde_json::Value {
             r.rebalance().await;
         }
     }
+    let cpu_before = cpu_seconds();
     let started = Instant::now();
     let tasks: Vec<_> = rs
         .iter()
@@ -89,6 +90,7 @@ async fn drain_with(s: Setup, rows: usize, batch: usize) -> serde_json::Value {
         }
     }
     let secs = started.elapsed().as_secs_f64();
+    let cpu = cpu_seconds().since(&cpu_before);
     assert_eq!(sent, rows, "every row sent");
     drop_schema(&db).await;
     delete_topic(&topic).await;
@@ -99,7 +101,63 @@ async fn drain_with(s: Setup, rows: usize, batch: usize) -> serde_json::Value {
         "statistics": if s.analyze { "analyzed" } else { "never analyzed" },
         "seconds": round2(secs),
         "msgs_per_sec": (rows as f64 / secs).round(),
+        // Where the machine's CPU went during the drain, and how busy its cores were.
+        "cpu_seconds": {"postgres": round2(cpu.postgres), "kafka": round2(cpu.kafka), "relay": round2(cpu.relay)},
+        "cores_busy": round2((cpu.postgres + cpu.kafka + cpu.relay) / secs),
     })
+}
+
+/// CPU time (user + system) used so far by Postgres's processes, the Kafka broker (the JVM)
+/// and this process, from `/proc` (zero where it cannot be read).
+#[derive(Default)]
+struct Cpu {
+    postgres: f64,
+    kafka: f64,
+    relay: f64,
+}
+
+impl Cpu {
+    fn since(&self, before: &Cpu) -> Cpu {
+        Cpu {
+            postgres: self.postgres - before.postgres,
+            kafka: self.kafka - before.kafka,
+            relay: self.relay - before.relay,
+        }
+    }
+}
+
+fn cpu_seconds() -> Cpu {
+    // utime and stime are fields 14 and 15 of /proc/<pid>/stat, in clock ticks (100 per second
+    // on Linux); the command name (field 2) is in parentheses and may hold spaces.
+    let ticks = |stat: &str| -> Option<(String, f64)> {
+        let (head, tail) = stat.rsplit_once(')')?;
+        let comm = head.split_once('(')?.1.to_owned();
+        let f: Vec<&str> = tail.split_whitespace().collect();
+        let t = f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?;
+        Some((comm, t / 100.0))
+    };
+    let mut cpu = Cpu::default();
+    let me = std::process::id().to_string();
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if !name.bytes().all(|b| b.is_ascii_digit()) {
+            continue;
+        }
+        let Some((comm, secs)) = std::fs::read_to_string(entry.path().join("stat"))
+            .ok()
+            .and_then(|s| ticks(&s))
+        else {
+            continue;
+        };
+        if name == me {
+            cpu.relay += secs;
+        } else if comm == "postgres" {
+            cpu.postgres += secs;
+        } else if comm == "java" {
+            cpu.kafka += secs;
+        }
+    }
+    cpu
 }
 
 /// Postgres alone: the relay's claim (the plain walk it uses when nothing is backed off) and

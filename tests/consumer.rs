@@ -1219,3 +1219,105 @@ async fn a_backlog_of_per_message_work_shares_transactions_and_a_failure_rolls_b
         "each poison message dead-lettered once per group"
     );
 }
+
+/// Moves `group`'s committed offset of `topic`'s partition 0 back to 0 (as if the consumer had
+/// died before committing), so the next consumer of the group redelivers everything.
+async fn rewind_group(group: &str, topic: &str) {
+    let (group, topic) = (group.to_owned(), topic.to_owned());
+    tokio::task::spawn_blocking(move || {
+        use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer as _};
+        let c: BaseConsumer = rdkafka::ClientConfig::new()
+            .set("bootstrap.servers", bootstrap())
+            .set("group.id", &group)
+            .set("enable.auto.commit", "false")
+            .create()
+            .unwrap();
+        let mut tpl = rdkafka::TopicPartitionList::new();
+        tpl.add_partition_offset(&topic, 0, rdkafka::Offset::Offset(0))
+            .unwrap();
+        c.commit(&tpl, CommitMode::Sync).unwrap();
+    })
+    .await
+    .unwrap();
+}
+
+/// Dead letters written once across a crash *between* the broker's append and the consumer's
+/// record of it (`dead_lettered`, V11): the row is put back to the state such a crash leaves —
+/// an intent naming the dead-letter partition and its end offset before the write — and the
+/// group re-reads the poison message. With the letter present after that offset it is not
+/// written again; with the intent's offset past the letter (the crash came before the append)
+/// it is written, so nothing is lost either way.
+#[tokio::test]
+async fn an_intent_left_by_a_crash_mid_write_is_resolved_from_the_dead_letter_partition() {
+    let s = setup(1, &[]).await;
+    produce_event(
+        &s.topic,
+        "k",
+        "it_event",
+        "poison-1",
+        &body(&s, serde_json::json!({"permanent": true})),
+    )
+    .await;
+    let dlq = format!("{}.dlq", s.topic);
+    let run_once = |expect_dead: u64| {
+        let s = &s;
+        async move {
+            let r = start(
+                s,
+                ConsumerConfig::new(&s.group, [&s.topic]),
+                Probe::new(s).await,
+            );
+            wait_until(Duration::from_secs(30), "poison settled", || async {
+                get(&r.stats.dead_lettered) == expect_dead
+                    && committed(&s.group, &s.topic, 0).await == Some(1)
+            })
+            .await;
+            r.stop().await;
+        }
+    };
+    run_once(1).await;
+    assert_eq!(topic_len(&dlq).await, 1);
+    let letter = read_all(&dlq).await.remove(0);
+    let state = "SELECT written, dlq_partition, dlq_from FROM dead_lettered";
+    let row = s.c.query_one(state, &[]).await.unwrap();
+    assert_eq!(
+        (row.get::<_, bool>(0), row.get::<_, Option<i32>>(1)),
+        (true, Some(letter.partition)),
+        "written, and the intent named the partition the letter went to"
+    );
+    assert!(row.get::<_, Option<i64>>(2).unwrap() <= letter.offset);
+
+    // 1. The crash came after the append: the letter is found and not written again.
+    s.c.execute(
+        "UPDATE dead_lettered SET written = false, dlq_partition = $1, dlq_from = $2",
+        &[&letter.partition, &letter.offset],
+    )
+    .await
+    .unwrap();
+    rewind_group(&s.group, &s.topic).await;
+    run_once(0).await;
+    assert_eq!(
+        topic_len(&dlq).await,
+        1,
+        "found in the partition: not written twice"
+    );
+    assert!(
+        s.c.query_one(state, &[]).await.unwrap().get::<_, bool>(0),
+        "marked written"
+    );
+
+    // 2. The crash came before the append: nothing after the intent's offset, so it is written.
+    s.c.execute(
+        "UPDATE dead_lettered SET written = false, dlq_from = $1",
+        &[&(letter.offset + 1)],
+    )
+    .await
+    .unwrap();
+    rewind_group(&s.group, &s.topic).await;
+    run_once(1).await;
+    assert_eq!(
+        topic_len(&dlq).await,
+        2,
+        "not found after the intent: written, not lost"
+    );
+}

@@ -30,7 +30,9 @@ use std::sync::Arc;
 
 use super::handler::{Delivered, Handler, HandlerError};
 use super::inbox::InboxOutcome;
-use super::process::{count, handle_span, handler_seconds, process, process_from, Fate, Tried};
+use super::process::{
+    connection, count, handle_span, handler_seconds, process, process_from, Fate, Tried,
+};
 use super::runtime::Envelope;
 use super::stats::ConsumerStats;
 use super::{HandlerRef, Shared};
@@ -86,11 +88,7 @@ pub(super) async fn process_group(envs: &[&Envelope], shared: &Shared) -> Vec<Fa
 
 /// The group's transaction. An `Err` means it did not commit: nothing of it happened.
 async fn run_group(envs: &[&Envelope], shared: &Shared) -> Result<Vec<InGroup>, HandlerError> {
-    let mut conn = shared
-        .pool
-        .get()
-        .await
-        .map_err(|e| HandlerError::database_unavailable(format!("postgres pool: {e}")))?;
+    let mut conn = connection(shared).await?;
     let tx = conn.transaction().await?;
     let singles: Vec<Option<(&Delivered, &Arc<dyn Handler>)>> = envs
         .iter()

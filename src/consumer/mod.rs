@@ -388,7 +388,7 @@ impl Consumer {
                 }
             });
         }
-        let dead_lettered = DeadLetterLog::new(&self.db.schema, &self.config.group);
+        let dead_lettered = DeadLetterLog::new(&self.db.schema, &self.config.group, &self.kafka);
         let shared = Arc::new(Shared {
             pool,
             producer,

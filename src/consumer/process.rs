@@ -31,17 +31,22 @@ pub(super) enum Fate {
     Abandoned,
 }
 
+/// A pooled connection for a handler's transaction; none to be had means our database is down.
+pub(super) async fn connection(shared: &Shared) -> Result<deadpool_postgres::Object, HandlerError> {
+    shared
+        .pool
+        .get()
+        .await
+        .map_err(|e| HandlerError::database_unavailable(format!("postgres pool: {e}")))
+}
+
 /// The handler's transaction: mark first, then the handler; both commit or neither.
 pub(super) async fn run_in_tx(
     shared: &Shared,
     handler: &HandlerRef,
     d: &Delivered,
 ) -> Result<InboxOutcome, HandlerError> {
-    let mut conn = shared
-        .pool
-        .get()
-        .await
-        .map_err(|e| HandlerError::database_unavailable(format!("postgres pool: {e}")))?;
+    let mut conn = connection(shared).await?;
     // The inbox insert is prepared once per connection: one round trip per message instead of
     // a parse round trip and an execute round trip.
     let mark = conn.prepare_cached(shared.inbox.insert_sql()).await?;
@@ -69,11 +74,7 @@ pub(super) async fn run_batch_in_tx(
     handler: &dyn BatchHandler,
     ds: &[&Delivered],
 ) -> Result<(usize, usize), HandlerError> {
-    let mut conn = shared
-        .pool
-        .get()
-        .await
-        .map_err(|e| HandlerError::database_unavailable(format!("postgres pool: {e}")))?;
+    let mut conn = connection(shared).await?;
     let tx = conn.transaction().await?;
     let keys: Vec<(&str, &str)> = ds
         .iter()
@@ -376,7 +377,7 @@ pub(super) async fn process_from(
                     ],
                 );
                 debug!(message_id = %d.message_id, %topic, "transient failure: forwarding to retry topic");
-                return if produce_until_acked(shared, &topic, raw, headers).await {
+                return if produce_until_acked(shared, &topic, None, raw, headers).await {
                     ConsumerStats::inc(&shared.stats.forwarded_to_retry);
                     count(shared, &origin.topic, "retried", 1);
                     Fate::Final
@@ -423,11 +424,27 @@ pub(super) async fn dead_letter(
     let topic = shared.config.dlq_topic(&origin.topic);
     // A record already dead-lettered before a crash (its DLQ write acked, its offset not yet
     // committed) is not written twice: one defect, one dead letter.
-    if shared.dead_lettered.seen(&shared.pool, raw).await {
+    let log = &shared.dead_lettered;
+    let written_before = match log.logged(&shared.pool, raw).await {
+        Logged::Written => true,
+        Logged::Intended { partition, from } => {
+            // A crash came between the intent and the record: was the letter appended?
+            log.written_since(&topic, partition, from, origin).await == Some(true)
+        }
+        Logged::No => false,
+    };
+    if written_before {
         debug!(topic = %raw.topic, partition = raw.partition, offset = raw.offset, "already dead-lettered before a restart: not written again");
+        log.record(&shared.pool, raw, &shared.cancel).await;
         return Fate::Final;
     }
-    if produce_until_acked(shared, &topic, raw, headers).await {
+    let target = log.target(&shared.producer, &topic, origin.partition).await;
+    if let Some((partition, from)) = target {
+        if !log.intend(&shared.pool, raw, partition, from).await {
+            debug!("cannot record the intent to dead-letter; writing anyway (a crash meanwhile may duplicate it)");
+        }
+    }
+    if produce_until_acked(shared, &topic, target.map(|t| t.0), raw, headers).await {
         shared
             .dead_lettered
             .record(&shared.pool, raw, &shared.cancel)
@@ -445,6 +462,7 @@ pub(super) async fn dead_letter(
 pub(super) async fn produce_until_acked(
     shared: &Shared,
     topic: &str,
+    partition: Option<i32>,
     raw: &Raw,
     headers: rdkafka::message::OwnedHeaders,
 ) -> bool {
@@ -452,6 +470,9 @@ pub(super) async fn produce_until_acked(
     loop {
         let mut rec: FutureRecord<'_, [u8], [u8]> =
             FutureRecord::to(topic).headers(headers.clone());
+        if let Some(p) = partition {
+            rec = rec.partition(p);
+        }
         if let Some(k) = &raw.key {
             rec = rec.key(k.as_slice());
         }
