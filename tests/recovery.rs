@@ -162,6 +162,14 @@ async fn poison_messages_are_dead_lettered_once_across_repeated_sigkills() {
         || async { charges(&c).await == 2880 },
     )
     .await;
+    // Poison messages settle on their own clock (a dead letter is final once acknowledged):
+    // wait for all of them, then look for duplicates.
+    let started = Instant::now();
+    wait_until(Duration::from_secs(60), "every poison message dead-lettered", || async {
+        topic_len(&format!("{topic}.dlq")).await >= 120
+    })
+    .await;
+    eprintln!("last dead letters {:.1} s after the last charge", started.elapsed().as_secs_f64());
     let dlq = read_all(&format!("{topic}.dlq")).await;
     let distinct: HashSet<String> = dlq.iter().map(Record::message_id).collect();
     eprintln!("DLQ records after 3 SIGKILLs: {} ({} distinct poison messages); DLQ size at each kill: {dlq_at_kill:?}", dlq.len(), distinct.len());
