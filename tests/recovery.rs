@@ -165,11 +165,16 @@ async fn poison_messages_are_dead_lettered_once_across_repeated_sigkills() {
     // Poison messages settle on their own clock (a dead letter is final once acknowledged):
     // wait for all of them, then look for duplicates.
     let started = Instant::now();
-    wait_until(Duration::from_secs(60), "every poison message dead-lettered", || async {
-        topic_len(&format!("{topic}.dlq")).await >= 120
-    })
+    wait_until(
+        Duration::from_secs(60),
+        "every poison message dead-lettered",
+        || async { topic_len(&format!("{topic}.dlq")).await >= 120 },
+    )
     .await;
-    eprintln!("last dead letters {:.1} s after the last charge", started.elapsed().as_secs_f64());
+    eprintln!(
+        "last dead letters {:.1} s after the last charge",
+        started.elapsed().as_secs_f64()
+    );
     let dlq = read_all(&format!("{topic}.dlq")).await;
     let distinct: HashSet<String> = dlq.iter().map(Record::message_id).collect();
     eprintln!("DLQ records after 3 SIGKILLs: {} ({} distinct poison messages); DLQ size at each kill: {dlq_at_kill:?}", dlq.len(), distinct.len());
@@ -194,4 +199,72 @@ async fn kip848_consumer_protocol_recovery() {
     )
     .await;
     eprintln!("first order after the restart: classic {classic:.1} s, consumer protocol {kip848:.1} s, consumer protocol + instance id {kip848_static:.1} s");
+}
+
+/// Members of `group` while it is stable (empty while it rebalances or is unknown).
+async fn stable_members(group: &str) -> usize {
+    let group = group.to_owned();
+    tokio::task::spawn_blocking(move || {
+        use rdkafka::consumer::{BaseConsumer, Consumer as _};
+        let c: BaseConsumer = rdkafka::ClientConfig::new()
+            .set("bootstrap.servers", bootstrap())
+            .create()
+            .unwrap();
+        c.fetch_group_list(Some(&group), Duration::from_secs(5))
+            .ok()
+            .and_then(|l| {
+                l.groups()
+                    .iter()
+                    .find(|g| g.name() == group && g.state() == "Stable")
+                    .map(|g| g.members().len())
+            })
+            .unwrap_or(0)
+    })
+    .await
+    .unwrap()
+}
+
+/// A replica scaled down for good (SIGKILLed, never restarted; static membership as in a
+/// StatefulSet): its partitions go to the survivor once the session timeout (6 s) expires,
+/// and the orders written to them are handled then.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scaled_down_replicas_partitions_are_handled_by_the_survivor_after_the_session_timeout() {
+    let db = fresh_db().await;
+    let c = client(&db).await;
+    let topic = topic_name();
+    create_topic_family(&topic, 6, &[]).await;
+    let group = format!("billing-{}", hex(6));
+    orders(&topic, 0, 60, 0).await;
+    let _a = Billing::start(&db, &topic, &group, Some("billing-a"), "");
+    // The second replica starts once the first has created its table (two `CREATE TABLE IF
+    // NOT EXISTS` at the same moment can collide in Postgres).
+    wait_until(Duration::from_secs(60), "60 charged", || async {
+        charges(&c).await == 60
+    })
+    .await;
+    let b = Billing::start(&db, &topic, &group, Some("billing-b"), "");
+    wait_until(Duration::from_secs(60), "two members", || async {
+        stable_members(&group).await == 2
+    })
+    .await;
+    b.kill9();
+    let killed = Instant::now();
+    // 60 orders over 50 keys: every partition gets some, the dead replica's three included.
+    orders(&topic, 60, 60, 0).await;
+    wait_until(
+        Duration::from_secs(60),
+        "every new order charged",
+        || async { charges(&c).await == 120 },
+    )
+    .await;
+    let secs = killed.elapsed().as_secs_f64();
+    eprintln!("the scaled-down replica's orders charged by the survivor {secs:.1} s after the kill (session timeout 6 s)");
+    // Not sooner than the session could expire (heartbeats go every 2 s): proof the dead
+    // replica held partitions; not much later than the expiry plus one rebalance.
+    assert!(
+        secs >= 3.0,
+        "{secs:.1} s: the dead member's partitions should have waited for its session to expire"
+    );
+    assert!(secs <= 12.0, "{secs:.1} s after the kill");
+    assert_eq!(stable_members(&group).await, 1);
 }
