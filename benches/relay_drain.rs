@@ -74,6 +74,8 @@ async fn drain_with(s: Setup, rows: usize, batch: usize) -> serde_json::Value {
     for t in tasks {
         sent += t.await.unwrap();
     }
+    // Read before any relay is dropped: a closed connection's backend takes its CPU time along.
+    let cpu = cpu_seconds().since(&cpu_before);
     // A relay stops at its first empty pass; whatever is left (rare) is finished by relay 0
     // once the others are gone and their lanes are free.
     let first = rs[0].clone();
@@ -90,7 +92,6 @@ async fn drain_with(s: Setup, rows: usize, batch: usize) -> serde_json::Value {
         }
     }
     let secs = started.elapsed().as_secs_f64();
-    let cpu = cpu_seconds().since(&cpu_before);
     assert_eq!(sent, rows, "every row sent");
     drop_schema(&db).await;
     delete_topic(&topic).await;
@@ -103,7 +104,7 @@ async fn drain_with(s: Setup, rows: usize, batch: usize) -> serde_json::Value {
         "msgs_per_sec": (rows as f64 / secs).round(),
         // Where the machine's CPU went during the drain, and how busy its cores were.
         "cpu_seconds": {"postgres": round2(cpu.postgres), "kafka": round2(cpu.kafka), "relay": round2(cpu.relay)},
-        "cores_busy": round2((cpu.postgres + cpu.kafka + cpu.relay) / secs),
+        "cores_busy": round2((cpu.postgres + cpu.kafka + cpu.relay) / cpu.wall),
     })
 }
 
@@ -114,6 +115,8 @@ struct Cpu {
     postgres: f64,
     kafka: f64,
     relay: f64,
+    /// Wall-clock seconds (for differences).
+    wall: f64,
 }
 
 impl Cpu {
@@ -122,6 +125,7 @@ impl Cpu {
             postgres: self.postgres - before.postgres,
             kafka: self.kafka - before.kafka,
             relay: self.relay - before.relay,
+            wall: self.wall - before.wall,
         }
     }
 }
@@ -136,7 +140,12 @@ fn cpu_seconds() -> Cpu {
         let t = f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?;
         Some((comm, t / 100.0))
     };
-    let mut cpu = Cpu::default();
+    let mut cpu = Cpu {
+        wall: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_secs_f64()),
+        ..Cpu::default()
+    };
     let me = std::process::id().to_string();
     for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
         let name = entry.file_name().to_string_lossy().into_owned();
