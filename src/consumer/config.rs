@@ -15,7 +15,6 @@ pub const DEFAULT_CONCURRENCY: usize = 16;
 pub const DEFAULT_MAX_BUFFERED: usize = 4096;
 /// Default dead-letter suffix.
 pub const DEFAULT_DLQ_SUFFIX: &str = "dlq";
-/// Longest accepted `message_id`.
 
 /// Consumer settings. `group` must be given explicitly: a group derived from a host name
 /// changes with every deployment and silently re-reads or skips the topic.
