@@ -766,8 +766,9 @@ async fn a_row_locked_by_another_session_holds_the_floor_and_its_key() {
 
 /// Pipelining (two batches in flight): batch 2 is claimed while batch 1 waits for Kafka, and
 /// both hold a row of key `k`. Batch 1's row of `k` is refused; batch 2's later row of `k`
-/// must then stay pending (held back), never overtake it — whichever of the two claims ran
-/// first against the other's commit. Once the first row can go, both reach the topic in order.
+/// must then stay pending, never overtake it — held back by the hand-over when batch 2 was
+/// claimed while batch 1 was in flight (the usual timing), or not claimed when batch 1 had
+/// already settled. Once the first row can go, both reach the topic in order.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failure_in_one_batch_holds_back_the_key_in_the_batch_claimed_behind_it() {
     let db = fresh_db().await;
@@ -797,9 +798,12 @@ async fn a_failure_in_one_batch_holds_back_the_key_in_the_batch_claimed_behind_i
     let Outcome::Published(r) = relay.run_pipeline().await.unwrap() else {
         panic!("nothing claimed")
     };
-    assert_eq!(
-        (r.claimed, r.sent, r.backed_off, r.held_back),
-        (20, 18, 1, 1),
+    // Row 11 is either claimed by batch 2 and held back (batch 1 still in flight: the hand-over
+    // blocks its key), or not claimed at all (batch 1 had already backed row 1 off, so the claim
+    // skips later rows of its key). Never sent.
+    assert_eq!((r.sent, r.backed_off), (18, 1), "{r:?}");
+    assert!(
+        (r.claimed, r.held_back) == (20, 1) || (r.claimed, r.held_back) == (19, 0),
         "{r:?}"
     );
     let state = |id: i64| {
