@@ -135,27 +135,18 @@ WITH doomed AS (
 gone AS (DELETE FROM {s}.outbox AS o USING doomed WHERE o.id = doomed.id RETURNING o.id)
 SELECT count(*)::bigint, coalesce(max(id), $3) FROM gone";
 
-/// Delete one bounded batch of processed-message marks older than `$1` seconds, oldest first
-/// through the `processed_at` index; `$2` = batch size. Returns the number deleted.
-/// Like [`CLEANUP_PROCESSED`] for the consumer's record of dead-lettered records.
-const CLEANUP_DEAD_LETTERED: &str = "\
+/// Delete one bounded batch of marks older than `$1` seconds from `{t}`, oldest first through
+/// its `{at}` index; `$2` = batch size. Returns the number deleted. Rendered for
+/// `processed_messages` (`processed_at`) and for the consumer's record of dead-lettered records,
+/// `dead_lettered` (`dead_lettered_at`).
+const CLEANUP_MARKS: &str = "\
 WITH doomed AS (
-    SELECT ctid FROM {s}.dead_lettered
-     WHERE dead_lettered_at < now() - make_interval(secs => $1)
-     ORDER BY dead_lettered_at
+    SELECT ctid FROM {s}.{t}
+     WHERE {at} < now() - make_interval(secs => $1)
+     ORDER BY {at}
      LIMIT $2
      FOR UPDATE SKIP LOCKED),
-gone AS (DELETE FROM {s}.dead_lettered AS p USING doomed WHERE p.ctid = doomed.ctid RETURNING 1)
-SELECT count(*)::bigint FROM gone";
-
-const CLEANUP_PROCESSED: &str = "\
-WITH doomed AS (
-    SELECT ctid FROM {s}.processed_messages
-     WHERE processed_at < now() - make_interval(secs => $1)
-     ORDER BY processed_at
-     LIMIT $2
-     FOR UPDATE SKIP LOCKED),
-gone AS (DELETE FROM {s}.processed_messages AS p USING doomed WHERE p.ctid = doomed.ctid RETURNING 1)
+gone AS (DELETE FROM {s}.{t} AS p USING doomed WHERE p.ctid = doomed.ctid RETURNING 1)
 SELECT count(*)::bigint FROM gone";
 
 /// Counts and oldest row per status.
@@ -225,6 +216,7 @@ impl Statements {
     pub fn new(schema: &Schema) -> Self {
         let q = schema.quoted();
         let r = |t: &str| t.replace("{s}", &q);
+        let marks = |t: &str, at: &str| CLEANUP_MARKS.replace("{t}", t).replace("{at}", at);
         let qualified_prefix = format!("{q}.");
         Self {
             schema: schema.clone(),
@@ -239,8 +231,8 @@ impl Statements {
             enqueue: ENQUEUE.replace("{s}", &qualified_prefix),
             enqueue_batch: ENQUEUE_BATCH.replace("{s}", &qualified_prefix),
             cleanup_outbox: r(CLEANUP_OUTBOX),
-            cleanup_processed: r(CLEANUP_PROCESSED),
-            cleanup_dead_lettered: r(CLEANUP_DEAD_LETTERED),
+            cleanup_processed: r(&marks("processed_messages", "processed_at")),
+            cleanup_dead_lettered: r(&marks("dead_lettered", "dead_lettered_at")),
             gauges: r(GAUGES),
             status_counts: r(STATUS_COUNTS),
             oldest_pending_age: r(OLDEST_PENDING_AGE),

@@ -47,6 +47,30 @@ fn logs() -> LogBuf {
 /// Log lines of the library: without those of the test's own helper clients (rdkafka's
 /// default context, which logs every connection failure; the library's clients report
 /// outages through `outbox::outage`).
+/// The library's log lines of one outage of `dep`: at most 10, its start and its end among them.
+fn assert_one_outage(log: &str, dep: &str) {
+    let during = library_lines(log);
+    eprintln!(
+        "{dep} outage: {} log lines from stop to recovery:\n{}",
+        during.len(),
+        during.join("\n")
+    );
+    assert!(
+        during.len() <= 10,
+        "{} log lines for one outage",
+        during.len()
+    );
+    assert!(
+        during
+            .iter()
+            .any(|l| l.contains(&format!("{dep} unreachable: outage started")))
+            && during
+                .iter()
+                .any(|l| l.contains(&format!("{dep} reachable again: outage ended"))),
+        "the outage's start and end were not logged"
+    );
+}
+
 fn library_lines(text: &str) -> Vec<&str> {
     text.lines()
         .filter(|l| !l.contains(" rdkafka::client: ") && !l.contains("librdkafka: librdkafka: "))
@@ -292,26 +316,7 @@ async fn kafka_stopped_for_20s_mid_run_loses_nothing() {
         "busy loop during the outage: {cpu_share:.2} CPU"
     );
     let text = String::from_utf8_lossy(&logs.0.lock().unwrap()).into_owned();
-    let during = library_lines(&text[log_mark..log_end]);
-    eprintln!(
-        "kafka outage: {} log lines from stop to recovery:\n{}",
-        during.len(),
-        during.join("\n")
-    );
-    assert!(
-        during.len() <= 10,
-        "{} log lines for one outage",
-        during.len()
-    );
-    assert!(
-        during
-            .iter()
-            .any(|l| l.contains("kafka unreachable: outage started"))
-            && during
-                .iter()
-                .any(|l| l.contains("kafka reachable again: outage ended")),
-        "the outage's start and end were not logged"
-    );
+    assert_one_outage(&text[log_mark..log_end], "kafka");
 
     eprintln!("kafka outage: {} messages, cpu share during outage {cpu_share:.3}, first publish {recovery:?} after restart", ids.len());
 }
@@ -372,26 +377,7 @@ async fn postgres_down_for_10s_mid_run_loses_nothing() {
     running.stop().await;
     down.check(&db, &topic, &ids).await;
     let text = String::from_utf8_lossy(&logs.0.lock().unwrap()).into_owned();
-    let during = library_lines(&text[log_mark..log_end]);
-    eprintln!(
-        "postgres outage: {} log lines from stop to recovery:\n{}",
-        during.len(),
-        during.join("\n")
-    );
-    assert!(
-        during.len() <= 10,
-        "{} log lines for one outage",
-        during.len()
-    );
-    assert!(
-        during
-            .iter()
-            .any(|l| l.contains("postgres unreachable: outage started"))
-            && during
-                .iter()
-                .any(|l| l.contains("postgres reachable again: outage ended")),
-        "the outage's start and end were not logged"
-    );
+    assert_one_outage(&text[log_mark..log_end], "postgres");
     // (The consumer logs "database unavailable" only if it had messages in flight at that moment,
     // which depends on timing; its correctness is checked by `down.check` above.)
     assert!(
