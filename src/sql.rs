@@ -45,17 +45,24 @@ SELECT o.id, o.topic, o.message_key, o.headers::text, o.payload::text,
  LIMIT $1
  FOR UPDATE OF o SKIP LOCKED";
 
-/// For each key (`$1`), the lowest pending id from `$2` (same position: the claim floor, or
-/// just past the key's rows in batches this relay still has in flight, whose order the
-/// pipeline keeps): a claimed row whose key has an earlier pending row outside this claim
-/// (locked by another relay, or not due) must not be sent yet. One index probe per key
-/// (`outbox_pending_key_idx`), whatever the backlog (below the floor nothing of these lanes is
-/// pending, see [`CLAIM`]).
+/// The keys (`$1`) with a pending row in `[$2, $3)` (same position): from the claim floor, or
+/// just past the key's rows in batches this relay still has in flight (whose order the pipeline
+/// keeps), up to the key's first claimed row. Such a row is outside this claim (locked by
+/// another relay, or not due), so the key's claimed rows must not be sent yet. Normally none.
+/// One index probe per key (`outbox_pending_key_idx`), whatever the backlog (below the floor
+/// nothing of these lanes is pending, see [`CLAIM`]); the probe is a range that ends before
+/// the claimed row, so it normally finds nothing and reads no heap page (measured 2.7 ms for
+/// 1,000 keys, against 7.8 ms for "the key's lowest pending id", which found and checked the
+/// claimed row itself).
+/// (`LATERAL … LIMIT 1`, not `EXISTS`: the planner may turn `EXISTS` into a hash join that
+/// reads every pending row.)
 const FIRST_PENDING: &str = "\
-SELECT u.k, (SELECT e.id FROM {s}.outbox AS e
-              WHERE e.status = 'pending' AND e.message_key = u.k AND e.id >= u.f
-              ORDER BY e.id LIMIT 1)
-  FROM unnest($1::text[], $2::bigint[]) AS u(k, f)";
+SELECT u.k
+  FROM unnest($1::text[], $2::bigint[], $3::bigint[]) AS u(k, f, b),
+       LATERAL (SELECT 1 FROM {s}.outbox AS e
+                 WHERE e.status = 'pending' AND e.message_key = u.k
+                   AND e.id >= u.f AND e.id < u.b
+                 LIMIT 1) AS earlier";
 
 /// First statement of every claim transaction: what the relay needs to move its claim floor
 /// (see `floor.rs`), and whether any pending row is not yet due (then the claim must skip

@@ -49,6 +49,8 @@ async fn claim_mark_and_cleanup_use_indexes_not_table_scans() {
     let errs: Vec<String> = ids.iter().map(|_| "e".to_string()).collect();
     let keys: Vec<String> = (0..100).map(|k| format!("k{k}")).collect();
     let from_zero = vec![0i64; keys.len()];
+    // Up to each key's first claimed row: here, anywhere.
+    let before = vec![i64::MAX; keys.len()];
     let lanes: Vec<i32> = (0..outbox::LANES).collect();
     let plans = [
         (
@@ -58,7 +60,7 @@ async fn claim_mark_and_cleanup_use_indexes_not_table_scans() {
         ),
         (
             "first_pending",
-            explain(&c, &stmts["first_pending"], &[&keys, &from_zero]).await,
+            explain(&c, &stmts["first_pending"], &[&keys, &from_zero, &before]).await,
             "outbox_pending_key_idx",
         ),
         (
@@ -187,8 +189,19 @@ async fn a_held_snapshot_does_not_make_the_claim_walk_the_rows_sent_since() {
     let (from_floor, plan) = buffers(&mut c, &stmts["claim"], &[&2000i64, &lanes, &floor]).await;
     let (from_head, head_plan) = buffers(&mut c, &stmts["claim"], &[&2000i64, &lanes, &0i64]).await;
     let (from_floors, from_zero) = (vec![floor; keys.len()], vec![0i64; keys.len()]);
-    let (probe_floor, _) = buffers(&mut c, &stmts["first_pending"], &[&keys, &from_floors]).await;
-    let (probe_head, _) = buffers(&mut c, &stmts["first_pending"], &[&keys, &from_zero]).await;
+    let before = vec![i64::MAX; keys.len()];
+    let (probe_floor, _) = buffers(
+        &mut c,
+        &stmts["first_pending"],
+        &[&keys, &from_floors, &before],
+    )
+    .await;
+    let (probe_head, _) = buffers(
+        &mut c,
+        &stmts["first_pending"],
+        &[&keys, &from_zero, &before],
+    )
+    .await;
     println!("claim from the floor ({floor}): {from_floor} buffers\n{plan}\n\nfrom the head: {from_head} buffers\n{head_plan}");
     println!("per-key probe of 1,000 keys: from the floor {probe_floor} buffers, from the head {probe_head}");
     // From the head the claim reads the 20,000 unremovable entries (proof that the snapshot
@@ -240,6 +253,8 @@ async fn a_never_analyzed_backlog_is_claimed_by_walking_the_index_whatever_the_s
     let lanes: Vec<i32> = (0..outbox::LANES).collect();
     let keys: Vec<String> = (0..1000).map(|k| format!("k{k}")).collect();
     let from_zero = vec![0i64; keys.len()];
+    // Up to each key's first claimed row: here, anywhere.
+    let before = vec![i64::MAX; keys.len()];
     // One row of a key backed off, so the claim with the hold-back check is exercised too.
     c.batch_execute(
         "UPDATE outbox SET attempts = 1, available_at = now() + interval '1 minute' WHERE id = 5",
@@ -265,7 +280,7 @@ async fn a_never_analyzed_backlog_is_claimed_by_walking_the_index_whatever_the_s
         (
             "first_pending",
             &stmts["first_pending"],
-            vec![&keys, &from_zero],
+            vec![&keys, &from_zero, &before],
         ),
         ("sample", &stmts["sample"], vec![]),
         (

@@ -180,14 +180,17 @@ impl Claimed {
     }
 }
 
-/// The newest batch in flight, when it was full, for the next claim: if the floor has not
-/// moved since that batch was claimed from it and no row is known to wait at the floor
-/// ([`Begin::clean`](crate::floor::Begin)), that claim saw every row up to its last one and
-/// took all it could, so the next claim starts just past it instead of stepping over its
-/// locked rows one by one (`SKIP LOCKED` still has to look at each). Rows it could not take
-/// (locked elsewhere, not due, not yet committed) are not lost: its floor probe finds them when
-/// it settles, the floor stays at them (no longer clean), and every claim from then on starts
-/// at the floor until it moves freely again.
+/// The newest batch in flight, when it was full, for the next claim: if the floor has only
+/// moved forward since that batch was claimed from it, and the last settle left no row waiting
+/// at the floor ([`Begin::clean`](crate::floor::Begin)), that claim saw every row up to its
+/// last one and took all it could, so the next claim starts just past it instead of stepping
+/// over its locked rows one by one (`SKIP LOCKED` still has to look at each: measured, it
+/// doubled the claim's cost). Forward is the usual case, not the exception: with two batches
+/// in flight the one before settles, and moves the floor, just before the next claim. Rows
+/// that batch could not take (locked elsewhere, not due, not yet committed) are not lost: its
+/// floor probe, which starts at the floor, finds them when it settles, the floor stays at
+/// them (no longer clean), and every claim from then on starts at the floor until it moves
+/// freely again.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Ahead {
     /// The floor that batch was claimed from.
@@ -604,7 +607,7 @@ impl Relay {
         // Where the claim statement starts; the per-key check and the floor probe still cover
         // everything from the floor.
         let claim_from = match ahead {
-            Some(a) if begin.clean && a.scan_from == begin.scan_from => a.next.max(begin.scan_from),
+            Some(a) if begin.clean && begin.scan_from >= a.scan_from => a.next.max(begin.scan_from),
             _ => begin.scan_from,
         };
         let rows: Vec<Row> = c
@@ -641,21 +644,18 @@ impl Relay {
         let mut waiting: HashSet<String> = HashSet::new();
         if !first_of_key.is_empty() {
             // In key order, so the probes walk the key index forward instead of at random.
-            let mut sorted: Vec<&str> = first_of_key.keys().copied().collect();
-            sorted.sort_unstable();
-            let (keys, from): (Vec<&str>, Vec<i64>) = sorted
-                .iter()
-                .map(|k| {
-                    let past = after.get(*k).map_or(i64::MIN, |a| a.saturating_add(1));
-                    (*k, past.max(begin.scan_from))
-                })
-                .unzip();
+            let mut firsts: Vec<(&str, i64)> = first_of_key.into_iter().collect();
+            firsts.sort_unstable();
+            let (mut keys, mut from, mut before) = (Vec::new(), Vec::new(), Vec::new());
+            for (k, first) in firsts {
+                let past = after.get(k).map_or(i64::MIN, |a| a.saturating_add(1));
+                keys.push(k);
+                from.push(past.max(begin.scan_from));
+                before.push(first);
+            }
             let first_pending = c.prepare_cached(&self.stmts.first_pending).await?;
-            for r in c.query(&first_pending, &[&keys, &from]).await? {
-                let (k, lowest): (String, Option<i64>) = (r.get(0), r.get(1));
-                if lowest.is_some_and(|l| l < first_of_key[k.as_str()]) {
-                    waiting.insert(k);
-                }
+            for r in c.query(&first_pending, &[&keys, &from, &before]).await? {
+                waiting.insert(r.get(0));
             }
         }
         Ok(Claimed {
