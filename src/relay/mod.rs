@@ -21,7 +21,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use deadpool_postgres::Pool;
-use futures::future::join_all;
+use futures::stream::{FuturesUnordered, StreamExt as _};
+use futures::FutureExt as _;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
@@ -104,15 +105,32 @@ pub struct BatchReport {
     pub held_back: usize,
 }
 
-/// One claimed row.
+/// One claimed row. The text columns stay in the row as Postgres sent it and are borrowed
+/// from there (2,000 rows a batch: four allocations and copies per row saved).
 struct Row {
     id: i64,
-    topic: String,
-    key: Option<String>,
-    headers: String,
-    payload: String,
     /// `created_at` as Unix seconds, for the commit→ack histogram.
     created: f64,
+    /// The claim's row: `topic`, `message_key`, `headers`, `payload` at 1 – 4.
+    raw: tokio_postgres::Row,
+}
+
+impl Row {
+    fn topic(&self) -> &str {
+        self.raw.get(1)
+    }
+
+    fn key(&self) -> Option<&str> {
+        self.raw.get(2)
+    }
+
+    fn headers(&self) -> &str {
+        self.raw.get(3)
+    }
+
+    fn payload(&self) -> &str {
+        self.raw.get(4)
+    }
 }
 
 /// How one row's send ended.
@@ -153,16 +171,14 @@ impl Claimed {
 
     /// For each key of the batch, its highest id (what the next claim must start after).
     pub(crate) fn last_of_keys(&self) -> impl Iterator<Item = (&str, i64)> {
-        self.rows
-            .iter()
-            .filter_map(|r| r.key.as_deref().map(|k| (k, r.id)))
+        self.rows.iter().filter_map(|r| r.key().map(|k| (k, r.id)))
     }
 
     /// Rows that can be sent (their key is not waiting on an earlier row).
     pub(crate) fn sendable(&self) -> usize {
         self.rows
             .iter()
-            .filter(|r| !r.key.as_ref().is_some_and(|k| self.waiting.contains(k)))
+            .filter(|r| !r.key().is_some_and(|k| self.waiting.contains(k)))
             .count()
     }
 
@@ -176,7 +192,7 @@ impl Claimed {
             .iter()
             .zip(fates)
             .filter(|(_, f)| !matches!(f, Fate::Sent))
-            .filter_map(|(r, _)| r.key.clone())
+            .filter_map(|(r, _)| r.key().map(str::to_owned))
     }
 }
 
@@ -378,9 +394,9 @@ fn kafka_headers(raw: &str) -> Result<OwnedHeaders, String> {
     let mut h = OwnedHeaders::new_with_capacity(map.len());
     for (k, v) in &map {
         let text = match v {
-            serde_json::Value::String(s) => s.clone(),
+            serde_json::Value::String(s) => std::borrow::Cow::Borrowed(s.as_str()),
             serde_json::Value::Null => continue,
-            other => other.to_string(),
+            other => std::borrow::Cow::Owned(other.to_string()),
         };
         h = h.insert(Header {
             key: k,
@@ -622,11 +638,8 @@ impl Relay {
             .into_iter()
             .map(|r| Row {
                 id: r.get(0),
-                topic: r.get(1),
-                key: r.get(2),
-                headers: r.get(3),
-                payload: r.get(4),
                 created: r.get(5),
+                raw: r,
             })
             .collect();
         metrics::histogram!(crate::metrics::OUTBOX_CLAIM_SECONDS)
@@ -637,7 +650,7 @@ impl Relay {
         // ownership alone.
         let mut first_of_key: HashMap<&str, i64> = HashMap::new();
         for r in &rows {
-            if let Some(k) = r.key.as_deref() {
+            if let Some(k) = r.key() {
                 first_of_key.entry(k).or_insert(r.id);
             }
         }
@@ -697,14 +710,14 @@ impl Relay {
             match fate {
                 Fate::Sent => {
                     sent.push(row.id);
-                    *sent_topics.entry(row.topic.as_str()).or_default() += 1;
+                    *sent_topics.entry(row.topic()).or_default() += 1;
                     lags.push((acked_at - row.created).max(0.0));
                 }
                 Fate::Refused(err) => {
                     metrics::counter!(crate::metrics::OUTBOX_PUBLISH_FAILURES,
                         "reason" => crate::metrics::publish_failure_reason(&err))
                     .increment(1);
-                    warn!(id = row.id, topic = %row.topic, error = %err, "kafka refused outbox row; backing it off");
+                    warn!(id = row.id, topic = %row.topic(), error = %err, "kafka refused outbox row; backing it off");
                     refused_ids.push(row.id);
                     refused_errs.push(err);
                 }
@@ -784,8 +797,10 @@ impl Relay {
         }
         metrics::histogram!(crate::metrics::OUTBOX_BATCH_SIZE).record(rows.len() as f64);
         let producer = self.producer();
-        let topics: HashSet<String> = rows.iter().map(|r| r.topic.clone()).collect();
-        let problems = self.topic_problems(topics).await;
+        let topics: HashSet<&str> = rows.iter().map(Row::topic).collect();
+        let problems = self
+            .topic_problems(topics.into_iter().map(str::to_owned).collect())
+            .await;
 
         let mut fates: Vec<Option<Fate>> = Vec::with_capacity(rows.len());
         let mut in_flight = Vec::with_capacity(rows.len());
@@ -798,33 +813,33 @@ impl Relay {
             .collect();
         let span = tracing::debug_span!("outbox.produce", rows = rows.len());
         for (i, row) in rows.iter().enumerate() {
-            if row.key.as_deref().is_some_and(|k| held.contains(k)) {
+            if row.key().is_some_and(|k| held.contains(k)) {
                 fates.push(Some(Fate::HeldBack));
                 continue;
             }
-            let headers = if let Some(p) = problems.get(&row.topic) {
+            let headers = if let Some(p) = problems.get(row.topic()) {
                 Err(p.clone())
             } else if self.config.inject_refusals > 0.0
                 && fastrand::f64() < self.config.inject_refusals
             {
                 Err("injected produce failure".to_owned())
             } else {
-                kafka_headers(&row.headers)
+                kafka_headers(row.headers())
             };
             let headers = match headers {
                 Ok(h) => h,
                 Err(reason) => {
-                    if let Some(k) = row.key.as_deref() {
+                    if let Some(k) = row.key() {
                         held.insert(k);
                     }
                     fates.push(Some(Fate::Refused(reason)));
                     continue;
                 }
             };
-            let mut record = FutureRecord::to(&row.topic)
-                .payload(row.payload.as_bytes())
+            let mut record = FutureRecord::to(row.topic())
+                .payload(row.payload().as_bytes())
                 .headers(headers);
-            if let Some(k) = &row.key {
+            if let Some(k) = row.key() {
                 record = record.key(k.as_bytes());
             }
             // Enqueue in id order; when librdkafka's queue is full, wait for it to drain rather
@@ -843,28 +858,43 @@ impl Relay {
                 }
             };
             if fate.is_some() {
-                if let Some(k) = row.key.as_deref() {
+                if let Some(k) = row.key() {
                     held.insert(k);
                 }
             }
             fates.push(fate);
         }
 
-        let deadline = tokio::time::Instant::now() + self.config.delivery_timeout + REPORT_MARGIN;
-        let reports = join_all(
-            in_flight
-                .into_iter()
-                .map(|(i, d)| async move { (i, tokio::time::timeout_at(deadline, d).await) }),
-        )
+        // One timer for the batch, not one per record: the reports that are not in by the
+        // deadline leave their rows pending.
+        let deadline = tokio::time::sleep(self.config.delivery_timeout + REPORT_MARGIN);
+        tokio::pin!(deadline);
+        let mut reports: FuturesUnordered<_> = in_flight
+            .into_iter()
+            .map(|(i, d)| d.map(move |r| (i, r)))
+            .collect();
+        async {
+            loop {
+                tokio::select! {
+                    biased;
+                    next = reports.next() => match next {
+                        Some((i, report)) => fates[i] = Some(match report {
+                            Ok(Ok(_delivery)) => Fate::Sent,
+                            Ok(Err((e, _msg))) => fate_of_error(&e),
+                            Err(_canceled) => Fate::Deferred("producer dropped the message".into()),
+                        }),
+                        None => break,
+                    },
+                    () = &mut deadline => break,
+                }
+            }
+        }
         .instrument(span)
         .await;
-        for (i, report) in reports {
-            fates[i] = Some(match report {
-                Ok(Ok(Ok(_delivery))) => Fate::Sent,
-                Ok(Ok(Err((e, _msg)))) => fate_of_error(&e),
-                Ok(Err(_canceled)) => Fate::Deferred("producer dropped the message".into()),
-                Err(_elapsed) => Fate::Deferred("no delivery report before the timeout".into()),
-            });
+        for f in fates.iter_mut().filter(|f| f.is_none()) {
+            *f = Some(Fate::Deferred(
+                "no delivery report before the timeout".into(),
+            ));
         }
         if let Some(fatal) = producer.client().fatal_error() {
             warn!(error = ?fatal, "kafka producer hit a fatal error: replacing it (unacked rows stay pending)");
