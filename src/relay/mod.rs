@@ -222,10 +222,10 @@ pub(crate) struct Ahead {
 pub(crate) struct OpenTx(Option<deadpool_postgres::Object>);
 
 impl OpenTx {
-    async fn begin(pool: &Pool) -> Result<Self, RelayError> {
-        let tx = Self(Some(pool.get().await?));
-        tx.client().batch_execute("BEGIN").await?;
-        Ok(tx)
+    /// A connection whose transaction the caller opens by sending `BEGIN` (pipelined with the
+    /// transaction's first statement, one round trip instead of two).
+    async fn connect(pool: &Pool) -> Result<Self, RelayError> {
+        Ok(Self(Some(pool.get().await?)))
     }
 
     fn client(&self) -> &deadpool_postgres::Object {
@@ -234,10 +234,10 @@ impl OpenTx {
             .expect("transaction is open until commit or drop")
     }
 
-    async fn commit(mut self) -> Result<(), RelayError> {
-        self.client().batch_execute("COMMIT").await?;
-        self.0 = None; // back to the pool
-        Ok(())
+    /// The transaction ended with a `COMMIT` the caller sent (pipelined behind its last
+    /// statements): the connection goes back to the pool.
+    fn committed(mut self) {
+        self.0 = None;
     }
 }
 
@@ -598,11 +598,11 @@ impl Relay {
         after: &HashMap<String, i64>,
         ahead: Option<Ahead>,
     ) -> Result<Claimed, RelayError> {
-        let tx = OpenTx::begin(&self.pool).await?;
+        let tx = OpenTx::connect(&self.pool).await?;
         let c = tx.client();
-        let sampled = c
-            .query_one(&c.prepare_cached(&self.stmts.sample).await?, &[])
-            .await?;
+        let sample = c.prepare_cached(&self.stmts.sample).await?;
+        let ((), sampled) =
+            futures::try_join!(c.batch_execute("BEGIN"), c.query_one(&sample, &[]))?;
         let sample = Sample {
             at: Instant::now(),
             max_id: sampled.get(0),
@@ -730,18 +730,6 @@ impl Relay {
                 Fate::HeldBack => report.held_back += 1,
             }
         }
-        if !sent.is_empty() {
-            c.execute(&c.prepare_cached(&self.stmts.mark_sent).await?, &[&sent])
-                .instrument(tracing::debug_span!("outbox.mark", sent = sent.len()))
-                .await?;
-        }
-        if !refused_ids.is_empty() {
-            c.execute(
-                &self.stmts.mark_failed,
-                &[&refused_ids, &refused_errs, &self.config.max_attempts],
-            )
-            .await?;
-        }
         let full_batch_last = (rows.len() >= self.config.batch_size)
             .then(|| rows.last().map(|r| r.id))
             .flatten();
@@ -749,17 +737,46 @@ impl Relay {
         // drains, was tried: under a held snapshot the relay then stalled for minutes in the
         // soak. The floor moves after every pass.)
         let bound = begin.bound(full_batch_last);
-        let left = match bound {
-            Some(bound) => c
-                .query_one(
-                    &c.prepare_cached(&self.stmts.left_behind).await?,
-                    &[&begin.scan_from, &bound, &lanes],
-                )
-                .await?
-                .get(0),
-            None => None,
+        // Prepared before anything is sent: a statement prepared inside the pipeline would be
+        // executed after the COMMIT.
+        let (mark_sent, mark_failed, left_behind) = (
+            c.prepare_cached(&self.stmts.mark_sent).await?,
+            c.prepare_cached(&self.stmts.mark_failed).await?,
+            c.prepare_cached(&self.stmts.left_behind).await?,
+        );
+        // The marks, the floor probe and COMMIT go out together and are read back in order
+        // (one round trip, not four). If a mark fails, Postgres turns the COMMIT into a
+        // rollback and the error is returned; the connection is then closed, not reused.
+        let mark = async {
+            if !sent.is_empty() {
+                c.execute(&mark_sent, &[&sent])
+                    .instrument(tracing::debug_span!("outbox.mark", sent = sent.len()))
+                    .await?;
+            }
+            Ok::<_, tokio_postgres::Error>(())
         };
-        tx.commit().await?;
+        let back_off = async {
+            if !refused_ids.is_empty() {
+                c.execute(
+                    &mark_failed,
+                    &[&refused_ids, &refused_errs, &self.config.max_attempts],
+                )
+                .await?;
+            }
+            Ok(())
+        };
+        let probe = async {
+            match bound {
+                Some(bound) => Ok(c
+                    .query_one(&left_behind, &[&begin.scan_from, &bound, &lanes])
+                    .await?
+                    .get::<_, Option<i64>>(0)),
+                None => Ok(None),
+            }
+        };
+        let ((), (), left, ()) =
+            futures::try_join!(mark, back_off, probe, c.batch_execute("COMMIT"))?;
+        tx.committed();
         self.outages.postgres.ok();
         // Counted once the marks are durable.
         for (topic, n) in sent_topics {
