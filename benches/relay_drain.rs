@@ -8,8 +8,8 @@
 //!   produced by an idempotent `acks=all` producer configured like the relay's, all in flight.
 //!
 //! The relay's figure is printed as a ratio to the lower of the two. Then one relay vs two
-//! relays side by side, pipelined vs one batch at a time, and a never-analyzed backlog vs the
-//! same backlog analyzed.
+//! relays side by side (pipelined, and one batch at a time each), pipelined vs one batch at a
+//! time, and a never-analyzed backlog vs the same backlog analyzed.
 //!
 //! `cargo bench --bench relay_drain` (env: ROWS=200000, BATCH=…, IN_FLIGHT=…); smoke size under
 //! cargo test.
@@ -301,6 +301,9 @@ async fn main() {
     let one = drain_with(analyzed(1, depth), rows, batch).await;
     let serial = drain_with(analyzed(1, 1), rows, batch).await;
     let two = drain_with(analyzed(2, depth), rows, batch).await;
+    // Two relays where one leaves cores idle (one batch at a time each): how the work splits
+    // when the machine has room, apart from this machine's 2-core cap.
+    let two_serial = drain_with(analyzed(2, 1), rows, batch).await;
     emit(
         "relay_drain_ceiling",
         params.clone(),
@@ -314,7 +317,7 @@ async fn main() {
             "pipelined_to_one_batch_at_a_time": round2(rate(&one) / rate(&serial)),
         }),
     );
-    for r in [&one, &two] {
+    for r in [&one, &two, &serial, &two_serial] {
         emit("relay_drain", params.clone(), r.clone());
     }
     emit(
@@ -325,6 +328,8 @@ async fn main() {
             "two_relays_msgs_per_sec": rate(&two),
             "two_to_one": round2(rate(&two) / rate(&one)),
             "two_relays_to_ceiling": round2(rate(&two) / ceiling),
+            "cores_busy_one_two": [one["cores_busy"], two["cores_busy"]],
+            "one_batch_at_a_time_two_to_one": round2(rate(&two_serial) / rate(&serial)),
         }),
     );
     // The user's situation after an outage or a bulk import: a backlog the planner has no

@@ -845,3 +845,68 @@ async fn a_failure_in_one_batch_holds_back_the_key_in_the_batch_claimed_behind_i
     recs.sort_by_key(|r| (r.partition, r.offset));
     assert_eq!(keys_on_topic(&recs), vec![1, 11]);
 }
+
+/// Pipelining with a row locked by another session in the middle of a backlog: the claims
+/// behind a full batch in flight start past it, yet the locked row is not lost (the floor stops
+/// at it and claims go back to the floor) and the later row of its key waits for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pipelined_drain_around_a_locked_row_sends_everything_else_and_keeps_its_key_in_order() {
+    let db = fresh_db().await;
+    let topic = topic_name();
+    create_topic(&topic, 3).await;
+    let c = client(&db).await;
+    // ids 1..60, rows 25 and 45 share key `held`, every other row has a key of its own.
+    c.execute(
+        "INSERT INTO outbox (topic, message_key, headers, payload)
+         SELECT $1, CASE WHEN g IN (25, 45) THEN 'held' ELSE 'f' || g END,
+                jsonb_build_object('message_type', 't', 'message_id', outbox_uuidv7()::text),
+                jsonb_build_object('g', g)
+           FROM generate_series(1, 60) g ORDER BY g",
+        &[&topic],
+    )
+    .await
+    .unwrap();
+    let locker = client(&db).await;
+    locker
+        .batch_execute("BEGIN; SELECT id FROM outbox WHERE id = 25 FOR UPDATE")
+        .await
+        .unwrap();
+    let cfg = outbox::RelayConfig {
+        batch_size: 10,
+        in_flight_batches: 2,
+        ..relay_config()
+    };
+    let relay = Relay::new(&db, &kafka(), cfg).unwrap();
+    let mut sent = 0;
+    for _ in 0..20 {
+        match relay.run_pipeline().await.unwrap() {
+            Outcome::Published(r) if r.sent > 0 => sent += r.sent,
+            _ => break,
+        }
+    }
+    assert_eq!(
+        sent, 58,
+        "every row but the locked one and the one behind it"
+    );
+    assert!(relay.claim_floor() <= 25, "the floor passed a locked row");
+    let held = |recs: &[Record]| {
+        recs.iter()
+            .filter(|r| r.key.as_deref() == Some(b"held".as_slice()))
+            .map(|r| r.json()["g"].as_i64().unwrap())
+            .collect::<Vec<_>>()
+    };
+    assert!(
+        held(&read_all(&topic).await).is_empty(),
+        "row 45 overtook row 25"
+    );
+
+    locker.batch_execute("COMMIT").await.unwrap();
+    let Outcome::Published(r) = relay.run_pipeline().await.unwrap() else {
+        panic!("nothing claimed")
+    };
+    assert_eq!(r.sent, 2, "{r:?}");
+    let mut recs = read_all(&topic).await;
+    assert_eq!(recs.len(), 60);
+    recs.sort_by_key(|r| (r.partition, r.offset));
+    assert_eq!(held(&recs), vec![25, 45]);
+}
