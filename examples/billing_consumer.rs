@@ -68,13 +68,18 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     let client = outbox::connect(&db).await?;
     client
+        // Replicas start together: `CREATE TABLE IF NOT EXISTS` alone is not safe against a
+        // concurrent one (it can fail on the catalog's unique index), so take a lock first.
         .batch_execute(&format!(
-            "CREATE TABLE IF NOT EXISTS {}.charges (
+            "BEGIN;
+             SELECT pg_advisory_xact_lock(hashtext('charges'));
+             CREATE TABLE IF NOT EXISTS {}.charges (
                  id           bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
                  order_number text   NOT NULL,
                  amount_cents bigint NOT NULL,
                  message_id   text   NOT NULL,
-                 charged_at   timestamptz NOT NULL DEFAULT now())",
+                 charged_at   timestamptz NOT NULL DEFAULT now());
+             COMMIT;",
             db.schema.quoted()
         ))
         .await?;

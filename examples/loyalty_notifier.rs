@@ -130,13 +130,18 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     let client = outbox::connect(&db).await?;
     client
+        // Replicas start together: `CREATE TABLE IF NOT EXISTS` alone is not safe against a
+        // concurrent one (it can fail on the catalog's unique index), so take a lock first.
         .batch_execute(&format!(
-            "CREATE TABLE IF NOT EXISTS {}.loyalty_points (
+            "BEGIN;
+             SELECT pg_advisory_xact_lock(hashtext('loyalty_points'));
+             CREATE TABLE IF NOT EXISTS {}.loyalty_points (
                  id           bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
                  order_number text   NOT NULL,
                  points       bigint NOT NULL,
                  message_id   text   NOT NULL,
-                 granted_at   timestamptz NOT NULL DEFAULT now())",
+                 granted_at   timestamptz NOT NULL DEFAULT now());
+             COMMIT;",
             db.schema.quoted()
         ))
         .await?;

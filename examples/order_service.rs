@@ -28,12 +28,17 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let topic = std::env::var("ORDER_TOPIC").unwrap_or_else(|_| "orders.created".into());
 
     client
+        // Several instances may start together: `CREATE TABLE IF NOT EXISTS` alone is not safe
+        // against a concurrent one (it can fail on the catalog's unique index).
         .batch_execute(
-            "CREATE TABLE IF NOT EXISTS orders (
+            "BEGIN;
+             SELECT pg_advisory_xact_lock(hashtext('orders'));
+             CREATE TABLE IF NOT EXISTS orders (
                  order_number text PRIMARY KEY,
                  customer     text NOT NULL,
                  total_cents  bigint NOT NULL,
-                 created_at   timestamptz NOT NULL DEFAULT now())",
+                 created_at   timestamptz NOT NULL DEFAULT now());
+             COMMIT;",
         )
         .await?;
 

@@ -235,16 +235,16 @@ async fn a_scaled_down_replicas_partitions_are_handled_by_the_survivor_after_the
     create_topic_family(&topic, 6, &[]).await;
     let group = format!("billing-{}", hex(6));
     orders(&topic, 0, 60, 0).await;
+    // Both replicas start at the same moment, as a deployment starts them (each creates its
+    // table at startup: this once left one replica dead before the example took a lock).
     let _a = Billing::start(&db, &topic, &group, Some("billing-a"), "");
-    // The second replica starts once the first is working: started at the same moment, one of
-    // the two once never joined the group (its startup, not the runtime under test).
-    wait_until(Duration::from_secs(60), "60 charged", || async {
-        charges(&c).await == 60
-    })
-    .await;
     let b = Billing::start(&db, &topic, &group, Some("billing-b"), "");
     wait_until(Duration::from_secs(60), "two members", || async {
         stable_members(&group).await == 2
+    })
+    .await;
+    wait_until(Duration::from_secs(60), "60 charged", || async {
+        charges(&c).await == 60
     })
     .await;
     b.kill9();
