@@ -131,7 +131,7 @@ async fn main() {
     relay_task.await.unwrap().unwrap();
     holder.await.unwrap();
 
-    let committed = committed.lock().unwrap();
+    let committed = std::mem::take(&mut *committed.lock().unwrap());
     assert_eq!(acked.len(), total, "every message reached Kafka");
     let mut per_window: Vec<Vec<f64>> = vec![Vec::new(); windows as usize];
     for (id, at) in committed.iter() {

@@ -310,7 +310,9 @@ async fn relay_runs_cleanup_on_its_schedule() {
 #[tokio::test]
 async fn invalid_configuration_is_refused_with_a_clear_message_and_exit_2() {
     let db = fresh_db().await;
-    let cases: Vec<(Vec<&str>, Vec<(&str, &str)>, &str)> = vec![
+    // (arguments, environment, expected text in the error)
+    type Case<'a> = (Vec<&'a str>, Vec<(&'a str, &'a str)>, &'a str);
+    let cases: Vec<Case> = vec![
         (
             vec!["migrate", "--schema", "x\"; drop table outbox; --"],
             vec![],

@@ -236,7 +236,9 @@ fn run_cli(args: &[&str], envs: &[(&str, &str)]) -> (Option<i32>, String) {
 #[test]
 fn truncated_missing_and_contradictory_configuration_exit_2_with_a_message() {
     let url = database_url();
-    let cases: Vec<(Vec<&str>, Vec<(&str, &str)>, &str)> = vec![
+    // (arguments, environment, expected text in the error)
+    type Case<'a> = (Vec<&'a str>, Vec<(&'a str, &'a str)>, &'a str);
+    let cases: Vec<Case> = vec![
         (vec!["status"], vec![], "DATABASE_URL"), // missing entirely
         (
             vec!["status"],

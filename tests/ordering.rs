@@ -25,7 +25,7 @@ async fn three_relays_with_injected_failures_and_a_dead_relay_keep_per_key_order
          SELECT $1, 'key-' || k, jsonb_build_object('message_type', 't', 'message_id', outbox_uuidv7()::text,
                 'seq', s::text), jsonb_build_object('seq', s)
            FROM generate_series(0, $2 - 1) s, generate_series(0, $3 - 1) k ORDER BY s, k",
-        &[&topic, &(per_key as i32), &(keys as i32)],
+        &[&topic, &{ per_key }, &{ keys }],
     )
     .await
     .unwrap();

@@ -157,7 +157,7 @@ async fn invalid_messages_are_refused_and_nothing_is_written() {
         ),
         (Message::new("", "t", "k", serde_json::json!({})), "empty"),
         (
-            Message::new(&"a".repeat(250), "t", "k", serde_json::json!({})),
+            Message::new("a".repeat(250), "t", "k", serde_json::json!({})),
             "249",
         ),
         (

@@ -79,8 +79,7 @@ async fn postgres_over_tls_verify_full_and_a_wrong_ca_is_refused() {
     if let Ok(wrong) = wrong {
         let e = outbox::connect(&wrong)
             .await
-            .err()
-            .expect("connection with an untrusted certificate must fail");
+            .expect_err("connection with an untrusted certificate must fail");
         let text = format!("{e:?}");
         assert!(text.contains("certificate verify failed"), "{text}");
     }

@@ -16,7 +16,10 @@ use tracing_subscriber::layer::{Context, SubscriberExt};
 use tracing_subscriber::Layer;
 
 #[derive(Clone, Default)]
-struct Spans(Arc<Mutex<Vec<(String, HashMap<String, String>)>>>);
+struct Spans(Arc<Mutex<Vec<Span>>>);
+
+/// A span's name and fields.
+type Span = (String, HashMap<String, String>);
 
 struct Fields<'a>(&'a mut HashMap<String, String>);
 impl Visit for Fields<'_> {

@@ -197,7 +197,8 @@ pub fn router(db: &DbConfig, kafka: &KafkaConfig, auth: Auth, stop: Cancellation
         jobs: Arc::default(),
     };
     use handlers as h;
-    let api = Router::new()
+
+    Router::new()
         .route("/", get(h::index))
         .route("/app.js", get(h::app_js))
         .route("/style.css", get(h::style_css))
@@ -225,8 +226,7 @@ pub fn router(db: &DbConfig, kafka: &KafkaConfig, auth: Auth, stop: Cancellation
         ))
         .fallback(|| async { ApiError(StatusCode::NOT_FOUND, "no such route".into()) })
         .layer(DefaultBodyLimit::max(MAX_BODY))
-        .with_state(state);
-    api
+        .with_state(state)
 }
 
 /// Serves the admin API on `listen` until `shutdown` resolves; refreshes the DLQ and outbox

@@ -826,12 +826,10 @@ impl Runtime<'_> {
             Mode::Paused if !open => {
                 self.transition(Mode::Drain, "breaker closed: draining parked letters")
             }
-            Mode::Drain => {
-                if self.drain_complete() {
-                    self.transition(Mode::Normal, "parked letters drained: main topics resumed");
-                    let b = self.shared.breakers.clone();
-                    tokio::spawn(async move { b.reset_streaks().await });
-                }
+            Mode::Drain if self.drain_complete() => {
+                self.transition(Mode::Normal, "parked letters drained: main topics resumed");
+                let b = self.shared.breakers.clone();
+                tokio::spawn(async move { b.reset_streaks().await });
             }
             _ => {}
         }

@@ -78,10 +78,11 @@ pub struct Dlq {
     pool: Pool,
     schema: Schema,
     /// Gauge series set so far (reset to 0 when their rows are gone).
-    gauges_seen: std::sync::Arc<
-        std::sync::Mutex<std::collections::HashSet<(String, String, String, String)>>,
-    >,
+    gauges_seen: std::sync::Arc<std::sync::Mutex<std::collections::HashSet<GaugeSeries>>>,
 }
+
+/// The labels of one DLQ gauge series.
+type GaugeSeries = (String, String, String, String);
 
 impl Dlq {
     /// A handle over `db` (pool made lazily: this succeeds while Postgres is down).
