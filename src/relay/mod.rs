@@ -198,15 +198,16 @@ impl Claimed {
 
 /// The newest batch in flight, when it was full, for the next claim: if the floor has only
 /// moved forward since that batch was claimed from it, and the last settle left no row waiting
-/// at the floor ([`Begin::clean`](crate::floor::Begin)), that claim saw every row up to its
-/// last one and took all it could, so the next claim starts just past it instead of stepping
-/// over its locked rows one by one (`SKIP LOCKED` still has to look at each: measured, it
-/// doubled the claim's cost). Forward is the usual case, not the exception: with two batches
-/// in flight the one before settles, and moves the floor, just before the next claim. Rows
-/// that batch could not take (locked elsewhere, not due, not yet committed) are not lost: its
-/// floor probe, which starts at the floor, finds them when it settles, the floor stays at
-/// them (no longer clean), and every claim from then on starts at the floor until it moves
-/// freely again.
+/// at the floor ([`Begin::clean`](crate::floor::Begin)), the next claim starts just past that
+/// batch instead of stepping over its locked rows one by one (`SKIP LOCKED` still has to look
+/// at each: measured, it doubled the claim's cost). Forward is the usual case, not the
+/// exception: with two batches in flight the one before settles, and moves the floor, just
+/// before the next claim. Only where the claim starts moves: the per-key check and the floor
+/// probe still start at the floor, and that is what keeps it safe. A row the skipped stretch
+/// still holds (locked elsewhere, not due, committed late, or left by a batch that rolled
+/// back) is pending to the floor probe, which reads without `SKIP LOCKED`: the floor stops at
+/// it (no longer clean), and every claim from then on starts at the floor until it moves
+/// freely again; meanwhile the per-key check keeps later rows of its key back.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Ahead {
     /// The floor that batch was claimed from.
