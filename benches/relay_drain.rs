@@ -11,7 +11,7 @@
 //! relays side by side (pipelined, and one batch at a time each), pipelined vs one batch at a
 //! time, and a never-analyzed backlog vs the same backlog analyzed.
 //!
-//! `cargo bench --bench relay_drain` (env: ROWS=200000, BATCH=…, IN_FLIGHT=…); smoke size under
+//! `cargo bench --bench relay_drain` (env: ROWS=200000, BATCH=…, IN_FLIGHT=…, KEYS=1000); smoke size under
 //! cargo test.
 
 #[path = "support/mod.rs"]
@@ -32,11 +32,11 @@ struct Setup {
     analyze: bool,
 }
 
-async fn drain_with(s: Setup, rows: usize, batch: usize) -> serde_json::Value {
+async fn drain_with(s: Setup, rows: usize, batch: usize, keys: usize) -> serde_json::Value {
     let db = fresh_db().await;
     let topic = format!("bench.{}.created", rand_name(8));
     create_topic(&topic, 6).await;
-    fill_outbox_stats(&db, &topic, rows, 1000, s.analyze).await;
+    fill_outbox_stats(&db, &topic, rows, keys, s.analyze).await;
     let cfg = outbox::RelayConfig {
         batch_size: batch,
         in_flight_batches: s.in_flight,
@@ -171,9 +171,9 @@ fn cpu_seconds() -> Cpu {
 
 /// Postgres alone: the relay's claim (the plain walk it uses when nothing is backed off) and
 /// mark, batch after batch on one connection, from just past the previous batch.
-async fn postgres_ceiling(rows: usize, batch: usize) -> f64 {
+async fn postgres_ceiling(rows: usize, batch: usize, keys: usize) -> f64 {
     let db = fresh_db().await;
-    fill_outbox_stats(&db, "bench.ceiling", rows, 1000, true).await;
+    fill_outbox_stats(&db, "bench.ceiling", rows, keys, true).await;
     let stmts: std::collections::HashMap<_, _> =
         outbox::hot_statements(&db.schema).into_iter().collect();
     let mut c = outbox::connect(&db).await.unwrap();
@@ -212,11 +212,11 @@ async fn postgres_ceiling(rows: usize, batch: usize) -> f64 {
 }
 
 /// Kafka alone: the same records, produced all at once by a producer set up like the relay's.
-async fn kafka_ceiling(rows: usize) -> f64 {
+async fn kafka_ceiling(rows: usize, keys: usize) -> f64 {
     let db = fresh_db().await;
     let topic = format!("bench.{}.created", rand_name(8));
     create_topic(&topic, 6).await;
-    fill_outbox_stats(&db, &topic, rows, 1000, true).await;
+    fill_outbox_stats(&db, &topic, rows, keys, true).await;
     let c = outbox::connect(&db).await.unwrap();
     let records: Vec<(String, String, String)> = c
         .query(
@@ -287,23 +287,26 @@ async fn main() {
     let rows = param("ROWS", if full() { 200_000 } else { 2_000 });
     let batch = param("BATCH", outbox::DEFAULT_BATCH_SIZE);
     let depth = param("IN_FLIGHT", outbox::DEFAULT_IN_FLIGHT_BATCHES);
-    let params = serde_json::json!({"rows": rows, "keys": 1000, "partitions": 6, "batch": batch});
+    // Distinct keys: the per-key check costs one index probe per distinct key in a batch, so
+    // KEYS=ROWS (a key per message, e.g. entity ids) is its worst case.
+    let keys = param("KEYS", 1000);
+    let params = serde_json::json!({"rows": rows, "keys": keys, "partitions": 6, "batch": batch});
 
     // The ceilings, then the relay in the same run.
-    let pg = postgres_ceiling(rows, batch).await;
-    let kafka = kafka_ceiling(rows).await;
+    let pg = postgres_ceiling(rows, batch, keys).await;
+    let kafka = kafka_ceiling(rows, keys).await;
     let ceiling = pg.min(kafka);
     let analyzed = |relays, in_flight| Setup {
         relays,
         in_flight,
         analyze: true,
     };
-    let one = drain_with(analyzed(1, depth), rows, batch).await;
-    let serial = drain_with(analyzed(1, 1), rows, batch).await;
-    let two = drain_with(analyzed(2, depth), rows, batch).await;
+    let one = drain_with(analyzed(1, depth), rows, batch, keys).await;
+    let serial = drain_with(analyzed(1, 1), rows, batch, keys).await;
+    let two = drain_with(analyzed(2, depth), rows, batch, keys).await;
     // Two relays where one leaves cores idle (one batch at a time each): how the work splits
     // when the machine has room, apart from this machine's 2-core cap.
-    let two_serial = drain_with(analyzed(2, 1), rows, batch).await;
+    let two_serial = drain_with(analyzed(2, 1), rows, batch, keys).await;
     emit(
         "relay_drain_ceiling",
         params.clone(),
@@ -341,6 +344,7 @@ async fn main() {
         },
         rows,
         batch,
+        keys,
     )
     .await;
     emit(
