@@ -148,9 +148,11 @@ async fn poison_messages_are_dead_lettered_once_across_repeated_sigkills() {
         let b = Billing::start(&db, &topic, &group, Some("billing-poison"), "");
         // Killed while it writes dead letters, not between them.
         let before = topic_len(&format!("{topic}.dlq")).await;
-        wait_until(Duration::from_secs(60), "dead letters being written", || async {
-            topic_len(&format!("{topic}.dlq")).await >= before + 10
-        })
+        wait_until(
+            Duration::from_secs(60),
+            "dead letters being written",
+            || async { topic_len(&format!("{topic}.dlq")).await >= before + 10 },
+        )
         .await;
         b.kill9();
         kills += 1;
