@@ -1287,14 +1287,23 @@ async fn an_intent_left_by_a_crash_mid_write_is_resolved_from_the_dead_letter_pa
     );
     assert!(row.get::<_, Option<i64>>(2).unwrap() <= letter.offset);
 
+    // A crash after the intent: the row is put back to an intent from `from` on, and the
+    // poison message is read again.
+    let crash_with_intent_from = |from: i64| {
+        let (s, letter) = (&s, &letter);
+        async move {
+            s.c.execute(
+                "UPDATE dead_lettered SET written = false, dlq_partition = $1, dlq_from = $2",
+                &[&letter.partition, &from],
+            )
+            .await
+            .unwrap();
+            rewind_group(&s.group, &s.topic).await;
+        }
+    };
+
     // 1. The crash came after the append: the letter is found and not written again.
-    s.c.execute(
-        "UPDATE dead_lettered SET written = false, dlq_partition = $1, dlq_from = $2",
-        &[&letter.partition, &letter.offset],
-    )
-    .await
-    .unwrap();
-    rewind_group(&s.group, &s.topic).await;
+    crash_with_intent_from(letter.offset).await;
     run_once(0).await;
     assert_eq!(
         topic_len(&dlq).await,
@@ -1307,13 +1316,7 @@ async fn an_intent_left_by_a_crash_mid_write_is_resolved_from_the_dead_letter_pa
     );
 
     // 2. The crash came before the append: nothing after the intent's offset, so it is written.
-    s.c.execute(
-        "UPDATE dead_lettered SET written = false, dlq_from = $1",
-        &[&(letter.offset + 1)],
-    )
-    .await
-    .unwrap();
-    rewind_group(&s.group, &s.topic).await;
+    crash_with_intent_from(letter.offset + 1).await;
     run_once(1).await;
     assert_eq!(
         topic_len(&dlq).await,

@@ -240,7 +240,7 @@ impl DeadLetterLog {
             .copied();
         let client = producer.clone();
         let topic = dlq_topic.to_owned();
-        let (count, high) = tokio::task::spawn_blocking(move || {
+        let (count, target) = tokio::task::spawn_blocking(move || {
             let count = match known {
                 Some(n) => n,
                 None => {
@@ -262,11 +262,13 @@ impl DeadLetterLog {
         .await
         .ok()
         .flatten()?;
-        self.partitions
-            .lock()
-            .expect("partitions lock")
-            .insert(dlq_topic.to_owned(), count);
-        Some(high)
+        if known.is_none() {
+            self.partitions
+                .lock()
+                .expect("partitions lock")
+                .insert(dlq_topic.to_owned(), count);
+        }
+        Some(target)
     }
 
     /// Whether `partition` of `dlq_topic` holds, at or after `from`, this group's dead letter

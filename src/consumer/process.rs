@@ -445,10 +445,7 @@ pub(super) async fn dead_letter(
         }
     }
     if produce_until_acked(shared, &topic, target.map(|t| t.0), raw, headers).await {
-        shared
-            .dead_lettered
-            .record(&shared.pool, raw, &shared.cancel)
-            .await;
+        log.record(&shared.pool, raw, &shared.cancel).await;
         ConsumerStats::inc(&shared.stats.dead_lettered);
         count(shared, &origin.topic, "dead_lettered", 1);
         Fate::Final
