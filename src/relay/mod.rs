@@ -21,11 +21,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use deadpool_postgres::Pool;
-use futures::stream::{FuturesUnordered, StreamExt as _};
-use futures::FutureExt as _;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, OwnedHeaders};
-use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
+use rdkafka::producer::{BaseRecord, Producer};
 use rdkafka::util::Timeout;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
@@ -42,6 +40,9 @@ use crate::topic::validate_topic;
 use tracing::Instrument as _;
 
 mod pipeline;
+mod reports;
+
+use reports::{RelayContext, RelayProducer, Reports};
 
 /// `last_error` is cut to this many characters (seed 002).
 pub const MAX_ERROR_LEN: usize = 500;
@@ -257,6 +258,8 @@ pub struct Relay {
     /// Replaced when librdkafka reports a fatal error (an idempotent producer that lost its
     /// sequence state cannot be used again).
     producer: std::sync::RwLock<RelayProducer>,
+    /// Where the producer's delivery reports go, batch by batch.
+    reports: Arc<Reports>,
     outages: Arc<Outages>,
     kafka: KafkaConfig,
     stmts: Arc<Statements>,
@@ -284,7 +287,6 @@ impl Outages {
     }
 }
 
-type RelayProducer = FutureProducer<crate::outage::KafkaQuiet>;
 
 /// Builds the producer: the pass-through properties first, then the settings the guarantees
 /// rest on, which may not be weakened.
@@ -292,6 +294,7 @@ fn producer_for(
     kafka: &KafkaConfig,
     delivery_timeout: Duration,
     outages: &Arc<Outages>,
+    reports: &Arc<Reports>,
 ) -> Result<RelayProducer, RelayError> {
     for (name, required) in [("enable.idempotence", "true"), ("acks", "all")] {
         if let Some(v) = kafka.properties.get(name) {
@@ -325,7 +328,10 @@ fn producer_for(
             "message.timeout.ms",
             delivery_timeout.as_millis().to_string(),
         );
-    c.create_with_context(crate::outage::KafkaQuiet(outages.kafka.clone()))
+    c.create_with_context(RelayContext {
+        quiet: crate::outage::KafkaQuiet(outages.kafka.clone()),
+        reports: reports.clone(),
+    })
         .map_err(|e| match e {
             // librdkafka's message repeats the value, which may be a secret: keep only the name.
             KafkaError::ClientConfig(_, desc, name, _value) => {
@@ -430,7 +436,8 @@ impl Relay {
         let pool = crate::db::pool(&planned)
             .map_err(|e| ConfigError::DatabaseUrl(format!("cannot build pool: {e}")))?;
         let outages = Outages::new();
-        let producer = producer_for(kafka, config.delivery_timeout, &outages)?;
+        let reports = Arc::new(Reports::default());
+        let producer = producer_for(kafka, config.delivery_timeout, &outages, &reports)?;
         Ok(Self {
             lanes: tokio::sync::Mutex::new(crate::lanes::Lanes::new(
                 db,
@@ -439,6 +446,7 @@ impl Relay {
             )),
             pool,
             producer: std::sync::RwLock::new(producer),
+            reports,
             outages,
             kafka: kafka.clone(),
             stmts: Arc::new(Statements::new(&db.schema)),
@@ -821,7 +829,7 @@ impl Relay {
             .await;
 
         let mut fates: Vec<Option<Fate>> = Vec::with_capacity(rows.len());
-        let mut in_flight = Vec::with_capacity(rows.len());
+        let batch = self.reports.open(rows.len());
         // Keys with a row refused before it left this process: their later rows must wait.
         let mut held: HashSet<&str> = claimed
             .waiting
@@ -854,7 +862,7 @@ impl Relay {
                     continue;
                 }
             };
-            let mut record = FutureRecord::to(row.topic())
+            let mut record = BaseRecord::with_opaque_to(row.topic(), batch.opaque(i))
                 .payload(row.payload().as_bytes())
                 .headers(headers);
             if let Some(k) = row.key() {
@@ -863,16 +871,16 @@ impl Relay {
             // Enqueue in id order; when librdkafka's queue is full, wait for it to drain rather
             // than skipping ahead, so per-partition order follows outbox order.
             let fate = loop {
-                match producer.send_result(record) {
-                    Ok(delivery) => {
-                        in_flight.push((i, delivery));
-                        break None;
-                    }
+                match producer.send(record) {
+                    Ok(()) => break None,
                     Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
                         record = back;
                         tokio::time::sleep(Duration::from_millis(2)).await;
                     }
-                    Err((e, _)) => break Some(fate_of_error(&e)),
+                    Err((e, _)) => {
+                        batch.not_sent();
+                        break Some(fate_of_error(&e));
+                    }
                 }
             };
             if fate.is_some() {
@@ -882,33 +890,22 @@ impl Relay {
             }
             fates.push(fate);
         }
+        batch.sent_all();
 
-        // One timer for the batch, not one per record: the reports that are not in by the
-        // deadline leave their rows pending.
-        let deadline = tokio::time::sleep(self.config.delivery_timeout + REPORT_MARGIN);
-        tokio::pin!(deadline);
-        let mut reports: FuturesUnordered<_> = in_flight
-            .into_iter()
-            .map(|(i, d)| d.map(move |r| (i, r)))
-            .collect();
-        async {
-            loop {
-                tokio::select! {
-                    biased;
-                    next = reports.next() => match next {
-                        Some((i, report)) => fates[i] = Some(match report {
-                            Ok(Ok(_delivery)) => Fate::Sent,
-                            Ok(Err((e, _msg))) => fate_of_error(&e),
-                            Err(_canceled) => Fate::Deferred("producer dropped the message".into()),
-                        }),
-                        None => break,
-                    },
-                    () = &mut deadline => break,
-                }
-            }
-        }
+        // One timer for the batch, and one wake-up when its last report is in: the reports
+        // that are not in by the deadline leave their rows pending.
+        let waited = tokio::time::timeout(
+            self.config.delivery_timeout + REPORT_MARGIN,
+            batch.wait(),
+        )
         .instrument(span)
         .await;
+        if waited.is_err() {
+            debug!("delivery reports still missing at the deadline");
+        }
+        for (i, fate) in batch.close() {
+            fates[i] = Some(fate);
+        }
         for f in fates.iter_mut().filter(|f| f.is_none()) {
             *f = Some(Fate::Deferred(
                 "no delivery report before the timeout".into(),
@@ -916,7 +913,12 @@ impl Relay {
         }
         if let Some(fatal) = producer.client().fatal_error() {
             warn!(error = ?fatal, "kafka producer hit a fatal error: replacing it (unacked rows stay pending)");
-            match producer_for(&self.kafka, self.config.delivery_timeout, &self.outages) {
+            match producer_for(
+                &self.kafka,
+                self.config.delivery_timeout,
+                &self.outages,
+                &self.reports,
+            ) {
                 Ok(p) => *self.producer.write().expect("producer lock") = p,
                 Err(e) => warn!(error = %e, "cannot recreate the producer; will retry next pass"),
             }
