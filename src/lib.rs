@@ -31,7 +31,7 @@
 //! | `sql` | every SQL statement, rendered once per schema |
 //! | `enqueue` | [`enqueue`], [`enqueue_batch`], [`Enqueuer`]: write in the caller's transaction |
 //! | `migrate` | [`migrate()`]: embedded refinery migrations (`migrations/`) |
-//! | `relay` | [`Relay`]: take → send → mark, [`Relay::run_once`]; `relay/pipeline.rs`: batches overlapped, [`Relay::run_pipeline`] and [`Relay::run`] |
+//! | `relay` | [`Relay`]: take → send → mark, [`Relay::run_once`]; `relay/pipeline.rs`: batches overlapped, [`Relay::run_pipeline`] and [`Relay::run`]; `relay/reports.rs`: delivery reports filed per batch |
 //! | `consumer` | [`consumer::Consumer`]: idempotent handlers, offsets, retries, dead letters, commit groups (`consumer/group.rs`); [`consumer::Inbox`] |
 //! | `dlq` | [`dlq::Dlq`]: the dead-letter archive, summary by cause, replay jobs, drop, audit; [`dlq::Archiver`] |
 //! | `metrics` | Prometheus metric names, the recorder and `/metrics` ([`metrics::serve`], [`metrics::router`]) |
