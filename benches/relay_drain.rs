@@ -11,8 +11,9 @@
 //! relays side by side (pipelined, and one batch at a time each), pipelined vs one batch at a
 //! time, and a never-analyzed backlog vs the same backlog analyzed.
 //!
-//! `cargo bench --bench relay_drain` (env: ROWS=200000, BATCH=…, IN_FLIGHT=…, KEYS=1000); smoke size under
-//! cargo test.
+//! `cargo bench --bench relay_drain` (env: ROWS=200000, BATCH=…, IN_FLIGHT=…, KEYS=1000;
+//! ONLY_RELAYS=N runs just the N-relay drain three times, to compare two builds); smoke size
+//! under cargo test.
 
 #[path = "support/mod.rs"]
 mod support;
@@ -284,6 +285,15 @@ fn cores() -> f64 {
     std::thread::available_parallelism().map_or(1.0, |n| n.get() as f64)
 }
 
+/// `relays` relays, `in_flight` batches each, on an analyzed backlog.
+fn analyzed_setup(relays: usize, in_flight: usize) -> Setup {
+    Setup {
+        relays,
+        in_flight,
+        analyze: true,
+    }
+}
+
 fn rate(v: &serde_json::Value) -> f64 {
     v["msgs_per_sec"].as_f64().unwrap()
 }
@@ -298,15 +308,19 @@ async fn main() {
     let keys = param("KEYS", 1000);
     let params = serde_json::json!({"rows": rows, "keys": keys, "partitions": 6, "batch": batch});
 
+    // A/B between two builds: only the drain of N relays, three times (each line one drain).
+    if let Some(n) = std::env::var("ONLY_RELAYS").ok().and_then(|v| v.parse().ok()) {
+        for _ in 0..3 {
+            let setup = analyzed_setup(n, depth);
+            emit("relay_drain", params.clone(), drain_with(setup, rows, batch, keys).await);
+        }
+        return;
+    }
     // The ceilings, then the relay in the same run.
     let pg = postgres_ceiling(rows, batch, keys).await;
     let kafka = kafka_ceiling(rows, keys).await;
     let ceiling = pg.min(kafka);
-    let analyzed = |relays, in_flight| Setup {
-        relays,
-        in_flight,
-        analyze: true,
-    };
+    let analyzed = analyzed_setup;
     let one = drain_with(analyzed(1, depth), rows, batch, keys).await;
     let serial = drain_with(analyzed(1, 1), rows, batch, keys).await;
     let two = drain_with(analyzed(2, depth), rows, batch, keys).await;
