@@ -11,12 +11,20 @@
 //! relays side by side (pipelined, and one batch at a time each), pipelined vs one batch at a
 //! time, and a never-analyzed backlog vs the same backlog analyzed.
 //!
-//! `cargo bench --bench relay_drain` (env: ROWS=200000, BATCH=…, IN_FLIGHT=…, KEYS=1000;
-//! ONLY_RELAYS=N runs just the N-relay drain three times, to compare two builds); smoke size
-//! under cargo test.
+//! With `PG_DELAY_MS=d` every connection to Postgres (the ceiling loop's and the relays') goes
+//! through a proxy that delays each direction by d ms: a network between the relay and its
+//! database, as in production, where a relay waits on round trips and a second relay has free
+//! cores to use.
+//!
+//! `cargo bench --bench relay_drain` (env: ROWS=200000, BATCH=…, IN_FLIGHT=…, KEYS=1000,
+//! PG_DELAY_MS=0; ONLY_RELAYS=N runs just the N-relay drain three times, to compare two
+//! builds); smoke size under cargo test (through a 1 ms proxy).
 
 #[path = "support/mod.rs"]
 mod support;
+
+#[path = "support/delay.rs"]
+mod delay;
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -306,7 +314,22 @@ async fn main() {
     // Distinct keys: the per-key check costs one index probe per distinct key in a batch, so
     // KEYS=ROWS (a key per message, e.g. entity ids) is its worst case.
     let keys = param("KEYS", 1000);
-    let params = serde_json::json!({"rows": rows, "keys": keys, "partitions": 6, "batch": batch});
+    // A network between the relay and Postgres: PG_DELAY_MS each way, through a delaying proxy
+    // (the smoke run goes through it, so the proxy is exercised too).
+    let pg_delay_ms = param("PG_DELAY_MS", if full() { 0 } else { 1 });
+    if pg_delay_ms > 0 {
+        let url = database_url();
+        let (head, rest) = url.split_once('@').expect("DATABASE_URL has user@host:port");
+        let (hostport, tail) = rest.split_once('/').expect("DATABASE_URL has /database");
+        let upstream = std::net::ToSocketAddrs::to_socket_addrs(hostport)
+            .unwrap()
+            .next()
+            .unwrap();
+        let proxy = delay::start(upstream, std::time::Duration::from_millis(pg_delay_ms as u64));
+        // Set before any other thread reads the environment.
+        std::env::set_var("DATABASE_URL", format!("{head}@{proxy}/{tail}"));
+    }
+    let params = serde_json::json!({"rows": rows, "keys": keys, "partitions": 6, "batch": batch, "pg_delay_ms": pg_delay_ms});
 
     // A/B between two builds: only the drain of N relays, three times (each line one drain).
     if let Some(n) = std::env::var("ONLY_RELAYS").ok().and_then(|v| v.parse().ok()) {
