@@ -112,19 +112,26 @@ async fn drain_with(s: Setup, rows: usize, batch: usize, keys: usize) -> serde_j
         "seconds": round2(secs),
         "msgs_per_sec": (rows as f64 / secs).round(),
         // Where the machine's CPU went during the drain, and how busy its cores were.
-        "cpu_seconds": {"postgres": round2(cpu.postgres), "kafka": round2(cpu.kafka), "relay": round2(cpu.relay)},
-        "cores_busy": round2((cpu.postgres + cpu.kafka + cpu.relay) / cpu.wall),
+        // `proxy`: the delaying proxy (PG_DELAY_MS), counted in cores_busy (the machine did
+        // that work) but not in the relays' CPU per message.
+        "cpu_seconds": {"postgres": round2(cpu.postgres), "kafka": round2(cpu.kafka), "relay": round2(cpu.relay), "proxy": round2(cpu.proxy)},
+        "cores_busy": round2((cpu.postgres + cpu.kafka + cpu.relay + cpu.proxy) / cpu.wall),
         "cpu_us_per_msg": round2((cpu.postgres + cpu.kafka + cpu.relay) * 1e6 / rows as f64),
     })
 }
 
-/// CPU time (user + system) used so far by Postgres's processes, the Kafka broker (the JVM)
-/// and this process, from `/proc` (zero where it cannot be read).
+/// The delaying proxy's thread (`PG_DELAY_MS`), whose CPU time is not the relay's.
+static PROXY_THREAD: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+
+/// CPU time (user + system) used so far by Postgres's processes, the Kafka broker (the JVM),
+/// this process (the relays) and the delaying proxy's thread in it, from `/proc` (zero where it
+/// cannot be read).
 #[derive(Default)]
 struct Cpu {
     postgres: f64,
     kafka: f64,
     relay: f64,
+    proxy: f64,
     /// Wall-clock seconds (for differences).
     wall: f64,
 }
@@ -135,6 +142,7 @@ impl Cpu {
             postgres: self.postgres - before.postgres,
             kafka: self.kafka - before.kafka,
             relay: self.relay - before.relay,
+            proxy: self.proxy - before.proxy,
             wall: self.wall - before.wall,
         }
     }
@@ -174,6 +182,13 @@ fn cpu_seconds() -> Cpu {
             cpu.postgres += secs;
         } else if comm == "java" {
             cpu.kafka += secs;
+        }
+    }
+    if let Some(tid) = PROXY_THREAD.get() {
+        let stat = std::fs::read_to_string(format!("/proc/self/task/{tid}/stat")).ok();
+        if let Some((_, secs)) = stat.as_deref().and_then(ticks) {
+            cpu.proxy = secs;
+            cpu.relay -= secs;
         }
     }
     cpu
@@ -319,23 +334,41 @@ async fn main() {
     let pg_delay_ms = param("PG_DELAY_MS", if full() { 0 } else { 1 });
     if pg_delay_ms > 0 {
         let url = database_url();
-        let (head, rest) = url.split_once('@').expect("DATABASE_URL has user@host:port");
+        let (head, rest) = url
+            .rsplit_once('@')
+            .expect("DATABASE_URL has user@host:port");
         let (hostport, tail) = rest.split_once('/').expect("DATABASE_URL has /database");
         let upstream = std::net::ToSocketAddrs::to_socket_addrs(hostport)
-            .unwrap()
-            .next()
-            .unwrap();
-        let proxy = delay::start(upstream, std::time::Duration::from_millis(pg_delay_ms as u64));
+            .expect("DATABASE_URL's host:port resolves")
+            .find(std::net::SocketAddr::is_ipv4)
+            .expect(
+                "DATABASE_URL's host has an IPv4 address (dev/postgres.sh listens on 127.0.0.1)",
+            );
+        let (proxy, tid) = delay::start(
+            upstream,
+            std::time::Duration::from_millis(pg_delay_ms as u64),
+        );
+        if let Some(tid) = tid {
+            PROXY_THREAD.set(tid).unwrap();
+        }
         // Set before any other thread reads the environment.
         std::env::set_var("DATABASE_URL", format!("{head}@{proxy}/{tail}"));
     }
     let params = serde_json::json!({"rows": rows, "keys": keys, "partitions": 6, "batch": batch, "pg_delay_ms": pg_delay_ms});
 
     // A/B between two builds: only the drain of N relays, three times (each line one drain).
-    if let Some(n) = std::env::var("ONLY_RELAYS").ok().and_then(|v| v.parse().ok()) {
+    if let Some(n) = std::env::var("ONLY_RELAYS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
+        assert!(n > 0, "ONLY_RELAYS must be at least 1");
         for _ in 0..3 {
             let setup = analyzed_setup(n, depth);
-            emit("relay_drain", params.clone(), drain_with(setup, rows, batch, keys).await);
+            emit(
+                "relay_drain",
+                params.clone(),
+                drain_with(setup, rows, batch, keys).await,
+            );
         }
         return;
     }

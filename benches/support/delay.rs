@@ -1,7 +1,9 @@
 //! A TCP proxy that delays every byte by a fixed time in each direction: the network between a
-//! relay and its Postgres or Kafka, which loopback does not have. Order and throughput are
-//! kept (chunks are forwarded in order, each once its delay is up); it runs on its own thread
-//! and runtime.
+//! relay and its Postgres or Kafka, which loopback does not have. Bytes are forwarded in order,
+//! each chunk once its delay is up (tokio's timer rounds up to the millisecond); the proxy
+//! buffers without bound instead of passing on the receiver's flow control, which a bench's
+//! bounded traffic allows. It runs on one thread of its own, whose id [`start`] returns so its
+//! CPU time can be told apart.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -12,19 +14,24 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 /// Starts a proxy on a free loopback port forwarding to `upstream`, each direction delayed by
-/// `one_way`; returns its address.
-pub fn start(upstream: SocketAddr, one_way: Duration) -> SocketAddr {
+/// `one_way`; returns its address and its thread's id (Linux, `/proc/self/task/<id>`).
+pub fn start(upstream: SocketAddr, one_way: Duration) -> (SocketAddr, Option<u32>) {
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
+        let tid = std::fs::read_link("/proc/thread-self")
+            .ok()
+            .and_then(|p| p.file_name()?.to_str()?.parse().ok());
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
             .unwrap();
         rt.block_on(async move {
             let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-            tx.send(listener.local_addr().unwrap()).unwrap();
+            tx.send((listener.local_addr().unwrap(), tid)).unwrap();
             loop {
                 let Ok((client, _)) = listener.accept().await else {
+                    // Out of descriptors, say: give the other connections time to close.
+                    tokio::time::sleep(Duration::from_millis(10)).await;
                     continue;
                 };
                 tokio::spawn(async move {
@@ -64,7 +71,10 @@ async fn pipe(
         match from.read(&mut buf).await {
             Ok(0) | Err(_) => break,
             Ok(n) => {
-                if tx.send((Instant::now() + delay, buf[..n].to_vec())).is_err() {
+                if tx
+                    .send((Instant::now() + delay, buf[..n].to_vec()))
+                    .is_err()
+                {
                     break;
                 }
             }

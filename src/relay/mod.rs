@@ -287,7 +287,6 @@ impl Outages {
     }
 }
 
-
 /// Builds the producer: the pass-through properties first, then the settings the guarantees
 /// rest on, which may not be weakened.
 fn producer_for(
@@ -332,22 +331,24 @@ fn producer_for(
         quiet: crate::outage::KafkaQuiet(outages.kafka.clone()),
         reports: reports.clone(),
     })
-        .map_err(|e| match e {
-            // librdkafka's message repeats the value, which may be a secret: keep only the name.
-            KafkaError::ClientConfig(_, desc, name, _value) => {
-                let reason = desc
-                    .split(':')
-                    .next()
-                    .unwrap_or("refused by librdkafka")
-                    .to_owned();
-                RelayError::Config(ConfigError::KafkaProperty { name, reason })
-            }
-            other => RelayError::Kafka(other),
-        })
+    .map_err(|e| match e {
+        // librdkafka's message repeats the value, which may be a secret: keep only the name.
+        KafkaError::ClientConfig(_, desc, name, _value) => {
+            let reason = desc
+                .split(':')
+                .next()
+                .unwrap_or("refused by librdkafka")
+                .to_owned();
+            RelayError::Config(ConfigError::KafkaProperty { name, reason })
+        }
+        other => RelayError::Kafka(other),
+    })
 }
 
 /// Errors that say the cluster (not the message) is the problem: the row stays pending and
-/// keeps its attempts, the relay backs off as a whole.
+/// keeps its attempts, the relay backs off as a whole. A purged message (librdkafka purges the
+/// queue on a fatal error, and a dropped producer purges what it still holds) was never
+/// refused by the broker either.
 fn is_unavailable(code: RDKafkaErrorCode) -> bool {
     use RDKafkaErrorCode as C;
     matches!(
@@ -366,6 +367,8 @@ fn is_unavailable(code: RDKafkaErrorCode) -> bool {
             | C::OutOfOrderSequenceNumber
             | C::Fenced
             | C::Fatal
+            | C::PurgeQueue
+            | C::PurgeInflight
     )
 }
 
@@ -411,6 +414,30 @@ fn kafka_headers(raw: &str) -> Result<OwnedHeaders, String> {
         });
     }
     Ok(h)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_purged_or_timed_out_message_stays_pending_and_a_refused_one_is_backed_off() {
+        let produced = |code| KafkaError::MessageProduction(code);
+        for code in [
+            RDKafkaErrorCode::PurgeQueue,
+            RDKafkaErrorCode::PurgeInflight,
+            RDKafkaErrorCode::MessageTimedOut,
+        ] {
+            assert!(
+                matches!(fate_of_error(&produced(code)), Fate::Deferred(_)),
+                "{code:?}"
+            );
+        }
+        assert!(matches!(
+            fate_of_error(&produced(RDKafkaErrorCode::MessageSizeTooLarge)),
+            Fate::Refused(_)
+        ));
+    }
 }
 
 impl Relay {
@@ -894,12 +921,10 @@ impl Relay {
 
         // One timer for the batch, and one wake-up when its last report is in: the reports
         // that are not in by the deadline leave their rows pending.
-        let waited = tokio::time::timeout(
-            self.config.delivery_timeout + REPORT_MARGIN,
-            batch.wait(),
-        )
-        .instrument(span)
-        .await;
+        let waited =
+            tokio::time::timeout(self.config.delivery_timeout + REPORT_MARGIN, batch.wait())
+                .instrument(span)
+                .await;
         if waited.is_err() {
             debug!("delivery reports still missing at the deadline");
         }
@@ -922,6 +947,9 @@ impl Relay {
                 Ok(p) => *self.producer.write().expect("producer lock") = p,
                 Err(e) => warn!(error = %e, "cannot recreate the producer; will retry next pass"),
             }
+            // The last handle of the old producer joins its polling thread and flushes what it
+            // purged (up to ~0.6 s): not on a runtime worker.
+            drop(tokio::task::spawn_blocking(move || drop(producer)));
         }
         fates
             .into_iter()

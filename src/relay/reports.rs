@@ -22,6 +22,9 @@ use crate::outage::KafkaQuiet;
 /// 50,000, below 2^24); the bits above hold the batch's ticket.
 const INDEX_BITS: u32 = 24;
 
+// The opaque packs a 40-bit ticket above the index: a 64-bit `usize`, a batch that fits.
+const _: () = assert!(crate::config::MAX_BATCH_SIZE < 1 << INDEX_BITS && usize::BITS == 64);
+
 /// The relay's producer: librdkafka's own polling thread delivers the reports to [`Reports`].
 pub(crate) type RelayProducer = ThreadedProducer<RelayContext>;
 
@@ -150,7 +153,6 @@ impl Batch {
     pub(crate) fn opaque(&self, index: usize) -> usize {
         debug_assert!(index < 1 << INDEX_BITS);
         self.outstanding.fetch_add(1, Ordering::AcqRel);
-        // A usize is 64 bits on every target the relay builds for (librdkafka needs one).
         ((self.ticket << INDEX_BITS) as usize) | index
     }
 
@@ -206,6 +208,10 @@ mod tests {
         // A report after close is dropped, not filed into a later batch.
         reports.file(a, Fate::Sent);
         assert!(kept.filed.lock().unwrap().is_empty());
-        assert_eq!(reports.batches.lock().unwrap().len(), 1, "only the other batch is open");
+        assert_eq!(
+            reports.batches.lock().unwrap().len(),
+            1,
+            "only the other batch is open"
+        );
     }
 }
