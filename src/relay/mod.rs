@@ -416,30 +416,6 @@ fn kafka_headers(raw: &str) -> Result<OwnedHeaders, String> {
     Ok(h)
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_purged_or_timed_out_message_stays_pending_and_a_refused_one_is_backed_off() {
-        let produced = |code| KafkaError::MessageProduction(code);
-        for code in [
-            RDKafkaErrorCode::PurgeQueue,
-            RDKafkaErrorCode::PurgeInflight,
-            RDKafkaErrorCode::MessageTimedOut,
-        ] {
-            assert!(
-                matches!(fate_of_error(&produced(code)), Fate::Deferred(_)),
-                "{code:?}"
-            );
-        }
-        assert!(matches!(
-            fate_of_error(&produced(RDKafkaErrorCode::MessageSizeTooLarge)),
-            Fate::Refused(_)
-        ));
-    }
-}
-
 impl Relay {
     /// Creates the pool and the producer. Connects lazily: succeeds while Postgres or Kafka is
     /// down, and the first pass reports the outage.
@@ -1252,5 +1228,29 @@ async fn cleanup_schedule(
             ),
             Err(e) => warn!(error = %e, "scheduled cleanup failed; will retry at the next tick"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_purged_or_timed_out_message_stays_pending_and_a_refused_one_is_backed_off() {
+        let produced = |code| KafkaError::MessageProduction(code);
+        for code in [
+            RDKafkaErrorCode::PurgeQueue,
+            RDKafkaErrorCode::PurgeInflight,
+            RDKafkaErrorCode::MessageTimedOut,
+        ] {
+            assert!(
+                matches!(fate_of_error(&produced(code)), Fate::Deferred(_)),
+                "{code:?}"
+            );
+        }
+        assert!(matches!(
+            fate_of_error(&produced(RDKafkaErrorCode::MessageSizeTooLarge)),
+            Fate::Refused(_)
+        ));
     }
 }
