@@ -184,9 +184,10 @@ async fn main() {
 }
 
 /// pgbench, 16 clients, each transaction one INSERT into a fresh table, for `secs` seconds:
-/// transactions per second (None when pgbench is missing).
+/// transactions per second (None when pgbench is missing). Same database as the bench, also
+/// when `DATABASE_URL` is not set.
 fn pgbench_single_insert_tps(db: &outbox::DbConfig, secs: u32) -> Option<f64> {
-    let url = std::env::var("DATABASE_URL").ok()?;
+    let url = database_url();
     let table = format!("{}.pgbench_sink", db.schema.quoted());
     let script = std::env::temp_dir().join(format!("outbox-pgbench-{}.sql", rand_name(6)));
     std::fs::write(
