@@ -241,11 +241,18 @@ async fn all_sent_and_in_kafka(
         "{missing} of {} committed messages missing from Kafka",
         ids.len()
     );
-    assert_eq!(
-        count(&c, "SELECT count(*) FROM outbox WHERE attempts > 0").await,
-        0,
-        "outage spent attempts"
-    );
+    let spent: Vec<String> = c
+        .query(
+            "SELECT coalesce(last_error, '') || ' (' || count(*) || ' rows)' FROM outbox
+              WHERE attempts > 0 GROUP BY last_error",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert!(spent.is_empty(), "outage spent attempts: {spent:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -276,6 +283,18 @@ async fn kafka_stopped_for_20s_mid_run_loses_nothing() {
 
     let log_mark = logs.0.lock().unwrap().len();
     dev("kafka.sh", "stop");
+    // `stop` only stops the broker this checkout started (its pid file); one started from
+    // another checkout would keep serving and the "outage" would never happen.
+    let still_up = Command::new("bash")
+        .arg(format!("{}/dev/kafka.sh", env!("CARGO_MANIFEST_DIR")))
+        .arg("status")
+        .status()
+        .unwrap()
+        .success();
+    assert!(
+        !still_up,
+        "Kafka still listening after dev/kafka.sh stop: a broker from another checkout? stop it there"
+    );
     let (cpu0, t0) = (cpu_secs(), Instant::now());
     tokio::time::sleep(Duration::from_secs(20)).await; // the outage itself, by definition timed
     let cpu_share = (cpu_secs() - cpu0) / t0.elapsed().as_secs_f64();
