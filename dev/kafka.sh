@@ -139,7 +139,16 @@ wait_ready() {
 
 stop_with() {
   local sig="$1"
-  [ -f "$PIDFILE" ] || { log "not running (no pid file)"; return 0; }
+  if [ ! -f "$PIDFILE" ]; then
+    # A broker this checkout did not start (another clone's) would keep serving: say so and
+    # fail, rather than report a stop that did not happen.
+    if port_open "$PORT"; then
+      log "a broker this checkout did not start listens on 127.0.0.1:$PORT (no pid file in $DIR): stop it from its own checkout"
+      return 1
+    fi
+    log "not running (no pid file)"
+    return 0
+  fi
   local pid; pid="$(cat "$PIDFILE")"
   if kill -0 "$pid" 2>/dev/null; then
     kill "-$sig" "$pid" 2>/dev/null || true

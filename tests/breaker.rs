@@ -492,16 +492,13 @@ async fn a_failure_during_the_drain_reopens_for_longer_and_retries_past_the_limi
                 == 6
     })
     .await;
-    let dropped: HashSet<String> =
-        w.c.query(
-            "SELECT message_id FROM dead_letters WHERE status = 'dropped' AND status_reason = 'max_dlq_retries'",
-            &[],
-        )
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+    let dropped: HashSet<String> = texts(
+        &w.c,
+        "SELECT message_id FROM dead_letters WHERE status = 'dropped' AND status_reason = 'max_dlq_retries'",
+    )
+    .await
+    .into_iter()
+    .collect();
     let reparked = reparked().await;
     assert!(
         !dropped.is_empty() && dropped.is_subset(&reparked),

@@ -590,16 +590,13 @@ async fn sigkill_during_a_replay_marks_nothing_unsent_and_the_job_resumes_where_
     .await;
     replay.kill().unwrap();
     replay.wait().unwrap();
-    let marked: HashSet<String> = c
-        .query(
-            "SELECT d.message_id FROM dead_letters d WHERE d.status = 'replayed'",
-            &[],
-        )
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+    let marked: HashSet<String> = texts(
+        &c,
+        "SELECT d.message_id FROM dead_letters d WHERE d.status = 'replayed'",
+    )
+    .await
+    .into_iter()
+    .collect();
     let on_topic: HashSet<String> = read_all(&topic)
         .await
         .iter()

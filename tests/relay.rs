@@ -451,16 +451,11 @@ async fn garbage_headers_and_invalid_topic_rows_from_plain_sql_fail_cleanly() {
         panic!()
     };
     assert_eq!((r.sent, r.backed_off), (1, 2));
-    let errs: Vec<String> = c
-        .query(
-            "SELECT last_error FROM outbox WHERE status <> 'sent' ORDER BY id",
-            &[],
-        )
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+    let errs = texts(
+        &c,
+        "SELECT last_error FROM outbox WHERE status <> 'sent' ORDER BY id",
+    )
+    .await;
     assert!(errs[0].contains("JSON object"), "{}", errs[0]);
     assert!(errs[1].contains("invalid topic name"), "{}", errs[1]);
     let recs = read_all(&topic).await;

@@ -274,6 +274,16 @@ pub async fn count(c: &tokio_postgres::Client, sql: &str) -> i64 {
     c.query_one(sql, &[]).await.unwrap().get::<_, i64>(0)
 }
 
+/// The first column of every row of `sql`, as text.
+pub async fn texts(c: &tokio_postgres::Client, sql: &str) -> Vec<String> {
+    c.query(sql, &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect()
+}
+
 /// Enqueues `n` keyed messages (keys `k0..k{keys}`) with sequence numbers in their payload,
 /// committed in transactions of `per_tx`. Returns their message ids in order.
 pub async fn enqueue_n(
