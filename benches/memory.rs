@@ -28,7 +28,7 @@ async fn measure(rows: usize) -> serde_json::Value {
         "SELECT count(*) FROM {}.outbox WHERE status = 'pending'",
         db.schema.quoted()
     );
-    let mut child = Command::new(env!("CARGO_BIN_EXE_outbox"))
+    let mut child = Command::new(support::outbox_bin())
         .args(["relay", "--cleanup-interval", "off"])
         .env("DATABASE_URL", database_url())
         .env("OUTBOX_SCHEMA", db.schema.name())

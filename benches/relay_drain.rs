@@ -200,11 +200,11 @@ async fn postgres_ceiling(rows: usize, batch: usize, keys: usize) -> f64 {
     let db = fresh_db().await;
     fill_outbox_stats(&db, "bench.ceiling", rows, keys, true).await;
     let stmts: std::collections::HashMap<_, _> =
-        outbox::hot_statements(&db.schema).into_iter().collect();
+        outbox::testing::hot_statements(&db.schema).into_iter().collect();
     let mut c = outbox::connect(&db).await.unwrap();
     let claim = c.prepare(&stmts["claim_free"]).await.unwrap();
     let mark = c.prepare(&stmts["mark_sent"]).await.unwrap();
-    let lanes: Vec<i32> = (0..outbox::LANES).collect();
+    let lanes: Vec<i32> = (0..outbox::testing::LANES).collect();
     let (mut from, mut done) = (0i64, 0usize);
     let started = Instant::now();
     loop {

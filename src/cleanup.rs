@@ -7,8 +7,48 @@ use std::time::{Duration, Instant};
 use deadpool_postgres::Pool;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{CleanupConfig, DbConfig};
+use crate::config::DbConfig;
 use crate::sql::Statements;
+
+/// Keep sent outbox rows this long (seed 002: the topics' retention).
+pub const DEFAULT_SENT_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
+/// Keep processed-message marks this long (seed 002: twice the topics' retention).
+pub const DEFAULT_PROCESSED_RETENTION: Duration = Duration::from_secs(14 * 24 * 3600);
+/// Rows deleted per cleanup statement, so no statement holds locks for long.
+pub const DEFAULT_CLEANUP_BATCH: usize = 5_000;
+/// How often the relay runs cleanup (the "cron module").
+pub const DEFAULT_CLEANUP_INTERVAL: Duration = Duration::from_secs(3600);
+/// Archived dead letters that were replayed or dropped are deleted this long after they were
+/// archived; `new` ones are never deleted.
+pub const DEFAULT_ARCHIVE_RETENTION: Duration = Duration::from_secs(30 * 24 * 3600);
+
+/// Retention and batching for `outbox cleanup` and the relay's schedule.
+#[derive(Debug, Clone)]
+pub struct CleanupConfig {
+    /// Sent outbox rows older than this are deleted.
+    pub sent_retention: Duration,
+    /// Processed-message marks older than this are deleted.
+    pub processed_retention: Duration,
+    /// Rows per DELETE statement.
+    pub batch_size: usize,
+    /// How often the relay runs cleanup; `None` disables the schedule.
+    pub interval: Option<Duration>,
+    /// Archived dead letters that were replayed or dropped are deleted this long after they
+    /// were archived (new ones are never deleted).
+    pub dlq_retention: Duration,
+}
+
+impl Default for CleanupConfig {
+    fn default() -> Self {
+        Self {
+            sent_retention: DEFAULT_SENT_RETENTION,
+            processed_retention: DEFAULT_PROCESSED_RETENTION,
+            batch_size: DEFAULT_CLEANUP_BATCH,
+            interval: Some(DEFAULT_CLEANUP_INTERVAL),
+            dlq_retention: DEFAULT_ARCHIVE_RETENTION,
+        }
+    }
+}
 
 /// A failed cleanup run. Batches already deleted stay deleted.
 #[derive(Debug, thiserror::Error)]
@@ -20,9 +60,6 @@ pub enum CleanupError {
     /// No connection could be had.
     #[error("postgres pool: {0}")]
     Pool(#[from] deadpool_postgres::PoolError),
-    /// The purge of settled dead letters failed.
-    #[error("dead-letter purge: {0}")]
-    Dlq(#[from] crate::dlq::DlqError),
 }
 
 /// What a cleanup run deleted.
@@ -131,12 +168,43 @@ pub(crate) async fn run_with(
         return Ok(report);
     }
     let started = Instant::now();
-    let purged = crate::dlq::Dlq::with_pool(pool.clone(), stmts.schema.clone())
-        .purge(config.dlq_retention, config.batch_size, "cleanup")
-        .await?;
+    let (deleted, statements) =
+        purge_dead_letters(pool, stmts, config.dlq_retention, config.batch_size, "cleanup").await?;
     report.longest_statement = report.longest_statement.max(started.elapsed());
-    report.statements += purged.statements;
-    report.dlq_purged = purged.deleted;
+    report.statements += statements;
+    report.dlq_purged = deleted;
     progress(&report);
     Ok(report)
+}
+
+/// Deletes settled dead letters archived longer than `retention` ago, `batch` per statement,
+/// each batch audited under `actor`. Returns (letters deleted, statements run).
+pub(crate) async fn purge_dead_letters(
+    pool: &Pool,
+    stmts: &Statements,
+    retention: Duration,
+    batch: usize,
+    actor: &str,
+) -> Result<(u64, u64), CleanupError> {
+    let batch = i64::try_from(batch.max(1)).unwrap_or(i64::MAX);
+    let filter = serde_json::json!({
+        "status": ["replayed", "dropped"],
+        "settled_before_secs_ago": retention.as_secs(),
+    });
+    let (mut deleted, mut statements) = (0u64, 0u64);
+    loop {
+        let c = pool.get().await?;
+        let n: i64 = c
+            .query_one(
+                stmts.cleanup_dead_letters.as_str(),
+                &[&retention.as_secs_f64(), &batch, &actor, &filter],
+            )
+            .await?
+            .get(0);
+        statements += 1;
+        deleted += n as u64;
+        if n < batch {
+            return Ok((deleted, statements));
+        }
+    }
 }

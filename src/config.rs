@@ -11,37 +11,6 @@ use std::time::Duration;
 
 use crate::schema::{InvalidSchema, Schema};
 
-/// Rows claimed per relay pass.
-pub const DEFAULT_BATCH_SIZE: usize = 2000;
-/// Largest batch accepted: a claim transaction holds its row locks while the batch is in flight.
-pub const MAX_BATCH_SIZE: usize = 50_000;
-/// Default [`RelayConfig::in_flight_batches`]: one batch waiting for acks while the next is
-/// claimed and the previous marked (measured in `benches/relay_drain.rs`).
-pub const DEFAULT_IN_FLIGHT_BATCHES: usize = 2;
-/// Upper bound of [`RelayConfig::in_flight_batches`].
-pub const MAX_IN_FLIGHT_BATCHES: usize = 8;
-/// Produce attempts before a row becomes `failed` (seed 002).
-pub const DEFAULT_MAX_ATTEMPTS: i32 = 10;
-/// How often an idle relay looks for due rows when no notification arrives.
-pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_millis(500);
-/// How often the relay sweeps below its claim floor (rows of very long transactions, rows
-/// requeued by hand).
-pub const DEFAULT_SWEEP_INTERVAL: Duration = Duration::from_secs(10);
-/// How long a transaction may keep outbox rows uncommitted before the claim floor passes them
-/// (they are then published by the sweep).
-pub const DEFAULT_LONG_TRANSACTION: Duration = Duration::from_secs(60);
-/// How long librdkafka may try to deliver one message (`message.timeout.ms`).
-pub const DEFAULT_DELIVERY_TIMEOUT: Duration = Duration::from_secs(30);
-/// How long shutdown waits for in-flight messages to be flushed.
-pub const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(30);
-/// Keep sent outbox rows this long (seed 002: the topics' retention).
-pub const DEFAULT_SENT_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
-/// Keep processed-message marks this long (seed 002: twice the topics' retention).
-pub const DEFAULT_PROCESSED_RETENTION: Duration = Duration::from_secs(14 * 24 * 3600);
-/// Rows deleted per cleanup statement, so no statement holds locks for long.
-pub const DEFAULT_CLEANUP_BATCH: usize = 5_000;
-/// How often the relay runs cleanup (the "cron module").
-pub const DEFAULT_CLEANUP_INTERVAL: Duration = Duration::from_secs(3600);
 /// Connections in the relay's pool.
 pub const DEFAULT_POOL_SIZE: usize = 4;
 
@@ -92,7 +61,7 @@ pub enum TlsVerify {
 #[derive(Clone)]
 pub struct DbConfig {
     pub(crate) pg: tokio_postgres::Config,
-    pub(crate) tls: postgres_openssl::MakeTlsConnector,
+    pub(crate) tls: crate::db::Tls,
     /// Certificate checking derived from `sslmode` / `sslrootcert`.
     pub tls_verify: TlsVerify,
     /// Schema holding `outbox` and `processed_messages`.
@@ -127,7 +96,7 @@ impl DbConfig {
             _ if root.is_some() => TlsVerify::Ca,
             _ => TlsVerify::None,
         };
-        let tls = tls_connector(tls_verify, root.as_deref())?;
+        let tls = tls_connector(tls_verify, root.as_deref(), pg.get_ssl_mode())?;
         if pg.get_hosts().is_empty() {
             return Err(ConfigError::DatabaseUrl("no host given".into()));
         }
@@ -207,10 +176,12 @@ fn split_tls_params(url: &str) -> (String, Option<String>, Option<String>) {
     (rebuilt, mode, root)
 }
 
+#[cfg(feature = "tls")]
 fn tls_connector(
     verify: TlsVerify,
     root: Option<&str>,
-) -> Result<postgres_openssl::MakeTlsConnector, ConfigError> {
+    _mode: tokio_postgres::config::SslMode,
+) -> Result<crate::db::Tls, ConfigError> {
     use openssl::ssl::{SslConnector, SslMethod, SslVerifyMode};
     let err = |e: openssl::error::ErrorStack| ConfigError::DatabaseUrl(format!("TLS setup: {e}"));
     let mut b = SslConnector::builder(SslMethod::tls_client()).map_err(err)?;
@@ -232,6 +203,22 @@ fn tls_connector(
         });
     }
     Ok(connector)
+}
+
+/// Without the `tls` feature only plain connections exist: a URL that requires TLS is refused
+/// here rather than silently downgraded (`sslmode=prefer`, libpq's default, stays plain).
+#[cfg(not(feature = "tls"))]
+fn tls_connector(
+    verify: TlsVerify,
+    root: Option<&str>,
+    mode: tokio_postgres::config::SslMode,
+) -> Result<crate::db::Tls, ConfigError> {
+    if verify != TlsVerify::None || root.is_some() || mode == tokio_postgres::config::SslMode::Require {
+        return Err(ConfigError::DatabaseUrl(
+            "the URL asks for TLS, but outbox was built without its `tls` feature".into(),
+        ));
+    }
+    Ok(tokio_postgres::NoTls)
 }
 
 impl fmt::Debug for DbConfig {
@@ -329,6 +316,7 @@ impl KafkaConfig {
     }
 
     /// Builds the librdkafka config: bootstrap servers, then the pass-through properties.
+    #[cfg(feature = "kafka")]
     pub(crate) fn client_config(&self) -> rdkafka::ClientConfig {
         let mut c = rdkafka::ClientConfig::new();
         c.set("bootstrap.servers", &self.bootstrap_servers);
@@ -359,139 +347,6 @@ impl fmt::Debug for KafkaConfig {
             .field("bootstrap_servers", &self.bootstrap_servers)
             .field("properties", &props)
             .finish()
-    }
-}
-
-/// Retention and batching for `outbox cleanup` and the relay's schedule.
-#[derive(Debug, Clone)]
-pub struct CleanupConfig {
-    /// Sent outbox rows older than this are deleted.
-    pub sent_retention: Duration,
-    /// Processed-message marks older than this are deleted.
-    pub processed_retention: Duration,
-    /// Rows per DELETE statement.
-    pub batch_size: usize,
-    /// How often the relay runs cleanup; `None` disables the schedule.
-    pub interval: Option<Duration>,
-    /// Archived dead letters that were replayed or dropped are deleted this long after they
-    /// were archived (new ones are never deleted).
-    pub dlq_retention: Duration,
-}
-
-impl Default for CleanupConfig {
-    fn default() -> Self {
-        Self {
-            sent_retention: DEFAULT_SENT_RETENTION,
-            processed_retention: DEFAULT_PROCESSED_RETENTION,
-            batch_size: DEFAULT_CLEANUP_BATCH,
-            interval: Some(DEFAULT_CLEANUP_INTERVAL),
-            dlq_retention: crate::dlq::DEFAULT_RETENTION,
-        }
-    }
-}
-
-/// How the relay claims, produces and backs off.
-#[derive(Debug, Clone)]
-pub struct RelayConfig {
-    /// Rows per claim (default [`DEFAULT_BATCH_SIZE`]).
-    pub batch_size: usize,
-    /// Attempts before a row becomes `failed` (default [`DEFAULT_MAX_ATTEMPTS`]).
-    pub max_attempts: i32,
-    /// Idle poll period when no notification arrives (default [`DEFAULT_POLL_INTERVAL`]).
-    pub poll_interval: Duration,
-    /// librdkafka `message.timeout.ms`; the relay waits this plus a margin for delivery reports,
-    /// and rows without a report by then stay pending (default [`DEFAULT_DELIVERY_TIMEOUT`]).
-    pub delivery_timeout: Duration,
-    /// Flush budget at shutdown (default [`DEFAULT_SHUTDOWN_TIMEOUT`]).
-    pub shutdown_timeout: Duration,
-    /// Wake on the `outbox_notify` trigger's notifications (LISTEN); polling runs regardless.
-    pub listen: bool,
-    /// Cleanup schedule run by the relay.
-    pub cleanup: CleanupConfig,
-    /// How often the relay re-counts relays and rebalances its ordering lanes.
-    pub rebalance_interval: Duration,
-    /// How often the relay sweeps below its claim floor for pending rows the floor passed
-    /// (default [`DEFAULT_SWEEP_INTERVAL`]); see [`Relay::sweep`](crate::Relay::sweep).
-    pub sweep_interval: Duration,
-    /// A transaction still open this long after inserting outbox rows no longer holds the claim
-    /// floor back; its rows are published by the next sweep after it commits
-    /// (default [`DEFAULT_LONG_TRANSACTION`]).
-    pub long_transaction: Duration,
-    /// Claim transactions open at once: while one batch waits for Kafka's acks the next is
-    /// claimed and the one before is marked (default [`DEFAULT_IN_FLIGHT_BATCHES`]; 1 = one
-    /// batch at a time). Each takes a pooled connection.
-    pub in_flight_batches: usize,
-    /// Fault injection for tests: the probability that a row is refused with
-    /// "injected produce failure" instead of being produced (exercises the backoff path).
-    #[doc(hidden)]
-    pub inject_refusals: f64,
-}
-
-impl Default for RelayConfig {
-    fn default() -> Self {
-        Self {
-            batch_size: DEFAULT_BATCH_SIZE,
-            max_attempts: DEFAULT_MAX_ATTEMPTS,
-            poll_interval: DEFAULT_POLL_INTERVAL,
-            delivery_timeout: DEFAULT_DELIVERY_TIMEOUT,
-            shutdown_timeout: DEFAULT_SHUTDOWN_TIMEOUT,
-            listen: true,
-            cleanup: CleanupConfig::default(),
-            rebalance_interval: crate::lanes::DEFAULT_REBALANCE_INTERVAL,
-            sweep_interval: DEFAULT_SWEEP_INTERVAL,
-            long_transaction: DEFAULT_LONG_TRANSACTION,
-            in_flight_batches: DEFAULT_IN_FLIGHT_BATCHES,
-            inject_refusals: 0.0,
-        }
-    }
-}
-
-impl RelayConfig {
-    /// Checks ranges.
-    ///
-    /// # Errors
-    /// [`ConfigError::Value`] naming the first setting out of range.
-    pub fn validate(&self) -> Result<(), ConfigError> {
-        let bad = |name, reason: &str| {
-            Err(ConfigError::Value {
-                name,
-                reason: reason.into(),
-            })
-        };
-        if self.batch_size == 0 || self.batch_size > MAX_BATCH_SIZE {
-            return bad("batch size", "must be between 1 and 50000");
-        }
-        if self.in_flight_batches == 0 || self.in_flight_batches > MAX_IN_FLIGHT_BATCHES {
-            return bad("in-flight batches", "must be between 1 and 8");
-        }
-        if self.max_attempts < 1 {
-            return bad("max attempts", "must be at least 1");
-        }
-        if self.poll_interval.is_zero() {
-            return bad("poll interval", "must be greater than zero");
-        }
-        if self.delivery_timeout < Duration::from_millis(100) {
-            return bad("delivery timeout", "must be at least 100ms");
-        }
-        if self.delivery_timeout > Duration::from_secs(3600) {
-            return bad("delivery timeout", "must be at most 1h");
-        }
-        if self.cleanup.batch_size == 0 {
-            return bad("cleanup batch size", "must be at least 1");
-        }
-        if self.rebalance_interval.is_zero() {
-            return bad("rebalance interval", "must be greater than zero");
-        }
-        if self.sweep_interval.is_zero() {
-            return bad("sweep interval", "must be greater than zero");
-        }
-        if self.long_transaction < Duration::from_secs(1) {
-            return bad("long transaction", "must be at least 1s");
-        }
-        if self.cleanup.interval.is_some_and(|d| d.is_zero()) {
-            return bad("cleanup interval", "must be greater than zero (or off)");
-        }
-        Ok(())
     }
 }
 
@@ -562,20 +417,5 @@ mod tests {
         assert!(KafkaConfig::new("localhost").is_err());
         assert!(KafkaConfig::new("a:1,b").is_err());
         KafkaConfig::new("a:1, b:2").unwrap();
-    }
-
-    #[test]
-    fn relay_config_ranges() {
-        RelayConfig::default().validate().unwrap();
-        let c = RelayConfig {
-            batch_size: 0,
-            ..RelayConfig::default()
-        };
-        assert!(c.validate().unwrap_err().to_string().contains("batch size"));
-        let c = RelayConfig {
-            max_attempts: 0,
-            ..RelayConfig::default()
-        };
-        assert!(c.validate().is_err());
     }
 }

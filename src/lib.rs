@@ -20,102 +20,161 @@
 //! # Ok(()) }
 //! ```
 //!
+//! # Features
+//!
+//! | feature | default | what it adds |
+//! |---|---|---|
+//! | *(none)* | — | the core: [`Message`], [`enqueue`], [`migrate()`], [`DbConfig`], [`wire`], [`cleanup()`], [`status()`] — Postgres only, no Kafka client |
+//! | `tls` | yes | TLS to Postgres through OpenSSL (`sslmode=require`, `verify-ca`, `verify-full`) |
+//! | `kafka` | yes (by the parts below) | librdkafka clients, [`KafkaConfig`] producers, [`topics`] as code |
+//! | `relay` | yes | [`Relay`]: claim, produce, mark; ordering lanes, the claim floor, the sweep |
+//! | `consumer` | yes | [`consumer`]: idempotent handlers, retries, dead letters, the shared breaker |
+//! | `dlq` | yes | [`dlq`]: the dead-letter archive, summary, replay jobs, drop, audit |
+//! | `prometheus` | yes (by `admin`) | [`metrics::install`], [`metrics::router`], [`metrics::serve`] |
+//! | `admin` | yes | [`admin`]: the HTTP admin API and the dashboard |
+//!
+//! A service that only writes events depends on
+//! `outbox = { version = "…", default-features = false }` (add `features = ["tls"]` for TLS):
+//! its build holds no librdkafka, HTTP server or CLI crates.
+//!
 //! # Layout
 //!
-//! | module | concept |
-//! |---|---|
-//! | `message` | [`Message`]: key = entity id, the four standard headers, JSON body |
-//! | `topic` | [`validate_topic`]: seed 002's topic naming rules |
-//! | `topics` | [`topics::apply_file`]: topics as code (main, retry chain, DLQ) |
-//! | `schema` | [`Schema`]: the validated Postgres schema holding the tables |
-//! | `sql` | every SQL statement, rendered once per schema |
-//! | `enqueue` | [`enqueue`], [`enqueue_batch`], [`Enqueuer`]: write in the caller's transaction |
-//! | `migrate` | [`migrate()`]: embedded refinery migrations (`migrations/`) |
-//! | `relay` | [`Relay`]: take → send → mark, [`Relay::run_once`]; `relay/pipeline.rs`: batches overlapped, [`Relay::run_pipeline`] and [`Relay::run`]; `relay/reports.rs`: delivery reports filed per batch |
-//! | `consumer` | [`consumer::Consumer`]: idempotent handlers, offsets, retries, dead letters, commit groups (`consumer/group.rs`); [`consumer::Inbox`] |
-//! | `dlq` | [`dlq::Dlq`]: the dead-letter archive, summary by cause, replay jobs, drop, audit; [`dlq::Archiver`] |
-//! | `metrics` | Prometheus metric names, the recorder and `/metrics` ([`metrics::serve`], [`metrics::router`]) |
-//! | `trace` | W3C `traceparent`: carried to Kafka, parent of the consumer's handler span |
-//! | `admin` | `outbox admin`: the HTTP admin API with bearer tokens and roles, the dashboard, `/metrics` |
-//! | `cleanup` | [`cleanup()`]: retention deletes in bounded batches |
-//! | `status` | [`status()`] and [`requeue`]: operator views and repair |
-//! | `config` | [`DbConfig`], [`KafkaConfig`], [`RelayConfig`], [`CleanupConfig`] with named defaults |
-//! | `lanes` | ordering lanes: advisory-lock ownership so per-key order holds across relays |
-//! | `floor` | the claim floor: where a claim may start so held snapshots do not slow it; the sweep |
-//! | `outage` | one log line per outage (start, once a minute, end) instead of one per retry |
-//! | `backoff` | [`Backoff`]: capped exponential backoff for outages |
-//! | `classify` | transient vs permanent errors (seed 001's table) |
-//! | `db` | connection pool and single connections |
+//! The modules form a one-way graph: core ← `kafka` ← {`relay`, `dlq`} ← `consumer`;
+//! {`relay`, `dlq`} ← `admin`. `tests/layout.rs` fails on a cycle between them.
 //!
-//! The binary (`src/bin/outbox.rs`) only parses arguments and calls these.
+//! | module | feature | concept |
+//! |---|---|---|
+//! | `message` | core | [`Message`]: key = entity id, the four standard headers, JSON body |
+//! | `topic` | core | [`validate_topic`]: the topic naming rules |
+//! | `schema` | core | [`Schema`]: the validated Postgres schema holding the tables |
+//! | `sql` | core | every SQL statement, rendered once per schema, each with its reason |
+//! | `enqueue` | core | [`enqueue`], [`enqueue_batch`], [`Enqueuer`]: write in the caller's transaction |
+//! | `migrate` | core | [`migrate()`]: embedded refinery migrations (`migrations/`) |
+//! | `wire` | core | [`wire`]: framework headers, dead-letter kinds, retry-topic names, archived headers |
+//! | `config` | core | [`DbConfig`], [`KafkaConfig`] (plain settings; the Kafka client comes with `kafka`) |
+//! | `cleanup` | core | [`cleanup()`], [`CleanupConfig`]: retention deletes in bounded batches |
+//! | `status` | core | [`status()`] and [`requeue`]: operator views and repair |
+//! | `metrics` | core / `prometheus` | metric names; the recorder and `/metrics` with `prometheus` |
+//! | `trace` | core | W3C `traceparent`: carried to Kafka, parent of the consumer's handler span |
+//! | `classify` | core | transient vs permanent Postgres errors |
+//! | `db`, `backoff`, `outage` | core | connections; capped backoff; one log line per outage (private) |
+//! | `kafka` | `kafka` | the idempotent producer preset, librdkafka callbacks, typed refusal reasons (private) |
+//! | `topics` | `kafka` | [`topics::apply_file`]: topics as code (main, retry chain, DLQ) |
+//! | `relay` | `relay` | [`Relay`]: take → send → mark; `relay/pipeline.rs`, `reports.rs`, `lanes.rs`, `floor.rs`, `config.rs` |
+//! | `consumer` | `consumer` | [`consumer::Consumer`]: handlers, offsets, retries, dead letters, commit groups, breaker |
+//! | `dlq` | `dlq` | [`dlq::Dlq`]: archive, summary by cause, replay jobs, drop, audit; [`dlq::Archiver`] |
+//! | `admin` | `admin` | the HTTP admin API with bearer tokens and roles, the dashboard, `/metrics` |
+//!
+//! The `outbox` binary lives in its own package (`crates/outbox-cli`), so its dependencies
+//! never reach a service that embeds the library.
 
 #![warn(missing_docs)]
+// Helpers shared by several parts are unused when only some parts are built; the full build
+// (the default features) still reports dead code.
+#![cfg_attr(
+    not(all(feature = "relay", feature = "consumer", feature = "admin")),
+    allow(dead_code, unused_imports)
+)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
+#[cfg(feature = "admin")]
 pub mod admin;
 mod backoff;
 pub mod classify;
 mod cleanup;
 mod config;
+#[cfg(feature = "consumer")]
 pub mod consumer;
 mod db;
+#[cfg(feature = "dlq")]
 pub mod dlq;
 mod enqueue;
-mod floor;
-mod lanes;
+#[cfg(feature = "kafka")]
+mod kafka;
 mod message;
 pub mod metrics;
 mod migrate;
 mod outage;
+#[cfg(feature = "relay")]
 mod relay;
 mod schema;
 mod sql;
 mod status;
 mod topic;
+#[cfg(feature = "kafka")]
 pub mod topics;
 pub mod trace;
+pub mod wire;
 
-pub use backoff::{Backoff, DEFAULT_BACKOFF_BASE, DEFAULT_BACKOFF_MAX};
-pub use cleanup::{cleanup, cleanup_with_progress, CleanupError, CleanupReport};
-pub use config::*;
-pub use db::{connect, pool};
+pub use cleanup::{
+    cleanup, cleanup_with_progress, CleanupConfig, CleanupError, CleanupReport,
+    DEFAULT_ARCHIVE_RETENTION, DEFAULT_CLEANUP_BATCH, DEFAULT_CLEANUP_INTERVAL,
+    DEFAULT_PROCESSED_RETENTION, DEFAULT_SENT_RETENTION,
+};
+pub use config::{ConfigError, DbConfig, KafkaConfig, TlsVerify, DEFAULT_POOL_SIZE};
+pub use db::connect;
 pub use enqueue::{enqueue, enqueue_batch, EnqueueError, Enqueuer};
-pub use lanes::{DEFAULT_REBALANCE_INTERVAL, LANES};
+#[cfg(feature = "kafka")]
+pub use kafka::RefusalReason;
 pub use message::{
-    rfc3339, Message, HEADER_ENTITY_ID, HEADER_MESSAGE_ID, HEADER_MESSAGE_TYPE, HEADER_TIMESTAMP,
+    Message, HEADER_ENTITY_ID, HEADER_MESSAGE_ID, HEADER_MESSAGE_TYPE, HEADER_TIMESTAMP,
     STANDARD_HEADERS,
 };
 pub use migrate::{embedded_migrations, migrate, MigrateError, MigrateReport};
-pub use relay::{BatchReport, Outcome, Relay, RelayError, MAX_ERROR_LEN};
+#[cfg(feature = "relay")]
+pub use relay::{
+    BatchReport, Outcome, Relay, RelayConfig, RelayError, DEFAULT_BATCH_SIZE,
+    DEFAULT_DELIVERY_TIMEOUT, DEFAULT_IN_FLIGHT_BATCHES, DEFAULT_LONG_TRANSACTION,
+    DEFAULT_MAX_ATTEMPTS, DEFAULT_POLL_INTERVAL, DEFAULT_SHUTDOWN_TIMEOUT, DEFAULT_SWEEP_INTERVAL,
+    MAX_BATCH_SIZE, MAX_ERROR_LEN, MAX_IN_FLIGHT_BATCHES,
+};
 pub use schema::{InvalidSchema, Schema, DEFAULT_SCHEMA};
-pub use status::{requeue, status, FailedGroup, OpenBreakerRow, Requeue, Status, StatusCount};
+pub use status::{requeue, status, FailedGroup, OpenBreakerRow, OutboxStatus, Requeue, StatusCount};
 pub use topic::{validate_topic, InvalidTopic, MAX_TOPIC_LEN};
 
-/// The relay's and cleanup's hot statements for `schema`, by name, for plan inspection
-/// (`EXPLAIN`) in tests and benchmarks. Not a stable API.
+/// Hooks for the project's own tests and benchmarks: plan inspection and fault injection.
+/// Not part of the stable API: anything here may change in any release.
 #[doc(hidden)]
-pub fn hot_statements(schema: &Schema) -> Vec<(&'static str, String)> {
-    hot_statements_of(schema)
-}
+pub mod testing {
+    use crate::schema::Schema;
+    use crate::sql;
 
-/// The session settings of the relay's connections (see `sql::PLAN_SETTINGS`), for tests that
-/// explain its statements as it runs them. Not a stable API.
-#[doc(hidden)]
-pub fn relay_session_settings() -> &'static str {
-    sql::PLAN_SETTINGS
-}
+    /// The relay's and cleanup's hot statements for `schema`, by name, for `EXPLAIN`.
+    pub fn hot_statements(schema: &Schema) -> Vec<(&'static str, String)> {
+        let s = sql::Statements::new(schema);
+        vec![
+            ("claim", s.claim),
+            ("claim_free", s.claim_free),
+            ("first_pending", s.first_pending),
+            ("sample", s.sample),
+            ("left_behind", s.left_behind),
+            ("sweep", s.sweep),
+            ("mark_sent", s.mark_sent),
+            ("mark_failed", s.mark_failed),
+            ("cleanup_outbox", s.cleanup_outbox),
+            ("cleanup_processed", s.cleanup_processed),
+        ]
+    }
 
-fn hot_statements_of(schema: &Schema) -> Vec<(&'static str, String)> {
-    let s = sql::Statements::new(schema);
-    vec![
-        ("claim", s.claim),
-        ("claim_free", s.claim_free),
-        ("first_pending", s.first_pending),
-        ("sample", s.sample),
-        ("left_behind", s.left_behind),
-        ("sweep", s.sweep),
-        ("mark_sent", s.mark_sent),
-        ("mark_failed", s.mark_failed),
-        ("cleanup_outbox", s.cleanup_outbox),
-        ("cleanup_processed", s.cleanup_processed),
-    ]
+    /// The session settings of the relay's connections, for tests that explain its
+    /// statements as it runs them.
+    pub fn relay_session_settings() -> &'static str {
+        sql::PLAN_SETTINGS
+    }
+
+    /// Formats a time as RFC 3339 UTC with a `Z`, as the `timestamp` header carries it.
+    pub fn rfc3339(t: std::time::SystemTime) -> String {
+        crate::message::rfc3339(t)
+    }
+
+    /// The number of ordering lanes the relays share.
+    #[cfg(feature = "relay")]
+    pub const LANES: i32 = crate::relay::LANES;
+
+    /// Makes the relay refuse each row with this probability ("injected produce failure"),
+    /// to exercise the backoff path.
+    #[cfg(feature = "relay")]
+    pub fn inject_refusals(relay: &crate::Relay, probability: f64) {
+        relay.inject_refusals(probability);
+    }
 }

@@ -70,59 +70,6 @@ impl Outage {
     }
 }
 
-/// librdkafka's callbacks for a client: "cannot reach the cluster" log lines and error
-/// events become the outage's lines; everything else is logged as usual.
-pub(crate) struct KafkaQuiet(pub std::sync::Arc<Outage>);
-
-impl rdkafka::ClientContext for KafkaQuiet {
-    fn log(&self, level: rdkafka::config::RDKafkaLogLevel, fac: &str, log_message: &str) {
-        use rdkafka::config::RDKafkaLogLevel as L;
-        if is_transport_noise(log_message) {
-            self.0.failed(&format!("{fac}: {log_message}"));
-            return;
-        }
-        match level {
-            L::Emerg | L::Alert | L::Critical | L::Error => {
-                tracing::error!(target: "librdkafka", "{fac}: {log_message}")
-            }
-            L::Warning => tracing::warn!(target: "librdkafka", "{fac}: {log_message}"),
-            L::Notice | L::Info => tracing::info!(target: "librdkafka", "{fac}: {log_message}"),
-            L::Debug => tracing::debug!(target: "librdkafka", "{fac}: {log_message}"),
-        }
-    }
-
-    fn error(&self, error: rdkafka::error::KafkaError, reason: &str) {
-        let text = format!("{error}: {reason}");
-        if is_transport_noise(&text) {
-            self.0.failed(&text);
-        } else {
-            tracing::error!(target: "librdkafka", "{text}");
-        }
-    }
-}
-
-impl rdkafka::producer::ProducerContext for KafkaQuiet {
-    type DeliveryOpaque = ();
-    fn delivery(&self, _: &rdkafka::message::DeliveryResult<'_>, _: Self::DeliveryOpaque) {}
-}
-
-/// librdkafka's log lines and error events that only say "the cluster is not reachable".
-pub(crate) fn is_transport_noise(text: &str) -> bool {
-    const NOISE: [&str; 10] = [
-        "not found in cache",
-        "Connection refused",
-        "AllBrokersDown",
-        "all brokers are down",
-        "BrokerTransportFailure",
-        "Broker transport failure",
-        "Disconnected",
-        "Connect to ipv",
-        "Resolve",
-        "timed out",
-    ];
-    NOISE.iter().any(|n| text.contains(n))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -136,9 +83,5 @@ mod tests {
         assert!(o.is_down());
         o.ok();
         assert!(!o.is_down());
-        assert!(is_transport_noise(
-            "Connect to ipv4#127.0.0.1:9092 failed: Connection refused"
-        ));
-        assert!(!is_transport_noise("Topic x.y partition count changed"));
     }
 }

@@ -77,6 +77,10 @@ impl Schema {
     }
 }
 
+/// The NOTIFY payload `outbox requeue` sends on [`Schema::notify_channel`]: rows below the
+/// relays' claim floors are pending again, so their next claim starts from the head.
+pub(crate) const REWIND_PAYLOAD: &str = "rewind";
+
 impl Default for Schema {
     fn default() -> Self {
         Self(DEFAULT_SCHEMA.to_owned())

@@ -192,11 +192,33 @@ const REQUEUE_ID: &str = "\
 UPDATE {s}.outbox SET status = 'pending', attempts = 0, available_at = now()
  WHERE status = 'failed' AND id = $1";
 
+/// Purges archived dead letters settled (replayed or dropped) longer than `$1` seconds ago, at
+/// most `$2` per statement, and audits each batch as `archive-purge` by actor `$3` with filter
+/// `$4`. A letter still part of an unfinished replay job is kept: the job would lose its item.
+/// `new` letters are never purged: nobody has decided about them yet.
+const CLEANUP_DEAD_LETTERS: &str = "WITH victims AS (
+   SELECT d.id FROM {s}.dead_letters d WHERE d.status <> 'new'
+     AND coalesce(d.status_at, d.archived_at) < now() - make_interval(secs => $1)
+     AND NOT EXISTS (SELECT 1 FROM {s}.dlq_replay_items i JOIN {s}.dlq_replay_jobs j ON j.id = i.job_id
+                     WHERE i.dead_letter_id = d.id
+                       AND j.status IN ('pending', 'running', 'paused'))
+   ORDER BY coalesce(d.status_at, d.archived_at) LIMIT $2 FOR UPDATE SKIP LOCKED),
+ del AS (DELETE FROM {s}.dead_letters d USING victims v WHERE d.id = v.id RETURNING d.id),
+ audit AS (
+   INSERT INTO {s}.dlq_audit (actor, action, filter, count, dead_letter_ids)
+   SELECT $3, 'archive-purge', $4, count(*), array_agg(id ORDER BY id)
+   FROM del HAVING count(*) > 0)
+ SELECT count(*) FROM del";
+
+/// Circuit breakers open now, for `outbox status`: group, dependency, seconds until the row
+/// expires, reason, generation.
+const OPEN_BREAKERS: &str = "SELECT consumer_group, name,
+        extract(epoch FROM open_until - now())::float8, reason, generation
+   FROM {s}.circuit_breakers WHERE open_until > now() ORDER BY 1, 2";
+
 /// The statements of one schema, rendered.
 #[derive(Debug, Clone)]
 pub(crate) struct Statements {
-    /// The schema the statements were rendered for.
-    pub schema: Schema,
     pub claim: String,
     pub claim_free: String,
     pub first_pending: String,
@@ -210,12 +232,14 @@ pub(crate) struct Statements {
     pub cleanup_outbox: String,
     pub cleanup_processed: String,
     pub cleanup_dead_lettered: String,
+    pub cleanup_dead_letters: String,
     pub gauges: String,
     pub status_counts: String,
     pub oldest_pending_age: String,
     pub failed_by_error: String,
     pub requeue_failed: String,
     pub requeue_id: String,
+    pub open_breakers: String,
 }
 
 impl Statements {
@@ -226,7 +250,6 @@ impl Statements {
         let marks = |t: &str, at: &str| CLEANUP_MARKS.replace("{t}", t).replace("{at}", at);
         let qualified_prefix = format!("{q}.");
         Self {
-            schema: schema.clone(),
             claim: r(CLAIM),
             claim_free: r(CLAIM_FREE),
             first_pending: r(FIRST_PENDING),
@@ -240,12 +263,14 @@ impl Statements {
             cleanup_outbox: r(CLEANUP_OUTBOX),
             cleanup_processed: r(&marks("processed_messages", "processed_at")),
             cleanup_dead_lettered: r(&marks("dead_lettered", "dead_lettered_at")),
+            cleanup_dead_letters: r(CLEANUP_DEAD_LETTERS),
             gauges: r(GAUGES),
             status_counts: r(STATUS_COUNTS),
             oldest_pending_age: r(OLDEST_PENDING_AGE),
             failed_by_error: r(FAILED_BY_ERROR),
             requeue_failed: r(REQUEUE_FAILED),
             requeue_id: r(REQUEUE_ID),
+            open_breakers: r(OPEN_BREAKERS),
         }
     }
 

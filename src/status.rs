@@ -29,7 +29,7 @@ pub struct FailedGroup {
 
 /// The status report.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
-pub struct Status {
+pub struct OutboxStatus {
     /// Counts by status.
     pub counts: Vec<StatusCount>,
     /// Age of the oldest pending row in seconds; a growing value means the relay is not keeping up.
@@ -55,7 +55,7 @@ pub struct OpenBreakerRow {
     pub generation: i64,
 }
 
-impl Status {
+impl OutboxStatus {
     /// Rows in `status`, 0 when none.
     pub fn count(&self, status: &str) -> i64 {
         self.counts
@@ -69,7 +69,7 @@ impl Status {
 ///
 /// # Errors
 /// The Postgres error when unreachable or the tables are missing (run `outbox migrate`).
-pub async fn status(db: &DbConfig) -> Result<Status, tokio_postgres::Error> {
+pub async fn status(db: &DbConfig) -> Result<OutboxStatus, tokio_postgres::Error> {
     let client = crate::db::connect(db).await?;
     let s = Statements::new(&db.schema);
     let counts = client
@@ -94,18 +94,19 @@ pub async fn status(db: &DbConfig) -> Result<Status, tokio_postgres::Error> {
             max_id: r.get(3),
         })
         .collect();
-    let open_breakers = crate::consumer::open_breakers(&client, &db.schema)
+    let open_breakers = client
+        .query(&s.open_breakers, &[])
         .await?
-        .into_iter()
-        .map(|(g, n, secs, reason, generation)| OpenBreakerRow {
-            consumer_group: g,
-            dependency: n,
-            closes_in_secs: secs,
-            reason,
-            generation,
+        .iter()
+        .map(|r| OpenBreakerRow {
+            consumer_group: r.get(0),
+            dependency: r.get(1),
+            closes_in_secs: r.get(2),
+            reason: r.get(3),
+            generation: r.get(4),
         })
         .collect();
-    Ok(Status {
+    Ok(OutboxStatus {
         counts,
         oldest_pending_age_secs,
         failed_by_error,
@@ -141,7 +142,7 @@ pub async fn requeue(db: &DbConfig, which: Requeue) -> Result<u64, tokio_postgre
         client
             .execute(
                 "SELECT pg_notify($1, $2)",
-                &[&db.schema.notify_channel(), &crate::relay::REWIND_PAYLOAD],
+                &[&db.schema.notify_channel(), &crate::schema::REWIND_PAYLOAD],
             )
             .await?;
     }

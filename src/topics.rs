@@ -28,12 +28,11 @@ use serde::Deserialize;
 use crate::config::KafkaConfig;
 use crate::topic::{validate_topic, InvalidTopic};
 
-/// Default retry schedule (seed 001).
-pub const DEFAULT_RETRY_DELAYS: [&str; 3] = ["5s", "30s", "5m"];
-/// Default dead-letter suffix (DESIGN §3.3).
-pub const DEFAULT_DLQ_SUFFIX: &str = "dlq";
-/// Default dead-letter retention: 30 days.
-pub const DEFAULT_DLQ_RETENTION: Duration = Duration::from_secs(30 * 24 * 3600);
+use crate::wire::{DEFAULT_DLQ_SUFFIX, DEFAULT_RETRY_DELAYS};
+
+/// Default `retention.ms` of a dead-letter topic: 30 days, longer than its source's, so a
+/// letter outlives the week it may take someone to look at it.
+pub const DEFAULT_DLQ_TOPIC_RETENTION: Duration = Duration::from_secs(30 * 24 * 3600);
 
 /// Why `topics apply` failed.
 #[derive(Debug, thiserror::Error)]
@@ -150,7 +149,7 @@ pub fn plan(toml_text: &str) -> Result<Vec<TopicSpec>, TopicsError> {
             .unwrap_or_else(|| {
                 DEFAULT_RETRY_DELAYS
                     .iter()
-                    .map(|s| (*s).to_owned())
+                    .map(|d| humantime::format_duration(*d).to_string())
                     .collect()
             });
         out.push(TopicSpec {
@@ -163,7 +162,7 @@ pub fn plan(toml_text: &str) -> Result<Vec<TopicSpec>, TopicsError> {
             let d = humantime::parse_duration(delay)
                 .map_err(|e| TopicsError::Parse(format!("retry delay {delay:?}: {e}")))?;
             // Named exactly as the consumer names them ("300s" → retry-5m), so both agree.
-            let suffix = crate::consumer::retry_suffix(d).map_err(TopicsError::Parse)?;
+            let suffix = crate::wire::retry_suffix(d).map_err(TopicsError::Parse)?;
             let name = format!("{}.{suffix}", t.name);
             validate_topic(&name)?;
             out.push(TopicSpec {
@@ -183,7 +182,7 @@ pub fn plan(toml_text: &str) -> Result<Vec<TopicSpec>, TopicsError> {
         let mut dlq_config = config;
         let dlq_retention = match t.dlq_retention.as_ref().or(d.dlq_retention.as_ref()) {
             Some(r) => millis(r, "dlq_retention")?,
-            None => DEFAULT_DLQ_RETENTION.as_millis().to_string(),
+            None => DEFAULT_DLQ_TOPIC_RETENTION.as_millis().to_string(),
         };
         dlq_config.insert("retention.ms".into(), dlq_retention);
         out.push(TopicSpec {

@@ -535,7 +535,7 @@ async fn parked_letter(
     retries: u32,
 ) -> String {
     let id = uuid::Uuid::now_v7().to_string();
-    let ff = outbox::rfc3339(first_failed);
+    let ff = outbox::testing::rfc3339(first_failed);
     produce(
         &format!("{}.dlq", w.topic),
         Some(order.as_bytes()),

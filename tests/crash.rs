@@ -34,7 +34,7 @@ impl Handler for Effect {
 }
 
 fn spawn_relay(db: &outbox::DbConfig, batch: usize) -> Child {
-    Command::new(env!("CARGO_BIN_EXE_outbox"))
+    Command::new(common::outbox_bin())
         .args([
             "relay",
             "--batch-size",

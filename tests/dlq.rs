@@ -83,7 +83,7 @@ impl Letter {
 /// Writes letters to `<topic>.dlq` with the framework's headers, as group `group` would.
 async fn dead_letter(topic: &str, group: &str, letters: &[Letter]) {
     let dlq = format!("{topic}.dlq");
-    let now = outbox::rfc3339(SystemTime::now());
+    let now = outbox::testing::rfc3339(SystemTime::now());
     for chunk in letters.chunks(200) {
         let futs = chunk.iter().enumerate().map(|(i, l)| {
             let mut h = OwnedHeaders::new();
@@ -1178,7 +1178,7 @@ async fn long_work_shows_a_progress_bar_on_a_terminal_and_plain_lines_otherwise(
     // A terminal (script(1) gives the command a pseudo-terminal): a drawn progress bar.
     let cmd = format!(
         "{} dlq replay --topic {topic} --limit 30 --rate 15 --canary 0",
-        env!("CARGO_BIN_EXE_outbox")
+        common::outbox_bin().display()
     );
     let o = run(Command::new("script")
         .args(["-qec", &cmd, "/dev/null"])

@@ -214,7 +214,7 @@ async fn enqueue_refuses_what_postgres_cannot_store_and_writes_nothing() {
 }
 
 fn run_cli(args: &[&str], envs: &[(&str, &str)]) -> (Option<i32>, String) {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_outbox"));
+    let mut cmd = Command::new(common::outbox_bin());
     cmd.args(args)
         .env_remove("DATABASE_URL")
         .env_remove("KAFKA_BOOTSTRAP_SERVERS")

@@ -33,12 +33,15 @@ async fn three_relays_with_injected_failures_and_a_dead_relay_keep_per_key_order
     let cfg = outbox::RelayConfig {
         batch_size: 500,
         max_attempts: 1000, // injected failures only back rows off
-        inject_refusals: 0.02,
         rebalance_interval: Duration::from_millis(500),
         ..relay_config()
     };
     let relays: Vec<Relay> = (0..3)
-        .map(|_| Relay::new(&db, &kafka(), cfg.clone()).unwrap())
+        .map(|_| {
+            let r = Relay::new(&db, &kafka(), cfg.clone()).unwrap();
+            outbox::testing::inject_refusals(&r, 0.02);
+            r
+        })
         .collect();
     for _ in 0..2 {
         for r in &relays {

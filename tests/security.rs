@@ -191,7 +191,7 @@ async fn no_password_appears_in_any_log_line_or_error_of_a_full_run() {
     ]
     .concat();
     let outbox_cmd = |args: &[String], db_url: &str| {
-        let mut c = Command::new(env!("CARGO_BIN_EXE_outbox"));
+        let mut c = Command::new(common::outbox_bin());
         c.args(args)
             .env("DATABASE_URL", db_url)
             .env("OUTBOX_SCHEMA", &schema)

@@ -271,3 +271,20 @@ impl Receiver {
         std::mem::take(&mut *self.seen.lock().unwrap())
     }
 }
+
+/// The `outbox` binary of this build (`crates/outbox-cli`), next to the test's own `deps/`
+/// directory: `cargo test` builds it first, because that package has integration tests.
+pub fn outbox_bin() -> std::path::PathBuf {
+    let exe = std::env::current_exe().expect("current test binary");
+    let dir = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .expect("target/<profile>/deps");
+    let bin = dir.join(format!("outbox{}", std::env::consts::EXE_SUFFIX));
+    assert!(
+        bin.exists(),
+        "{} is missing: build it with `cargo build -p outbox-cli`",
+        bin.display()
+    );
+    bin
+}

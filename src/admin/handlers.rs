@@ -445,6 +445,6 @@ pub(super) async fn dlq_purge(
     let b = body(b)?;
     let retention = b
         .retention_secs
-        .map_or(crate::dlq::DEFAULT_RETENTION, Duration::from_secs);
+        .map_or(crate::cleanup::DEFAULT_ARCHIVE_RETENTION, Duration::from_secs);
     ok(s.dlq.purge(retention, 5000, &c.holder).await?)
 }

@@ -457,26 +457,6 @@ impl Breakers {
         let failed = calls.iter().filter(|(_, f)| *f).count() as f64;
         failed_dependency.is_some() && n >= rule.min_calls && failed / f64::from(n) > rule.threshold
     }
-
-    /// The open breakers in the database for `outbox status`.
-    pub(crate) async fn for_status(
-        client: &tokio_postgres::Client,
-        schema: &Schema,
-    ) -> Result<Vec<(String, String, f64, Option<String>, i64)>, tokio_postgres::Error> {
-        Ok(client
-            .query(
-                &format!(
-                    "SELECT consumer_group, name, extract(epoch FROM open_until - now())::float8, reason, generation
-                     FROM {}.circuit_breakers WHERE open_until > now() ORDER BY 1, 2",
-                    schema.quoted()
-                ),
-                &[],
-            )
-            .await?
-            .iter()
-            .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4)))
-            .collect())
-    }
 }
 
 /// Paces drain dispatches: at most `rate` per second.

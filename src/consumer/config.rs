@@ -13,8 +13,7 @@ use super::runtime::DEFAULT_PAUSE_AFTER;
 pub const DEFAULT_CONCURRENCY: usize = 16;
 /// Default bound on accepted-but-unfinished messages before partitions are paused.
 pub const DEFAULT_MAX_BUFFERED: usize = 4096;
-/// Default dead-letter suffix.
-pub const DEFAULT_DLQ_SUFFIX: &str = "dlq";
+pub use crate::wire::DEFAULT_DLQ_SUFFIX;
 
 /// Consumer settings. `group` must be given explicitly: a group derived from a host name
 /// changes with every deployment and silently re-reads or skips the topic.
@@ -40,9 +39,9 @@ pub struct ConsumerConfig {
     /// At `max_buffered` with no handler finishing for this long, every partition is paused
     /// (default [`DEFAULT_PAUSE_AFTER`]).
     pub pause_after: Duration,
-    /// Serve Prometheus `/metrics` on this address while the consumer runs (`None`: the
-    /// application installs [`crate::metrics::install`] and mounts [`crate::metrics::router`]
-    /// itself, or does without).
+    /// Serve Prometheus `/metrics` on this address while the consumer runs (needs the
+    /// `prometheus` feature; `None`: the application installs the recorder and mounts the
+    /// route itself, or does without).
     pub metrics_addr: Option<std::net::SocketAddr>,
     /// The circuit breaker shared by the group's replicas (seed 000), for handlers that report
     /// [`super::HandlerError::unavailable`]. `None` (the default): such errors are transient.

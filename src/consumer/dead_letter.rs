@@ -1,78 +1,15 @@
-//! Headers the framework adds on the way to a retry topic or the dead-letter topic
-//! (DESIGN §3.4). Key and body are always forwarded byte-identical.
+//! Dead letters on the way out: the headers of a retry or dead-letter record rebuilt from the
+//! original (names in [`crate::wire`]), and the consumer's record of what it dead-lettered.
+//! Key and body are always forwarded byte-identical.
 
 use rdkafka::message::{Header, OwnedHeaders};
 
-/// Retry hop counter on retry topics.
-pub const X_RETRY_ATTEMPT: &str = "x-retry-attempt";
-/// The topic the event was first published to.
-pub const X_ORIGINAL_TOPIC: &str = "x-original-topic";
-/// Partition of the original record.
-pub const X_ORIGINAL_PARTITION: &str = "x-original-partition";
-/// Offset of the original record.
-pub const X_ORIGINAL_OFFSET: &str = "x-original-offset";
-/// The consumer group that gave up.
-pub const X_CONSUMER_GROUP: &str = "x-consumer-group";
-/// Handler attempts made before dead-lettering.
-pub const X_ATTEMPTS: &str = "x-attempts";
-/// The last error, at most 500 characters.
-pub const X_ERROR: &str = "x-error";
-/// `transient-exhausted`, `permanent`, `decode`, `panic` or `unavailable`.
-pub const X_ERROR_KIND: &str = "x-error-kind";
-/// When the message was dead-lettered (RFC 3339).
-pub const X_FAILED_AT: &str = "x-failed-at";
-/// DLQ re-processing envelope (seed 000): times this message has been dead-lettered before.
-pub const X_DLQ_RETRIES: &str = "x-dlq-retries";
-/// DLQ re-processing envelope (seed 000): when it was first dead-lettered; kept across hops.
-pub const X_FIRST_FAILED_AT: &str = "x-first-failed-at";
-
-/// Every header the framework manages; replays strip them all.
-pub const SERVICE_HEADERS: [&str; 11] = [
-    X_RETRY_ATTEMPT,
-    X_ORIGINAL_TOPIC,
-    X_ORIGINAL_PARTITION,
-    X_ORIGINAL_OFFSET,
-    X_CONSUMER_GROUP,
-    X_ATTEMPTS,
-    X_ERROR,
-    X_ERROR_KIND,
-    X_FAILED_AT,
-    X_DLQ_RETRIES,
-    X_FIRST_FAILED_AT,
-];
-
-/// Why a message was dead-lettered (`x-error-kind`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DeadLetterKind {
-    /// Transient failures outlasted the retry budget.
-    TransientExhausted,
-    /// The handler returned a permanent error.
-    Permanent,
-    /// The message could not be decoded or validated (no retries spent).
-    Decode,
-    /// The handler panicked.
-    Panic,
-    /// A downstream dependency was unavailable: parked by the circuit breaker, drained later.
-    Unavailable,
-}
-
-impl DeadLetterKind {
-    /// The header value.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::TransientExhausted => "transient-exhausted",
-            Self::Permanent => "permanent",
-            Self::Decode => "decode",
-            Self::Panic => "panic",
-            Self::Unavailable => "unavailable",
-        }
-    }
-}
-
-/// Cuts an error to the 500 characters the headers allow.
-pub(crate) fn cut(s: &str) -> String {
-    s.chars().take(500).collect()
-}
+pub use crate::wire::{
+    DeadLetterKind, SERVICE_HEADERS, X_ATTEMPTS, X_CONSUMER_GROUP, X_DLQ_RETRIES, X_ERROR,
+    X_ERROR_KIND, X_FAILED_AT, X_FIRST_FAILED_AT, X_ORIGINAL_OFFSET, X_ORIGINAL_PARTITION,
+    X_ORIGINAL_TOPIC, X_RETRY_ATTEMPT,
+};
+pub(crate) use crate::wire::cut;
 
 /// The original headers without the service headers named in `replace`, then `extra`.
 pub(crate) fn rebuild(

@@ -73,8 +73,6 @@ use tracing::info;
 
 use crate::config::{DbConfig, KafkaConfig};
 use breaker::Breakers;
-pub(crate) use record::{Raw, UNREADABLE_HEADERS};
-pub(crate) use runtime::tpl_of;
 use runtime::{Ctx, Partitions, Runtime};
 
 /// A registered handler.
@@ -86,7 +84,7 @@ enum HandlerRef {
 
 struct Shared {
     pool: Pool,
-    producer: FutureProducer<crate::outage::KafkaQuiet>,
+    producer: FutureProducer<crate::kafka::KafkaQuiet>,
     handlers: HashMap<String, HandlerRef>,
     config: ConsumerConfig,
     retry_topics: HashMap<String, (String, usize)>,
@@ -103,14 +101,6 @@ struct Shared {
     dead_lettered: DeadLetterLog,
     /// One log line per outage of the consumer's database.
     pg_outage: crate::outage::Outage,
-}
-
-/// Open breakers of every group in `schema` (for `outbox status`).
-pub(crate) async fn open_breakers(
-    client: &tokio_postgres::Client,
-    schema: &crate::schema::Schema,
-) -> Result<Vec<(String, String, f64, Option<String>, i64)>, tokio_postgres::Error> {
-    Breakers::for_status(client, schema).await
 }
 
 impl Shared {
@@ -296,17 +286,9 @@ impl Consumer {
             backpressure: backpressure.clone(),
         })?;
 
-        let mut pc = self.kafka.client_config();
-        pc.set("enable.idempotence", "true")
-            .set("acks", "all")
-            .set("linger.ms", "2")
-            .set("allow.auto.create.topics", "false")
-            .set(
-                "message.timeout.ms",
-                self.config.delivery_timeout.as_millis().to_string(),
-            );
-        let producer: FutureProducer<crate::outage::KafkaQuiet> =
-            pc.create_with_context(crate::outage::KafkaQuiet(kafka_outage.clone()))?;
+        let pc = crate::kafka::idempotent_producer(&self.kafka, self.config.delivery_timeout, 2);
+        let producer: FutureProducer<crate::kafka::KafkaQuiet> =
+            pc.create_with_context(crate::kafka::KafkaQuiet(kafka_outage.clone()))?;
 
         // Missing retry/DLQ topics must stop us now, not at the first failure.
         let required = self.required_topics();
@@ -358,10 +340,17 @@ impl Consumer {
         let pool = crate::db::pool(&db).map_err(|e| ConsumerError::Config(format!("pool: {e}")))?;
         let cancel = CancellationToken::new();
         if let Some(addr) = self.config.metrics_addr {
-            let c = cancel.clone();
-            crate::metrics::serve(addr, async move { c.cancelled().await })
-                .await
-                .map_err(|e| ConsumerError::Config(format!("metrics address {addr}: {e}")))?;
+            #[cfg(feature = "prometheus")]
+            {
+                let c = cancel.clone();
+                crate::metrics::serve(addr, async move { c.cancelled().await })
+                    .await
+                    .map_err(|e| ConsumerError::Config(format!("metrics address {addr}: {e}")))?;
+            }
+            #[cfg(not(feature = "prometheus"))]
+            return Err(ConsumerError::Config(format!(
+                "metrics address {addr}: outbox was built without its `prometheus` feature"
+            )));
         }
         {
             let cancel = cancel.clone();

@@ -8,12 +8,7 @@ pub const DEFAULT_IN_PLACE_ATTEMPTS: u32 = 3;
 pub const DEFAULT_IN_PLACE_BASE: Duration = Duration::from_millis(500);
 /// Longest in-place backoff.
 pub const DEFAULT_IN_PLACE_MAX: Duration = Duration::from_secs(30);
-/// Default retry-topic schedule (seed 001): `.retry-5s`, `.retry-30s`, `.retry-5m`.
-pub const DEFAULT_RETRY_DELAYS: [Duration; 3] = [
-    Duration::from_secs(5),
-    Duration::from_secs(30),
-    Duration::from_secs(300),
-];
+pub use crate::wire::DEFAULT_RETRY_DELAYS;
 
 /// How a transient failure is retried. Permanent failures, decode errors and panics are never
 /// retried: they go to `<topic>.dlq` at once.
@@ -69,41 +64,11 @@ impl RetryStrategy {
     }
 }
 
-/// The suffix of a retry topic for `delay`: `retry-5s`, `retry-30s`, `retry-5m`, `retry-1h`.
-///
-/// # Errors
-/// A message when the delay is below 1 s or not a whole number of seconds.
-pub fn retry_suffix(delay: Duration) -> Result<String, String> {
-    if delay < Duration::from_secs(1) || delay.subsec_nanos() != 0 {
-        return Err(format!(
-            "retry delay {delay:?} must be a whole number of seconds, at least 1 s"
-        ));
-    }
-    let s = delay.as_secs();
-    Ok(if s % 3600 == 0 {
-        format!("retry-{}h", s / 3600)
-    } else if s % 60 == 0 {
-        format!("retry-{}m", s / 60)
-    } else {
-        format!("retry-{s}s")
-    })
-}
+pub use crate::wire::retry_suffix;
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn suffixes_follow_seed_001() {
-        let names: Vec<_> = DEFAULT_RETRY_DELAYS
-            .iter()
-            .map(|d| retry_suffix(*d).unwrap())
-            .collect();
-        assert_eq!(names, ["retry-5s", "retry-30s", "retry-5m"]);
-        assert_eq!(retry_suffix(Duration::from_secs(7200)).unwrap(), "retry-2h");
-        assert!(retry_suffix(Duration::from_millis(1500)).is_err());
-        assert!(retry_suffix(Duration::from_millis(0)).is_err());
-    }
 
     #[test]
     fn in_place_delays_grow_and_cap() {

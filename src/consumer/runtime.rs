@@ -23,6 +23,7 @@ use super::handler::Delivered;
 use super::offsets::OffsetTracker;
 use super::process::{process, process_batch, process_drain, Fate};
 use super::record::{decode, origin, Origin, Raw};
+use crate::kafka::tpl_of;
 use super::retry::RetryStrategy;
 use super::stats::ConsumerStats;
 use super::{HandlerRef, Shared};
@@ -76,11 +77,11 @@ impl Ctx {
 
 impl ClientContext for Ctx {
     fn log(&self, level: rdkafka::config::RDKafkaLogLevel, fac: &str, log_message: &str) {
-        crate::outage::KafkaQuiet(self.kafka_outage.clone()).log(level, fac, log_message);
+        crate::kafka::KafkaQuiet(self.kafka_outage.clone()).log(level, fac, log_message);
     }
 
     fn error(&self, error: KafkaError, reason: &str) {
-        crate::outage::KafkaQuiet(self.kafka_outage.clone()).error(error, reason);
+        crate::kafka::KafkaQuiet(self.kafka_outage.clone()).error(error, reason);
     }
 
     /// librdkafka's statistics (every `statistics.interval.ms`): per-partition lag as gauges.
@@ -226,13 +227,6 @@ pub(super) struct Runtime<'c> {
 /// (measured: pausing at every saturation capped a 16-way consumer at ~1,000 msg/s).
 pub const DEFAULT_PAUSE_AFTER: Duration = Duration::from_secs(2);
 
-pub(crate) fn tpl_of<'a>(tps: impl IntoIterator<Item = &'a Tp>) -> TopicPartitionList {
-    let mut tpl = TopicPartitionList::new();
-    for (t, p) in tps {
-        tpl.add_partition(t, *p);
-    }
-    tpl
-}
 
 pub(super) fn now_ms() -> i64 {
     SystemTime::now()

@@ -20,8 +20,9 @@ use super::normalize::normalize_error;
 use super::{invalid, Dlq, DlqError};
 use crate::backoff::Backoff;
 use crate::config::{DbConfig, KafkaConfig};
-use crate::consumer::{
-    Raw, DEFAULT_DLQ_SUFFIX, UNREADABLE_HEADERS, X_ATTEMPTS, X_CONSUMER_GROUP, X_DLQ_RETRIES,
+use crate::kafka::Raw;
+use crate::wire::{
+    DEFAULT_DLQ_SUFFIX, UNREADABLE_HEADERS, X_ATTEMPTS, X_CONSUMER_GROUP, X_DLQ_RETRIES,
     X_ERROR, X_ERROR_KIND, X_FAILED_AT, X_FIRST_FAILED_AT, X_ORIGINAL_OFFSET, X_ORIGINAL_PARTITION,
     X_ORIGINAL_TOPIC,
 };
@@ -29,8 +30,6 @@ use crate::message::{HEADER_MESSAGE_ID, HEADER_MESSAGE_TYPE};
 
 /// The archiver's consumer group.
 pub const ARCHIVE_GROUP: &str = "outbox-dlq-archive";
-/// Settled (replayed or dropped) letters are purged this long after they were archived.
-pub const DEFAULT_RETENTION: Duration = Duration::from_secs(30 * 24 * 3600);
 /// Records per insert transaction.
 const BATCH: usize = 500;
 /// How long a batch may wait to fill before it is written.
@@ -201,7 +200,7 @@ impl Archiver {
             kafka: kafka.clone(),
             topics,
             suffix: DEFAULT_DLQ_SUFFIX.into(),
-            retention: DEFAULT_RETENTION,
+            retention: crate::cleanup::DEFAULT_ARCHIVE_RETENTION,
             group: ARCHIVE_GROUP.into(),
         })
     }
@@ -337,7 +336,7 @@ impl Archiver {
             }
             if seen_assignment.as_ref() != Some(&assigned) {
                 // What the group committed before us counts as done.
-                let tpl = crate::consumer::tpl_of(assigned.iter());
+                let tpl = crate::kafka::tpl_of(assigned.iter());
                 if let Ok(committed) =
                     c.committed_offsets(tpl, Timeout::After(Duration::from_secs(10)))
                 {

@@ -6,7 +6,7 @@ use std::time::Duration;
 use serde::Serialize;
 use serde_json::json;
 
-use super::filter::{secs, Filter, Status};
+use super::filter::{Filter, Status};
 use super::{check_actor, invalid, Dlq, DlqError};
 
 /// What a drop did.
@@ -161,41 +161,17 @@ impl Dlq {
         batch: usize,
         actor: &str,
     ) -> Result<PurgeReport, DlqError> {
-        let batch = i64::try_from(batch.max(1)).unwrap_or(i64::MAX);
-        let filter = json!({"status": ["replayed", "dropped"], "settled_before_secs_ago": retention.as_secs()});
-        let mut report = PurgeReport::default();
-        loop {
-            let c = self.pool.get().await?;
-            let n: i64 = c
-                .query_one(
-                    &format!(
-                        "WITH victims AS (
-                           SELECT d.id FROM {t} d WHERE d.status <> 'new'
-                             AND coalesce(d.status_at, d.archived_at) < now() - make_interval(secs => $1)
-                             AND NOT EXISTS (SELECT 1 FROM {items} i JOIN {jobs} j ON j.id = i.job_id
-                                             WHERE i.dead_letter_id = d.id
-                                               AND j.status IN ('pending', 'running', 'paused'))
-                           ORDER BY coalesce(d.status_at, d.archived_at) LIMIT $2 FOR UPDATE SKIP LOCKED),
-                         del AS (DELETE FROM {t} d USING victims v WHERE d.id = v.id RETURNING d.id),
-                         audit AS (
-                           INSERT INTO {a} (actor, action, filter, count, dead_letter_ids)
-                           SELECT $3, 'archive-purge', $4, count(*), array_agg(id ORDER BY id)
-                           FROM del HAVING count(*) > 0)
-                         SELECT count(*) FROM del",
-                        t = self.t("dead_letters"),
-                        a = self.t("dlq_audit"),
-                        items = self.t("dlq_replay_items"),
-                        jobs = self.t("dlq_replay_jobs"),
-                    ),
-                    &[&secs(retention), &batch, &actor, &filter],
-                )
-                .await?
-                .get(0);
-            report.statements += 1;
-            report.deleted += n as u64;
-            if n < batch {
-                return Ok(report);
-            }
-        }
+        let (deleted, statements) = crate::cleanup::purge_dead_letters(
+            &self.pool,
+            &crate::sql::Statements::new(&self.schema),
+            retention,
+            batch,
+            actor,
+        )
+        .await?;
+        Ok(PurgeReport {
+            deleted,
+            statements,
+        })
     }
 }

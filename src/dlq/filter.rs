@@ -3,7 +3,7 @@
 //! as JSON in the audit log and in replay jobs exactly as it was applied.
 
 use std::str::FromStr;
-use std::time::{Duration, SystemTime};
+use std::time::SystemTime;
 
 use serde::{Deserialize, Serialize};
 use tokio_postgres::types::ToSql;
@@ -246,11 +246,6 @@ impl Filter {
         };
         w
     }
-}
-
-/// Seconds as a Postgres interval parameter.
-pub(crate) fn secs(d: Duration) -> f64 {
-    d.as_secs_f64()
 }
 
 #[cfg(test)]

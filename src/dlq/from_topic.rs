@@ -26,7 +26,7 @@ use super::headers::{for_replay, from_json};
 use super::replay::{enqueue, Pacer};
 use super::{invalid, DlqError};
 use crate::config::KafkaConfig;
-use crate::consumer::DEFAULT_DLQ_SUFFIX;
+use crate::wire::DEFAULT_DLQ_SUFFIX;
 use crate::message::rfc3339;
 
 /// The consumer group of `--from-topic` replays.
@@ -149,12 +149,7 @@ pub async fn replay_from_topic(
         );
     }
     let total: u64 = end.values().map(|(lo, hi)| (hi - lo) as u64).sum();
-    let mut pc = kafka.client_config();
-    pc.set("enable.idempotence", "true")
-        .set("acks", "all")
-        .set("linger.ms", "5")
-        .set("allow.auto.create.topics", "false")
-        .set("message.timeout.ms", "30000");
+    let pc = crate::kafka::idempotent_producer(kafka, Duration::from_secs(30), 5);
     let producer: FutureProducer = pc.create()?;
     c.subscribe(&[dlq_topic])?;
 

@@ -25,7 +25,7 @@ mod query;
 mod replay;
 
 pub(crate) use archive::Row;
-pub use archive::{ArchiveReport, Archiver, ARCHIVE_GROUP, DEFAULT_RETENTION};
+pub use archive::{ArchiveReport, Archiver, ARCHIVE_GROUP};
 pub use drop::{DropReport, PurgeReport};
 pub use filter::{Filter, Status};
 pub use from_topic::{replay_from_topic, FromTopicOptions, FromTopicReport, REPLAY_GROUP};
@@ -58,6 +58,15 @@ pub enum DlqError {
     /// Kafka refused a setting or an operation.
     #[error("kafka: {0}")]
     Kafka(#[from] rdkafka::error::KafkaError),
+}
+
+impl From<crate::cleanup::CleanupError> for DlqError {
+    fn from(e: crate::cleanup::CleanupError) -> Self {
+        match e {
+            crate::cleanup::CleanupError::Postgres(e) => Self::Postgres(e),
+            crate::cleanup::CleanupError::Pool(e) => Self::Pool(e),
+        }
+    }
 }
 
 impl DlqError {

@@ -31,7 +31,7 @@ use super::headers::{for_replay, from_json, HeaderValue};
 use super::query::{ts, ts_opt, LetterRow};
 use super::{check_actor, invalid, Dlq, DlqError};
 use crate::config::KafkaConfig;
-use crate::consumer::X_FIRST_FAILED_AT;
+use crate::wire::X_FIRST_FAILED_AT;
 use crate::message::rfc3339;
 
 /// Default replay rate, messages per second.
@@ -740,7 +740,7 @@ impl Dlq {
                     "UPDATE {} SET state = 'failed', error = $3 WHERE job_id = $1 AND dead_letter_id = $2",
                     self.t("dlq_replay_items")
                 ),
-                &[&job, id, &crate::consumer::cut(err)],
+                &[&job, id, &crate::wire::cut(err)],
             )
             .await?;
         }
@@ -798,12 +798,7 @@ impl Dlq {
             .await?;
         info!(job = id, "replay job running");
 
-        let mut pc = kafka.client_config();
-        pc.set("enable.idempotence", "true")
-            .set("acks", "all")
-            .set("linger.ms", "5")
-            .set("allow.auto.create.topics", "false")
-            .set("message.timeout.ms", "30000");
+        let pc = crate::kafka::idempotent_producer(kafka, Duration::from_secs(30), 5);
         let producer: FutureProducer = pc.create()?;
         let mut topics_ok: HashMap<String, bool> = HashMap::new();
 

@@ -16,14 +16,14 @@ use rdkafka::producer::ThreadedProducer;
 use tokio::sync::Notify;
 
 use super::{fate_of_error, Fate};
-use crate::outage::KafkaQuiet;
+use crate::kafka::KafkaQuiet;
 
 /// Bits of the opaque that hold the row's position in its batch (the batch size is capped at
 /// 50,000, below 2^24); the bits above hold the batch's ticket.
 const INDEX_BITS: u32 = 24;
 
 // The opaque packs a 40-bit ticket above the index: a 64-bit `usize`, a batch that fits.
-const _: () = assert!(crate::config::MAX_BATCH_SIZE < 1 << INDEX_BITS && usize::BITS == 64);
+const _: () = assert!(super::MAX_BATCH_SIZE < 1 << INDEX_BITS && usize::BITS == 64);
 
 /// The relay's producer: librdkafka's own polling thread delivers the reports to [`Reports`].
 pub(crate) type RelayProducer = ThreadedProducer<RelayContext>;

@@ -450,10 +450,27 @@ pub fn example_binary(name: &str) -> std::path::PathBuf {
 
 /// Runs the `outbox` binary with the test's database, schema and Kafka.
 pub fn outbox_command(db: &outbox::DbConfig) -> std::process::Command {
-    let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_outbox"));
+    let mut c = std::process::Command::new(outbox_bin());
     c.env("DATABASE_URL", database_url())
         .env("OUTBOX_SCHEMA", db.schema.name())
         .env("KAFKA_BOOTSTRAP_SERVERS", bootstrap())
         .env("RUST_LOG", "info");
     c
+}
+
+/// The `outbox` binary of this build (`crates/outbox-cli`), next to the test's own `deps/`
+/// directory: `cargo test` builds it first, because that package has integration tests.
+pub fn outbox_bin() -> std::path::PathBuf {
+    let exe = std::env::current_exe().expect("current test binary");
+    let dir = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .expect("target/<profile>/deps");
+    let bin = dir.join(format!("outbox{}", std::env::consts::EXE_SUFFIX));
+    assert!(
+        bin.exists(),
+        "{} is missing: build it with `cargo build -p outbox-cli`",
+        bin.display()
+    );
+    bin
 }

@@ -39,14 +39,14 @@ pub(crate) struct Lanes {
     /// After a failure, the next attempt waits (capped, jittered) instead of every pass.
     backoff: crate::backoff::Backoff,
     retry_at: Option<Instant>,
-    outages: std::sync::Arc<crate::relay::Outages>,
+    outages: std::sync::Arc<super::Outages>,
 }
 
 impl Lanes {
     pub fn new(
         db: &DbConfig,
         interval: Duration,
-        outages: std::sync::Arc<crate::relay::Outages>,
+        outages: std::sync::Arc<super::Outages>,
     ) -> Self {
         Self {
             db: db.clone(),

@@ -6,7 +6,6 @@
 use std::process::ExitCode;
 use std::time::Duration;
 
-#[path = "outbox/dlq_cli.rs"]
 mod dlq_cli;
 
 use anyhow::Context;
@@ -291,7 +290,6 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 sweep_interval,
                 long_transaction,
                 in_flight_batches,
-                inject_refusals: 0.0,
             };
             let relay = Relay::new(&db, &kafka, config).map_err(|e| match e {
                 outbox::RelayError::Config(c) => anyhow::Error::new(UsageError(c.to_string())),

@@ -1,0 +1,87 @@
+//! The Prometheus recorder and the `/metrics` route (the `prometheus` feature).
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::OnceLock;
+
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+
+use super::OUTBOX_BATCH_SIZE;
+
+static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+
+/// Installs the process-wide Prometheus recorder (once; later calls return the same handle).
+///
+/// # Errors
+/// When another `metrics` recorder was installed by the application: mount that one instead.
+pub fn install() -> Result<PrometheusHandle, String> {
+    if let Some(h) = HANDLE.get() {
+        return Ok(h.clone());
+    }
+    let seconds = [
+        0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+        300.0,
+    ];
+    let sizes = [
+        1.0, 10.0, 50.0, 100.0, 250.0, 500.0, 1000.0, 2000.0, 5000.0, 10000.0,
+    ];
+    let builder = PrometheusBuilder::new()
+        .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), &seconds)
+        .and_then(|b| b.set_buckets_for_metric(Matcher::Full(OUTBOX_BATCH_SIZE.into()), &sizes))
+        .map_err(|e| e.to_string())?;
+    let recorder = builder.build_recorder();
+    let handle = recorder.handle();
+    // Two installs racing: the loser's recorder is dropped and both use the winner's handle.
+    let _ = metrics::set_global_recorder(recorder);
+    let h = HANDLE.get_or_init(|| handle);
+    metrics::gauge!("outbox_build_info", "version" => env!("CARGO_PKG_VERSION")).set(1.0);
+    metrics::gauge!("outbox_up").set(1.0);
+    Ok(h.clone())
+}
+
+/// A router serving `GET /metrics` in Prometheus text format.
+///
+/// # Panics
+/// Never: the recorder is installed on first use.
+pub fn router() -> axum::Router {
+    let handle = install().ok();
+    axum::Router::new().route(
+        "/metrics",
+        axum::routing::get(move || {
+            let body = handle
+                .as_ref()
+                .map(PrometheusHandle::render)
+                .unwrap_or_default();
+            async move {
+                (
+                    [(
+                        axum::http::header::CONTENT_TYPE,
+                        "text/plain; version=0.0.4; charset=utf-8",
+                    )],
+                    body,
+                )
+            }
+        }),
+    )
+}
+
+/// Serves `/metrics` on `addr` until `shutdown` resolves.
+///
+/// # Errors
+/// When the address cannot be bound.
+pub async fn serve(
+    addr: SocketAddr,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<tokio::task::JoinHandle<()>> {
+    install().map_err(std::io::Error::other)?;
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    tracing::info!(%addr, "serving /metrics");
+    Ok(tokio::spawn(async move {
+        if let Err(e) = axum::serve(listener, router())
+            .with_graceful_shutdown(shutdown)
+            .await
+        {
+            tracing::warn!(error = %e, "metrics server stopped");
+        }
+    }))
+}

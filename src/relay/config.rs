@@ -1,0 +1,150 @@
+//! [`RelayConfig`]: how the relay claims, produces and backs off, with its named defaults.
+
+use std::time::Duration;
+
+use crate::cleanup::CleanupConfig;
+use crate::config::ConfigError;
+
+/// Rows claimed per relay pass.
+pub const DEFAULT_BATCH_SIZE: usize = 2000;
+/// Largest batch accepted: a claim transaction holds its row locks while the batch is in flight.
+pub const MAX_BATCH_SIZE: usize = 50_000;
+/// Default [`RelayConfig::in_flight_batches`]: one batch waiting for acks while the next is
+/// claimed and the previous marked (measured in `benches/relay_drain.rs`).
+pub const DEFAULT_IN_FLIGHT_BATCHES: usize = 2;
+/// Upper bound of [`RelayConfig::in_flight_batches`].
+pub const MAX_IN_FLIGHT_BATCHES: usize = 8;
+/// Produce attempts before a row becomes `failed` (seed 002).
+pub const DEFAULT_MAX_ATTEMPTS: i32 = 10;
+/// How often an idle relay looks for due rows when no notification arrives.
+pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_millis(500);
+/// How often the relay sweeps below its claim floor (rows of very long transactions, rows
+/// requeued by hand).
+pub const DEFAULT_SWEEP_INTERVAL: Duration = Duration::from_secs(10);
+/// How long a transaction may keep outbox rows uncommitted before the claim floor passes them
+/// (they are then published by the sweep).
+pub const DEFAULT_LONG_TRANSACTION: Duration = Duration::from_secs(60);
+/// How long librdkafka may try to deliver one message (`message.timeout.ms`).
+pub const DEFAULT_DELIVERY_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long shutdown waits for in-flight messages to be flushed.
+pub const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How the relay claims, produces and backs off.
+#[derive(Debug, Clone)]
+pub struct RelayConfig {
+    /// Rows per claim (default [`DEFAULT_BATCH_SIZE`]).
+    pub batch_size: usize,
+    /// Attempts before a row becomes `failed` (default [`DEFAULT_MAX_ATTEMPTS`]).
+    pub max_attempts: i32,
+    /// Idle poll period when no notification arrives (default [`DEFAULT_POLL_INTERVAL`]).
+    pub poll_interval: Duration,
+    /// librdkafka `message.timeout.ms`; the relay waits this plus a margin for delivery reports,
+    /// and rows without a report by then stay pending (default [`DEFAULT_DELIVERY_TIMEOUT`]).
+    pub delivery_timeout: Duration,
+    /// Flush budget at shutdown (default [`DEFAULT_SHUTDOWN_TIMEOUT`]).
+    pub shutdown_timeout: Duration,
+    /// Wake on the `outbox_notify` trigger's notifications (LISTEN); polling runs regardless.
+    pub listen: bool,
+    /// Cleanup schedule run by the relay.
+    pub cleanup: CleanupConfig,
+    /// How often the relay re-counts relays and rebalances its ordering lanes.
+    pub rebalance_interval: Duration,
+    /// How often the relay sweeps below its claim floor for pending rows the floor passed
+    /// (default [`DEFAULT_SWEEP_INTERVAL`]); see [`Relay::sweep`](crate::Relay::sweep).
+    pub sweep_interval: Duration,
+    /// A transaction still open this long after inserting outbox rows no longer holds the claim
+    /// floor back; its rows are published by the next sweep after it commits
+    /// (default [`DEFAULT_LONG_TRANSACTION`]).
+    pub long_transaction: Duration,
+    /// Claim transactions open at once: while one batch waits for Kafka's acks the next is
+    /// claimed and the one before is marked (default [`DEFAULT_IN_FLIGHT_BATCHES`]; 1 = one
+    /// batch at a time). Each takes a pooled connection.
+    pub in_flight_batches: usize,
+}
+
+impl Default for RelayConfig {
+    fn default() -> Self {
+        Self {
+            batch_size: DEFAULT_BATCH_SIZE,
+            max_attempts: DEFAULT_MAX_ATTEMPTS,
+            poll_interval: DEFAULT_POLL_INTERVAL,
+            delivery_timeout: DEFAULT_DELIVERY_TIMEOUT,
+            shutdown_timeout: DEFAULT_SHUTDOWN_TIMEOUT,
+            listen: true,
+            cleanup: CleanupConfig::default(),
+            rebalance_interval: super::lanes::DEFAULT_REBALANCE_INTERVAL,
+            sweep_interval: DEFAULT_SWEEP_INTERVAL,
+            long_transaction: DEFAULT_LONG_TRANSACTION,
+            in_flight_batches: DEFAULT_IN_FLIGHT_BATCHES,
+        }
+    }
+}
+
+impl RelayConfig {
+    /// Checks ranges.
+    ///
+    /// # Errors
+    /// [`ConfigError::Value`] naming the first setting out of range.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let bad = |name, reason: &str| {
+            Err(ConfigError::Value {
+                name,
+                reason: reason.into(),
+            })
+        };
+        if self.batch_size == 0 || self.batch_size > MAX_BATCH_SIZE {
+            return bad("batch size", "must be between 1 and 50000");
+        }
+        if self.in_flight_batches == 0 || self.in_flight_batches > MAX_IN_FLIGHT_BATCHES {
+            return bad("in-flight batches", "must be between 1 and 8");
+        }
+        if self.max_attempts < 1 {
+            return bad("max attempts", "must be at least 1");
+        }
+        if self.poll_interval.is_zero() {
+            return bad("poll interval", "must be greater than zero");
+        }
+        if self.delivery_timeout < Duration::from_millis(100) {
+            return bad("delivery timeout", "must be at least 100ms");
+        }
+        if self.delivery_timeout > Duration::from_secs(3600) {
+            return bad("delivery timeout", "must be at most 1h");
+        }
+        if self.cleanup.batch_size == 0 {
+            return bad("cleanup batch size", "must be at least 1");
+        }
+        if self.rebalance_interval.is_zero() {
+            return bad("rebalance interval", "must be greater than zero");
+        }
+        if self.sweep_interval.is_zero() {
+            return bad("sweep interval", "must be greater than zero");
+        }
+        if self.long_transaction < Duration::from_secs(1) {
+            return bad("long transaction", "must be at least 1s");
+        }
+        if self.cleanup.interval.is_some_and(|d| d.is_zero()) {
+            return bad("cleanup interval", "must be greater than zero (or off)");
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn relay_config_ranges() {
+        RelayConfig::default().validate().unwrap();
+        let c = RelayConfig {
+            batch_size: 0,
+            ..RelayConfig::default()
+        };
+        assert!(c.validate().unwrap_err().to_string().contains("batch size"));
+        let c = RelayConfig {
+            max_attempts: 0,
+            ..RelayConfig::default()
+        };
+        assert!(c.validate().is_err());
+    }
+}
