@@ -40,10 +40,11 @@ async fn main() {
     c.batch_execute(&format!("VACUUM ANALYZE {s}.processed_messages"))
         .await
         .unwrap();
-    let cfg = outbox::CleanupConfig {
-        batch_size: batch,
-        interval: None,
-        ..Default::default()
+    let cfg = {
+        let mut c = outbox::CleanupConfig::default();
+        c.batch_size = batch;
+        c.interval = None;
+        c
     };
     let started = Instant::now();
     let r = outbox::cleanup(&db, &cfg).await.unwrap();

@@ -22,12 +22,14 @@ async fn main() {
     create_append_time_topic(&topic, &[]).await;
     let receiver = Receiver::start(&topic);
 
-    let cfg = outbox::RelayConfig {
-        cleanup: outbox::CleanupConfig {
-            interval: None,
-            ..Default::default()
-        },
-        ..Default::default()
+    let cfg = {
+        let mut c = outbox::RelayConfig::default();
+        c.cleanup = {
+            let mut cc = outbox::CleanupConfig::default();
+            cc.interval = None;
+            cc
+        };
+        c
     };
     let relay = outbox::Relay::new(&db, &kafka(), cfg).unwrap();
     let (stop_relay, relay_stopped) = tokio::sync::oneshot::channel::<()>();

@@ -46,14 +46,16 @@ async fn drain_with(s: Setup, rows: usize, batch: usize, keys: usize) -> serde_j
     let topic = format!("bench.{}.created", rand_name(8));
     create_topic(&topic, 6).await;
     fill_outbox_stats(&db, &topic, rows, keys, s.analyze).await;
-    let cfg = outbox::RelayConfig {
-        batch_size: batch,
-        in_flight_batches: s.in_flight,
-        cleanup: outbox::CleanupConfig {
-            interval: None,
-            ..Default::default()
-        },
-        ..Default::default()
+    let cfg = {
+        let mut c = outbox::RelayConfig::default();
+        c.batch_size = batch;
+        c.in_flight_batches = s.in_flight;
+        c.cleanup = {
+            let mut cc = outbox::CleanupConfig::default();
+            cc.interval = None;
+            cc
+        };
+        c
     };
     let rs: Vec<Arc<outbox::Relay>> = (0..s.relays)
         .map(|_| Arc::new(outbox::Relay::new(&db, &kafka(), cfg.clone()).unwrap()))
@@ -199,8 +201,9 @@ fn cpu_seconds() -> Cpu {
 async fn postgres_ceiling(rows: usize, batch: usize, keys: usize) -> f64 {
     let db = fresh_db().await;
     fill_outbox_stats(&db, "bench.ceiling", rows, keys, true).await;
-    let stmts: std::collections::HashMap<_, _> =
-        outbox::testing::hot_statements(&db.schema).into_iter().collect();
+    let stmts: std::collections::HashMap<_, _> = outbox::testing::hot_statements(&db.schema)
+        .into_iter()
+        .collect();
     let mut c = outbox::connect(&db).await.unwrap();
     let claim = c.prepare(&stmts["claim_free"]).await.unwrap();
     let mark = c.prepare(&stmts["mark_sent"]).await.unwrap();

@@ -28,19 +28,17 @@ async fn main() {
     create_append_time_topic(&topic, &[("retention.ms", "600000")]).await;
     let receiver = Receiver::start(&topic);
 
-    let cleanup = outbox::CleanupConfig {
-        sent_retention: Duration::from_secs(60),
-        interval: Some(Duration::from_secs(if full() { 60 } else { 1 })),
-        ..Default::default()
+    let cleanup = {
+        let mut c = outbox::CleanupConfig::default();
+        c.sent_retention = Duration::from_secs(60);
+        c.interval = Some(Duration::from_secs(if full() { 60 } else { 1 }));
+        c
     };
-    let relay = outbox::Relay::new(
-        &db,
-        &kafka(),
-        outbox::RelayConfig {
-            cleanup,
-            ..Default::default()
-        },
-    )
+    let relay = outbox::Relay::new(&db, &kafka(), {
+        let mut c = outbox::RelayConfig::default();
+        c.cleanup = cleanup;
+        c
+    })
     .unwrap();
     let (stop_relay, relay_stopped) = tokio::sync::oneshot::channel::<()>();
     let relay_task = tokio::spawn(relay.run(async move {

@@ -156,13 +156,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         env("LOYALTY_GROUP", "loyalty-notifier"),
         [env("LOYALTY_TOPIC", "orders.created")],
     );
-    config.breaker = Some(BreakerConfig {
-        open_for: ms("BREAKER_OPEN_FOR_MS", "30000")?,
-        check_interval: ms("BREAKER_CHECK_MS", "1000")?,
-        drain_rate: env("DRAIN_RATE", "10").parse()?,
-        max_dlq_retries: env("MAX_DLQ_RETRIES", "5").parse()?,
-        deadline: Duration::from_secs(env("DLQ_DEADLINE_SECS", "86400").parse()?),
-        ..BreakerConfig::default()
+    config.breaker = Some({
+        let mut c = BreakerConfig::default();
+        c.open_for = ms("BREAKER_OPEN_FOR_MS", "30000")?;
+        c.check_interval = ms("BREAKER_CHECK_MS", "1000")?;
+        c.drain_rate = env("DRAIN_RATE", "10").parse()?;
+        c.max_dlq_retries = env("MAX_DLQ_RETRIES", "5").parse()?;
+        c.deadline = Duration::from_secs(env("DLQ_DEADLINE_SECS", "86400").parse()?);
+        c
     });
     let consumer = Consumer::new(&db, &kafka, config)?
         .handler("order_created", Notify(app))

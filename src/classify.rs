@@ -1,6 +1,6 @@
 //! Error classification shared by every boundary: is retrying worth it?
 //!
-//! Seed 001's table: timeouts, connection errors, serialization failures (`40001`), deadlocks
+//! The rule: timeouts, connection errors, serialization failures (`40001`), deadlocks
 //! (`40P01`), too many connections (`53300`) are transient; constraint violations, bad data and
 //! type errors are permanent.
 

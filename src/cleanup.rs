@@ -10,9 +10,9 @@ use tokio_util::sync::CancellationToken;
 use crate::config::DbConfig;
 use crate::sql::Statements;
 
-/// Keep sent outbox rows this long (seed 002: the topics' retention).
+/// Keep sent outbox rows this long (as long as the topics keep them, so a topic can be rebuilt).
 pub const DEFAULT_SENT_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
-/// Keep processed-message marks this long (seed 002: twice the topics' retention).
+/// Keep processed-message marks this long (twice the topics' retention: a redelivery can never outlive its mark).
 pub const DEFAULT_PROCESSED_RETENTION: Duration = Duration::from_secs(14 * 24 * 3600);
 /// Rows deleted per cleanup statement, so no statement holds locks for long.
 pub const DEFAULT_CLEANUP_BATCH: usize = 5_000;
@@ -24,6 +24,7 @@ pub const DEFAULT_ARCHIVE_RETENTION: Duration = Duration::from_secs(30 * 24 * 36
 
 /// Retention and batching for `outbox cleanup` and the relay's schedule.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct CleanupConfig {
     /// Sent outbox rows older than this are deleted.
     pub sent_retention: Duration,
@@ -168,8 +169,14 @@ pub(crate) async fn run_with(
         return Ok(report);
     }
     let started = Instant::now();
-    let (deleted, statements) =
-        purge_dead_letters(pool, stmts, config.dlq_retention, config.batch_size, "cleanup").await?;
+    let (deleted, statements) = purge_dead_letters(
+        pool,
+        stmts,
+        config.dlq_retention,
+        config.batch_size,
+        "cleanup",
+    )
+    .await?;
     report.longest_statement = report.longest_statement.max(started.elapsed());
     report.statements += statements;
     report.dlq_purged = deleted;

@@ -1,6 +1,6 @@
 //! Configuration: plain structs with named defaults, validated before anything connects.
 //!
-//! `DATABASE_URL` and `KAFKA_BOOTSTRAP_SERVERS` are the seed's names; every other librdkafka
+//! `DATABASE_URL` and `KAFKA_BOOTSTRAP_SERVERS` are the usual names; every other librdkafka
 //! property passes through as a string pair (SASL/SSL included). Secrets never appear in
 //! `Debug` output or error messages.
 
@@ -45,6 +45,13 @@ pub enum ConfigError {
     },
 }
 
+/// The TLS connector every connection uses: OpenSSL with the `tls` feature, plain otherwise.
+#[cfg(feature = "tls")]
+pub(crate) type Tls = postgres_openssl::MakeTlsConnector;
+/// The TLS connector every connection uses: OpenSSL with the `tls` feature, plain otherwise.
+#[cfg(not(feature = "tls"))]
+pub(crate) type Tls = tokio_postgres::NoTls;
+
 /// How the server certificate is checked (libpq's `sslmode` semantics).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TlsVerify {
@@ -59,9 +66,10 @@ pub enum TlsVerify {
 
 /// Where the outbox tables live.
 #[derive(Clone)]
+#[non_exhaustive]
 pub struct DbConfig {
     pub(crate) pg: tokio_postgres::Config,
-    pub(crate) tls: crate::db::Tls,
+    pub(crate) tls: Tls,
     /// Certificate checking derived from `sslmode` / `sslrootcert`.
     pub tls_verify: TlsVerify,
     /// Schema holding `outbox` and `processed_messages`.
@@ -181,7 +189,7 @@ fn tls_connector(
     verify: TlsVerify,
     root: Option<&str>,
     _mode: tokio_postgres::config::SslMode,
-) -> Result<crate::db::Tls, ConfigError> {
+) -> Result<Tls, ConfigError> {
     use openssl::ssl::{SslConnector, SslMethod, SslVerifyMode};
     let err = |e: openssl::error::ErrorStack| ConfigError::DatabaseUrl(format!("TLS setup: {e}"));
     let mut b = SslConnector::builder(SslMethod::tls_client()).map_err(err)?;
@@ -212,8 +220,11 @@ fn tls_connector(
     verify: TlsVerify,
     root: Option<&str>,
     mode: tokio_postgres::config::SslMode,
-) -> Result<crate::db::Tls, ConfigError> {
-    if verify != TlsVerify::None || root.is_some() || mode == tokio_postgres::config::SslMode::Require {
+) -> Result<Tls, ConfigError> {
+    if verify != TlsVerify::None
+        || root.is_some()
+        || mode == tokio_postgres::config::SslMode::Require
+    {
         return Err(ConfigError::DatabaseUrl(
             "the URL asks for TLS, but outbox was built without its `tls` feature".into(),
         ));
@@ -239,6 +250,7 @@ impl fmt::Debug for DbConfig {
 
 /// Kafka client settings: the bootstrap servers plus any librdkafka property.
 #[derive(Clone, Default)]
+#[non_exhaustive]
 pub struct KafkaConfig {
     /// `host:port[,host:port…]`.
     pub bootstrap_servers: String,

@@ -6,13 +6,6 @@ use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 
 use crate::config::DbConfig;
 
-/// The TLS connector every connection uses: OpenSSL with the `tls` feature, plain otherwise.
-#[cfg(feature = "tls")]
-pub(crate) type Tls = postgres_openssl::MakeTlsConnector;
-/// The TLS connector every connection uses: OpenSSL with the `tls` feature, plain otherwise.
-#[cfg(not(feature = "tls"))]
-pub(crate) type Tls = tokio_postgres::NoTls;
-
 /// How long a caller waits for a pooled connection (including connecting) before the pass fails
 /// and the caller backs off: an unreachable Postgres must surface as an error, not a hang.
 const POOL_TIMEOUT: Duration = Duration::from_secs(10);

@@ -9,8 +9,8 @@ use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::TopicPartitionList;
 
 use crate::config::KafkaConfig;
-use crate::wire::UNREADABLE_HEADERS;
 use crate::outage::Outage;
+use crate::wire::UNREADABLE_HEADERS;
 
 /// The producer settings every lossless producer of the library uses (the relay, dead letters,
 /// retries, replays): idempotence and `acks=all` so an acknowledged record is on every in-sync
@@ -209,9 +209,18 @@ mod tests {
     #[test]
     fn refusals_are_classified_by_code() {
         let e = |c| KafkaError::MessageProduction(c);
-        assert_eq!(RefusalReason::of(&e(RDKafkaErrorCode::UnknownTopicOrPartition)), RefusalReason::UnknownTopic);
-        assert_eq!(RefusalReason::of(&e(RDKafkaErrorCode::MessageSizeTooLarge)), RefusalReason::MessageTooLarge);
-        assert_eq!(RefusalReason::of(&e(RDKafkaErrorCode::InvalidRecord)), RefusalReason::Refused);
+        assert_eq!(
+            RefusalReason::of(&e(RDKafkaErrorCode::UnknownTopicOrPartition)),
+            RefusalReason::UnknownTopic
+        );
+        assert_eq!(
+            RefusalReason::of(&e(RDKafkaErrorCode::MessageSizeTooLarge)),
+            RefusalReason::MessageTooLarge
+        );
+        assert_eq!(
+            RefusalReason::of(&e(RDKafkaErrorCode::InvalidRecord)),
+            RefusalReason::Refused
+        );
     }
 
     #[test]

@@ -73,7 +73,7 @@
 // (the default features) still reports dead code.
 #![cfg_attr(
     not(all(feature = "relay", feature = "consumer", feature = "admin")),
-    allow(dead_code, unused_imports)
+    allow(dead_code, unused_imports, rustdoc::broken_intra_doc_links)
 )]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
@@ -129,7 +129,9 @@ pub use relay::{
     MAX_BATCH_SIZE, MAX_ERROR_LEN, MAX_IN_FLIGHT_BATCHES,
 };
 pub use schema::{InvalidSchema, Schema, DEFAULT_SCHEMA};
-pub use status::{requeue, status, FailedGroup, OpenBreakerRow, OutboxStatus, Requeue, StatusCount};
+pub use status::{
+    requeue, status, FailedGroup, OpenBreakerRow, OutboxStatus, Requeue, StatusCount,
+};
 pub use topic::{validate_topic, InvalidTopic, MAX_TOPIC_LEN};
 
 /// Hooks for the project's own tests and benchmarks: plan inspection and fault injection.
@@ -165,6 +167,12 @@ pub mod testing {
     /// Formats a time as RFC 3339 UTC with a `Z`, as the `timestamp` header carries it.
     pub fn rfc3339(t: std::time::SystemTime) -> String {
         crate::message::rfc3339(t)
+    }
+
+    /// The checksum the migration runner records for migration `name` (`V1__outbox`) with
+    /// contents `sql`; `None` when the name is not `V{n}__{name}`.
+    pub fn migration_checksum(name: &str, sql: &str) -> Option<u64> {
+        crate::migrate::checksum_of(name, sql)
     }
 
     /// The number of ordering lanes the relays share.

@@ -1,4 +1,4 @@
-//! The message shape of seed 002: key = entity id, four standard headers, a JSON body.
+//! The message shape: key = entity id, four standard headers, a JSON body.
 
 use std::collections::BTreeMap;
 use std::time::SystemTime;

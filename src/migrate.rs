@@ -19,16 +19,52 @@ use crate::db;
 /// unit test `every_file_is_embedded`.
 const MIGRATIONS: [(i32, &str, &str); 11] = [
     (1, "outbox", include_str!("../migrations/V1__outbox.sql")),
-    (2, "processed_messages", include_str!("../migrations/V2__processed_messages.sql")),
-    (3, "outbox_notify", include_str!("../migrations/V3__outbox_notify.sql")),
+    (
+        2,
+        "processed_messages",
+        include_str!("../migrations/V2__processed_messages.sql"),
+    ),
+    (
+        3,
+        "outbox_notify",
+        include_str!("../migrations/V3__outbox_notify.sql"),
+    ),
     (4, "uuidv7", include_str!("../migrations/V4__uuidv7.sql")),
-    (5, "claim_index_and_vacuum", include_str!("../migrations/V5__claim_index_and_vacuum.sql")),
-    (6, "ordering_lanes", include_str!("../migrations/V6__ordering_lanes.sql")),
-    (7, "dead_letter_archive", include_str!("../migrations/V7__dead_letter_archive.sql")),
-    (8, "failed_index", include_str!("../migrations/V8__failed_index.sql")),
-    (9, "circuit_breakers", include_str!("../migrations/V9__circuit_breakers.sql")),
-    (10, "dead_lettered", include_str!("../migrations/V10__dead_lettered.sql")),
-    (11, "dead_letter_intent", include_str!("../migrations/V11__dead_letter_intent.sql")),
+    (
+        5,
+        "claim_index_and_vacuum",
+        include_str!("../migrations/V5__claim_index_and_vacuum.sql"),
+    ),
+    (
+        6,
+        "ordering_lanes",
+        include_str!("../migrations/V6__ordering_lanes.sql"),
+    ),
+    (
+        7,
+        "dead_letter_archive",
+        include_str!("../migrations/V7__dead_letter_archive.sql"),
+    ),
+    (
+        8,
+        "failed_index",
+        include_str!("../migrations/V8__failed_index.sql"),
+    ),
+    (
+        9,
+        "circuit_breakers",
+        include_str!("../migrations/V9__circuit_breakers.sql"),
+    ),
+    (
+        10,
+        "dead_lettered",
+        include_str!("../migrations/V10__dead_lettered.sql"),
+    ),
+    (
+        11,
+        "dead_letter_intent",
+        include_str!("../migrations/V11__dead_letter_intent.sql"),
+    ),
 ];
 
 /// The history table, as refinery names it.
@@ -63,6 +99,12 @@ fn checksum(version: i32, name: &str, sql: &str) -> u64 {
     version.hash(&mut h);
     sql.hash(&mut h);
     h.finish()
+}
+
+/// [`checksum`] of a migration named `V{n}__{name}`.
+pub(crate) fn checksum_of(file_name: &str, sql: &str) -> Option<u64> {
+    let (v, name) = file_name.strip_prefix('V')?.split_once("__")?;
+    Some(checksum(v.parse().ok()?, name, sql))
 }
 
 /// Applies every embedded migration not yet applied, in `db.schema` (created if missing).

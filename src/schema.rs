@@ -5,7 +5,7 @@ use std::fmt;
 /// Postgres limits identifiers to 63 bytes (NAMEDATALEN - 1).
 const MAX_IDENTIFIER_LEN: usize = 63;
 
-/// The default schema, as in seed 002: the tables live next to the service's own tables.
+/// The default schema: the tables live next to the service's own tables.
 pub const DEFAULT_SCHEMA: &str = "public";
 
 /// A validated Postgres schema name.

@@ -5,7 +5,7 @@
 
 use crate::schema::Schema;
 
-/// Claim a batch of due rows (seed 002's "take") of the relay's ordering lanes, in id order.
+/// Claim a batch of due rows (the "take" of take → send → mark) of the relay's ordering lanes, in id order.
 /// `SKIP LOCKED` lets several relays work side by side; the lane filter keeps each key with one
 /// relay; `NOT EXISTS` holds a row back while an earlier pending row of its key is backed off,
 /// so per-key first deliveries follow id order. `$1` = batch size, `$2` = owned lanes, `$3` =
@@ -13,8 +13,8 @@ use crate::schema::Schema;
 /// scan starts there instead of at the head of the index, whose entries for rows sent while
 /// some snapshot is held open cannot be removed.
 /// Uses `outbox_pending_id_idx` (scan in id order from the floor) and `outbox_pending_key_idx`
-/// or the seed's index for the check. The due test is written `(…) IS TRUE` so the planner
-/// cannot use it as an index condition: on the seed's `(available_at, id)` index it bounds
+/// or the pending index `(available_at, id)` for the check. The due test is written `(…) IS TRUE` so the planner
+/// cannot use it as an index condition: on the pending `(available_at, id)` index it bounds
 /// nothing (every pending row is due) and the scan would read every entry below the floor —
 /// exactly the entries the floor exists to skip. Measured in `tests/plans.rs`.
 const CLAIM: &str = "\
@@ -182,7 +182,7 @@ SELECT coalesce(last_error, '(none)'), count(*)::bigint, min(id), max(id)
   FROM {s}.outbox WHERE status = 'failed'
  GROUP BY last_error ORDER BY count(*) DESC, min(id) LIMIT $1";
 
-/// Put every failed row back to pending (seed 002's operator query).
+/// Put every failed row back to pending (the operator's repair).
 const REQUEUE_FAILED: &str = "\
 UPDATE {s}.outbox SET status = 'pending', attempts = 0, available_at = now()
  WHERE status = 'failed'";

@@ -123,7 +123,7 @@ pub enum Requeue {
     Id(i64),
 }
 
-/// Puts failed rows back to `pending` with `attempts = 0`, due now (seed 002's repair, to be run
+/// Puts failed rows back to `pending` with `attempts = 0`, due now (the operator's repair, to be run
 /// after the cause in `last_error` is fixed). `last_error` is kept until the next attempt.
 /// Returns the number of rows requeued.
 ///

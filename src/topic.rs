@@ -1,4 +1,4 @@
-//! Topic name rules (seed 002, DESIGN §3.3), checked before a name is used anywhere.
+//! Topic name rules (`[a-zA-Z0-9._-]`, at most 249 characters, never both `.` and `_`), checked before a name is used anywhere.
 
 /// Kafka's own limit on topic name length.
 pub const MAX_TOPIC_LEN: usize = 249;
@@ -15,7 +15,7 @@ pub struct InvalidTopic {
 
 /// Checks `name` against the topic naming rules.
 ///
-/// Kafka accepts `[a-zA-Z0-9._-]`, at most 249 characters, and not `.` or `..`. Seed 002 adds
+/// Kafka accepts `[a-zA-Z0-9._-]`, at most 249 characters, and not `.` or `..`. This crate adds
 /// that a name never mixes `.` and `_`: Kafka maps both to `_` in metric names, so `a.b` and
 /// `a_b` would collide. Empty levels (`a..b`, leading or trailing `.`) are refused as typos.
 ///

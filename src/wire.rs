@@ -29,9 +29,9 @@ pub const X_ERROR: &str = "x-error";
 pub const X_ERROR_KIND: &str = "x-error-kind";
 /// When the message was dead-lettered (RFC 3339).
 pub const X_FAILED_AT: &str = "x-failed-at";
-/// DLQ re-processing envelope (seed 000): times this message has been dead-lettered before.
+/// DLQ re-processing envelope: times this message has been dead-lettered before.
 pub const X_DLQ_RETRIES: &str = "x-dlq-retries";
-/// DLQ re-processing envelope (seed 000): when it was first dead-lettered; kept across hops.
+/// DLQ re-processing envelope: when it was first dead-lettered; kept across hops.
 pub const X_FIRST_FAILED_AT: &str = "x-first-failed-at";
 
 /// Every header the framework manages; replays strip them all.
@@ -94,7 +94,7 @@ pub(crate) const UNREADABLE_HEADERS: &str = "\u{0}outbox-unreadable-headers";
 /// The suffix of a topic's dead-letter topic: `<topic>.dlq`.
 pub const DEFAULT_DLQ_SUFFIX: &str = "dlq";
 
-/// Default retry-topic schedule (seed 001): `.retry-5s`, `.retry-30s`, `.retry-5m`.
+/// Default retry-topic schedule: `.retry-5s`, `.retry-30s`, `.retry-5m`.
 pub const DEFAULT_RETRY_DELAYS: [Duration; 3] = [
     Duration::from_secs(5),
     Duration::from_secs(30),
@@ -200,7 +200,6 @@ pub(crate) fn find<'a>(headers: &'a [(String, Option<Vec<u8>>)], name: &str) -> 
         .and_then(|v| std::str::from_utf8(v).ok())
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -216,7 +215,6 @@ mod tests {
         assert!(retry_suffix(Duration::from_millis(1500)).is_err());
         assert!(retry_suffix(Duration::from_millis(0)).is_err());
     }
-
 
     #[test]
     fn json_round_trip_is_lossless_for_non_utf8_and_null_values() {
@@ -236,5 +234,4 @@ mod tests {
             .collect();
         assert_eq!(back, expect);
     }
-
 }

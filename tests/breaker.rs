@@ -193,14 +193,15 @@ async fn world(partitions: i32) -> World {
 }
 
 fn breaker(open_for_ms: u64) -> BreakerConfig {
-    BreakerConfig {
-        check_interval: Duration::from_secs(1),
-        open_for: Duration::from_millis(open_for_ms),
-        attempts: 2,
-        retry_delay: Duration::from_millis(100),
-        drain_rate: 5.0,
-        drain_concurrency: 2,
-        ..BreakerConfig::default()
+    {
+        let mut c = BreakerConfig::default();
+        c.check_interval = Duration::from_secs(1);
+        c.open_for = Duration::from_millis(open_for_ms);
+        c.attempts = 2;
+        c.retry_delay = Duration::from_millis(100);
+        c.drain_rate = 5.0;
+        c.drain_concurrency = 2;
+        c
     }
 }
 

@@ -282,12 +282,14 @@ async fn relay_runs_cleanup_on_its_schedule() {
     )
     .await
     .unwrap();
-    let cfg = outbox::RelayConfig {
-        cleanup: outbox::CleanupConfig {
-            interval: Some(Duration::from_millis(200)),
-            ..Default::default()
-        },
-        ..relay_config()
+    let cfg = {
+        let mut c = relay_config();
+        c.cleanup = {
+            let mut cc = outbox::CleanupConfig::default();
+            cc.interval = Some(Duration::from_millis(200));
+            cc
+        };
+        c
     };
     let relay = Relay::new(&db, &kafka(), cfg).unwrap();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();

@@ -1152,10 +1152,11 @@ async fn a_backlog_of_per_message_work_shares_transactions_and_a_failure_rolls_b
         .await;
     }
     for (run, commit_group) in [("grouped", 16), ("alone", 1)] {
-        let config = ConsumerConfig {
-            concurrency: 2,
-            commit_group,
-            ..ConsumerConfig::new(format!("{}-{run}", s.group), [&s.topic])
+        let config = {
+            let mut c = ConsumerConfig::new(format!("{}-{run}", s.group), [&s.topic]);
+            c.concurrency = 2;
+            c.commit_group = commit_group;
+            c
         };
         let consumer = Consumer::new(&s.db, &kafka(), config)
             .unwrap()

@@ -167,11 +167,12 @@ async fn setup(partitions: i32) -> (outbox::DbConfig, tokio_postgres::Client, St
 }
 
 fn opts(actor: &str) -> ReplayOptions {
-    ReplayOptions {
-        canary: 0,
-        rate: 1000.0,
-        actor: actor.into(),
-        ..ReplayOptions::default()
+    {
+        let mut c = ReplayOptions::default();
+        c.canary = 0;
+        c.rate = 1000.0;
+        c.actor = actor.into();
+        c
     }
 }
 

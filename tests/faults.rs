@@ -259,10 +259,11 @@ async fn kafka_stopped_for_20s_mid_run_loses_nothing() {
     let topic = topic_name();
     create_topic(&topic, 3).await;
 
-    let cfg = outbox::RelayConfig {
-        batch_size: 200,
-        delivery_timeout: Duration::from_secs(3),
-        ..relay_config()
+    let cfg = {
+        let mut c = relay_config();
+        c.batch_size = 200;
+        c.delivery_timeout = Duration::from_secs(3);
+        c
     };
     let relay = Relay::new(&db, &kafka(), cfg).unwrap();
     let running = spawn_relay(relay);
@@ -333,14 +334,11 @@ async fn postgres_down_for_10s_mid_run_loses_nothing() {
     let topic = topic_name();
     create_topic(&topic, 3).await;
 
-    let relay = Relay::new(
-        &db,
-        &kafka(),
-        outbox::RelayConfig {
-            batch_size: 100,
-            ..relay_config()
-        },
-    )
+    let relay = Relay::new(&db, &kafka(), {
+        let mut c = relay_config();
+        c.batch_size = 100;
+        c
+    })
     .unwrap();
     let running = spawn_relay(relay);
     let down = downstream(&db, &topic).await;

@@ -30,11 +30,13 @@ async fn three_relays_with_injected_failures_and_a_dead_relay_keep_per_key_order
     .await
     .unwrap();
 
-    let cfg = outbox::RelayConfig {
-        batch_size: 500,
-        max_attempts: 1000, // injected failures only back rows off
-        rebalance_interval: Duration::from_millis(500),
-        ..relay_config()
+    let cfg = {
+        let mut c = relay_config();
+        c.batch_size = 500;
+        c.max_attempts = 1000;
+        // injected failures only back rows off
+        c.rebalance_interval = Duration::from_millis(500);
+        c
     };
     let relays: Vec<Relay> = (0..3)
         .map(|_| {

@@ -43,8 +43,9 @@ async fn claim_mark_and_cleanup_use_indexes_not_table_scans() {
     )
     .await
     .unwrap();
-    let stmts: std::collections::HashMap<_, _> =
-        outbox::testing::hot_statements(&db.schema).into_iter().collect();
+    let stmts: std::collections::HashMap<_, _> = outbox::testing::hot_statements(&db.schema)
+        .into_iter()
+        .collect();
     let ids: Vec<i64> = (200_001..202_001).collect();
     let errs: Vec<String> = ids.iter().map(|_| "e".to_string()).collect();
     let keys: Vec<String> = (0..100).map(|k| format!("k{k}")).collect();
@@ -180,8 +181,9 @@ async fn a_held_snapshot_does_not_make_the_claim_walk_the_rows_sent_since() {
         },
     )
     .await;
-    let stmts: std::collections::HashMap<_, _> =
-        outbox::testing::hot_statements(&db.schema).into_iter().collect();
+    let stmts: std::collections::HashMap<_, _> = outbox::testing::hot_statements(&db.schema)
+        .into_iter()
+        .collect();
     let lanes = relay.owned_lanes().await;
     let keys: Vec<String> = (0..1_000).map(|k| format!("k{k}")).collect();
     let mut c = client(&db).await;
@@ -248,8 +250,9 @@ async fn a_never_analyzed_backlog_is_claimed_by_walking_the_index_whatever_the_s
     {
         c.batch_execute(&format!("SET {kv}")).await.unwrap();
     }
-    let stmts: std::collections::HashMap<_, _> =
-        outbox::testing::hot_statements(&db.schema).into_iter().collect();
+    let stmts: std::collections::HashMap<_, _> = outbox::testing::hot_statements(&db.schema)
+        .into_iter()
+        .collect();
     let lanes: Vec<i32> = (0..outbox::testing::LANES).collect();
     let keys: Vec<String> = (0..1000).map(|k| format!("k{k}")).collect();
     let from_zero = vec![0i64; keys.len()];

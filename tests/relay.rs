@@ -230,9 +230,10 @@ async fn commit_wakes_the_relay_through_notify_for_both_enqueue_paths() {
     let topic = topic_name();
     create_topic(&topic, 1).await;
     // Polling once an hour: only the trigger's notification can make delivery quick.
-    let cfg = outbox::RelayConfig {
-        poll_interval: Duration::from_secs(3600),
-        ..relay_config()
+    let cfg = {
+        let mut c = relay_config();
+        c.poll_interval = Duration::from_secs(3600);
+        c
     };
     let relay = Relay::new(&db, &kafka(), cfg).unwrap();
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
@@ -307,9 +308,10 @@ async fn unknown_topic_and_oversize_rows_back_off_then_fail_while_others_flow() 
     let good = enqueue_n(&db, &topic, 20, 5, 20).await;
 
     let max_attempts = 3;
-    let cfg = outbox::RelayConfig {
-        max_attempts,
-        ..relay_config()
+    let cfg = {
+        let mut c = relay_config();
+        c.max_attempts = max_attempts;
+        c
     };
     let relay = Relay::new(&db, &kafka(), cfg).unwrap();
     let clock = "SELECT extract(epoch FROM clock_timestamp())::float8";
@@ -471,9 +473,10 @@ async fn two_relays_over_20000_rows_send_each_exactly_once() {
     create_topic(&topic, 6).await;
     let ids = enqueue_n(&db, &topic, 20_000, 1000, 1000).await;
 
-    let cfg = outbox::RelayConfig {
-        batch_size: 500,
-        ..relay_config()
+    let cfg = {
+        let mut c = relay_config();
+        c.batch_size = 500;
+        c
     };
     let relays = [
         Arc::new(Relay::new(&db, &kafka(), cfg.clone()).unwrap()),
@@ -602,9 +605,10 @@ async fn a_transaction_open_longer_than_long_transaction_is_published_by_the_swe
     let db = fresh_db().await;
     let topic = topic_name();
     create_topic(&topic, 1).await;
-    let cfg = outbox::RelayConfig {
-        long_transaction: Duration::from_secs(1),
-        ..relay_config()
+    let cfg = {
+        let mut c = relay_config();
+        c.long_transaction = Duration::from_secs(1);
+        c
     };
     let relay = Relay::new(&db, &kafka(), cfg).unwrap();
     let (writer, late_id) = open_writer(&db, &topic).await;
@@ -645,11 +649,12 @@ async fn requeue_sends_a_running_relay_back_below_its_floor() {
         .await
         .unwrap()
         .get(0);
-    let cfg = outbox::RelayConfig {
-        max_attempts: 1,
+    let cfg = {
+        let mut c = relay_config();
+        c.max_attempts = 1;
         // Only the requeue notification can bring the relay back below its floor in time.
-        sweep_interval: Duration::from_secs(3600),
-        ..relay_config()
+        c.sweep_interval = Duration::from_secs(3600);
+        c
     };
     let relay = Relay::new(&db, &kafka(), cfg).unwrap();
     let floor = relay.floor_probe();
@@ -783,11 +788,12 @@ async fn a_failure_in_one_batch_holds_back_the_key_in_the_batch_claimed_behind_i
     )
     .await
     .unwrap();
-    let cfg = outbox::RelayConfig {
-        batch_size: 10,
-        in_flight_batches: 2,
-        max_attempts: 5,
-        ..relay_config()
+    let cfg = {
+        let mut c = relay_config();
+        c.batch_size = 10;
+        c.in_flight_batches = 2;
+        c.max_attempts = 5;
+        c
     };
     let relay = Relay::new(&db, &kafka(), cfg).unwrap();
     let Outcome::Published(r) = relay.run_pipeline().await.unwrap() else {
@@ -866,10 +872,11 @@ async fn a_pipelined_drain_around_a_locked_row_sends_everything_else_and_keeps_i
         .batch_execute("BEGIN; SELECT id FROM outbox WHERE id = 25 FOR UPDATE")
         .await
         .unwrap();
-    let cfg = outbox::RelayConfig {
-        batch_size: 10,
-        in_flight_batches: 2,
-        ..relay_config()
+    let cfg = {
+        let mut c = relay_config();
+        c.batch_size = 10;
+        c.in_flight_batches = 2;
+        c
     };
     let relay = Relay::new(&db, &kafka(), cfg).unwrap();
     let mut sent = 0;

@@ -107,9 +107,10 @@ async fn kafka_over_sasl_ssl_publishes_and_bad_credentials_lose_nothing() {
     let ids = enqueue_n(&db, &topic, 20, 5, 20).await;
 
     // Wrong password: nothing is lost, rows stay pending (no attempt spent), no crash.
-    let cfg = outbox::RelayConfig {
-        delivery_timeout: Duration::from_secs(2),
-        ..relay_config()
+    let cfg = {
+        let mut c = relay_config();
+        c.delivery_timeout = Duration::from_secs(2);
+        c
     };
     let bad = Relay::new(&db, &sasl_kafka(KAFKA_USER, "wrong-password"), cfg).unwrap();
     let outcome = bad.run_once().await.unwrap();

@@ -443,8 +443,9 @@ pub(super) async fn dlq_purge(
     b: Result<Json<PurgeBody>, JsonRejection>,
 ) -> ApiResult {
     let b = body(b)?;
-    let retention = b
-        .retention_secs
-        .map_or(crate::cleanup::DEFAULT_ARCHIVE_RETENTION, Duration::from_secs);
+    let retention = b.retention_secs.map_or(
+        crate::cleanup::DEFAULT_ARCHIVE_RETENTION,
+        Duration::from_secs,
+    );
     ok(s.dlq.purge(retention, 5000, &c.holder).await?)
 }

@@ -109,13 +109,10 @@ impl IntoResponse for ApiError {
 
 impl From<crate::dlq::DlqError> for ApiError {
     fn from(e: crate::dlq::DlqError) -> Self {
-        if e.is_invalid() {
-            let code = if e.to_string().starts_with("no ") {
-                StatusCode::NOT_FOUND
-            } else {
-                StatusCode::BAD_REQUEST
-            };
-            Self(code, e.to_string())
+        if e.is_not_found() {
+            Self(StatusCode::NOT_FOUND, e.to_string())
+        } else if e.is_invalid() {
+            Self(StatusCode::BAD_REQUEST, e.to_string())
         } else {
             tracing::warn!(error = %e, "admin request failed");
             Self(StatusCode::SERVICE_UNAVAILABLE, e.to_string())

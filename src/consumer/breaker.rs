@@ -1,4 +1,4 @@
-//! The circuit breaker shared by every replica of a consumer group (seed 000), kept in
+//! The circuit breaker shared by every replica of a consumer group, kept in
 //! Postgres (`circuit_breakers`) instead of Redis.
 //!
 //! **NORMAL** → a handler reports a dependency unavailable ([`super::HandlerError::unavailable`])
@@ -31,6 +31,7 @@ pub const DEFAULT_OPEN_FOR: Duration = Duration::from_secs(30);
 /// A failure-rate threshold: the breaker opens when, within `window`, at least `min_calls`
 /// handler calls were made and more than `threshold` of them failed as unavailable.
 #[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
 pub struct FailureRate {
     /// Share of calls (0.5 = 50 %).
     pub threshold: f64,
@@ -40,8 +41,9 @@ pub struct FailureRate {
     pub window: Duration,
 }
 
-/// Breaker and drain settings (seed 000's defaults where it has them).
+/// Breaker and drain settings, each with its default.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct BreakerConfig {
     /// How often every replica re-reads the shared breaker rows (default 1 s).
     pub check_interval: Duration,

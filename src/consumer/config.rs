@@ -18,6 +18,7 @@ pub use crate::wire::DEFAULT_DLQ_SUFFIX;
 /// Consumer settings. `group` must be given explicitly: a group derived from a host name
 /// changes with every deployment and silently re-reads or skips the topic.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct ConsumerConfig {
     /// The consumer group, e.g. `billing-service`.
     pub group: String,
@@ -43,7 +44,7 @@ pub struct ConsumerConfig {
     /// `prometheus` feature; `None`: the application installs the recorder and mounts the
     /// route itself, or does without).
     pub metrics_addr: Option<std::net::SocketAddr>,
-    /// The circuit breaker shared by the group's replicas (seed 000), for handlers that report
+    /// The circuit breaker shared by the group's replicas, for handlers that report
     /// [`super::HandlerError::unavailable`]. `None` (the default): such errors are transient.
     pub breaker: Option<super::BreakerConfig>,
     /// Static group membership (KIP-345, `group.instance.id`): a replica restarted with the

@@ -19,7 +19,7 @@ pub enum ErrorKind {
 /// A handler failure, classified.
 ///
 /// Built with [`HandlerError::transient`] / [`HandlerError::permanent`], or converted with `?`
-/// from errors the library can classify (seed 001's table): Postgres errors by SQLSTATE
+/// from errors the library can classify: Postgres errors by SQLSTATE
 /// (`40001`, `40P01`, `53300`, connection failures ⇒ transient; constraint violations, bad data
 /// ⇒ permanent), I/O errors by kind (timeouts, refused/reset connections ⇒ transient),
 /// JSON errors ⇒ permanent. HTTP statuses: [`HandlerError::from_http_status`].
@@ -34,6 +34,9 @@ pub struct HandlerError {
     /// The error says "the other side is not answering" (connection refused, timeout, HTTP
     /// 502/503/504): [`HandlerError::on`] turns it into an outage of the named dependency.
     availability: bool,
+    /// The error this one was made from, kept for `source()` (logs and callers can walk the
+    /// chain; the classification above never reads its text).
+    source: Option<Box<dyn std::error::Error + Send + Sync + 'static>>,
 }
 
 impl HandlerError {
@@ -44,7 +47,15 @@ impl HandlerError {
             database_unavailable: false,
             dependency: None,
             availability: false,
+            source: None,
         }
+    }
+
+    /// Keeps `source` as this error's [`std::error::Error::source`].
+    #[must_use]
+    pub fn with_source(mut self, source: impl std::error::Error + Send + Sync + 'static) -> Self {
+        self.source = Some(Box::new(source));
+        self
     }
 
     /// A failure worth retrying.
@@ -60,7 +71,7 @@ impl HandlerError {
     /// The downstream `dependency` (e.g. `"loyalty-api"`) is unavailable. With a
     /// [`super::BreakerConfig`], in-place retries are spent, then the group's shared circuit
     /// breaker for that dependency opens: every replica pauses, the message is parked in the
-    /// DLQ and drained when the breaker closes (seed 000). Without one it is a transient error.
+    /// DLQ and drained when the breaker closes. Without one it is a transient error.
     pub fn unavailable(dependency: &str, err: impl fmt::Display) -> Self {
         let mut e = Self::new(
             ErrorKind::Transient,
@@ -146,7 +157,13 @@ impl fmt::Display for HandlerError {
     }
 }
 
-impl std::error::Error for HandlerError {}
+impl std::error::Error for HandlerError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.source
+            .as_deref()
+            .map(|e| e as &(dyn std::error::Error + 'static))
+    }
+}
 
 impl From<tokio_postgres::Error> for HandlerError {
     fn from(e: tokio_postgres::Error) -> Self {
@@ -154,13 +171,14 @@ impl From<tokio_postgres::Error> for HandlerError {
             Some(db) => format!("postgres {}: {}", db.code().code(), db.message()),
             None => format!("postgres: {e}"),
         };
-        if crate::classify::postgres_is_unavailable(&e) {
+        let h = if crate::classify::postgres_is_unavailable(&e) {
             Self::database_unavailable(text)
         } else if crate::classify::postgres_is_transient(&e) {
             Self::transient(text)
         } else {
             Self::permanent(text)
-        }
+        };
+        h.with_source(e)
     }
 }
 
@@ -187,16 +205,16 @@ impl From<std::io::Error> for HandlerError {
                         | K::ConnectionAborted
                         | K::NotConnected
                 );
-                h
+                h.with_source(e)
             }
-            _ => Self::permanent(format!("io: {e}")),
+            _ => Self::permanent(format!("io: {e}")).with_source(e),
         }
     }
 }
 
 impl From<serde_json::Error> for HandlerError {
     fn from(e: serde_json::Error) -> Self {
-        Self::permanent(format!("json: {e}"))
+        Self::permanent(format!("json: {e}")).with_source(e)
     }
 }
 
@@ -204,7 +222,7 @@ impl From<tokio::time::error::Elapsed> for HandlerError {
     fn from(e: tokio::time::error::Elapsed) -> Self {
         let mut h = Self::transient(format!("timeout: {e}"));
         h.availability = true;
-        h
+        h.with_source(e)
     }
 }
 
@@ -373,7 +391,7 @@ where
     }
 }
 
-/// The outcome of a freshness check against the source of truth (seed 000), run before a
+/// The outcome of a freshness check against the source of truth, run before a
 /// parked letter is handled during a drain.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Freshness {
@@ -435,6 +453,10 @@ mod tests {
         assert!(!e.is_transient());
         let e: HandlerError = serde_json::from_str::<i32>("x").unwrap_err().into();
         assert!(!e.is_transient());
+        // The error it was made from stays reachable.
+        let src = std::error::Error::source(&e).expect("a source");
+        assert!(src.downcast_ref::<serde_json::Error>().is_some(), "{src}");
+        assert!(std::error::Error::source(&HandlerError::transient("x")).is_none());
         // Naming the dependency turns outages into `unavailable`, and nothing else.
         let e: HandlerError = std::io::Error::from(std::io::ErrorKind::ConnectionRefused).into();
         assert_eq!(e.on("api").dependency(), Some("api"));

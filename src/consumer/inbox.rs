@@ -4,7 +4,7 @@ use tokio_postgres::GenericClient;
 
 use crate::schema::Schema;
 
-/// Dedupe for idempotent handlers (seed 002, step 6), usable without the consumer runtime.
+/// Dedupe for idempotent handlers (the inbox: a processed mark in the handler's own transaction), usable without the consumer runtime.
 ///
 /// Call [`Inbox::mark`] first inside the transaction that applies the message's business
 /// change: it inserts `(consumer_group, topic, message_id)` with `ON CONFLICT DO NOTHING`.

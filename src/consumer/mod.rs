@@ -194,7 +194,7 @@ impl Consumer {
         StateHandle(self.breakers.clone())
     }
 
-    /// A freshness check run before each parked letter is handled during a drain (seed 000):
+    /// A freshness check run before each parked letter is handled during a drain:
     /// `Match` handles it, `Mismatch` drops it as `event_obsolete`, `QueryFailed` parks it
     /// again. A plain `async fn(&Delivered) -> Freshness` works.
     #[must_use]
@@ -330,7 +330,7 @@ impl Consumer {
         let mut db = self.db.clone();
         db.pool_size = self.config.concurrency + 2;
         // Handlers see the consumer's schema first, so their business tables (which live next
-        // to processed_messages, seed 002) resolve without qualification.
+        // to processed_messages) resolve without qualification.
         let opts = format!(
             "{} -c search_path={},public",
             db.pg.get_options().unwrap_or(""),

@@ -283,7 +283,7 @@ pub(super) async fn process_from(
         }
         if let (Some(dep), Some(b)) = (err.dependency(), shared.breaker()) {
             // A downstream outage: a few quick retries, then the shared breaker opens and the
-            // message is parked (seed 000). Once the breaker is open, park at once.
+            // message is parked. Once the breaker is open, park at once.
             dep_attempt += 1;
             let rate_crossed = b.record_call(Some(dep));
             if b.is_open(dep) || b.mode() != Mode::Normal {

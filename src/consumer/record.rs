@@ -1,11 +1,11 @@
 //! Where it originally came from ([`Origin`], surviving retry
 //! hops) and decoding before dispatch: a record that cannot be decoded never reaches a handler.
 
-pub(crate) use crate::kafka::Raw;
-use crate::wire::{UNREADABLE_HEADERS, X_ORIGINAL_OFFSET, X_ORIGINAL_PARTITION};
 use super::handler::Delivered;
 use super::Shared;
+pub(crate) use crate::kafka::Raw;
 use crate::message::{HEADER_MESSAGE_ID, HEADER_MESSAGE_TYPE};
+use crate::wire::{UNREADABLE_HEADERS, X_ORIGINAL_OFFSET, X_ORIGINAL_PARTITION};
 
 /// Longest accepted `message_id`.
 pub(super) const MAX_MESSAGE_ID_LEN: usize = 200;

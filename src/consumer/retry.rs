@@ -2,9 +2,9 @@
 
 use std::time::Duration;
 
-/// Default in-place attempts (seed 002).
+/// Default in-place attempts before a transient failure is dead-lettered.
 pub const DEFAULT_IN_PLACE_ATTEMPTS: u32 = 3;
-/// Default first in-place backoff (seed 002).
+/// Default first in-place backoff; each later wait doubles.
 pub const DEFAULT_IN_PLACE_BASE: Duration = Duration::from_millis(500);
 /// Longest in-place backoff.
 pub const DEFAULT_IN_PLACE_MAX: Duration = Duration::from_secs(30);
@@ -26,7 +26,7 @@ pub enum RetryStrategy {
         /// Backoff cap.
         max: Duration,
     },
-    /// Non-blocking retry topics (seed 001): a transient failure forwards the message to
+    /// Non-blocking retry topics: a transient failure forwards the message to
     /// `<topic>.retry-<delays[0]>`, then `.retry-<delays[1]>`, …, then `<topic>.dlq`. The
     /// consumer reads the retry topics too and handles a record only once `delay` has passed
     /// since it was written, pausing that retry partition meanwhile. Per-key order is not kept
@@ -48,7 +48,7 @@ impl Default for RetryStrategy {
 }
 
 impl RetryStrategy {
-    /// The retry-topic schedule of seed 001.
+    /// The default retry-topic schedule: 5 s, 30 s, 5 min.
     pub fn default_topics() -> Self {
         Self::Topics {
             delays: DEFAULT_RETRY_DELAYS.to_vec(),

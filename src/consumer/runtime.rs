@@ -23,10 +23,10 @@ use super::handler::Delivered;
 use super::offsets::OffsetTracker;
 use super::process::{process, process_batch, process_drain, Fate};
 use super::record::{decode, origin, Origin, Raw};
-use crate::kafka::tpl_of;
 use super::retry::RetryStrategy;
 use super::stats::ConsumerStats;
 use super::{HandlerRef, Shared};
+use crate::kafka::tpl_of;
 
 pub(crate) type Tp = (String, i32);
 
@@ -221,12 +221,11 @@ pub(super) struct Runtime<'c> {
     pub(super) kafka_outage: Arc<crate::outage::Outage>,
 }
 
-/// Default for [`ConsumerConfig::pause_after`]: how long the runtime may sit at
+/// Default for [`ConsumerConfig::pause_after`](super::ConsumerConfig::pause_after): how long the runtime may sit at
 /// `max_buffered` with no handler finishing before it pauses every partition. A full buffer
 /// that keeps draining costs nothing: librdkafka's bounded prefetch queue absorbs it, whereas a pause discards the prefetched data and refetches it on resume
 /// (measured: pausing at every saturation capped a 16-way consumer at ~1,000 msg/s).
 pub const DEFAULT_PAUSE_AFTER: Duration = Duration::from_secs(2);
-
 
 pub(super) fn now_ms() -> i64 {
     SystemTime::now()

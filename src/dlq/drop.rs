@@ -7,7 +7,7 @@ use serde::Serialize;
 use serde_json::json;
 
 use super::filter::{Filter, Status};
-use super::{check_actor, invalid, Dlq, DlqError};
+use super::{check_actor, invalid, not_found, Dlq, DlqError};
 
 /// What a drop did.
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
@@ -57,7 +57,7 @@ impl Dlq {
             .map(ToString::to_string)
             .collect();
         if !missing.is_empty() {
-            return invalid(format!("no dead letter with id {}", missing.join(", ")));
+            return not_found(format!("no dead letter with id {}", missing.join(", ")));
         }
         for id in ids {
             let s = &found[id];

@@ -1,4 +1,4 @@
-//! `outbox dlq replay --from-topic T.dlq`: seed 002's replay tool done right, for teams that
+//! `outbox dlq replay --from-topic T.dlq`: a replay straight from the dead-letter topic, for teams that
 //! do not run the archive. Reads the DLQ topic under its own group ([`REPLAY_GROUP`]), sends
 //! matching records to their original topic with the replay header rules, and commits the
 //! group's offsets only after the broker acknowledged everything before them. Killed midway,
@@ -26,8 +26,8 @@ use super::headers::{for_replay, from_json};
 use super::replay::{enqueue, Pacer};
 use super::{invalid, DlqError};
 use crate::config::KafkaConfig;
-use crate::wire::DEFAULT_DLQ_SUFFIX;
 use crate::message::rfc3339;
+use crate::wire::DEFAULT_DLQ_SUFFIX;
 
 /// The consumer group of `--from-topic` replays.
 pub const REPLAY_GROUP: &str = "outbox-dlq-replay";
@@ -37,6 +37,7 @@ const IDLE: Duration = Duration::from_secs(60);
 
 /// Settings of a replay from a DLQ topic.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct FromTopicOptions {
     /// Which records (ids are not allowed: the topic has offsets, not archive ids).
     pub filter: Filter,

@@ -46,9 +46,13 @@ use crate::schema::Schema;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum DlqError {
-    /// The request is wrong (empty filter, bad id, bad state change): fix it and retry.
+    /// The request is wrong (empty filter, bad field, bad state change): fix it and retry.
     #[error("{0}")]
     Invalid(String),
+    /// What the request names does not exist: no letter or job with that id, no letter
+    /// matching the filter.
+    #[error("{0}")]
+    NotFound(String),
     /// Postgres refused a statement or went away.
     #[error("postgres: {0}")]
     Postgres(#[from] tokio_postgres::Error),
@@ -70,14 +74,24 @@ impl From<crate::cleanup::CleanupError> for DlqError {
 }
 
 impl DlqError {
-    /// True when the caller asked for something invalid (a CLI exits 2, an API answers 4xx).
+    /// True when the caller asked for something invalid or absent (a CLI exits 2, an API
+    /// answers 4xx); false for a failure of Postgres or Kafka.
     pub fn is_invalid(&self) -> bool {
-        matches!(self, Self::Invalid(_))
+        matches!(self, Self::Invalid(_) | Self::NotFound(_))
+    }
+
+    /// True when what the request names does not exist (an API answers 404).
+    pub fn is_not_found(&self) -> bool {
+        matches!(self, Self::NotFound(_))
     }
 }
 
 fn invalid<T>(msg: impl Into<String>) -> Result<T, DlqError> {
     Err(DlqError::Invalid(msg.into()))
+}
+
+fn not_found<T>(msg: impl Into<String>) -> Result<T, DlqError> {
+    Err(DlqError::NotFound(msg.into()))
 }
 
 /// A handle on the DLQ tables of one schema: everything but archiving and running replay jobs

@@ -1,5 +1,5 @@
-//! Error normalisation for grouping: "one error on a hundred messages is one defect" (seed
-//! 002). Ids that differ from message to message are replaced by placeholders.
+//! Error normalisation for grouping: one error on a hundred messages is one defect, so they
+//! must group as one cause. Ids that differ from message to message are replaced by placeholders.
 
 use std::sync::OnceLock;
 

@@ -10,7 +10,7 @@ use tokio_postgres::Row;
 
 use super::filter::Filter;
 use super::headers::{from_json, HeaderValue};
-use super::{invalid, Dlq, DlqError};
+use super::{invalid, not_found, Dlq, DlqError};
 use crate::message::rfc3339;
 
 /// New letters of one original topic and consumer group.
@@ -84,7 +84,7 @@ pub struct LetterRow {
     pub failed_at: String,
     /// `new`, `replayed` or `dropped`.
     pub status: String,
-    /// Times dead-lettered before (seed 000's envelope).
+    /// Times dead-lettered before (the `x-dlq-retries` envelope).
     pub dlq_retries: i32,
 }
 
@@ -365,7 +365,7 @@ impl Dlq {
             )
             .await?
         else {
-            return invalid(format!("no dead letter with id {id}"));
+            return not_found(format!("no dead letter with id {id}"));
         };
         Ok(DeadLetter {
             id: r.get("id"),

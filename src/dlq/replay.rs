@@ -29,10 +29,10 @@ use tracing::{info, warn};
 use super::filter::{Filter, Status};
 use super::headers::{for_replay, from_json, HeaderValue};
 use super::query::{ts, ts_opt, LetterRow};
-use super::{check_actor, invalid, Dlq, DlqError};
+use super::{check_actor, invalid, not_found, Dlq, DlqError};
 use crate::config::KafkaConfig;
-use crate::wire::X_FIRST_FAILED_AT;
 use crate::message::rfc3339;
+use crate::wire::X_FIRST_FAILED_AT;
 
 /// Default replay rate, messages per second.
 pub const DEFAULT_RATE: f64 = 100.0;
@@ -49,6 +49,7 @@ const REFAIL_CHECK: Duration = Duration::from_secs(1);
 
 /// How a replay job is made and run.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct ReplayOptions {
     /// Send to this topic instead of each letter's original topic.
     pub to_topic: Option<String>,
@@ -372,7 +373,7 @@ impl Dlq {
             .await?;
         let sel = self.selection(&*tx, &filter, opts).await?;
         if sel.is_empty() {
-            return invalid("no letters match: nothing to replay (already replayed or dropped letters need --id, or --status)");
+            return not_found("no letters match: nothing to replay (already replayed or dropped letters need --id, or --status)");
         }
         let guard = i64::from(opts.loop_guard);
         let mut ids = Vec::with_capacity(sel.len());
@@ -471,7 +472,7 @@ impl Dlq {
         self.jobs_where(Some(id), 1)
             .await?
             .pop()
-            .map_or_else(|| invalid(format!("no replay job with id {id}")), Ok)
+            .map_or_else(|| not_found(format!("no replay job with id {id}")), Ok)
     }
 
     /// Jobs, newest first.
@@ -682,7 +683,7 @@ impl Dlq {
             .iter()
             .map(|r| {
                 let headers = from_json(&r.get::<_, Value>("headers"));
-                // Carry the header exactly as written when present (seed 000's envelope).
+                // Carry the header exactly as written when present (the re-processing envelope).
                 let first = headers
                     .iter()
                     .find(|(k, _)| k == X_FIRST_FAILED_AT)

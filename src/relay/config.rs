@@ -14,7 +14,7 @@ pub const MAX_BATCH_SIZE: usize = 50_000;
 pub const DEFAULT_IN_FLIGHT_BATCHES: usize = 2;
 /// Upper bound of [`RelayConfig::in_flight_batches`].
 pub const MAX_IN_FLIGHT_BATCHES: usize = 8;
-/// Produce attempts before a row becomes `failed` (seed 002).
+/// Produce attempts before a row becomes `failed`.
 pub const DEFAULT_MAX_ATTEMPTS: i32 = 10;
 /// How often an idle relay looks for due rows when no notification arrives.
 pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_millis(500);
@@ -31,6 +31,7 @@ pub const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// How the relay claims, produces and backs off.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct RelayConfig {
     /// Rows per claim (default [`DEFAULT_BATCH_SIZE`]).
     pub batch_size: usize,

@@ -43,11 +43,7 @@ pub(crate) struct Lanes {
 }
 
 impl Lanes {
-    pub fn new(
-        db: &DbConfig,
-        interval: Duration,
-        outages: std::sync::Arc<super::Outages>,
-    ) -> Self {
+    pub fn new(db: &DbConfig, interval: Duration, outages: std::sync::Arc<super::Outages>) -> Self {
         Self {
             db: db.clone(),
             conn: None,

@@ -1,4 +1,4 @@
-//! `outbox relay`: seed 002's publisher — take → send → mark — done batch-wise.
+//! `outbox relay`: the publisher — take → send → mark — done batch-wise.
 //!
 //! One pass ([`Relay::run_once`]):
 //! 1. **take**: open a transaction and claim up to `batch_size` due rows with
@@ -30,10 +30,10 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{debug, info, warn};
 
+use self::floor::{ClaimFloor, Sample};
 use crate::backoff::Backoff;
 use crate::cleanup;
 use crate::config::{ConfigError, DbConfig, KafkaConfig};
-use self::floor::{ClaimFloor, Sample};
 use crate::outage::Outage;
 use crate::sql::Statements;
 use crate::topic::validate_topic;

@@ -73,15 +73,17 @@ pub async fn create_topic(name: &str, partitions: i32) {
 
 /// A relay config for tests: quick polling, no cleanup schedule.
 pub fn relay_config() -> RelayConfig {
-    RelayConfig {
-        poll_interval: Duration::from_millis(50),
-        delivery_timeout: Duration::from_secs(20),
-        shutdown_timeout: Duration::from_secs(10),
-        cleanup: outbox::CleanupConfig {
-            interval: None,
-            ..Default::default()
-        },
-        ..RelayConfig::default()
+    {
+        let mut c = RelayConfig::default();
+        c.poll_interval = Duration::from_millis(50);
+        c.delivery_timeout = Duration::from_secs(20);
+        c.shutdown_timeout = Duration::from_secs(10);
+        c.cleanup = {
+            let mut cc = outbox::CleanupConfig::default();
+            cc.interval = None;
+            cc
+        };
+        c
     }
 }
 

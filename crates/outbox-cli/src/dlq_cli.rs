@@ -610,13 +610,15 @@ pub async fn run(action: DlqAction) -> anyhow::Result<()> {
             let f = filter.to_filter(&ids)?;
             if let Some(topic) = from_topic {
                 let kafka = kafka_config(&kafka)?;
-                let opts = FromTopicOptions {
-                    filter: f,
-                    to_topic: to,
-                    rate,
-                    limit: limit.map(|l| l.max(0) as u64),
-                    dry_run,
-                    group: replay_group,
+                let opts = {
+                    let mut c = FromTopicOptions::default();
+                    c.filter = f;
+                    c.to_topic = to;
+                    c.rate = rate;
+                    c.limit = limit.map(|l| l.max(0) as u64);
+                    c.dry_run = dry_run;
+                    c.group = replay_group;
+                    c
                 };
                 let stop = interrupt_token();
                 let mut m = Meter::new(&format!("replay {topic}"));
@@ -657,17 +659,19 @@ pub async fn run(action: DlqAction) -> anyhow::Result<()> {
                 }
                 return Ok(());
             }
-            let opts = ReplayOptions {
-                to_topic: to,
-                rate,
-                limit,
-                canary,
-                canary_wait,
-                max_refail,
-                loop_guard,
-                force,
-                all,
-                actor: actor_or_default(actor),
+            let opts = {
+                let mut c = ReplayOptions::default();
+                c.to_topic = to;
+                c.rate = rate;
+                c.limit = limit;
+                c.canary = canary;
+                c.canary_wait = canary_wait;
+                c.max_refail = max_refail;
+                c.loop_guard = loop_guard;
+                c.force = force;
+                c.all = all;
+                c.actor = actor_or_default(actor);
+                c
             };
             let dlq = Dlq::new(&db);
             if dry_run {

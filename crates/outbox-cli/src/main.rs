@@ -228,12 +228,14 @@ fn kafka_config(a: &KafkaArgs) -> Result<KafkaConfig, UsageError> {
 }
 
 fn cleanup_config(a: &CleanupArgs, interval: Option<Duration>) -> CleanupConfig {
-    CleanupConfig {
-        sent_retention: a.sent_retention,
-        processed_retention: a.processed_retention,
-        dlq_retention: a.dlq_retention,
-        batch_size: a.cleanup_batch_size,
-        interval,
+    {
+        let mut c = CleanupConfig::default();
+        c.sent_retention = a.sent_retention;
+        c.processed_retention = a.processed_retention;
+        c.dlq_retention = a.dlq_retention;
+        c.batch_size = a.cleanup_batch_size;
+        c.interval = interval;
+        c
     }
 }
 
@@ -278,18 +280,20 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         } => {
             let db = db_config(&db)?;
             let kafka = kafka_config(&kafka)?;
-            let config = RelayConfig {
-                batch_size,
-                max_attempts,
-                poll_interval,
-                delivery_timeout,
-                shutdown_timeout,
-                listen: !no_listen,
-                cleanup: cleanup_config(&cleanup, cleanup_interval.0),
-                rebalance_interval,
-                sweep_interval,
-                long_transaction,
-                in_flight_batches,
+            let config = {
+                let mut c = RelayConfig::default();
+                c.batch_size = batch_size;
+                c.max_attempts = max_attempts;
+                c.poll_interval = poll_interval;
+                c.delivery_timeout = delivery_timeout;
+                c.shutdown_timeout = shutdown_timeout;
+                c.listen = !no_listen;
+                c.cleanup = cleanup_config(&cleanup, cleanup_interval.0);
+                c.rebalance_interval = rebalance_interval;
+                c.sweep_interval = sweep_interval;
+                c.long_transaction = long_transaction;
+                c.in_flight_batches = in_flight_batches;
+                c
             };
             let relay = Relay::new(&db, &kafka, config).map_err(|e| match e {
                 outbox::RelayError::Config(c) => anyhow::Error::new(UsageError(c.to_string())),

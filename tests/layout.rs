@@ -1,0 +1,354 @@
+//! The crate's shape, checked: the top-level modules form a one-way graph, a service built with
+//! `default-features = false` links no Kafka, HTTP or CLI crates, each feature builds alone, and
+//! the migration runner records what refinery (which earlier releases ran) records.
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+use std::process::Command;
+
+use common::*;
+
+/// The top-level module a source file belongs to (`src/relay/lanes.rs` → `relay`).
+fn top_module(src: &Path, file: &Path) -> String {
+    let rel = file.strip_prefix(src).unwrap();
+    let first = rel
+        .components()
+        .next()
+        .unwrap()
+        .as_os_str()
+        .to_string_lossy();
+    first.trim_end_matches(".rs").to_owned()
+}
+
+fn rust_files(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            rust_files(&p, out);
+        } else if p.extension().is_some_and(|x| x == "rs") {
+            out.push(p);
+        }
+    }
+}
+
+/// `crate::name` references in code (comments and doc comments excluded), by top module.
+fn module_edges() -> BTreeMap<String, BTreeSet<String>> {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    let tops: BTreeSet<String> = files
+        .iter()
+        .map(|f| top_module(&src, f))
+        .filter(|m| m != "lib")
+        .collect();
+    let mut edges: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for f in &files {
+        let from = top_module(&src, f);
+        if from == "lib" {
+            continue;
+        }
+        let text = std::fs::read_to_string(f).unwrap();
+        for line in text.lines() {
+            let code = line.split("//").next().unwrap();
+            let mut rest = code;
+            while let Some(i) = rest.find("crate::") {
+                rest = &rest[i + "crate::".len()..];
+                let name: String = rest
+                    .chars()
+                    .take_while(|c| c.is_alphanumeric() || *c == '_')
+                    .collect();
+                // `crate::{a, b}` groups: every name in the braces.
+                let names: Vec<String> = if rest.starts_with('{') {
+                    let inner = rest[1..].split('}').next().unwrap_or("");
+                    inner
+                        .split(',')
+                        .map(|s| s.trim().split("::").next().unwrap().trim().to_owned())
+                        .collect()
+                } else {
+                    vec![name]
+                };
+                for n in names {
+                    if tops.contains(&n) && n != from {
+                        edges.entry(from.clone()).or_default().insert(n);
+                    }
+                }
+            }
+        }
+    }
+    edges
+}
+
+/// A cycle through `start`, if any (depth-first).
+fn cycle(edges: &BTreeMap<String, BTreeSet<String>>) -> Option<Vec<String>> {
+    fn visit(
+        n: &str,
+        edges: &BTreeMap<String, BTreeSet<String>>,
+        path: &mut Vec<String>,
+        done: &mut BTreeSet<String>,
+    ) -> Option<Vec<String>> {
+        if let Some(i) = path.iter().position(|p| p == n) {
+            let mut c = path[i..].to_vec();
+            c.push(n.to_owned());
+            return Some(c);
+        }
+        if done.contains(n) {
+            return None;
+        }
+        path.push(n.to_owned());
+        for m in edges.get(n).into_iter().flatten() {
+            if let Some(c) = visit(m, edges, path, done) {
+                return Some(c);
+            }
+        }
+        path.pop();
+        done.insert(n.to_owned());
+        None
+    }
+    let mut done = BTreeSet::new();
+    for n in edges.keys() {
+        if let Some(c) = visit(n, edges, &mut Vec::new(), &mut done) {
+            return Some(c);
+        }
+    }
+    None
+}
+
+#[test]
+fn the_top_level_modules_form_a_one_way_graph() {
+    let edges = module_edges();
+    assert!(
+        edges.get("relay").is_some_and(|e| e.contains("sql")),
+        "the scan sees edges: {edges:?}"
+    );
+    if let Some(c) = cycle(&edges) {
+        panic!("module cycle: {}\nall edges: {edges:#?}", c.join(" -> "));
+    }
+    // The wire format is below both its writers and its readers.
+    for part in ["consumer", "dlq"] {
+        assert!(edges[part].contains("wire"), "{part} uses the wire format");
+    }
+    for low in [
+        "wire", "message", "schema", "sql", "topic", "enqueue", "migrate", "config",
+    ] {
+        for heavy in ["relay", "consumer", "dlq", "admin", "kafka", "topics"] {
+            assert!(
+                !edges.get(low).is_some_and(|e| e.contains(heavy)),
+                "core module {low} depends on {heavy}"
+            );
+        }
+    }
+    assert!(
+        !edges.get("dlq").is_some_and(|e| e.contains("consumer")),
+        "the DLQ tools do not depend on the consumer"
+    );
+}
+
+#[test]
+fn the_cycle_check_finds_a_cycle() {
+    let mut edges = module_edges();
+    edges
+        .entry("wire".into())
+        .or_default()
+        .insert("consumer".into());
+    let c = cycle(&edges).expect("a planted cycle is found");
+    assert!(c.contains(&"wire".to_owned()), "{c:?}");
+}
+
+fn cargo() -> Command {
+    let mut c = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    c.current_dir(env!("CARGO_MANIFEST_DIR"));
+    c
+}
+
+#[test]
+fn a_service_without_default_features_links_no_kafka_http_or_cli_crate() {
+    let o = cargo()
+        .args([
+            "tree",
+            "--locked",
+            "--offline",
+            "-p",
+            "outbox",
+            "--no-default-features",
+            "-e",
+            "normal",
+            "--prefix",
+            "none",
+        ])
+        .output()
+        .expect("cargo tree");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let tree = String::from_utf8_lossy(&o.stdout);
+    let crates: BTreeSet<&str> = tree
+        .lines()
+        .filter_map(|l| l.split_whitespace().next())
+        .collect();
+    assert!(crates.contains("tokio-postgres"), "{crates:?}");
+    for heavy in [
+        "rdkafka",
+        "rdkafka-sys",
+        "axum",
+        "hyper",
+        "clap",
+        "indicatif",
+        "tracing-subscriber",
+        "metrics-exporter-prometheus",
+        "openssl",
+        "refinery",
+        "url",
+        "regex",
+    ] {
+        assert!(!crates.contains(heavy), "{heavy} in the lean tree:\n{tree}");
+    }
+    // The defaults still bring every part (today's users keep compiling).
+    let o = cargo()
+        .args([
+            "tree",
+            "--locked",
+            "--offline",
+            "-p",
+            "outbox",
+            "-e",
+            "normal",
+            "--prefix",
+            "none",
+        ])
+        .output()
+        .unwrap();
+    let full = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        full.contains("rdkafka ") && full.contains("axum "),
+        "{full}"
+    );
+}
+
+#[test]
+fn the_library_never_depends_on_what_only_the_binary_needs() {
+    let o = cargo()
+        .args([
+            "tree",
+            "--locked",
+            "--offline",
+            "-p",
+            "outbox",
+            "--all-features",
+            "-e",
+            "normal",
+            "--prefix",
+            "none",
+        ])
+        .output()
+        .unwrap();
+    let tree = String::from_utf8_lossy(&o.stdout);
+    for bin_only in ["clap ", "indicatif ", "tracing-subscriber ", "anyhow "] {
+        assert!(!tree.contains(bin_only), "{bin_only}in the library's tree");
+    }
+}
+
+#[test]
+fn checksums_are_refinerys() {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/migrations");
+    for name in outbox::embedded_migrations() {
+        let sql = std::fs::read_to_string(format!("{dir}/{name}.sql")).unwrap();
+        let theirs = refinery::Migration::unapplied(&name, &sql).unwrap();
+        assert_eq!(
+            outbox::testing::migration_checksum(&name, &sql),
+            Some(theirs.checksum()),
+            "{name}"
+        );
+    }
+}
+
+mod embedded {
+    refinery::embed_migrations!("migrations");
+}
+
+#[tokio::test]
+async fn a_schema_migrated_by_refinery_is_up_to_date_and_ours_satisfies_refinery() {
+    // Earlier releases ran refinery: their databases must look migrated to this runner.
+    let schema = format!("r_{}", hex(10));
+    let db = outbox::DbConfig::new(&database_url(), &schema).unwrap();
+    let (mut c, conn) = tokio_postgres::connect(&database_url(), tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    c.batch_execute(&format!(
+        "CREATE SCHEMA \"{schema}\"; SET search_path TO \"{schema}\""
+    ))
+    .await
+    .unwrap();
+    embedded::migrations::runner()
+        .set_grouped(false)
+        .run_async(&mut c)
+        .await
+        .unwrap();
+    let report = outbox::migrate(&db).await.unwrap();
+    assert!(report.applied.is_empty(), "{:?}", report.applied);
+
+    // And the other way round: refinery finds nothing to do in a schema this runner migrated.
+    let fresh = fresh_db().await;
+    c.batch_execute(&format!("SET search_path TO {}", fresh.schema.quoted()))
+        .await
+        .unwrap();
+    let theirs = embedded::migrations::runner()
+        .set_grouped(false)
+        .run_async(&mut c)
+        .await
+        .unwrap();
+    assert!(theirs.applied_migrations().is_empty());
+
+    // A changed migration is refused, not re-run.
+    c.execute(
+        "UPDATE refinery_schema_history SET checksum = '1' WHERE version = 1",
+        &[],
+    )
+    .await
+    .unwrap();
+    let e = outbox::migrate(&fresh).await.unwrap_err();
+    assert!(matches!(e, outbox::MigrateError::History(_)), "{e}");
+}
+
+#[test]
+fn each_feature_builds_alone() {
+    if std::env::var_os("OUTBOX_SKIP_FEATURE_BUILDS").is_some() {
+        return;
+    }
+    // `cargo check` per feature: a part that reaches into one it does not declare fails here.
+    // A target directory of its own, so the check never waits on the build running the tests.
+    let target = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/feature-check");
+    for features in [
+        "",
+        "tls",
+        "kafka",
+        "relay",
+        "consumer",
+        "dlq",
+        "prometheus",
+        "admin",
+    ] {
+        let o = cargo()
+            .args([
+                "check",
+                "--locked",
+                "--offline",
+                "-q",
+                "-p",
+                "outbox",
+                "--lib",
+                "--no-default-features",
+                "--features",
+                features,
+            ])
+            .env("CARGO_TARGET_DIR", &target)
+            .env("RUSTFLAGS", "-D warnings")
+            .output()
+            .unwrap();
+        assert!(
+            o.status.success(),
+            "features [{features}]:\n{}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+}
