@@ -14,7 +14,7 @@ const POOL_TIMEOUT: Duration = Duration::from_secs(10);
 ///
 /// # Errors
 /// Only when the pool cannot be configured (never for an unreachable server).
-pub fn pool(db: &DbConfig) -> Result<Pool, deadpool_postgres::BuildError> {
+pub(crate) fn pool(db: &DbConfig) -> Result<Pool, deadpool_postgres::BuildError> {
     let mgr = Manager::from_config(
         db.pg.clone(),
         db.tls.clone(),

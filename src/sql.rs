@@ -16,7 +16,7 @@ use crate::schema::Schema;
 /// or the pending index `(available_at, id)` for the check. The due test is written `(…) IS TRUE` so the planner
 /// cannot use it as an index condition: on the pending `(available_at, id)` index it bounds
 /// nothing (every pending row is due) and the scan would read every entry below the floor —
-/// exactly the entries the floor exists to skip. Measured in `tests/plans.rs`.
+/// exactly the entries the floor exists to skip. Measured in `tests/relay/plans.rs`.
 const CLAIM: &str = "\
 SELECT o.id, o.topic, o.message_key, o.headers::text, o.payload::text,
        extract(epoch FROM o.created_at)::float8

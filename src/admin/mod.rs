@@ -184,7 +184,7 @@ async fn authorize(
 
 /// The admin router over `db` and `kafka` with `auth`. Jobs started through it pause when
 /// `stop` is cancelled.
-pub fn router(db: &DbConfig, kafka: &KafkaConfig, auth: Auth, stop: CancellationToken) -> Router {
+pub fn app(db: &DbConfig, kafka: &KafkaConfig, auth: Auth, stop: CancellationToken) -> Router {
     let state = AppState {
         db: db.clone(),
         kafka: kafka.clone(),
@@ -246,7 +246,7 @@ pub async fn serve(
         tracing::warn!(%listen, "admin API listening beyond loopback");
     }
     let stop = CancellationToken::new();
-    let app = router(db, kafka, auth, stop.clone());
+    let app = app(db, kafka, auth, stop.clone());
     let listener = tokio::net::TcpListener::bind(listen).await?;
     tracing::info!(%listen, "admin API and dashboard listening");
     let dlq = Dlq::new(db);

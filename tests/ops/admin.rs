@@ -1,13 +1,11 @@
 //! The admin API as a client sees it: a real `outbox admin` process with a tokens file, curl
 //! requests, real Postgres and Kafka behind it.
 
-mod common;
-
 use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use outbox::admin::{Access, Role, ROUTES};
 
 const VIEWER: &str = "viewer-token-aaaaaaaaaaaa";

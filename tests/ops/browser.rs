@@ -4,13 +4,11 @@
 //! message is on its original topic. Screenshots of the main views go to
 //! `target/screenshots/` (`docs/dashboard.png` in the README is one of them).
 
-mod common;
-
 use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use fantoccini::{Client, ClientBuilder, Locator};
 
 const TOKEN: &str = "browser-test-token-0123456789";

@@ -1,12 +1,10 @@
 //! Transport security and secrets: Postgres over TLS (verify-full against the dev CA), Kafka
 //! over SASL_SSL, and no password in any log line or error message of a full run.
 
-mod common;
-
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use outbox::{DbConfig, Relay};
 
 const PG_PASSWORD: &str = "Pg-Pa55-q8x7w";
@@ -192,7 +190,7 @@ async fn no_password_appears_in_any_log_line_or_error_of_a_full_run() {
     ]
     .concat();
     let outbox_cmd = |args: &[String], db_url: &str| {
-        let mut c = Command::new(common::outbox_bin());
+        let mut c = Command::new(crate::common::outbox_bin());
         c.args(args)
             .env("DATABASE_URL", db_url)
             .env("OUTBOX_SCHEMA", &schema)

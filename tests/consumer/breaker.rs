@@ -3,8 +3,6 @@
 //! first and throttled, re-open for longer, apply the envelope policies, never drain what is
 //! not theirs, and survive a replica killed mid-cycle.
 
-mod common;
-
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 use std::process::{Child, Stdio};
@@ -12,7 +10,7 @@ use std::sync::atomic::{AtomicI64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
-use common::*;
+use crate::common::*;
 use outbox::consumer::{
     BoxFuture, BreakerConfig, Consumer, ConsumerConfig, Delivered, Freshness, FreshnessCheck,
     Handler, HandlerError, Mode, RetryStrategy,

@@ -2,13 +2,11 @@
 //! `default-features = false` links no Kafka, HTTP or CLI crates, each feature builds alone, and
 //! the migration runner records what refinery (which earlier releases ran) records.
 
-mod common;
-
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::process::Command;
 
-use common::*;
+use crate::common::*;
 
 /// The top-level module a source file belongs to (`src/relay/lanes.rs` → `relay`).
 fn top_module(src: &Path, file: &Path) -> String {

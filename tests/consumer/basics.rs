@@ -1,13 +1,11 @@
 //! The consumer runtime against real Kafka and Postgres.
 
-mod common;
-
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use outbox::consumer::{
     BoxFuture, Consumer, ConsumerConfig, ConsumerError, ConsumerStats, Delivered, Handler,
     HandlerError, Inbox, RetryStrategy,

@@ -2,15 +2,13 @@
 //! enqueued → zero lost, duplicates only from batches in flight at the kills, and with the
 //! idempotent consumer downstream the business effect is exactly once.
 //!
-//! CI size: 20,000 messages. Full size (100,000): `OUTBOX_FAULT_SCALE=full cargo test --test crash -- --nocapture`.
-
-mod common;
+//! CI size: 20,000 messages. Full size (100,000): `OUTBOX_FAULT_SCALE=full cargo test --test relay crash:: -- --nocapture`.
 
 use std::collections::HashMap;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::*;
+use crate::common::*;
 use outbox::consumer::{
     BoxFuture, Consumer, ConsumerConfig, ConsumerStats, Delivered, Handler, HandlerError,
 };
@@ -34,7 +32,7 @@ impl Handler for Effect {
 }
 
 fn spawn_relay(db: &outbox::DbConfig, batch: usize) -> Child {
-    Command::new(common::outbox_bin())
+    Command::new(crate::common::outbox_bin())
         .args([
             "relay",
             "--batch-size",

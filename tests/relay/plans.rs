@@ -1,12 +1,10 @@
 //! The relay's hot statements use the partial indexes, so their cost follows the queue, not the
 //! number of sent rows kept for retention. Plans are printed for BENCHMARKS.md
-//! (`cargo test --test plans -- --nocapture`).
-
-mod common;
+//! (`cargo test --test relay plans:: -- --nocapture`).
 
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 
 async fn explain(
     c: &tokio_postgres::Client,

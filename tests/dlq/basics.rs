@@ -2,13 +2,11 @@
 //! replay jobs (throttle, frozen selection, canary, refail stop, pause/resume/cancel, loop
 //! guard, SIGKILL), `--from-topic` replay, drop, audit and the CLI's errors.
 
-mod common;
-
 use std::collections::{HashMap, HashSet};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant, SystemTime};
 
-use common::*;
+use crate::common::*;
 use outbox::consumer::{
     BoxFuture, Consumer, ConsumerConfig, Delivered, Handler, HandlerError, RetryStrategy,
 };
@@ -1179,7 +1177,7 @@ async fn long_work_shows_a_progress_bar_on_a_terminal_and_plain_lines_otherwise(
     // A terminal (script(1) gives the command a pseudo-terminal): a drawn progress bar.
     let cmd = format!(
         "{} dlq replay --topic {topic} --limit 30 --rate 15 --canary 0",
-        common::outbox_bin().display()
+        crate::common::outbox_bin().display()
     );
     let o = run(Command::new("script")
         .args(["-qec", &cmd, "/dev/null"])

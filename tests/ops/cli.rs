@@ -1,12 +1,10 @@
 //! The `outbox` binary: migrate, status, requeue, cleanup, config errors, SIGTERM.
 
-mod common;
-
 use std::collections::HashSet;
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use outbox::Relay;
 
 fn outbox_cmd(db: &outbox::DbConfig) -> Command {

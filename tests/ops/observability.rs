@@ -3,14 +3,12 @@
 //! equal that work, labels stay bounded, and every metric the Grafana dashboard and the alert
 //! rules name is one the code exports.
 
-mod common;
-
 use std::collections::{BTreeSet, HashMap};
 use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use outbox::consumer::{BoxFuture, Consumer, ConsumerConfig, Delivered, Handler, HandlerError};
 
 fn repo(path: &str) -> String {

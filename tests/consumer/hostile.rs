@@ -3,12 +3,10 @@
 //! bad configuration and wrong credentials are covered in relay.rs, cli.rs, consumer.rs and
 //! security.rs; this file adds the rest.)
 
-mod common;
-
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use outbox::consumer::{
     BoxFuture, Consumer, ConsumerConfig, ConsumerStats, Delivered, Handler, HandlerError,
 };
@@ -214,7 +212,7 @@ async fn enqueue_refuses_what_postgres_cannot_store_and_writes_nothing() {
 }
 
 fn run_cli(args: &[&str], envs: &[(&str, &str)]) -> (Option<i32>, String) {
-    let mut cmd = Command::new(common::outbox_bin());
+    let mut cmd = Command::new(crate::common::outbox_bin());
     cmd.args(args)
         .env_remove("DATABASE_URL")
         .env_remove("KAFKA_BOOTSTRAP_SERVERS")

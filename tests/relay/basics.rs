@@ -1,12 +1,10 @@
 //! The relay against real Postgres and Kafka: enqueue paths, rollback, bad rows, two relays.
 
-mod common;
-
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use outbox::{enqueue, Enqueuer, Message, Outcome, Relay};
 
 #[tokio::test]

@@ -2,12 +2,10 @@
 //! follow outbox id order — with injected produce failures backing rows off, and with a relay
 //! dying mid-run and its lanes taken over.
 
-mod common;
-
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use common::*;
+use crate::common::*;
 use outbox::Relay;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -1,13 +1,11 @@
 //! Consumers back in seconds after a crash, and dead letters written once: `billing_consumer`
 //! processes SIGKILLed and restarted against the real broker.
 
-mod common;
-
 use std::collections::HashSet;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::*;
+use crate::common::*;
 
 struct Billing {
     child: Child,
@@ -190,7 +188,7 @@ async fn poison_messages_are_dead_lettered_once_across_repeated_sigkills() {
 }
 
 /// The evaluation of Kafka 4's consumer group protocol (KIP-848) with the bundled librdkafka:
-/// `cargo test --test recovery kip848 -- --ignored --nocapture` (figures in BENCHMARKS.md).
+/// `cargo test --test consumer recovery::kip848 -- --ignored --nocapture` (figures in BENCHMARKS.md).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "an evaluation, run by hand"]
 async fn kip848_consumer_protocol_recovery() {
