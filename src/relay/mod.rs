@@ -34,7 +34,9 @@ use self::floor::{ClaimFloor, Sample};
 use crate::backoff::Backoff;
 use crate::cleanup;
 use crate::config::{ConfigError, DbConfig, KafkaConfig};
+use crate::kafka::RefusalReason;
 use crate::outage::Outage;
+use crate::schema::REWIND_PAYLOAD;
 use crate::sql::Statements;
 use crate::topic::validate_topic;
 use tracing::Instrument as _;
@@ -144,7 +146,7 @@ impl Row {
 pub(crate) enum Fate {
     Sent,
     /// Refused for good: the row is backed off with this error; the reason labels the metric.
-    Refused(String, crate::kafka::RefusalReason),
+    Refused(String, RefusalReason),
     /// Not delivered, through no fault of the row (broker unavailable, purged): stays pending.
     Deferred(String),
     /// Not sent because an earlier row of the same key failed in this batch: it stays pending
@@ -395,7 +397,7 @@ fn fate_of_error(e: &KafkaError) -> Fate {
     };
     match kafka_code(e) {
         Some(code) if is_unavailable(code) => Fate::Deferred(truncate(&msg)),
-        _ => Fate::Refused(truncate(&msg), crate::kafka::RefusalReason::of(e)),
+        _ => Fate::Refused(truncate(&msg), RefusalReason::of(e)),
     }
 }
 
@@ -527,11 +529,14 @@ impl Relay {
     /// Checks that each topic is valid and exists; returns the reason for each one that is not.
     /// A lookup that fails because the cluster is unreachable is not held against the topic:
     /// producing will then report the outage.
-    async fn topic_problems(&self, topics: HashSet<String>) -> HashMap<String, String> {
+    async fn topic_problems(
+        &self,
+        topics: HashSet<String>,
+    ) -> HashMap<String, (String, RefusalReason)> {
         let mut problems = HashMap::new();
         for t in topics {
             if let Err(e) = validate_topic(&t) {
-                problems.insert(t, truncate(&e.to_string()));
+                problems.insert(t, (truncate(&e.to_string()), RefusalReason::Refused));
                 continue;
             }
             let fresh = self
@@ -561,10 +566,13 @@ impl Relay {
                     if missing {
                         problems.insert(
                             t.clone(),
-                            truncate(&format!(
-                                "topic {t:?} does not exist on the broker (topics are never \
-                                 auto-created: create it with `outbox topics apply`)"
-                            )),
+                            (
+                                truncate(&format!(
+                                    "topic {t:?} does not exist on the broker (topics are \
+                                     never auto-created: create it with `outbox topics apply`)"
+                                )),
+                                RefusalReason::UnknownTopic,
+                            ),
                         );
                     } else {
                         self.known_topics
@@ -863,20 +871,20 @@ impl Relay {
             let headers = if let Some(p) = problems.get(row.topic()) {
                 Err(p.clone())
             } else if inject > 0.0 && fastrand::f64() < inject {
-                Err("injected produce failure".to_owned())
+                Err((
+                    "injected produce failure".to_owned(),
+                    RefusalReason::Refused,
+                ))
             } else {
-                kafka_headers(row.headers())
+                kafka_headers(row.headers()).map_err(|e| (e, RefusalReason::Refused))
             };
             let headers = match headers {
                 Ok(h) => h,
-                Err(reason) => {
+                Err((error, reason)) => {
                     if let Some(k) = row.key() {
                         held.insert(k);
                     }
-                    fates.push(Some(Fate::Refused(
-                        reason,
-                        crate::kafka::RefusalReason::Refused,
-                    )));
+                    fates.push(Some(Fate::Refused(error, reason)));
                     continue;
                 }
             };
@@ -1122,8 +1130,6 @@ async fn sweep_schedule(
     }
 }
 
-use crate::schema::REWIND_PAYLOAD;
-
 /// Keeps a LISTEN connection open and turns notifications into wake-ups; reconnects with
 /// backoff. Wakes once after each (re)connect, since notifications sent while disconnected
 /// are lost. A [`REWIND_PAYLOAD`] notification also sends the next claim back to the head.
@@ -1264,7 +1270,7 @@ mod tests {
         }
         assert!(matches!(
             fate_of_error(&produced(RDKafkaErrorCode::MessageSizeTooLarge)),
-            Fate::Refused(_, crate::kafka::RefusalReason::MessageTooLarge)
+            Fate::Refused(_, RefusalReason::MessageTooLarge)
         ));
     }
 }
