@@ -4,7 +4,7 @@ use crate::config::DbConfig;
 use crate::sql::Statements;
 
 /// Rows per status.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct StatusCount {
     /// `pending`, `sent` or `failed`.
     pub status: String,
@@ -15,7 +15,7 @@ pub struct StatusCount {
 }
 
 /// Failed rows sharing one `last_error`.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct FailedGroup {
     /// The error text.
     pub last_error: String,
@@ -28,7 +28,7 @@ pub struct FailedGroup {
 }
 
 /// The status report.
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct OutboxStatus {
     /// Counts by status.
     pub counts: Vec<StatusCount>,
@@ -41,7 +41,7 @@ pub struct OutboxStatus {
 }
 
 /// An open circuit breaker (`circuit_breakers`).
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct OpenBreakerRow {
     /// The consumer group.
     pub consumer_group: String,

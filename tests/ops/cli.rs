@@ -583,3 +583,25 @@ fn log_format_json_writes_one_json_object_per_line() {
         );
     }
 }
+
+#[tokio::test]
+async fn a_reader_that_closes_the_pipe_ends_the_command_quietly() {
+    // `outbox status | head -1`: the reader is gone before the command writes (here: the pipe
+    // is closed before the command has even connected). The command must end with exit 0,
+    // never a panic (exit 101) or an error message.
+    let db = fresh_db().await;
+    for args in [vec!["status"], vec!["dlq", "summary"], vec!["dlq", "audit"]] {
+        let mut child = outbox_cmd(&db)
+            .args(&args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        drop(child.stdout.take());
+        let o = child.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(0), "{args:?}: {err}");
+        assert!(!err.contains("panicked") && !err.contains("error"), "{args:?}: {err}");
+    }
+}

@@ -1,0 +1,97 @@
+//! What every command shares: the connection flags, configuration built from them, the usage
+//! error (exit code 2) and the shutdown signal.
+
+use std::time::Duration;
+
+use clap::Args;
+use outbox::{CleanupConfig, DbConfig, KafkaConfig};
+
+#[derive(Args, Clone)]
+pub(crate) struct DbArgs {
+    /// Postgres connection URL. Its password is never logged.
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+    pub(crate) database_url: String,
+    /// Schema holding the outbox tables.
+    #[arg(long, env = "OUTBOX_SCHEMA", default_value = outbox::DEFAULT_SCHEMA)]
+    pub(crate) schema: String,
+}
+
+#[derive(Args, Clone)]
+pub(crate) struct KafkaArgs {
+    /// Kafka bootstrap servers, host:port[,host:port].
+    #[arg(long, env = "KAFKA_BOOTSTRAP_SERVERS")]
+    pub(crate) kafka_bootstrap_servers: String,
+    /// Any librdkafka property, name=value (repeatable), e.g. -X security.protocol=SASL_SSL.
+    #[arg(short = 'X', long = "kafka-property", value_name = "NAME=VALUE")]
+    pub(crate) kafka_property: Vec<String>,
+}
+
+#[derive(Args, Clone)]
+pub(crate) struct CleanupArgs {
+    /// Delete sent outbox rows older than this (e.g. 7d, 36h).
+    #[arg(long, default_value = "7d", value_parser = humantime::parse_duration)]
+    pub(crate) sent_retention: Duration,
+    /// Delete processed_messages rows older than this.
+    #[arg(long, default_value = "14d", value_parser = humantime::parse_duration)]
+    pub(crate) processed_retention: Duration,
+    /// Rows per DELETE statement.
+    #[arg(long, default_value_t = outbox::DEFAULT_CLEANUP_BATCH)]
+    pub(crate) cleanup_batch_size: usize,
+    /// Delete archived dead letters that were replayed or dropped this long after archiving.
+    #[arg(long, default_value = "30d", value_parser = humantime::parse_duration)]
+    pub(crate) dlq_retention: Duration,
+}
+
+/// A cleanup schedule: a period or off.
+#[derive(Clone, Copy)]
+pub(crate) struct Interval(pub(crate) Option<Duration>);
+
+pub(crate) fn parse_interval(s: &str) -> Result<Interval, String> {
+    if s.eq_ignore_ascii_case("off") {
+        return Ok(Interval(None));
+    }
+    let d = humantime::parse_duration(s).map_err(|e| e.to_string())?;
+    if d.is_zero() {
+        return Err("must be greater than zero, or \"off\"".into());
+    }
+    Ok(Interval(Some(d)))
+}
+
+/// Errors that mean "fix your configuration", reported with exit code 2.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub(crate) struct UsageError(pub(crate) String);
+
+pub(crate) fn db_config(a: &DbArgs) -> Result<DbConfig, UsageError> {
+    DbConfig::new(&a.database_url, &a.schema).map_err(|e| UsageError(e.to_string()))
+}
+
+pub(crate) fn kafka_config(a: &KafkaArgs) -> Result<KafkaConfig, UsageError> {
+    let mut k =
+        KafkaConfig::new(&a.kafka_bootstrap_servers).map_err(|e| UsageError(e.to_string()))?;
+    for p in &a.kafka_property {
+        k.set_from_pair(p).map_err(|e| UsageError(e.to_string()))?;
+    }
+    Ok(k)
+}
+
+pub(crate) fn cleanup_config(a: &CleanupArgs, interval: Option<Duration>) -> CleanupConfig {
+    {
+        let mut c = CleanupConfig::default();
+        c.sent_retention = a.sent_retention;
+        c.processed_retention = a.processed_retention;
+        c.dlq_retention = a.dlq_retention;
+        c.batch_size = a.cleanup_batch_size;
+        c.interval = interval;
+        c
+    }
+}
+
+pub(crate) async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).expect("install SIGTERM handler");
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM received"),
+        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT received"),
+    }
+}

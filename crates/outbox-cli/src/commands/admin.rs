@@ -1,0 +1,67 @@
+//! `outbox admin`: The HTTP admin API, the web dashboard and /metrics.
+
+use std::io::Write;
+
+use clap::Args as ClapArgs;
+
+use crate::args::*;
+
+/// The HTTP admin API, the web dashboard and /metrics.
+#[derive(ClapArgs)]
+pub struct Args {
+    #[command(flatten)]
+    db: DbArgs,
+    #[command(flatten)]
+    kafka: KafkaArgs,
+    /// Address to listen on; loopback unless you say otherwise.
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    listen: std::net::SocketAddr,
+    /// One admin token (holder "admin", role admin).
+    #[arg(long, env = "OUTBOX_ADMIN_TOKEN", hide_env_values = true)]
+    admin_token: Option<String>,
+    /// Tokens file: one `HOLDER ROLE SHA256HEX` per line (roles viewer, operator, admin).
+    #[arg(long)]
+    tokens_file: Option<std::path::PathBuf>,
+    /// Serve without authentication (anyone reaching the address can replay and drop).
+    #[arg(long)]
+    insecure_no_auth: bool,
+}
+
+pub async fn run(args: Args, _out: &mut dyn Write) -> anyhow::Result<()> {
+    let Args {
+        db,
+        kafka,
+        listen,
+        admin_token,
+        tokens_file,
+        insecure_no_auth,
+    } = args;
+    let db = db_config(&db)?;
+    let kafka = kafka_config(&kafka)?;
+    let auth = match (insecure_no_auth, tokens_file, admin_token) {
+        (true, None, None) => outbox::admin::Auth::insecure(),
+        (true, _, _) => {
+            return Err(UsageError(
+                "--insecure-no-auth cannot be combined with tokens".into(),
+            )
+            .into())
+        }
+        (false, Some(f), _) => {
+            let text = std::fs::read_to_string(&f)
+                .map_err(|e| UsageError(format!("cannot read {}: {e}", f.display())))?;
+            outbox::admin::Auth::from_file_text(&text).map_err(UsageError)?
+        }
+        (false, None, Some(t)) => outbox::admin::Auth::single(&t).map_err(UsageError)?,
+        (false, None, None) => {
+            return Err(UsageError(
+                "the admin API needs authentication: set OUTBOX_ADMIN_TOKEN or --tokens-file (or --insecure-no-auth, explicitly)".into(),
+            )
+            .into())
+        }
+    };
+    outbox::admin::serve(listen, &db, &kafka, auth, shutdown_signal())
+        .await
+        .map_err(|e| UsageError(format!("--listen {listen}: {e}")))?;
+
+    Ok(())
+}

@@ -1,0 +1,54 @@
+//! `outbox dlq drop`: Mark letters dropped, with a reason.
+
+use std::io::Write;
+
+use clap::Args as ClapArgs;
+use outbox::dlq::Dlq;
+
+use super::*;
+use crate::args::*;
+
+/// Mark letters dropped, with a reason.
+#[derive(ClapArgs)]
+pub struct Args {
+    #[command(flatten)]
+    db: DbArgs,
+    #[command(flatten)]
+    filter: FilterArgs,
+    /// Archive ids (repeatable).
+    #[arg(long = "id", value_parser = parse_id)]
+    ids: Vec<i64>,
+    /// Why (required, audited).
+    #[arg(long)]
+    reason: String,
+    /// Allow dropping every new letter (no filter).
+    #[arg(long)]
+    all: bool,
+    /// Who is dropping (audit); default the OS user.
+    #[arg(long)]
+    actor: Option<String>,
+}
+
+pub async fn run(args: Args, out: &mut dyn Write) -> anyhow::Result<()> {
+    let Args {
+        db,
+        filter,
+        ids,
+        reason,
+        all,
+        actor,
+    } = args;
+    let dlq = Dlq::new(&db_config(&db)?);
+    let r = dlq
+        .drop_letters(
+            &filter.to_filter(&ids)?,
+            all,
+            &reason,
+            &actor_or_default(actor),
+        )
+        .await
+        .map_err(lift)?;
+    writeln!(out, "dropped={}", r.dropped)?;
+
+    Ok(())
+}

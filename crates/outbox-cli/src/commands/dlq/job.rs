@@ -1,0 +1,147 @@
+//! `outbox dlq job …` and `outbox dlq jobs`' runner: pause, resume, cancel or show one replay job.
+
+use std::io::Write;
+
+use clap::Subcommand;
+use outbox::dlq::{Dlq, RunOutcome};
+
+use super::*;
+use crate::args::*;
+use crate::progress::Meter;
+
+#[derive(Subcommand)]
+pub enum JobAction {
+    /// Stop a running job after the letters in flight; resumable.
+    Pause {
+        #[command(flatten)]
+        db: DbArgs,
+        /// Job id.
+        id: i64,
+        /// Who (recorded in the job's reason).
+        #[arg(long)]
+        actor: Option<String>,
+    },
+    /// Run a paused, pending or orphaned job in the foreground.
+    Resume {
+        #[command(flatten)]
+        db: DbArgs,
+        #[command(flatten)]
+        kafka: KafkaArgs,
+        /// Job id.
+        id: i64,
+    },
+    /// Cancel a job; unsent letters stay new.
+    Cancel {
+        #[command(flatten)]
+        db: DbArgs,
+        /// Job id.
+        id: i64,
+        /// Who (recorded in the job's reason).
+        #[arg(long)]
+        actor: Option<String>,
+    },
+    /// One job and its counts.
+    Show {
+        #[command(flatten)]
+        db: DbArgs,
+        /// Job id.
+        id: i64,
+        /// JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// Runs one `outbox dlq job` command.
+pub async fn run(action: JobAction, out: &mut dyn Write) -> anyhow::Result<()> {
+    match action {
+        JobAction::Pause { db, id, actor } => {
+            let dlq = Dlq::new(&db_config(&db)?);
+            let j = dlq
+                .pause_job(id, &actor_or_default(actor))
+                .await
+                .map_err(lift)?;
+            writeln!(
+                out,
+                "job {} paused ({} sent, {} pending)",
+                j.id, j.sent, j.pending
+            )?;
+        }
+        JobAction::Cancel { db, id, actor } => {
+            let dlq = Dlq::new(&db_config(&db)?);
+            let j = dlq
+                .cancel_job(id, &actor_or_default(actor))
+                .await
+                .map_err(lift)?;
+            writeln!(
+                out,
+                "job {} cancelled ({} sent; {} unsent letter(s) stay new)",
+                j.id, j.sent, j.pending
+            )?;
+        }
+        JobAction::Resume { db, kafka, id } => {
+            let dlq = Dlq::new(&db_config(&db)?);
+            let kafka = kafka_config(&kafka)?;
+            run_job(&dlq, &kafka, id, out).await?;
+        }
+        JobAction::Show { db, id, json } => {
+            let dlq = Dlq::new(&db_config(&db)?);
+            let j = dlq.job(id).await.map_err(lift)?;
+            if json {
+                writeln!(out, "{}", serde_json::to_string_pretty(&j)?)?;
+            } else {
+                let v = serde_json::to_value(&j)?;
+                for (k, v) in v.as_object().into_iter().flatten() {
+                    writeln!(out, "{k:<15} {v}")?;
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Runs a job in the foreground with its progress; the final line is always printed.
+pub(super) async fn run_job(
+    dlq: &Dlq,
+    kafka: &outbox::KafkaConfig,
+    id: i64,
+    out: &mut dyn Write,
+) -> anyhow::Result<()> {
+    let stop = interrupt_token();
+    let mut m = Meter::new(&format!("replay job {id}"));
+    let outcome = dlq
+        .run_job(kafka, id, &stop, &mut |p| {
+            m.update(
+                p.sent + p.failed + p.skipped,
+                p.total,
+                &format!("failed {} came back {}", p.failed, p.came_back),
+            )
+        })
+        .await;
+    m.finish();
+    let outcome = outcome.map_err(lift)?;
+    let j = dlq.job(id).await.map_err(lift)?;
+    writeln!(
+        out,
+        "replayed={} failed={} skipped={} came_back={} pending={} job={} status={}",
+        j.sent,
+        j.failed,
+        j.skipped,
+        j.came_back,
+        j.pending,
+        j.id,
+        format!("{:?}", j.status).to_lowercase()
+    )?;
+    match outcome {
+        RunOutcome::Completed if j.failed == 0 => Ok(()),
+        RunOutcome::Completed => anyhow::bail!(
+            "{} letter(s) could not be replayed (see `outbox dlq job show {id}`)",
+            j.failed
+        ),
+        RunOutcome::Paused(why) => {
+            anyhow::bail!("job {id} paused: {why}; resume with `outbox dlq job resume {id}`")
+        }
+        RunOutcome::Cancelled => anyhow::bail!("job {id} was cancelled"),
+        RunOutcome::Stopped(why) => anyhow::bail!("job {id} stopped: {why}"),
+    }
+}

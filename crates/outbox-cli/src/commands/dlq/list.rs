@@ -1,0 +1,71 @@
+//! `outbox dlq list`: Letters matching filters, newest first.
+
+use std::io::Write;
+
+use clap::Args as ClapArgs;
+use outbox::dlq::Dlq;
+
+use super::*;
+use crate::args::*;
+
+/// Letters matching filters, newest first.
+#[derive(ClapArgs)]
+pub struct Args {
+    #[command(flatten)]
+    db: DbArgs,
+    #[command(flatten)]
+    filter: FilterArgs,
+    /// At most this many.
+    #[arg(long, default_value_t = 50)]
+    limit: i64,
+    /// Next page: letters with ids below this.
+    #[arg(long)]
+    before_id: Option<i64>,
+    /// JSON array instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+pub async fn run(args: Args, out: &mut dyn Write) -> anyhow::Result<()> {
+    let Args {
+        db,
+        filter,
+        limit,
+        before_id,
+        json,
+    } = args;
+    let dlq = Dlq::new(&db_config(&db)?);
+    let rows = dlq
+        .list(&filter.to_filter(&[])?, limit, before_id)
+        .await
+        .map_err(lift)?;
+    if json {
+        writeln!(out, "{}", serde_json::to_string_pretty(&rows)?)?;
+        return Ok(());
+    }
+    writeln!(
+        out,
+        "{:>9}  {:<24} {:<8} {:<20} {:<24} {:<16} ERROR",
+        "ID", "FAILED AT", "STATUS", "KIND", "TOPIC", "GROUP"
+    )?;
+    for r in &rows {
+        writeln!(
+            out,
+            "{:>9}  {:<24} {:<8} {:<20} {:<24} {:<16} {}",
+            r.id,
+            r.failed_at,
+            r.status,
+            r.error_kind.as_deref().unwrap_or("-"),
+            cut(&r.original_topic, 24),
+            cut(r.consumer_group.as_deref().unwrap_or("-"), 16),
+            cut(r.error.as_deref().unwrap_or("-"), 100)
+        )?;
+    }
+    if rows.len() as i64 == limit {
+        if let Some(last) = rows.last() {
+            eprintln!("more: add --before-id {}", last.id);
+        }
+    }
+
+    Ok(())
+}

@@ -1,0 +1,115 @@
+//! `outbox relay`: Run the publisher sidecar until SIGTERM/SIGINT.
+
+use std::io::Write;
+use std::time::Duration;
+
+use clap::Args as ClapArgs;
+
+use crate::args::*;
+use outbox::{Relay, RelayConfig};
+
+/// Run the publisher sidecar until SIGTERM/SIGINT.
+#[derive(ClapArgs)]
+pub struct Args {
+    #[command(flatten)]
+    db: DbArgs,
+    #[command(flatten)]
+    kafka: KafkaArgs,
+    #[command(flatten)]
+    cleanup: CleanupArgs,
+    /// Rows claimed per pass.
+    #[arg(long, default_value_t = outbox::DEFAULT_BATCH_SIZE)]
+    batch_size: usize,
+    /// Batches in flight at once: the next is claimed and the previous marked while one
+    /// waits for Kafka's acks (1 = one at a time). Each takes a pooled connection.
+    #[arg(long, default_value_t = outbox::DEFAULT_IN_FLIGHT_BATCHES)]
+    in_flight_batches: usize,
+    /// Attempts before a row becomes failed.
+    #[arg(long, default_value_t = outbox::DEFAULT_MAX_ATTEMPTS)]
+    max_attempts: i32,
+    /// Idle poll period (notifications wake the relay sooner).
+    #[arg(long, default_value = "500ms", value_parser = humantime::parse_duration)]
+    poll_interval: Duration,
+    /// librdkafka message.timeout.ms; unreported rows stay pending after it.
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    delivery_timeout: Duration,
+    /// Flush budget at shutdown.
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    shutdown_timeout: Duration,
+    /// How often to run cleanup, or "off".
+    #[arg(long, default_value = "1h", value_parser = parse_interval)]
+    cleanup_interval: Interval,
+    /// Do not LISTEN for the enqueue trigger's notifications; rely on polling only.
+    #[arg(long)]
+    no_listen: bool,
+    /// How often to re-count relays and rebalance ordering lanes (dead relays' lanes are
+    /// taken over within this interval).
+    #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
+    rebalance_interval: Duration,
+    /// How often to look below the claim floor for rows of very long transactions and rows
+    /// put back to pending by hand.
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    sweep_interval: Duration,
+    /// A transaction open longer than this after inserting outbox rows stops holding the
+    /// claim floor back; its rows are published by the next sweep after it commits.
+    #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+    long_transaction: Duration,
+    /// Serve Prometheus /metrics on this address (e.g. 127.0.0.1:9187).
+    #[arg(long)]
+    metrics_addr: Option<std::net::SocketAddr>,
+}
+
+pub async fn run(args: Args, _out: &mut dyn Write) -> anyhow::Result<()> {
+    let Args {
+        db,
+        kafka,
+        cleanup,
+        batch_size,
+        in_flight_batches,
+        max_attempts,
+        poll_interval,
+        delivery_timeout,
+        shutdown_timeout,
+        cleanup_interval,
+        no_listen,
+        rebalance_interval,
+        sweep_interval,
+        long_transaction,
+        metrics_addr,
+    } = args;
+    let db = db_config(&db)?;
+    let kafka = kafka_config(&kafka)?;
+    let config = {
+        let mut c = RelayConfig::default();
+        c.batch_size = batch_size;
+        c.max_attempts = max_attempts;
+        c.poll_interval = poll_interval;
+        c.delivery_timeout = delivery_timeout;
+        c.shutdown_timeout = shutdown_timeout;
+        c.listen = !no_listen;
+        c.cleanup = cleanup_config(&cleanup, cleanup_interval.0);
+        c.rebalance_interval = rebalance_interval;
+        c.sweep_interval = sweep_interval;
+        c.long_transaction = long_transaction;
+        c.in_flight_batches = in_flight_batches;
+        c
+    };
+    let relay = Relay::new(&db, &kafka, config).map_err(|e| match e {
+        outbox::RelayError::Config(c) => anyhow::Error::new(UsageError(c.to_string())),
+        outbox::RelayError::Kafka(k) => {
+            anyhow::Error::new(UsageError(format!("kafka configuration: {k}")))
+        }
+        other => anyhow::Error::new(other),
+    })?;
+    let stop = tokio_util::sync::CancellationToken::new();
+    if let Some(addr) = metrics_addr {
+        let s = stop.clone();
+        outbox::metrics::serve(addr, async move { s.cancelled().await })
+            .await
+            .map_err(|e| UsageError(format!("--metrics-addr {addr}: {e}")))?;
+    }
+    relay.run(shutdown_signal()).await?;
+    stop.cancel();
+
+    Ok(())
+}
