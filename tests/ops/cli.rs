@@ -602,6 +602,9 @@ async fn a_reader_that_closes_the_pipe_ends_the_command_quietly() {
         let o = child.wait_with_output().unwrap();
         let err = String::from_utf8_lossy(&o.stderr);
         assert_eq!(o.status.code(), Some(0), "{args:?}: {err}");
-        assert!(!err.contains("panicked") && !err.contains("error"), "{args:?}: {err}");
+        assert!(
+            !err.contains("panicked") && !err.contains("error"),
+            "{args:?}: {err}"
+        );
     }
 }

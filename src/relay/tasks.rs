@@ -1,0 +1,309 @@
+//! The relay's lifecycle ([`Relay::run`]) and its background tasks, each a loop that ends with
+//! the relay: the sweep below the
+//! claim floor, LISTEN for the enqueue trigger, the outbox gauges and the cleanup schedule.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use deadpool_postgres::Pool;
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+use super::*;
+
+/// See [`Relay::sweep`].
+pub(super) async fn sweep_with(
+    pool: &Pool,
+    stmts: &Statements,
+    floor: &Mutex<ClaimFloor>,
+) -> Result<Option<i64>, RelayError> {
+    let (below, lanes) = {
+        let f = floor.lock().expect("floor lock");
+        (f.get(), f.lanes().to_vec())
+    };
+    if below <= 0 || lanes.is_empty() {
+        return Ok(None);
+    }
+    let client = pool.get().await?;
+    let found: Option<i64> = client
+        .query_one(&stmts.sweep, &[&below, &lanes])
+        .await?
+        .get(0);
+    if let Some(id) = found {
+        info!(
+            id,
+            floor = below,
+            "sweep found a pending row below the claim floor (a long transaction, or a row put back by hand); claiming from it"
+        );
+        floor.lock().expect("floor lock").rewind_to(id);
+    }
+    Ok(found)
+}
+
+/// Sweeps every `every` (first after one interval) and wakes the relay when rows were found.
+pub(super) async fn sweep_schedule(
+    pool: Pool,
+    stmts: Arc<Statements>,
+    floor: Arc<Mutex<ClaimFloor>>,
+    every: Duration,
+    wake: Arc<Notify>,
+    cancel: CancellationToken,
+) {
+    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            () = cancel.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        match sweep_with(&pool, &stmts, &floor).await {
+            Ok(Some(_)) => wake.notify_one(),
+            Ok(None) => {}
+            Err(e) => debug!(error = %e, "sweep failed; will retry at the next tick"),
+        }
+    }
+}
+
+/// Keeps a LISTEN connection open and turns notifications into wake-ups; reconnects with
+/// backoff. Wakes once after each (re)connect, since notifications sent while disconnected
+/// are lost. A [`REWIND_PAYLOAD`] notification also sends the next claim back to the head.
+pub(super) async fn listen(
+    db: DbConfig,
+    wake: Arc<Notify>,
+    floor: Arc<Mutex<ClaimFloor>>,
+    cancel: CancellationToken,
+    outages: Arc<Outages>,
+) {
+    let channel = db.schema.notify_channel();
+    let mut backoff = Backoff::default();
+    while !cancel.is_cancelled() {
+        let attempt = async {
+            let (client, mut conn) = db.pg.connect(db.tls.clone()).await?;
+            let notify = wake.clone();
+            let floor = floor.clone();
+            let driver = tokio::spawn(async move {
+                let mut stream = futures::stream::poll_fn(move |cx| conn.poll_message(cx));
+                use futures::StreamExt;
+                while let Some(msg) = stream.next().await {
+                    match msg {
+                        Ok(tokio_postgres::AsyncMessage::Notification(n)) => {
+                            if n.payload() == REWIND_PAYLOAD {
+                                floor.lock().expect("floor lock").rewind_to(0);
+                            }
+                            notify.notify_one();
+                        }
+                        Ok(_) => {}
+                        Err(e) => return Err(e),
+                    }
+                }
+                Ok(())
+            });
+            client
+                .batch_execute(&format!("LISTEN \"{channel}\""))
+                .await?;
+            Ok::<_, tokio_postgres::Error>((client, driver))
+        };
+        match attempt.await {
+            Ok((_client, mut driver)) => {
+                backoff.reset();
+                wake.notify_one();
+                debug!(%channel, "listening for outbox notifications");
+                tokio::select! {
+                    () = cancel.cancelled() => { driver.abort(); return; }
+                    ended = &mut driver => {
+                        if let Ok(Err(e)) = ended {
+                            outages.postgres.failed(&format!("notification connection lost; polling until it is back: {e}"));
+                        }
+                    }
+                }
+            }
+            Err(e) => {
+                let d = backoff.next_delay();
+                debug!(error = %e, retry_in = ?d, "cannot open notification connection");
+                tokio::select! {
+                    () = cancel.cancelled() => return,
+                    () = tokio::time::sleep(d) => {}
+                }
+            }
+        }
+    }
+}
+
+/// The relay's "cron module": runs cleanup at start and then every `every`.
+/// Refreshes the outbox gauges every 15 s (cheap statements, see `sql::GAUGES`).
+pub(super) async fn gauges_schedule(pool: Pool, stmts: Arc<Statements>, cancel: CancellationToken) {
+    let mut tick = tokio::time::interval(Duration::from_secs(15));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            () = cancel.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        refresh_outbox_gauges(&pool, &stmts).await;
+    }
+}
+
+/// Sets `outbox_rows{status}` and `outbox_oldest_pending_age_seconds` (see `sql::GAUGES`).
+pub(crate) async fn refresh_outbox_gauges(pool: &Pool, stmts: &Statements) {
+    let row = match pool.get().await {
+        Ok(c) => c.query_one(&stmts.gauges, &[]).await,
+        Err(_) => return,
+    };
+    if let Ok(r) = row {
+        let (pending, failed, total): (i64, i64, i64) = (r.get(0), r.get(1), r.get(2));
+        let oldest: Option<f64> = r.get(3);
+        metrics::gauge!(crate::metrics::OUTBOX_ROWS, "status" => "pending").set(pending as f64);
+        metrics::gauge!(crate::metrics::OUTBOX_ROWS, "status" => "failed").set(failed as f64);
+        metrics::gauge!(crate::metrics::OUTBOX_ROWS, "status" => "sent")
+            .set((total - pending - failed).max(0) as f64);
+        metrics::gauge!(crate::metrics::OUTBOX_OLDEST_PENDING_AGE).set(oldest.unwrap_or(0.0));
+    }
+}
+
+pub(super) async fn cleanup_schedule(
+    pool: Pool,
+    stmts: Arc<Statements>,
+    config: crate::cleanup::CleanupConfig,
+    every: Duration,
+    cancel: CancellationToken,
+) {
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            () = cancel.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        match cleanup::run_with(&pool, &stmts, &config, &cancel, &mut |_| {}).await {
+            Ok(r) => info!(
+                outbox_deleted = r.outbox_deleted,
+                processed_deleted = r.processed_deleted,
+                "scheduled cleanup done"
+            ),
+            Err(e) => warn!(error = %e, "scheduled cleanup failed; will retry at the next tick"),
+        }
+    }
+}
+
+impl Relay {
+    /// Runs passes until `shutdown` resolves, then finishes the current batch, flushes the
+    /// producer and returns. Wakes on the `outbox_notify` trigger (LISTEN) and polls every
+    /// `poll_interval` as a fallback; runs cleanup on its schedule. Postgres and Kafka outages
+    /// are logged and waited out with capped backoff; this returns only on shutdown.
+    ///
+    /// # Errors
+    /// None at present; the `Result` leaves room for fatal conditions.
+    pub async fn run(
+        self,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> Result<(), RelayError> {
+        let cancel = CancellationToken::new();
+        let tracker = TaskTracker::new();
+        let wake = Arc::new(Notify::new());
+        {
+            let cancel = cancel.clone();
+            tokio::spawn(async move {
+                shutdown.await;
+                cancel.cancel();
+            });
+        }
+        if self.config.listen {
+            tracker.spawn(listen(
+                self.db.clone(),
+                wake.clone(),
+                self.floor.clone(),
+                cancel.clone(),
+                self.outages.clone(),
+            ));
+        }
+        tracker.spawn(sweep_schedule(
+            self.pool.clone(),
+            self.stmts.clone(),
+            self.floor.clone(),
+            self.config.sweep_interval,
+            wake.clone(),
+            cancel.clone(),
+        ));
+        if let Some(every) = self.config.cleanup.interval {
+            tracker.spawn(cleanup_schedule(
+                self.pool.clone(),
+                self.stmts.clone(),
+                self.config.cleanup.clone(),
+                every,
+                cancel.clone(),
+            ));
+        }
+        tracker.spawn(gauges_schedule(
+            self.pool.clone(),
+            self.stmts.clone(),
+            cancel.clone(),
+        ));
+        info!(schema = %self.db.schema, batch_size = self.config.batch_size, "relay started");
+
+        let mut backoff = Backoff::default();
+        let mut total_sent: u64 = 0;
+        while !cancel.is_cancelled() {
+            // Batches back to back (pipelined) until one comes back short.
+            let wait = match self.pump(&cancel).await {
+                Ok(Outcome::Published(r)) => {
+                    total_sent += r.sent as u64;
+                    if r.deferred > 0 {
+                        Some(backoff.next_delay())
+                    } else {
+                        backoff.reset();
+                        None
+                    }
+                }
+                Ok(Outcome::Empty) => {
+                    backoff.reset();
+                    None
+                }
+                Err(e) => {
+                    let d = backoff.next_delay();
+                    match &e {
+                        RelayError::Postgres(_) | RelayError::Pool(_) => self
+                            .outages
+                            .postgres
+                            .failed(&format!("relay pass failed; backing off: {e}")),
+                        _ => {
+                            warn!(error = %e, retry_in = ?d, failures = backoff.failures(), "relay pass failed; backing off")
+                        }
+                    }
+                    Some(d)
+                }
+            };
+            match wait {
+                Some(d) => {
+                    tokio::select! {
+                        () = cancel.cancelled() => {}
+                        () = tokio::time::sleep(d) => {}
+                    }
+                }
+                None => {
+                    tokio::select! {
+                        () = cancel.cancelled() => {}
+                        () = wake.notified() => {}
+                        () = tokio::time::sleep(self.config.poll_interval) => {}
+                    }
+                }
+            }
+        }
+
+        info!(total_sent, "relay stopping: flushing producer");
+        cancel.cancel();
+        tracker.close();
+        let producer = self.producer();
+        let budget = self.config.shutdown_timeout;
+        let flushed =
+            tokio::task::spawn_blocking(move || producer.flush(Timeout::After(budget))).await;
+        if let Ok(Err(e)) = flushed {
+            warn!(error = %e, "producer flush incomplete at shutdown; unacked rows stay pending");
+        }
+        if tokio::time::timeout(budget, tracker.wait()).await.is_err() {
+            warn!("background tasks did not stop in time");
+        }
+        info!("relay stopped");
+        Ok(())
+    }
+}
