@@ -179,6 +179,18 @@ pub mod testing {
     #[cfg(feature = "relay")]
     pub const LANES: i32 = crate::relay::LANES;
 
+    /// A handle reading the relay's claim floor after the relay has been moved into `run`.
+    #[cfg(feature = "relay")]
+    pub fn floor_probe(relay: &crate::Relay) -> impl Fn() -> i64 + Send + Sync + 'static {
+        relay.floor_probe()
+    }
+
+    /// The relay's connection pool, for tests that query alongside it.
+    #[cfg(feature = "relay")]
+    pub fn relay_pool(relay: &crate::Relay) -> &deadpool_postgres::Pool {
+        relay.pool()
+    }
+
     /// Makes the relay refuse each row with this probability ("injected produce failure"),
     /// to exercise the backoff path.
     #[cfg(feature = "relay")]

@@ -152,7 +152,7 @@ impl Relay {
     }
 
     /// The connection pool (shared with cleanup).
-    pub fn pool(&self) -> &Pool {
+    pub(crate) fn pool(&self) -> &Pool {
         &self.pool
     }
 
@@ -172,8 +172,7 @@ impl Relay {
 
     /// A handle reading [`Relay::claim_floor`] after the relay has been moved into
     /// [`Relay::run`] (for tests and monitoring).
-    #[doc(hidden)]
-    pub fn floor_probe(&self) -> impl Fn() -> i64 + Send + Sync + 'static {
+    pub(crate) fn floor_probe(&self) -> impl Fn() -> i64 + Send + Sync + 'static {
         let floor = self.floor.clone();
         move || floor.lock().expect("floor lock").get()
     }

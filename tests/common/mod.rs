@@ -257,7 +257,7 @@ pub async fn drain(relay: &outbox::Relay) -> usize {
         match relay.run_once().await.expect("relay pass") {
             outbox::Outcome::Published(r) => sent += r.sent,
             outbox::Outcome::Empty => {
-                let c = relay.pool().get().await.unwrap();
+                let c = outbox::testing::relay_pool(relay).get().await.unwrap();
                 if c.query_one(&due, &[]).await.unwrap().get::<_, i64>(0) == 0 {
                     return sent;
                 }

@@ -58,8 +58,8 @@ fn module_edges() -> BTreeMap<String, BTreeSet<String>> {
                     .take_while(|c| c.is_alphanumeric() || *c == '_')
                     .collect();
                 // `crate::{a, b}` groups: every name in the braces.
-                let names: Vec<String> = if rest.starts_with('{') {
-                    let inner = rest[1..].split('}').next().unwrap_or("");
+                let names: Vec<String> = if let Some(group) = rest.strip_prefix('{') {
+                    let inner = group.split('}').next().unwrap_or("");
                     inner
                         .split(',')
                         .map(|s| s.trim().split("::").next().unwrap().trim().to_owned())

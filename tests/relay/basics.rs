@@ -655,7 +655,7 @@ async fn requeue_sends_a_running_relay_back_below_its_floor() {
         c
     };
     let relay = Relay::new(&db, &kafka(), cfg).unwrap();
-    let floor = relay.floor_probe();
+    let floor = outbox::testing::floor_probe(&relay);
     let running = spawn_relay(relay);
     wait_until(
         Duration::from_secs(20),
