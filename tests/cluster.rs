@@ -1,13 +1,11 @@
 //! A 3-broker KRaft cluster (RF 3, min.insync.replicas=2; `dev/kafka-cluster.sh`): one broker
 //! is SIGKILLed mid-run, publishing with acks=all continues, and nothing is lost.
 
-mod common;
-
 use std::collections::HashSet;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::*;
+use outbox_testkit::*;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 
 const CLUSTER: &str = "127.0.0.1:19092,127.0.0.1:19192,127.0.0.1:19292";

@@ -2,16 +2,14 @@
 //! local Kafka and Postgres, so they hold a process-wide lock and live in their own test binary
 //! (cargo runs test binaries one after another, so no other test sees the outage).
 
-mod common;
-
 use std::collections::HashSet;
 use std::io::Write;
 use std::process::Command;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use common::*;
 use outbox::{Message, Relay};
+use outbox_testkit::*;
 
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 

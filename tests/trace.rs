@@ -2,15 +2,13 @@
 //! `traceparent`; the relay publishes it; the consumer's `outbox.handle` span names that trace
 //! and that parent (captured here by a test subscriber layer).
 
-mod common;
-
 use std::collections::HashMap;
 use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::*;
 use outbox::consumer::{BoxFuture, Consumer, ConsumerConfig, Delivered, Handler, HandlerError};
+use outbox_testkit::*;
 use tracing::field::{Field, Visit};
 use tracing_subscriber::layer::{Context, SubscriberExt};
 use tracing_subscriber::Layer;

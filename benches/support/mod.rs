@@ -5,17 +5,10 @@
 
 use std::time::Duration;
 
+#[allow(unused_imports)] // each bench uses some of them
+pub use outbox_testkit::{bootstrap, create_topic, database_url, hex as rand_name, outbox_bin};
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
-
-pub fn database_url() -> String {
-    std::env::var("DATABASE_URL")
-        .unwrap_or_else(|_| "postgres://outbox:outbox@127.0.0.1:5432/outbox".into())
-}
-
-pub fn bootstrap() -> String {
-    std::env::var("KAFKA_BOOTSTRAP_SERVERS").unwrap_or_else(|_| "127.0.0.1:9092".into())
-}
 
 /// True under `cargo bench`; false under `cargo test` (smoke size).
 pub fn full() -> bool {
@@ -28,12 +21,6 @@ pub fn param(name: &str, default: usize) -> usize {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(default)
-}
-
-pub fn rand_name(n: usize) -> String {
-    (0..n)
-        .map(|_| fastrand::alphanumeric().to_ascii_lowercase())
-        .collect()
 }
 
 pub async fn fresh_db() -> outbox::DbConfig {
@@ -62,23 +49,6 @@ pub fn kafka() -> outbox::KafkaConfig {
         k.set_from_pair(pair).unwrap();
     }
     k
-}
-
-pub async fn create_topic(name: &str, partitions: i32) {
-    let admin: AdminClient<DefaultClientContext> = rdkafka::ClientConfig::new()
-        .set("bootstrap.servers", bootstrap())
-        .create()
-        .unwrap();
-    for r in admin
-        .create_topics(
-            &[NewTopic::new(name, partitions, TopicReplication::Fixed(1))],
-            &AdminOptions::new(),
-        )
-        .await
-        .unwrap()
-    {
-        r.unwrap();
-    }
 }
 
 pub async fn delete_topic(name: &str) {
@@ -270,21 +240,4 @@ impl Receiver {
         self.thread.join().unwrap();
         std::mem::take(&mut *self.seen.lock().unwrap())
     }
-}
-
-/// The `outbox` binary of this build (`crates/outbox-cli`), next to the test's own `deps/`
-/// directory: `cargo test` builds it first, because that package has integration tests.
-pub fn outbox_bin() -> std::path::PathBuf {
-    let exe = std::env::current_exe().expect("current test binary");
-    let dir = exe
-        .parent()
-        .and_then(|deps| deps.parent())
-        .expect("target/<profile>/deps");
-    let bin = dir.join(format!("outbox{}", std::env::consts::EXE_SUFFIX));
-    assert!(
-        bin.exists(),
-        "{} is missing: build it with `cargo build -p outbox-cli`",
-        bin.display()
-    );
-    bin
 }

@@ -5,11 +5,11 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::common::*;
 use outbox::consumer::{
     BoxFuture, Consumer, ConsumerConfig, ConsumerError, ConsumerStats, Delivered, Handler,
     HandlerError, Inbox, RetryStrategy,
 };
+use outbox_testkit::*;
 
 /// Test handler. The body decides: `{"fail": n}` fails transiently n times, `{"fail": -1}`
 /// always; `{"permanent": true}`; `{"panic": true}`; `{"sleep_ms": n}`. Every attempt is

@@ -10,11 +10,11 @@ use std::sync::atomic::{AtomicI64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
-use crate::common::*;
 use outbox::consumer::{
     BoxFuture, BreakerConfig, Consumer, ConsumerConfig, Delivered, Freshness, FreshnessCheck,
     Handler, HandlerError, Mode, RetryStrategy,
 };
+use outbox_testkit::*;
 
 // ---- the stub loyalty API ----
 

@@ -6,10 +6,10 @@
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use crate::common::*;
 use outbox::consumer::{
     BoxFuture, Consumer, ConsumerConfig, ConsumerStats, Delivered, Handler, HandlerError,
 };
+use outbox_testkit::*;
 
 struct Record2;
 impl Handler for Record2 {
@@ -212,7 +212,7 @@ async fn enqueue_refuses_what_postgres_cannot_store_and_writes_nothing() {
 }
 
 fn run_cli(args: &[&str], envs: &[(&str, &str)]) -> (Option<i32>, String) {
-    let mut cmd = Command::new(crate::common::outbox_bin());
+    let mut cmd = Command::new(outbox_testkit::outbox_bin());
     cmd.args(args)
         .env_remove("DATABASE_URL")
         .env_remove("KAFKA_BOOTSTRAP_SERVERS")

@@ -1,9 +1,6 @@
 //! The consumer runtime: handlers, retries, dead letters, crashes and restarts, the shared
 //! circuit breaker, hostile input. One binary, a module per concern.
 
-#[path = "../common/mod.rs"]
-mod common;
-
 mod basics;
 mod breaker;
 mod hostile;

@@ -5,7 +5,7 @@ use std::collections::HashSet;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::common::*;
+use outbox_testkit::*;
 
 struct Billing {
     child: Child,

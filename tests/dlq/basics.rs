@@ -6,11 +6,11 @@ use std::collections::{HashMap, HashSet};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant, SystemTime};
 
-use crate::common::*;
 use outbox::consumer::{
     BoxFuture, Consumer, ConsumerConfig, Delivered, Handler, HandlerError, RetryStrategy,
 };
 use outbox::dlq::{Archiver, Dlq, Filter, ReplayOptions, RunOutcome};
+use outbox_testkit::*;
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::ClientConfig;
@@ -1177,7 +1177,7 @@ async fn long_work_shows_a_progress_bar_on_a_terminal_and_plain_lines_otherwise(
     // A terminal (script(1) gives the command a pseudo-terminal): a drawn progress bar.
     let cmd = format!(
         "{} dlq replay --topic {topic} --limit 30 --rate 15 --canary 0",
-        crate::common::outbox_bin().display()
+        outbox_testkit::outbox_bin().display()
     );
     let o = run(Command::new("script")
         .args(["-qec", &cmd, "/dev/null"])

@@ -5,8 +5,8 @@ use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use crate::common::*;
 use outbox::admin::{Access, Role, ROUTES};
+use outbox_testkit::*;
 
 const VIEWER: &str = "viewer-token-aaaaaaaaaaaa";
 const OPERATOR: &str = "operator-token-bbbbbbbbbbbb";

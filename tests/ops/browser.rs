@@ -8,8 +8,8 @@ use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use crate::common::*;
 use fantoccini::{Client, ClientBuilder, Locator};
+use outbox_testkit::*;
 
 const TOKEN: &str = "browser-test-token-0123456789";
 

@@ -4,8 +4,8 @@ use std::collections::HashSet;
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
-use crate::common::*;
 use outbox::Relay;
+use outbox_testkit::*;
 
 fn outbox_cmd(db: &outbox::DbConfig) -> Command {
     outbox_command(db)

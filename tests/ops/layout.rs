@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::process::Command;
 
-use crate::common::*;
+use outbox_testkit::*;
 
 /// The top-level module a source file belongs to (`src/relay/lanes.rs` → `relay`).
 fn top_module(src: &Path, file: &Path) -> String {

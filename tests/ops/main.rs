@@ -3,9 +3,6 @@
 //! binary as a process; the metrics test installs the process-wide recorder, so no test here
 //! runs a relay or consumer in-process besides it.
 
-#[path = "../common/mod.rs"]
-mod common;
-
 mod admin;
 mod browser;
 mod cli;

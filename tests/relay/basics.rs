@@ -4,8 +4,8 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::common::*;
 use outbox::{enqueue, Enqueuer, Message, Outcome, Relay};
+use outbox_testkit::*;
 
 #[tokio::test]
 async fn committed_enqueue_publishes_exactly_one_message_with_key_headers_and_body() {

@@ -8,10 +8,10 @@ use std::collections::HashMap;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::common::*;
 use outbox::consumer::{
     BoxFuture, Consumer, ConsumerConfig, ConsumerStats, Delivered, Handler, HandlerError,
 };
+use outbox_testkit::*;
 
 struct Effect;
 impl Handler for Effect {
@@ -32,7 +32,7 @@ impl Handler for Effect {
 }
 
 fn spawn_relay(db: &outbox::DbConfig, batch: usize) -> Child {
-    Command::new(crate::common::outbox_bin())
+    Command::new(outbox_testkit::outbox_bin())
         .args([
             "relay",
             "--batch-size",

@@ -1,9 +1,6 @@
 //! The relay as a team runs it: enqueue paths, per-key order across relays, kill -9 loops, the
 //! plans of its hot statements, TLS and SASL. One binary, a module per concern.
 
-#[path = "../common/mod.rs"]
-mod common;
-
 mod basics;
 mod crash;
 mod ordering;

@@ -5,8 +5,8 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use crate::common::*;
 use outbox::Relay;
+use outbox_testkit::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn three_relays_with_injected_failures_and_a_dead_relay_keep_per_key_order() {

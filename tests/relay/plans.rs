@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use crate::common::*;
+use outbox_testkit::*;
 
 async fn explain(
     c: &tokio_postgres::Client,

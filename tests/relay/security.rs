@@ -4,8 +4,8 @@
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use crate::common::*;
 use outbox::{DbConfig, Relay};
+use outbox_testkit::*;
 
 const PG_PASSWORD: &str = "Pg-Pa55-q8x7w";
 const KAFKA_USER: &str = "scanner";
@@ -190,7 +190,7 @@ async fn no_password_appears_in_any_log_line_or_error_of_a_full_run() {
     ]
     .concat();
     let outbox_cmd = |args: &[String], db_url: &str| {
-        let mut c = Command::new(crate::common::outbox_bin());
+        let mut c = Command::new(outbox_testkit::outbox_bin());
         c.args(args)
             .env("DATABASE_URL", db_url)
             .env("OUTBOX_SCHEMA", &schema)

@@ -1,7 +1,11 @@
 //! Helpers for integration tests against the real local Postgres and Kafka (`dev/*.sh start`).
 //! Every test gets its own schema and random topic names, so tests run in parallel and reruns
 //! start clean.
-#![allow(dead_code)]
+//!
+//! Unpublished: the project's own test kit, shared by every test binary (and the benches)
+//! instead of a copy per binary. A kit for users' own tests is the `testing` part of the
+//! roadmap; this one assumes the `dev/` services.
+#![warn(missing_docs)]
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -14,15 +18,18 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{Headers, Message as _};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 
+/// `DATABASE_URL`, or the dev Postgres on loopback.
 pub fn database_url() -> String {
     std::env::var("DATABASE_URL")
         .unwrap_or_else(|_| "postgres://outbox:outbox@127.0.0.1:5432/outbox".into())
 }
 
+/// `KAFKA_BOOTSTRAP_SERVERS`, or the dev broker on loopback.
 pub fn bootstrap() -> String {
     std::env::var("KAFKA_BOOTSTRAP_SERVERS").unwrap_or_else(|_| "127.0.0.1:9092".into())
 }
 
+/// `n` random lowercase alphanumerics, for unique schema, topic and group names.
 pub fn hex(n: usize) -> String {
     (0..n)
         .map(|_| fastrand::alphanumeric().to_ascii_lowercase())
@@ -47,14 +54,17 @@ pub async fn client(db: &DbConfig) -> tokio_postgres::Client {
     c
 }
 
+/// Kafka settings for the dev broker.
 pub fn kafka() -> KafkaConfig {
     KafkaConfig::new(&bootstrap()).unwrap()
 }
 
+/// A topic name no other test uses: `it.<random>.created`.
 pub fn topic_name() -> String {
     format!("it.{}.created", hex(10))
 }
 
+/// Creates `name` with `partitions` partitions (replication 1).
 pub async fn create_topic(name: &str, partitions: i32) {
     let mut cfg = ClientConfig::new();
     cfg.set("bootstrap.servers", bootstrap());
@@ -90,20 +100,28 @@ pub fn relay_config() -> RelayConfig {
 /// One record read back from Kafka.
 #[derive(Debug, Clone)]
 pub struct Record {
+    /// Partition read.
     pub partition: i32,
+    /// Offset read.
     pub offset: i64,
+    /// The key.
     pub key: Option<Vec<u8>>,
+    /// The UTF-8 headers by name (the last value of a repeated name).
     pub headers: BTreeMap<String, String>,
     /// Every header in order, values as bytes.
     pub raw_headers: Vec<(String, Option<Vec<u8>>)>,
+    /// The value.
     pub payload: Vec<u8>,
+    /// The record's timestamp.
     pub timestamp_ms: Option<i64>,
 }
 
 impl Record {
+    /// The value parsed as JSON (panics when it is not).
     pub fn json(&self) -> serde_json::Value {
         serde_json::from_slice(&self.payload).unwrap()
     }
+    /// The `message_id` header.
     pub fn message_id(&self) -> String {
         self.headers.get("message_id").cloned().unwrap_or_default()
     }
@@ -272,6 +290,7 @@ pub async fn drain(relay: &outbox::Relay) -> usize {
     }
 }
 
+/// The first column of the one row of `sql`, as a count.
 pub async fn count(c: &tokio_postgres::Client, sql: &str) -> i64 {
     c.query_one(sql, &[]).await.unwrap().get::<_, i64>(0)
 }
