@@ -17,11 +17,12 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
+use super::breaker::process_drain;
 use super::breaker::{Breakers, DrainPacer, Mode};
 use super::group::process_group;
 use super::handler::Delivered;
 use super::offsets::OffsetTracker;
-use super::process::{process, process_batch, process_drain, Fate};
+use super::process::{process, process_batch, Fate};
 use super::record::{decode, origin, Origin, Raw};
 use super::retry::RetryStrategy;
 use super::stats::ConsumerStats;
@@ -60,7 +61,7 @@ pub(super) struct Ctx {
 
 /// Whether partitions of a topic flow in `mode`: DLQ topics only while draining, the others
 /// only in NORMAL.
-fn flows(mode: Mode, dlq_topic: bool) -> bool {
+pub(super) fn flows(mode: Mode, dlq_topic: bool) -> bool {
     if dlq_topic {
         mode == Mode::Drain
     } else {
@@ -729,167 +730,5 @@ impl Runtime<'_> {
                 }
             }
         }
-    }
-}
-
-impl Runtime<'_> {
-    fn mode(&self) -> Mode {
-        self.shared.breaker().map_or(Mode::Normal, Breakers::mode)
-    }
-
-    fn allowed(mode: Mode, env: &Envelope) -> bool {
-        flows(mode, env.drain)
-    }
-
-    fn mode_allows(&self, topic: &str) -> bool {
-        flows(self.mode(), self.shared.drain_topics.contains_key(topic))
-    }
-
-    /// A parked letter this group drains: written by this group because a dependency was
-    /// unavailable or transient retries ran out. Decode, permanent and panic letters never.
-    fn ours(&self, raw: &Raw) -> bool {
-        raw.header(super::X_CONSUMER_GROUP) == Some(self.shared.config.group.as_str())
-            && matches!(
-                raw.header(super::X_ERROR_KIND),
-                Some("unavailable" | "transient-exhausted")
-            )
-    }
-
-    /// Pauses and resumes assigned partitions so that only what the mode allows flows.
-    fn apply_pauses(&mut self) {
-        let Ok(a) = self.consumer.assignment() else {
-            return;
-        };
-        let (mut pause, mut resume) = (TopicPartitionList::new(), TopicPartitionList::new());
-        for e in a.elements() {
-            let tp = (e.topic().to_owned(), e.partition());
-            if self.bp_paused || self.delayed.contains_key(&tp) || !self.mode_allows(&tp.0) {
-                pause.add_partition(&tp.0, tp.1);
-            } else {
-                resume.add_partition(&tp.0, tp.1);
-            }
-        }
-        if let Err(e) = self.consumer.pause(&pause) {
-            warn!(error = %e, "pause failed");
-        }
-        if let Err(e) = self.consumer.resume(&resume) {
-            warn!(error = %e, "resume failed");
-        }
-    }
-
-    fn transition(&mut self, to: Mode, why: &str) {
-        let Some(b) = self.shared.breaker() else {
-            return;
-        };
-        b.set_mode(to, why);
-        self.ready.extend(self.held.drain(..));
-        if to == Mode::Drain {
-            self.drain_target.clear();
-            self.drain_done.clear();
-            self.drain_pacer = DrainPacer::new(b.config.drain_rate);
-        }
-        self.apply_pauses();
-    }
-
-    /// NORMAL → PAUSED → DRAIN → NORMAL, from the shared breaker rows (refreshed by a task).
-    fn steer(&mut self) {
-        let Some(b) = self.shared.breaker() else {
-            return;
-        };
-        self.steer_at = Instant::now();
-        let open = b.any_open();
-        if self.assigned.swap(false, Ordering::SeqCst) {
-            match self.mode() {
-                Mode::Normal if !open => {
-                    self.transition(
-                        Mode::Drain,
-                        "partitions assigned: draining their parked letters first",
-                    );
-                    return;
-                }
-                Mode::Drain => {
-                    self.drain_target.clear();
-                    self.apply_pauses();
-                }
-                _ => {}
-            }
-        }
-        match self.mode() {
-            Mode::Normal | Mode::Drain if open => self.transition(Mode::Paused, "breaker open"),
-            Mode::Paused if !open => {
-                self.transition(Mode::Drain, "breaker closed: draining parked letters")
-            }
-            Mode::Drain if self.drain_complete() => {
-                self.transition(Mode::Normal, "parked letters drained: main topics resumed");
-                let b = self.shared.breakers.clone();
-                tokio::spawn(async move { b.reset_streaks().await });
-            }
-            _ => {}
-        }
-    }
-
-    /// Every assigned DLQ partition settled up to the end it had when the drain started, and
-    /// no parked letter buffered or in flight.
-    fn drain_complete(&mut self) -> bool {
-        let Ok(a) = self.consumer.assignment() else {
-            return false;
-        };
-        if a.count() == 0 {
-            return false; // not assigned yet (startup): wait
-        }
-        let dlq: Vec<Tp> = a
-            .elements()
-            .iter()
-            .filter(|e| self.shared.drain_topics.contains_key(e.topic()))
-            .map(|e| (e.topic().to_owned(), e.partition()))
-            .collect();
-        let missing: Vec<Tp> = dlq
-            .iter()
-            .filter(|tp| !self.drain_target.contains_key(*tp))
-            .cloned()
-            .collect();
-        if !missing.is_empty() {
-            let timeout = rdkafka::util::Timeout::After(Duration::from_secs(5));
-            // Where this replica stands on each DLQ partition: the group's committed offset,
-            // or (never committed) the fetch position; if neither can be read now, ask again
-            // at the next check rather than guess.
-            let Ok(committed) = self
-                .consumer
-                .committed_offsets(tpl_of(missing.iter()), timeout)
-            else {
-                return false;
-            };
-            let position = self.consumer.position().ok();
-            let offset_of = |tpl: Option<&TopicPartitionList>, tp: &Tp| {
-                tpl.and_then(|c| c.find_partition(&tp.0, tp.1))
-                    .and_then(|e| match e.offset() {
-                        Offset::Offset(o) => Some(o),
-                        _ => None,
-                    })
-            };
-            for tp in &missing {
-                let Ok((lo, hi)) = self.consumer.fetch_watermarks(&tp.0, tp.1, timeout) else {
-                    return false;
-                };
-                let from = offset_of(Some(&committed), tp)
-                    .into_iter()
-                    .chain(offset_of(position.as_ref(), tp))
-                    .max()
-                    .unwrap_or(lo)
-                    .max(lo);
-                self.drain_target.insert(tp.clone(), hi);
-                let d = self.drain_done.entry(tp.clone()).or_insert(from);
-                *d = (*d).max(from);
-            }
-        }
-        let busy = self
-            .lanes
-            .keys()
-            .any(|k| self.shared.drain_topics.contains_key(&k.0));
-        !busy
-            && dlq.iter().all(|tp| {
-                self.drain_done.get(tp).copied().unwrap_or(0)
-                    >= self.drain_target.get(tp).copied().unwrap_or(0)
-            })
     }
 }
