@@ -1,5 +1,8 @@
 //! A 3-broker KRaft cluster (RF 3, min.insync.replicas=2; `dev/kafka-cluster.sh`): one broker
 //! is SIGKILLed mid-run, publishing with acks=all continues, and nothing is lost.
+//!
+//! A binary of its own, like `faults.rs`: it starts and kills brokers that other tests'
+//! timings should not share the machine with.
 
 use std::collections::HashSet;
 use std::process::Command;

@@ -1,6 +1,9 @@
 //! Trace context end to end: `examples/order_service` enqueues an order with a W3C
 //! `traceparent`; the relay publishes it; the consumer's `outbox.handle` span names that trace
 //! and that parent (captured here by a test subscriber layer).
+//!
+//! A binary of its own: the capturing subscriber is process-wide, and spans of other tests
+//! running beside it would land in it.
 
 use std::collections::HashMap;
 use std::process::Command;
