@@ -16,5 +16,5 @@ RUSTDOCFLAGS="-D warnings" cargo doc --locked --no-deps -p outbox
 # Publishable: both packages pack (metadata, readme, license, include lists), and the library
 # builds from its package alone (migrations inside it). The lean build keeps this cheap; the
 # full build is the one the tests above ran.
-cargo package --locked --workspace --no-verify
+cargo package --locked --workspace --exclude outbox-testkit --no-verify
 cargo package --locked -p outbox --no-default-features

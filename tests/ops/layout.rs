@@ -313,25 +313,19 @@ fn each_feature_builds_alone() {
     if std::env::var_os("OUTBOX_SKIP_FEATURE_BUILDS").is_some() {
         return;
     }
-    // `cargo check` per feature: a part that reaches into one it does not declare fails here.
-    // A target directory of its own, so the check never waits on the build running the tests.
-    let target = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/feature-check");
-    for features in [
-        "",
-        "tls",
-        "kafka",
-        "relay",
-        "consumer",
-        "dlq",
-        "prometheus",
-        "admin",
-    ] {
+    // `cargo check` per feature: a part that reaches into one it does not declare fails here,
+    // and so does a warning that only that set of parts shows (dead code and unused imports
+    // excepted: lib.rs allows them in partial builds, where shared helpers go unused).
+    // The shared target directory keeps this cheap: the dependencies' build scripts (librdkafka)
+    // ran already for the test build.
+    for features in ["", "tls", "kafka", "relay", "consumer", "dlq", "prometheus", "admin"] {
         let o = cargo()
             .args([
                 "check",
                 "--locked",
                 "--offline",
-                "-q",
+                "--message-format",
+                "short",
                 "-p",
                 "outbox",
                 "--lib",
@@ -339,14 +333,14 @@ fn each_feature_builds_alone() {
                 "--features",
                 features,
             ])
-            .env("CARGO_TARGET_DIR", &target)
-            .env("RUSTFLAGS", "-D warnings")
             .output()
             .unwrap();
-        assert!(
-            o.status.success(),
-            "features [{features}]:\n{}",
-            String::from_utf8_lossy(&o.stderr)
-        );
+        let err = String::from_utf8_lossy(&o.stderr);
+        let warnings: Vec<&str> = err
+            .lines()
+            .filter(|l| l.starts_with("src/") && l.contains(": warning"))
+            .collect();
+        assert!(o.status.success(), "features [{features}]:\n{err}");
+        assert!(warnings.is_empty(), "features [{features}]:\n{}", warnings.join("\n"));
     }
 }
