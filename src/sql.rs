@@ -1,4 +1,6 @@
-//! Every SQL statement the library runs, in one place, rendered once for a [`Schema`].
+//! The statements of the relay, enqueue, cleanup and status, rendered once for a [`Schema`],
+//! each with its reason. (The DLQ tools', the inbox's, the breaker's and the lanes' statements
+//! still sit beside their code.)
 //!
 //! Statements are templates with `{s}` standing for the quoted schema; [`Statements::new`]
 //! renders them so the hot paths only borrow strings.
