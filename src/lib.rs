@@ -47,7 +47,7 @@
 //! | `message` | core | [`Message`]: key = entity id, the four standard headers, JSON body |
 //! | `topic` | core | [`validate_topic`]: the topic naming rules |
 //! | `schema` | core | [`Schema`]: the validated Postgres schema holding the tables |
-//! | `sql` | core | the relay's, enqueue's, cleanup's and status's statements, rendered once per schema, each with its reason |
+//! | `sql` | core | every statement, grouped by table (`sql/outbox.rs`, `marks.rs`, `dead_letters.rs`, `replay_jobs.rs`, `breakers.rs`, `locks.rs`), each with its reason |
 //! | `enqueue` | core | [`enqueue`], [`enqueue_batch`], [`Enqueuer`]: write in the caller's transaction |
 //! | `migrate` | core | [`migrate()`]: embedded refinery migrations (`migrations/`) |
 //! | `wire` | core | [`wire`]: framework headers, dead-letter kinds, retry-topic names, archived headers |

@@ -141,7 +141,7 @@ pub async fn requeue(db: &DbConfig, which: Requeue) -> Result<u64, tokio_postgre
         // look from the head (a relay that misses this finds the rows at its next sweep).
         client
             .execute(
-                "SELECT pg_notify($1, $2)",
+                crate::sql::NOTIFY,
                 &[&db.schema.notify_channel(), &crate::schema::REWIND_PAYLOAD],
             )
             .await?;

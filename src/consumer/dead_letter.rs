@@ -77,7 +77,6 @@ impl DeadLetterLog {
         group: &str,
         kafka: &crate::config::KafkaConfig,
     ) -> Self {
-        let t = format!("{}.dead_lettered", schema.quoted());
         let mut reader = kafka.client_config();
         reader
             .set("group.id", format!("{group}.dead-letter-check"))
@@ -85,21 +84,9 @@ impl DeadLetterLog {
             .set("enable.auto.offset.store", "false")
             .set("enable.partition.eof", "false");
         Self {
-            check: format!(
-                "SELECT written, dlq_partition, dlq_from FROM {t} \
-                 WHERE consumer_group = $1 AND topic = $2 AND \"partition\" = $3 AND \"offset\" = $4"
-            ),
-            intend: format!(
-                "INSERT INTO {t} (consumer_group, topic, \"partition\", \"offset\", written, dlq_partition, dlq_from)
-                 VALUES ($1, $2, $3, $4, false, $5, $6)
-                 ON CONFLICT (consumer_group, topic, \"partition\", \"offset\") DO UPDATE
-                   SET dlq_partition = excluded.dlq_partition, dlq_from = excluded.dlq_from
-                 WHERE NOT {t}.written"
-            ),
-            mark: format!(
-                "INSERT INTO {t} (consumer_group, topic, \"partition\", \"offset\") VALUES ($1, $2, $3, $4)
-                 ON CONFLICT (consumer_group, topic, \"partition\", \"offset\") DO UPDATE SET written = true"
-            ),
+            check: crate::sql::render(crate::sql::marks::DEAD_LETTERED_CHECK, schema),
+            intend: crate::sql::render(crate::sql::marks::DEAD_LETTERED_INTEND, schema),
+            mark: crate::sql::render(crate::sql::marks::DEAD_LETTERED_WRITTEN, schema),
             group: group.to_owned(),
             reader,
             partitions: std::sync::Mutex::default(),

@@ -42,22 +42,9 @@ impl Inbox {
     /// An inbox for `group` over `schema.processed_messages`.
     pub fn new(schema: &Schema, group: impl Into<String>) -> Self {
         Self {
-            insert: format!(
-                "INSERT INTO {}.processed_messages (consumer_group, topic, message_id) \
-                 VALUES ($1, $2, $3) ON CONFLICT DO NOTHING RETURNING 1",
-                schema.quoted()
-            ),
-            insert_many: format!(
-                "INSERT INTO {}.processed_messages (consumer_group, topic, message_id) \
-                 SELECT $1, t, m FROM unnest($2::text[], $3::text[]) AS u(t, m) \
-                 ON CONFLICT DO NOTHING RETURNING topic, message_id",
-                schema.quoted()
-            ),
-            delete: format!(
-                "DELETE FROM {}.processed_messages \
-                 WHERE consumer_group = $1 AND topic = $2 AND message_id = $3",
-                schema.quoted()
-            ),
+            insert: crate::sql::render(crate::sql::marks::MARK, schema),
+            insert_many: crate::sql::render(crate::sql::marks::MARK_MANY, schema),
+            delete: crate::sql::render(crate::sql::marks::UNMARK, schema),
             group: group.into(),
         }
     }

@@ -22,6 +22,7 @@ use crate::backoff::Backoff;
 use crate::config::{DbConfig, KafkaConfig};
 use crate::kafka::Raw;
 use crate::message::{HEADER_MESSAGE_ID, HEADER_MESSAGE_TYPE};
+use crate::sql;
 use crate::wire::{
     DEFAULT_DLQ_SUFFIX, UNREADABLE_HEADERS, X_ATTEMPTS, X_CONSUMER_GROUP, X_DLQ_RETRIES, X_ERROR,
     X_ERROR_KIND, X_FAILED_AT, X_FIRST_FAILED_AT, X_ORIGINAL_OFFSET, X_ORIGINAL_PARTITION,
@@ -494,20 +495,13 @@ impl Dlq {
     ) -> Result<(), DlqError> {
         let c = self.pool.get().await?;
         c.execute(
-            &format!(
-                "INSERT INTO {} (dlq_topic, \"partition\", \"offset\", original_topic,
-                     original_partition, original_offset, consumer_group, message_key, body,
-                     headers, message_type, message_id, error, error_group, error_kind, attempts,
-                     dlq_retries, first_failed_at, failed_at, status, status_at, status_reason)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16,
-                         $17, $18, $19, $20, now(), $21)
-                 ON CONFLICT (dlq_topic, \"partition\", \"offset\") DO UPDATE
-                   SET status = EXCLUDED.status, status_at = now(), status_reason = EXCLUDED.status_reason",
-                self.t("dead_letters")
-            ),
+            &self.sql(sql::dead_letters::UPSERT_SETTLED),
             &[
                 &r.params()[..],
-                &[&status as &(dyn tokio_postgres::types::ToSql + Sync), &reason],
+                &[
+                    &status as &(dyn tokio_postgres::types::ToSql + Sync),
+                    &reason,
+                ],
             ]
             .concat(),
         )
@@ -519,18 +513,7 @@ impl Dlq {
     pub(crate) async fn insert_rows(&self, rows: &[Row]) -> Result<u64, DlqError> {
         let mut client = self.pool.get().await?;
         let tx = client.transaction().await?;
-        let stmt = tx
-            .prepare(&format!(
-                "INSERT INTO {} (dlq_topic, \"partition\", \"offset\", original_topic,
-                     original_partition, original_offset, consumer_group, message_key, body,
-                     headers, message_type, message_id, error, error_group, error_kind, attempts,
-                     dlq_retries, first_failed_at, failed_at)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16,
-                         $17, $18, $19)
-                 ON CONFLICT (dlq_topic, \"partition\", \"offset\") DO NOTHING RETURNING id",
-                self.t("dead_letters")
-            ))
-            .await?;
+        let stmt = tx.prepare(&self.sql(sql::dead_letters::ARCHIVE)).await?;
         // Pipelined on the one connection: one round trip's latency for the batch.
         let params: Vec<_> = rows.iter().map(Row::params).collect();
         let futs = params.iter().map(|p| tx.query_opt(&stmt, p));
@@ -544,19 +527,7 @@ impl Dlq {
         // Metrics: letters archived per topic, and letters whose cause is new to the archive.
         if !inserted.is_empty() {
             for r in tx
-                .query(
-                    &format!(
-                        "SELECT d.original_topic, count(*),
-                                count(*) FILTER (WHERE NOT EXISTS (
-                                  SELECT 1 FROM {t} e WHERE e.original_topic = d.original_topic
-                                     AND e.error_group = d.error_group AND e.id < d.id
-                                     AND e.error_kind IS NOT DISTINCT FROM d.error_kind
-                                     AND e.consumer_group IS NOT DISTINCT FROM d.consumer_group))
-                         FROM {t} d WHERE d.id = ANY($1) GROUP BY 1",
-                        t = self.t("dead_letters")
-                    ),
-                    &[&inserted],
-                )
+                .query(&self.sql(sql::dead_letters::NEW_CAUSES), &[&inserted])
                 .await?
             {
                 let topic: String = r.get(0);

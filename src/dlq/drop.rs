@@ -8,6 +8,7 @@ use serde_json::json;
 
 use super::filter::{Filter, Status};
 use super::{check_actor, invalid, not_found, Dlq, DlqError};
+use crate::sql;
 
 /// What a drop did.
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
@@ -41,13 +42,7 @@ impl Dlq {
             return Ok(());
         }
         let rows = client
-            .query(
-                &format!(
-                    "SELECT id, status FROM {} WHERE id = ANY($1)",
-                    self.t("dead_letters")
-                ),
-                &[&ids],
-            )
+            .query(&self.sql(sql::dead_letters::STATUS_OF_IDS), &[&ids])
             .await?;
         let found: std::collections::HashMap<i64, String> =
             rows.iter().map(|r| (r.get(0), r.get(1))).collect();
@@ -108,12 +103,10 @@ impl Dlq {
         let r = w.push(reason.to_owned());
         let ids: Vec<i64> = tx
             .query(
-                &format!(
-                    "UPDATE {} d SET status = 'dropped', status_at = now(), status_reason = {r}
-                     WHERE {} RETURNING d.id",
-                    self.t("dead_letters"),
-                    w.sql
-                ),
+                &self
+                    .sql(sql::dead_letters::DROP)
+                    .replace("{reason}", &r)
+                    .replace("{where}", &w.sql),
                 &w.refs(),
             )
             .await?
@@ -128,11 +121,7 @@ impl Dlq {
             let f = json!({"filter": filter, "all": all});
             Some(
                 tx.query_one(
-                    &format!(
-                        "INSERT INTO {} (actor, action, filter, count, dead_letter_ids, reason)
-                         VALUES ($1, 'drop', $2, $3, $4, $5) RETURNING id",
-                        self.t("dlq_audit")
-                    ),
+                    &self.sql(sql::dead_letters::AUDIT_DROP),
                     &[&actor, &f, &(ids.len() as i64), &ids, &reason],
                 )
                 .await?

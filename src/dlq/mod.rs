@@ -127,8 +127,9 @@ impl Dlq {
     }
 
     /// `schema.table`, quoted.
-    fn t(&self, table: &str) -> String {
-        format!("{}.{table}", self.schema.quoted())
+    /// A statement of [`crate::sql`] for this schema.
+    fn sql(&self, template: &str) -> String {
+        crate::sql::render(template, &self.schema)
     }
 }
 

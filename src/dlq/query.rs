@@ -12,6 +12,7 @@ use super::filter::Filter;
 use super::headers::{from_json, HeaderValue};
 use super::{invalid, not_found, Dlq, DlqError};
 use crate::message::rfc3339;
+use crate::sql;
 
 /// New letters of one original topic and consumer group.
 #[derive(Debug, Clone, Serialize, PartialEq)]
@@ -238,19 +239,7 @@ impl Dlq {
     pub async fn summary(&self) -> Result<Summary, DlqError> {
         let c = self.pool.get().await?;
         let topics = c
-            .query(
-                &format!(
-                    "SELECT original_topic, consumer_group,
-                            count(*) FILTER (WHERE status = 'new') AS new,
-                            count(*) FILTER (WHERE status = 'replayed') AS replayed,
-                            count(*) FILTER (WHERE status = 'dropped') AS dropped,
-                            min(failed_at) FILTER (WHERE status = 'new') AS oldest,
-                            extract(epoch FROM now() - min(failed_at) FILTER (WHERE status = 'new'))::float8 AS age
-                     FROM {} GROUP BY 1, 2 ORDER BY 3 DESC, 1, 2",
-                    self.t("dead_letters")
-                ),
-                &[],
-            )
+            .query(&self.sql(sql::dead_letters::SUMMARY_BY_TOPIC), &[])
             .await?
             .iter()
             .map(|r| TopicSummary {
@@ -264,19 +253,7 @@ impl Dlq {
             })
             .collect();
         let groups = c
-            .query(
-                &format!(
-                    "SELECT g.*, d.error AS example_error FROM (
-                       SELECT original_topic, consumer_group, error_kind, error_group,
-                              count(*) AS n, min(failed_at) AS first_seen,
-                              max(failed_at) AS last_seen, min(id) AS example_id
-                       FROM {t} WHERE status = 'new' GROUP BY 1, 2, 3, 4) g
-                     JOIN {t} d ON d.id = g.example_id
-                     ORDER BY g.n DESC, g.last_seen DESC",
-                    t = self.t("dead_letters")
-                ),
-                &[],
-            )
+            .query(&self.sql(sql::dead_letters::CAUSE_GROUPS), &[])
             .await?
             .iter()
             .map(|r| CauseGroup {
@@ -318,14 +295,10 @@ impl Dlq {
         let c = self.pool.get().await?;
         let rows = c
             .query(
-                &format!(
-                    "SELECT d.id, d.original_topic, d.consumer_group, d.error_kind,
-                            left(d.error, 200) AS error, d.message_id, d.failed_at, d.status,
-                            d.dlq_retries
-                     FROM {} d WHERE {} ORDER BY d.id DESC LIMIT {lim}",
-                    self.t("dead_letters"),
-                    w.sql
-                ),
+                &self
+                    .sql(sql::dead_letters::LIST)
+                    .replace("{where}", &w.sql)
+                    .replace("{limit}", &lim),
                 &w.refs(),
             )
             .await?;
@@ -352,17 +325,7 @@ impl Dlq {
     pub async fn show(&self, id: i64) -> Result<DeadLetter, DlqError> {
         let c = self.pool.get().await?;
         let Some(r) = c
-            .query_opt(
-                &format!(
-                    "SELECT d.*, (SELECT count(*) FROM {items} i JOIN {t} d2 ON d2.id = i.dead_letter_id
-                                  WHERE i.state = 'sent' AND (d2.id = d.id OR (d2.original_topic = d.original_topic
-                                        AND d2.message_id = d.message_id))) AS times_replayed
-                     FROM {t} d WHERE d.id = $1",
-                    t = self.t("dead_letters"),
-                    items = self.t("dlq_replay_items"),
-                ),
-                &[&id],
-            )
+            .query_opt(&self.sql(sql::dead_letters::LETTER), &[&id])
             .await?
         else {
             return not_found(format!("no dead letter with id {id}"));
@@ -404,18 +367,7 @@ impl Dlq {
     /// [`DlqError`] when Postgres fails.
     pub async fn refresh_gauges(&self) -> Result<(), DlqError> {
         let c = self.pool.get().await?;
-        let rows = c
-            .query(
-                &format!(
-                    "SELECT original_topic, coalesce(consumer_group, ''), coalesce(error_kind, ''),
-                            status, count(*),
-                            extract(epoch FROM now() - min(failed_at))::float8
-                     FROM {} GROUP BY 1, 2, 3, 4",
-                    self.t("dead_letters")
-                ),
-                &[],
-            )
-            .await?;
+        let rows = c.query(&self.sql(sql::dead_letters::GAUGES), &[]).await?;
         let mut oldest: std::collections::HashMap<String, f64> = std::collections::HashMap::new();
         let mut seen = std::collections::HashSet::new();
         for r in &rows {
@@ -454,25 +406,19 @@ impl Dlq {
             return invalid(format!("invalid limit {limit}: give 1 to 10000"));
         }
         let c = self.pool.get().await?;
-        Ok(c.query(
-            &format!(
-                "SELECT * FROM {} ORDER BY id DESC LIMIT $1",
-                self.t("dlq_audit")
-            ),
-            &[&limit],
-        )
-        .await?
-        .iter()
-        .map(|r| AuditEntry {
-            id: r.get("id"),
-            at: ts(r, "at"),
-            actor: r.get("actor"),
-            action: r.get("action"),
-            filter: r.get("filter"),
-            count: r.get("count"),
-            dead_letter_ids: r.get("dead_letter_ids"),
-            reason: r.get("reason"),
-        })
-        .collect())
+        Ok(c.query(&self.sql(sql::dead_letters::AUDIT_LOG), &[&limit])
+            .await?
+            .iter()
+            .map(|r| AuditEntry {
+                id: r.get("id"),
+                at: ts(r, "at"),
+                actor: r.get("actor"),
+                action: r.get("action"),
+                filter: r.get("filter"),
+                count: r.get("count"),
+                dead_letter_ids: r.get("dead_letter_ids"),
+                reason: r.get("reason"),
+            })
+            .collect())
     }
 }

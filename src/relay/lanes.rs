@@ -22,6 +22,7 @@ use std::time::{Duration, Instant};
 use tracing::{debug, info};
 
 use crate::config::DbConfig;
+use crate::sql::locks;
 
 /// Number of ordering lanes. Fixed: the claim query and every relay must agree.
 pub const LANES: i32 = 64;
@@ -116,30 +117,15 @@ impl Lanes {
         }
         let c = self.conn.as_ref().expect("connected");
         let schema = self.db.schema.name();
-        let ns = format!("hashtext('outbox-lanes:{schema}')");
-        let members_ns = format!("hashtext('outbox-relays:{schema}')");
-        c.query_one(
-            &format!("SELECT pg_try_advisory_lock({members_ns}, $1)"),
-            &[&self.member_id],
-        )
-        .await?;
-        let members: i64 = c
-            .query_one(
-                &format!(
-                    "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted
-                       AND classid = ({members_ns})::oid AND objsubid = 2 AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
-                ),
-                &[],
-            )
-            .await?
-            .get(0);
+        c.query_one(locks::JOIN_RELAYS, &[&self.member_id, &schema])
+            .await?;
+        let members: i64 = c.query_one(locks::COUNT_RELAYS, &[&schema]).await?.get(0);
         let members = members.max(1) as usize;
         let target = (LANES as usize).div_ceil(members);
         let before = self.owned.len();
         while self.owned.len() > target {
             let lane = *self.owned.iter().next_back().expect("non-empty");
-            c.query_one(&format!("SELECT pg_advisory_unlock({ns}, $1)"), &[&lane])
-                .await?;
+            c.query_one(locks::UNLOCK_LANE, &[&lane, &schema]).await?;
             self.owned.remove(&lane);
         }
         if self.owned.len() < target {
@@ -154,7 +140,7 @@ impl Lanes {
                     continue;
                 }
                 let got: bool = c
-                    .query_one(&format!("SELECT pg_try_advisory_lock({ns}, $1)"), &[&lane])
+                    .query_one(locks::LOCK_LANE, &[&lane, &schema])
                     .await?
                     .get(0);
                 if got {

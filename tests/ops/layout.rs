@@ -318,7 +318,16 @@ fn each_feature_builds_alone() {
     // excepted: lib.rs allows them in partial builds, where shared helpers go unused).
     // The shared target directory keeps this cheap: the dependencies' build scripts (librdkafka)
     // ran already for the test build.
-    for features in ["", "tls", "kafka", "relay", "consumer", "dlq", "prometheus", "admin"] {
+    for features in [
+        "",
+        "tls",
+        "kafka",
+        "relay",
+        "consumer",
+        "dlq",
+        "prometheus",
+        "admin",
+    ] {
         let o = cargo()
             .args([
                 "check",
@@ -341,6 +350,10 @@ fn each_feature_builds_alone() {
             .filter(|l| l.starts_with("src/") && l.contains(": warning"))
             .collect();
         assert!(o.status.success(), "features [{features}]:\n{err}");
-        assert!(warnings.is_empty(), "features [{features}]:\n{}", warnings.join("\n"));
+        assert!(
+            warnings.is_empty(),
+            "features [{features}]:\n{}",
+            warnings.join("\n")
+        );
     }
 }

@@ -289,22 +289,13 @@ impl Breakers {
         !self.open.lock().expect("breakers").is_empty()
     }
 
-    fn t(&self) -> String {
-        format!("{}.circuit_breakers", self.schema.quoted())
-    }
-
     /// Re-reads the group's open breakers. On a Postgres error the last known state stays
     /// (a breaker that was open keeps the consumer paused; it is re-read on reconnect).
     pub async fn refresh(&self) {
         let rows = match self.pool.get().await {
             Ok(c) => {
                 c.query(
-                    &format!(
-                        "SELECT name, extract(epoch FROM open_until - now())::float8, reason, opened_by,
-                                generation
-                         FROM {} WHERE consumer_group = $1 AND open_until > now()",
-                        self.t()
-                    ),
+                    &crate::sql::render(crate::sql::breakers::OPEN_OF_GROUP, &self.schema),
                     &[&self.group],
                 )
                 .await
@@ -382,17 +373,7 @@ impl Breakers {
         };
         let row = c
             .query_opt(
-                &format!(
-                    "INSERT INTO {t} AS b (consumer_group, name, open_until, opened_by, reason)
-                     VALUES ($1, $2, now() + make_interval(secs => $3), $5, $6)
-                     ON CONFLICT (consumer_group, name) DO UPDATE
-                       SET open_until = now() + make_interval(secs => least($4, $3 * power(2, b.streak))),
-                           opened_at = now(), opened_by = $5, reason = $6,
-                           generation = b.generation + 1, streak = b.streak + 1
-                       WHERE b.open_until <= now()
-                     RETURNING extract(epoch FROM open_until - now())::float8",
-                    t = self.t()
-                ),
+                &crate::sql::render(crate::sql::breakers::OPEN, &self.schema),
                 &[&self.group, &name, &base, &cap, &self.me, &reason],
             )
             .await;
@@ -435,10 +416,7 @@ impl Breakers {
         if let Ok(c) = self.pool.get().await {
             let _ = c
                 .execute(
-                    &format!(
-                        "UPDATE {} SET streak = 0 WHERE consumer_group = $1 AND open_until <= now() AND streak > 0",
-                        self.t()
-                    ),
+                    &crate::sql::render(crate::sql::breakers::RESET_STREAK, &self.schema),
                     &[&self.group],
                 )
                 .await;

@@ -12,6 +12,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use super::*;
+use crate::sql;
 
 /// A letter to send.
 pub(super) struct Item {
@@ -28,31 +29,10 @@ impl Dlq {
     pub(super) async fn next_items(&self, job: i64, n: i64) -> Result<Vec<Item>, DlqError> {
         let c = self.pool.get().await?;
         // Letters dropped by an operator after the job froze them are not sent.
-        c.execute(
-            &format!(
-                "UPDATE {items} i SET state = 'skipped', error = 'dropped after the job was created'
-                 FROM {t} d WHERE d.id = i.dead_letter_id AND i.job_id = $1 AND i.state = 'pending'
-                   AND d.status = 'dropped'",
-                items = self.t("dlq_replay_items"),
-                t = self.t("dead_letters"),
-            ),
-            &[&job],
-        )
-        .await?;
+        c.execute(&self.sql(sql::replay_jobs::SKIP_DROPPED), &[&job])
+            .await?;
         let rows = c
-            .query(
-                &format!(
-                    "SELECT d.id, coalesce(j.to_topic, d.original_topic) AS topic, d.message_key,
-                            d.body, d.headers, d.dlq_retries, coalesce(d.first_failed_at, d.failed_at) AS first_failed
-                     FROM {items} i JOIN {t} d ON d.id = i.dead_letter_id
-                     JOIN {jobs} j ON j.id = i.job_id
-                     WHERE i.job_id = $1 AND i.state = 'pending' ORDER BY i.seq LIMIT $2",
-                    items = self.t("dlq_replay_items"),
-                    t = self.t("dead_letters"),
-                    jobs = self.t("dlq_replay_jobs"),
-                ),
-                &[&job, &n],
-            )
+            .query(&self.sql(sql::replay_jobs::NEXT_PENDING), &[&job, &n])
             .await?;
         Ok(rows
             .iter()
@@ -89,45 +69,20 @@ impl Dlq {
         if !sent.is_empty() {
             let ids: Vec<i64> = sent.iter().map(|s| s.0).collect();
             let at: Vec<SystemTime> = sent.iter().map(|s| s.1).collect();
-            tx.execute(
-                &format!(
-                    "UPDATE {} i SET state = 'sent', sent_at = x.at
-                     FROM unnest($2::bigint[], $3::timestamptz[]) AS x(id, at)
-                     WHERE i.job_id = $1 AND i.dead_letter_id = x.id",
-                    self.t("dlq_replay_items")
-                ),
-                &[&job, &ids, &at],
-            )
-            .await?;
-            tx.execute(
-                &format!(
-                    "UPDATE {} SET status = 'replayed', status_at = now(),
-                            status_reason = 'replay job ' || $2::bigint
-                     WHERE id = ANY($1) AND status <> 'dropped'",
-                    self.t("dead_letters")
-                ),
-                &[&ids, &job],
-            )
-            .await?;
+            tx.execute(&self.sql(sql::replay_jobs::MARK_SENT), &[&job, &ids, &at])
+                .await?;
+            tx.execute(&self.sql(sql::dead_letters::MARK_REPLAYED), &[&ids, &job])
+                .await?;
         }
         for (id, err) in failed {
             tx.execute(
-                &format!(
-                    "UPDATE {} SET state = 'failed', error = $3 WHERE job_id = $1 AND dead_letter_id = $2",
-                    self.t("dlq_replay_items")
-                ),
+                &self.sql(sql::replay_jobs::MARK_FAILED),
                 &[&job, id, &crate::wire::cut(err)],
             )
             .await?;
         }
-        tx.execute(
-            &format!(
-                "UPDATE {} SET updated_at = now() WHERE id = $1",
-                self.t("dlq_replay_jobs")
-            ),
-            &[&job],
-        )
-        .await?;
+        tx.execute(&self.sql(sql::replay_jobs::TOUCH), &[&job])
+            .await?;
         tx.commit().await?;
         metrics::counter!(crate::metrics::DLQ_REPLAYED).increment(sent.len() as u64);
         Ok(())
@@ -151,10 +106,7 @@ impl Dlq {
         // when this run ends or its process dies.
         let lock_conn = deadpool_postgres::Object::take(self.pool.get().await?);
         let locked: bool = lock_conn
-            .query_one(
-                "SELECT pg_try_advisory_lock(hashtext('outbox-dlq-job:' || $1), ($2::bigint % 2147483647)::int)",
-                &[&self.schema.name(), &id],
-            )
+            .query_one(sql::locks::RUN_JOB, &[&self.schema.name(), &id])
             .await?
             .get(0);
         if !locked {
@@ -266,14 +218,8 @@ impl Dlq {
 
     pub(super) async fn canary_done(&self, id: i64) -> Result<(), DlqError> {
         let c = self.pool.get().await?;
-        c.execute(
-            &format!(
-                "UPDATE {} SET canary_done = true WHERE id = $1",
-                self.t("dlq_replay_jobs")
-            ),
-            &[&id],
-        )
-        .await?;
+        c.execute(&self.sql(sql::replay_jobs::CANARY_DONE), &[&id])
+            .await?;
         Ok(())
     }
 
@@ -291,13 +237,7 @@ impl Dlq {
         // The status only (a primary-key read): the counts are not needed here.
         let c = self.pool.get().await?;
         let r = c
-            .query_one(
-                &format!(
-                    "SELECT status, status_reason FROM {} WHERE id = $1",
-                    self.t("dlq_replay_jobs")
-                ),
-                &[&id],
-            )
+            .query_one(&self.sql(sql::replay_jobs::STATUS), &[&id])
             .await?;
         let reason: Option<String> = r.get(1);
         Ok(match JobStatus::parse(r.get(0)) {

@@ -7,6 +7,7 @@ use serde_json::json;
 use tracing::info;
 
 use super::*;
+use crate::sql;
 
 impl Dlq {
     /// The letters `filter` selects for a replay, with how often each was replayed.
@@ -29,22 +30,11 @@ impl Dlq {
         let to = w.push(opts.to_topic.clone());
         let rows = client
             .query(
-                &format!(
-                    "SELECT d.id, coalesce({to}::text, d.original_topic) AS target,
-                       (SELECT count(*) FROM {items} i JOIN {t} d2 ON d2.id = i.dead_letter_id
-                         WHERE i.state = 'sent' AND (d2.id = d.id OR (d2.original_topic = d.original_topic
-                               AND d2.message_id = d.message_id))) AS times_replayed
-                     FROM {t} d
-                     WHERE {w} AND d.status <> 'dropped'
-                       AND NOT EXISTS (SELECT 1 FROM {items} i JOIN {jobs} j ON j.id = i.job_id
-                                       WHERE i.dead_letter_id = d.id AND i.state = 'pending'
-                                         AND j.status IN ('pending', 'running', 'paused'))
-                     ORDER BY d.id LIMIT {lim}",
-                    t = self.t("dead_letters"),
-                    items = self.t("dlq_replay_items"),
-                    jobs = self.t("dlq_replay_jobs"),
-                    w = w.sql,
-                ),
+                &self
+                    .sql(sql::replay_jobs::SELECTION)
+                    .replace("{to}", &to)
+                    .replace("{where}", &w.sql)
+                    .replace("{limit}", &lim),
                 &w.refs(),
             )
             .await?;
@@ -123,11 +113,8 @@ impl Dlq {
         let mut c = self.pool.get().await?;
         let tx = c.transaction().await?;
         // Job creations are serialised so two jobs never freeze the same letters.
-        tx.execute(
-            "SELECT pg_advisory_xact_lock(hashtext('outbox-dlq-jobs:' || $1))",
-            &[&self.schema.name()],
-        )
-        .await?;
+        tx.execute(sql::locks::CREATE_JOB, &[&self.schema.name()])
+            .await?;
         self.check_ids(&*tx, &filter.ids, &[Status::New, Status::Replayed])
             .await?;
         let sel = self.selection(&*tx, &filter, opts).await?;
@@ -170,23 +157,14 @@ impl Dlq {
         });
         let audit_id: i64 = tx
             .query_one(
-                &format!(
-                    "INSERT INTO {} (actor, action, filter, count, dead_letter_ids)
-                     VALUES ($1, 'replay', $2, $3, $4) RETURNING id",
-                    self.t("dlq_audit")
-                ),
+                &self.sql(sql::dead_letters::AUDIT_REPLAY),
                 &[&opts.actor, &recorded, &(go_ids.len() as i64), &go_ids],
             )
             .await?
             .get(0);
         let job_id: i64 = tx
             .query_one(
-                &format!(
-                    "INSERT INTO {} (created_by, audit_id, filter, to_topic, rate, canary,
-                                     canary_wait_ms, max_refail)
-                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8) RETURNING id",
-                    self.t("dlq_replay_jobs")
-                ),
+                &self.sql(sql::replay_jobs::INSERT_JOB),
                 &[
                     &opts.actor,
                     &audit_id,
@@ -201,20 +179,12 @@ impl Dlq {
             .await?
             .get(0);
         tx.execute(
-            &format!(
-                "UPDATE {} SET reason = 'replay job ' || $2::bigint WHERE id = $1",
-                self.t("dlq_audit")
-            ),
+            &self.sql(sql::dead_letters::AUDIT_NAME_JOB),
             &[&audit_id, &job_id],
         )
         .await?;
         tx.execute(
-            &format!(
-                "INSERT INTO {} (job_id, dead_letter_id, seq, state, error)
-                 SELECT $1, x.id, x.ord, x.state, x.error
-                 FROM unnest($2::bigint[], $3::text[], $4::text[]) WITH ORDINALITY AS x(id, state, error, ord)",
-                self.t("dlq_replay_items")
-            ),
+            &self.sql(sql::replay_jobs::INSERT_ITEMS),
             &[&job_id, &ids, &states, &errors],
         )
         .await?;

@@ -2,6 +2,7 @@
 //! back) its runner decides on.
 
 use super::*;
+use crate::sql;
 
 impl Dlq {
     /// One job with its counts.
@@ -33,24 +34,7 @@ impl Dlq {
     ) -> Result<Vec<Job>, DlqError> {
         let c = self.pool.get().await?;
         let rows = c
-            .query(
-                &format!(
-                    "SELECT j.*, c.* FROM {jobs} j
-                     CROSS JOIN LATERAL (
-                       SELECT count(*) AS total,
-                              count(*) FILTER (WHERE state = 'pending') AS pending,
-                              count(*) FILTER (WHERE state = 'sent') AS sent,
-                              count(*) FILTER (WHERE state = 'failed') AS failed,
-                              count(*) FILTER (WHERE state = 'skipped') AS skipped,
-                              count(*) FILTER (WHERE came_back_id IS NOT NULL) AS came_back
-                       FROM {items} i WHERE i.job_id = j.id) c
-                     WHERE $1::bigint IS NULL OR j.id = $1
-                     ORDER BY j.id DESC LIMIT $2",
-                    jobs = self.t("dlq_replay_jobs"),
-                    items = self.t("dlq_replay_items"),
-                ),
-                &[&id, &limit],
-            )
+            .query(&self.sql(sql::replay_jobs::JOBS), &[&id, &limit])
             .await?;
         Ok(rows
             .iter()
@@ -90,11 +74,7 @@ impl Dlq {
         let from: Vec<String> = from.iter().map(|s| (*s).to_owned()).collect();
         let n = c
             .execute(
-                &format!(
-                    "UPDATE {} SET status = $2, status_reason = $3, updated_at = now()
-                     WHERE id = $1 AND status = ANY($4)",
-                    self.t("dlq_replay_jobs")
-                ),
+                &self.sql(sql::replay_jobs::SET_STATUS),
                 &[&id, &to, &reason, &from],
             )
             .await?;
@@ -154,32 +134,13 @@ impl Dlq {
         first: Option<i64>,
     ) -> Result<(i64, i64), DlqError> {
         let c = self.pool.get().await?;
-        let (t, items) = (self.t("dead_letters"), self.t("dlq_replay_items"));
         let newly = c
-            .execute(
-                &format!(
-                    "UPDATE {items} i SET came_back_id = x.back_id, came_back_at = now()
-                 FROM (SELECT i2.dead_letter_id, min(d2.id) AS back_id
-                       FROM {items} i2
-                       JOIN {t} d ON d.id = i2.dead_letter_id
-                       JOIN {t} d2 ON d2.message_id = d.message_id AND d2.id > d.id
-                                  AND d2.failed_at >= i2.sent_at - interval '1 second'
-                       WHERE i2.job_id = $1 AND i2.state = 'sent' AND i2.came_back_id IS NULL
-                         AND d.message_id IS NOT NULL
-                       GROUP BY 1) x
-                 WHERE i.job_id = $1 AND i.dead_letter_id = x.dead_letter_id"
-                ),
-                &[&job],
-            )
+            .execute(&self.sql(sql::replay_jobs::MATCH_CAME_BACK), &[&job])
             .await?;
         metrics::counter!(crate::metrics::DLQ_REPLAY_CAME_BACK).increment(newly);
         let r = c
             .query_one(
-                &format!(
-                    "SELECT count(*) FILTER (WHERE state = 'sent'),
-                            count(*) FILTER (WHERE came_back_id IS NOT NULL)
-                     FROM {items} WHERE job_id = $1 AND ($2::bigint IS NULL OR seq <= $2)"
-                ),
+                &self.sql(sql::replay_jobs::SENT_AND_CAME_BACK),
                 &[&job, &first],
             )
             .await?;

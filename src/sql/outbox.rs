@@ -1,11 +1,5 @@
-//! The statements of the relay, enqueue, cleanup and status, rendered once for a [`Schema`],
-//! each with its reason. (The DLQ tools', the inbox's, the breaker's and the lanes' statements
-//! still sit beside their code.)
-//!
-//! Statements are templates with `{s}` standing for the quoted schema; [`Statements::new`]
-//! renders them so the hot paths only borrow strings.
-
-use crate::schema::Schema;
+//! The `outbox` table: the relay's claim, marks, floor and sweep; enqueue; cleanup of sent
+//! rows; the gauges and the operator's views and repair. `{s}` stands for the quoted schema.
 
 /// Claim a batch of due rows (the "take" of take → send → mark) of the relay's ordering lanes, in id order.
 /// `SKIP LOCKED` lets several relays work side by side; the lane filter keeps each key with one
@@ -19,7 +13,7 @@ use crate::schema::Schema;
 /// cannot use it as an index condition: on the pending `(available_at, id)` index it bounds
 /// nothing (every pending row is due) and the scan would read every entry below the floor —
 /// exactly the entries the floor exists to skip. Measured in `tests/relay/plans.rs`.
-const CLAIM: &str = "\
+pub(super) const CLAIM: &str = "\
 SELECT o.id, o.topic, o.message_key, o.headers::text, o.payload::text,
        extract(epoch FROM o.created_at)::float8
   FROM {s}.outbox AS o
@@ -37,7 +31,7 @@ SELECT o.id, o.topic, o.message_key, o.headers::text, o.payload::text,
 /// by [`SAMPLE`]): nothing can be held back, so the claim is a plain walk of
 /// `outbox_pending_id_idx` from the floor that stops after the batch. Per-key order still holds:
 /// `FIRST_PENDING` checks every claimed key against earlier pending rows before sending.
-const CLAIM_FREE: &str = "\
+pub(super) const CLAIM_FREE: &str = "\
 SELECT o.id, o.topic, o.message_key, o.headers::text, o.payload::text,
        extract(epoch FROM o.created_at)::float8
   FROM {s}.outbox AS o
@@ -58,7 +52,7 @@ SELECT o.id, o.topic, o.message_key, o.headers::text, o.payload::text,
 /// claimed row itself).
 /// (`LATERAL … LIMIT 1`, not `EXISTS`: the planner may turn `EXISTS` into a hash join that
 /// reads every pending row.)
-const FIRST_PENDING: &str = "\
+pub(super) const FIRST_PENDING: &str = "\
 SELECT u.k
   FROM unnest($1::text[], $2::bigint[], $3::bigint[]) AS u(k, f, b),
        LATERAL (SELECT 1 FROM {s}.outbox AS e
@@ -72,7 +66,7 @@ SELECT u.k
 /// EXCLUSIVE` on the outbox table (every INSERT takes it before drawing its id and keeps it to
 /// commit), this session excluded. Both are read after the statement's snapshot was taken:
 /// every id up to the first was drawn by one of those writers or by a transaction that ended.
-const SAMPLE: &str = "\
+pub(super) const SAMPLE: &str = "\
 SELECT coalesce((SELECT max(m.id) FROM {s}.outbox AS m), 0),
        array(SELECT l.virtualtransaction FROM pg_locks AS l
               WHERE l.locktype = 'relation' AND l.mode = 'RowExclusiveLock'
@@ -88,7 +82,7 @@ SELECT coalesce((SELECT max(m.id) FROM {s}.outbox AS m), 0),
 /// ids between the old floor and where the floor would move. Whatever is there — held back,
 /// deferred, backed off, not due, locked by another session — stops the floor. Reads the same
 /// stretch of `outbox_pending_id_idx` the claim just read.
-const LEFT_BEHIND: &str = "\
+pub(super) const LEFT_BEHIND: &str = "\
 SELECT min(o.id) FROM {s}.outbox AS o
  WHERE o.status = 'pending' AND o.id >= $1 AND o.id < $2
    AND (hashtext(coalesce(o.message_key, '')) & 63) = ANY($3::int[])";
@@ -97,13 +91,13 @@ SELECT min(o.id) FROM {s}.outbox AS o
 /// (`$1`). Normally none; it finds rows the floor passed because their transaction stayed open
 /// longer than `long_transaction`, or rows put back to pending by plain SQL. Run off the claim
 /// path.
-const SWEEP: &str = "\
+pub(super) const SWEEP: &str = "\
 SELECT min(o.id) FROM {s}.outbox AS o
  WHERE o.status = 'pending' AND o.id < $1 AND o.available_at <= now()
    AND (hashtext(coalesce(o.message_key, '')) & 63) = ANY($2::int[])";
 
 /// Mark acknowledged rows sent, one statement per batch. `$1` = ids.
-const MARK_SENT: &str = "\
+pub(super) const MARK_SENT: &str = "\
 UPDATE {s}.outbox SET status = 'sent', sent_at = now() WHERE id = ANY($1::bigint[])";
 
 /// Back off rows whose produce failed, one statement per batch: `attempts + 1`, the error kept,
@@ -112,7 +106,7 @@ UPDATE {s}.outbox SET status = 'sent', sent_at = now() WHERE id = ANY($1::bigint
 /// `$1` = ids, `$2` = errors (same order), `$3` = max attempts. The rows are found through the
 /// primary key (`id = ANY`), never by joining the table, so the cost follows the batch, not the
 /// table; the error is picked by position (failures are few, so the O(n²) lookup is cheap).
-const MARK_FAILED: &str = "\
+pub(super) const MARK_FAILED: &str = "\
 UPDATE {s}.outbox AS o
    SET attempts     = o.attempts + 1,
        last_error   = ($2::text[])[array_position($1::bigint[], o.id)],
@@ -122,11 +116,11 @@ UPDATE {s}.outbox AS o
  WHERE o.id = ANY($1::bigint[])";
 
 /// Insert one message. `$1..$4` = topic, key, headers, payload.
-const ENQUEUE: &str = "\
+pub(super) const ENQUEUE: &str = "\
 INSERT INTO {s}outbox (topic, message_key, headers, payload) VALUES ($1, $2, $3, $4)";
 
 /// Insert many messages in one statement. `$1..$4` = arrays of topic, key, headers, payload.
-const ENQUEUE_BATCH: &str = "\
+pub(super) const ENQUEUE_BATCH: &str = "\
 INSERT INTO {s}outbox (topic, message_key, headers, payload)
 SELECT * FROM unnest($1::text[], $2::text[], $3::jsonb[], $4::jsonb[])";
 
@@ -134,7 +128,7 @@ SELECT * FROM unnest($1::text[], $2::text[], $3::jsonb[], $4::jsonb[])";
 /// the highest id deleted by the previous batch (keyset: each batch resumes where the last one
 /// stopped, so the deleted region is never rescanned and a whole run reads the table once).
 /// `SKIP LOCKED` keeps cleanup from ever waiting on a relay. Returns (deleted, max id).
-const CLEANUP_OUTBOX: &str = "\
+pub(super) const CLEANUP_OUTBOX: &str = "\
 WITH doomed AS (
     SELECT id FROM {s}.outbox
      WHERE id > $3 AND status = 'sent' AND sent_at < now() - make_interval(secs => $1)
@@ -144,22 +138,8 @@ WITH doomed AS (
 gone AS (DELETE FROM {s}.outbox AS o USING doomed WHERE o.id = doomed.id RETURNING o.id)
 SELECT count(*)::bigint, coalesce(max(id), $3) FROM gone";
 
-/// Delete one bounded batch of marks older than `$1` seconds from `{t}`, oldest first through
-/// its `{at}` index; `$2` = batch size. Returns the number deleted. Rendered for
-/// `processed_messages` (`processed_at`) and for the consumer's record of dead-lettered records,
-/// `dead_lettered` (`dead_lettered_at`).
-const CLEANUP_MARKS: &str = "\
-WITH doomed AS (
-    SELECT ctid FROM {s}.{t}
-     WHERE {at} < now() - make_interval(secs => $1)
-     ORDER BY {at}
-     LIMIT $2
-     FOR UPDATE SKIP LOCKED),
-gone AS (DELETE FROM {s}.{t} AS p USING doomed WHERE p.ctid = doomed.ctid RETURNING 1)
-SELECT count(*)::bigint FROM gone";
-
 /// Counts and oldest row per status.
-const STATUS_COUNTS: &str = "\
+pub(super) const STATUS_COUNTS: &str = "\
 SELECT status, count(*)::bigint, min(created_at)::text
   FROM {s}.outbox GROUP BY status ORDER BY status";
 
@@ -174,119 +154,22 @@ SELECT (SELECT count(*) FROM {s}.outbox WHERE status = 'pending')::bigint,
          WHERE o.status = 'pending' ORDER BY o.id LIMIT 1)";
 
 /// Age in seconds of the oldest pending row, NULL when none.
-const OLDEST_PENDING_AGE: &str = "\
+pub(super) const OLDEST_PENDING_AGE: &str = "\
 SELECT extract(epoch FROM now() - min(created_at))::float8
   FROM {s}.outbox WHERE status = 'pending'";
 
 /// Failed rows grouped by error, most frequent first. `$1` = limit.
-const FAILED_BY_ERROR: &str = "\
+pub(super) const FAILED_BY_ERROR: &str = "\
 SELECT coalesce(last_error, '(none)'), count(*)::bigint, min(id), max(id)
   FROM {s}.outbox WHERE status = 'failed'
  GROUP BY last_error ORDER BY count(*) DESC, min(id) LIMIT $1";
 
 /// Put every failed row back to pending (the operator's repair).
-const REQUEUE_FAILED: &str = "\
+pub(super) const REQUEUE_FAILED: &str = "\
 UPDATE {s}.outbox SET status = 'pending', attempts = 0, available_at = now()
  WHERE status = 'failed'";
 
 /// Put one failed row back to pending. `$1` = id.
-const REQUEUE_ID: &str = "\
+pub(super) const REQUEUE_ID: &str = "\
 UPDATE {s}.outbox SET status = 'pending', attempts = 0, available_at = now()
  WHERE status = 'failed' AND id = $1";
-
-/// Purges archived dead letters settled (replayed or dropped) longer than `$1` seconds ago, at
-/// most `$2` per statement, and audits each batch as `archive-purge` by actor `$3` with filter
-/// `$4`. A letter still part of an unfinished replay job is kept: the job would lose its item.
-/// `new` letters are never purged: nobody has decided about them yet.
-const CLEANUP_DEAD_LETTERS: &str = "WITH victims AS (
-   SELECT d.id FROM {s}.dead_letters d WHERE d.status <> 'new'
-     AND coalesce(d.status_at, d.archived_at) < now() - make_interval(secs => $1)
-     AND NOT EXISTS (SELECT 1 FROM {s}.dlq_replay_items i JOIN {s}.dlq_replay_jobs j ON j.id = i.job_id
-                     WHERE i.dead_letter_id = d.id
-                       AND j.status IN ('pending', 'running', 'paused'))
-   ORDER BY coalesce(d.status_at, d.archived_at) LIMIT $2 FOR UPDATE SKIP LOCKED),
- del AS (DELETE FROM {s}.dead_letters d USING victims v WHERE d.id = v.id RETURNING d.id),
- audit AS (
-   INSERT INTO {s}.dlq_audit (actor, action, filter, count, dead_letter_ids)
-   SELECT $3, 'archive-purge', $4, count(*), array_agg(id ORDER BY id)
-   FROM del HAVING count(*) > 0)
- SELECT count(*) FROM del";
-
-/// Circuit breakers open now, for `outbox status`: group, dependency, seconds until the row
-/// expires, reason, generation.
-const OPEN_BREAKERS: &str = "SELECT consumer_group, name,
-        extract(epoch FROM open_until - now())::float8, reason, generation
-   FROM {s}.circuit_breakers WHERE open_until > now() ORDER BY 1, 2";
-
-/// The statements of one schema, rendered.
-#[derive(Debug, Clone)]
-pub(crate) struct Statements {
-    pub claim: String,
-    pub claim_free: String,
-    pub first_pending: String,
-    pub sample: String,
-    pub left_behind: String,
-    pub sweep: String,
-    pub mark_sent: String,
-    pub mark_failed: String,
-    pub enqueue: String,
-    pub enqueue_batch: String,
-    pub cleanup_outbox: String,
-    pub cleanup_processed: String,
-    pub cleanup_dead_lettered: String,
-    pub cleanup_dead_letters: String,
-    pub gauges: String,
-    pub status_counts: String,
-    pub oldest_pending_age: String,
-    pub failed_by_error: String,
-    pub requeue_failed: String,
-    pub requeue_id: String,
-    pub open_breakers: String,
-}
-
-impl Statements {
-    /// Renders every statement for `schema`.
-    pub fn new(schema: &Schema) -> Self {
-        let q = schema.quoted();
-        let r = |t: &str| t.replace("{s}", &q);
-        let marks = |t: &str, at: &str| CLEANUP_MARKS.replace("{t}", t).replace("{at}", at);
-        let qualified_prefix = format!("{q}.");
-        Self {
-            claim: r(CLAIM),
-            claim_free: r(CLAIM_FREE),
-            first_pending: r(FIRST_PENDING),
-            sample: r(SAMPLE),
-            left_behind: r(LEFT_BEHIND),
-            sweep: r(SWEEP),
-            mark_sent: r(MARK_SENT),
-            mark_failed: r(MARK_FAILED),
-            enqueue: ENQUEUE.replace("{s}", &qualified_prefix),
-            enqueue_batch: ENQUEUE_BATCH.replace("{s}", &qualified_prefix),
-            cleanup_outbox: r(CLEANUP_OUTBOX),
-            cleanup_processed: r(&marks("processed_messages", "processed_at")),
-            cleanup_dead_lettered: r(&marks("dead_lettered", "dead_lettered_at")),
-            cleanup_dead_letters: r(CLEANUP_DEAD_LETTERS),
-            gauges: r(GAUGES),
-            status_counts: r(STATUS_COUNTS),
-            oldest_pending_age: r(OLDEST_PENDING_AGE),
-            failed_by_error: r(FAILED_BY_ERROR),
-            requeue_failed: r(REQUEUE_FAILED),
-            requeue_id: r(REQUEUE_ID),
-            open_breakers: r(OPEN_BREAKERS),
-        }
-    }
-
-    /// The enqueue statements with an unqualified table name, resolved by the caller's
-    /// `search_path` like the plain-SQL path in `sql/enqueue.sql`.
-    pub fn unqualified_enqueue() -> (String, String) {
-        (ENQUEUE.replace("{s}", ""), ENQUEUE_BATCH.replace("{s}", ""))
-    }
-}
-
-/// Session settings of the relay's connections: the planner may only use index scans and
-/// nested loops, so no hot statement changes shape with the table's statistics (a never-
-/// analyzed outbox with a backlog otherwise gets a bitmap scan of every pending row, a
-/// per-row probe over all of them and a sort, measured at 15 s per claim). Every relay
-/// statement is written for an index; the settings make that the only plan.
-pub(crate) const PLAN_SETTINGS: &str = "-c enable_seqscan=off -c enable_bitmapscan=off \
-    -c enable_sort=off -c enable_hashjoin=off -c enable_mergejoin=off -c enable_hashagg=off";

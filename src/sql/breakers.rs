@@ -1,0 +1,31 @@
+//! `circuit_breakers`: the breaker a consumer group's replicas share. `{s}` stands for the
+//! quoted schema.
+
+/// Circuit breakers open now, for `outbox status`: group, dependency, seconds until the row
+/// expires, reason, generation.
+pub(crate) const OPEN_ALL: &str = "SELECT consumer_group, name,
+        extract(epoch FROM open_until - now())::float8, reason, generation
+   FROM {s}.circuit_breakers WHERE open_until > now() ORDER BY 1, 2";
+
+/// The group's open breakers, read by every replica on each check: one row opens them all.
+pub(crate) const OPEN_OF_GROUP: &str =
+    "SELECT name, extract(epoch FROM open_until - now())::float8,
+        reason, opened_by, generation
+   FROM {s}.circuit_breakers WHERE consumer_group = $1 AND open_until > now()";
+
+/// Opens the breaker of dependency `$2` for group `$1`, unless it is open already (so a crowd
+/// of replicas opening at once opens it once): for `$3` seconds the first time, doubling with
+/// each re-open up to `$4`. Returns how long it stays open, or no row when another replica won.
+pub(crate) const OPEN: &str = "INSERT INTO {s}.circuit_breakers AS b
+        (consumer_group, name, open_until, opened_by, reason)
+ VALUES ($1, $2, now() + make_interval(secs => $3), $5, $6)
+ ON CONFLICT (consumer_group, name) DO UPDATE
+   SET open_until = now() + make_interval(secs => least($4, $3 * power(2, b.streak))),
+       opened_at = now(), opened_by = $5, reason = $6,
+       generation = b.generation + 1, streak = b.streak + 1
+   WHERE b.open_until <= now()
+ RETURNING extract(epoch FROM open_until - now())::float8";
+
+/// A completed drain: the group's closed breakers start doubling from the base again.
+pub(crate) const RESET_STREAK: &str = "UPDATE {s}.circuit_breakers SET streak = 0
+  WHERE consumer_group = $1 AND open_until <= now() AND streak > 0";

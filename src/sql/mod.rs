@@ -1,0 +1,105 @@
+//! Every SQL statement the library runs, grouped by the table it is about, each with its
+//! reason: `outbox` (the relay, enqueue, cleanup, status), `marks` (`processed_messages`,
+//! `dead_lettered`), `dead_letters` (the archive and its audit), `replay_jobs`, `breakers`
+//! (`circuit_breakers`) and `locks` (the advisory locks relays and replay runners share).
+//! The migration runner's own history statements stay with it (`migrate.rs`), and the admin
+//! server's readiness probe is a bare `SELECT 1`.
+//!
+//! Statements are templates with `{s}` standing for the quoted schema. The outbox's are
+//! rendered once per relay ([`Statements::new`]) so the hot paths only borrow strings; the
+//! others with [`render`] where they are used. A few DLQ statements also take a `{where}`
+//! (and `{limit}`, `{to}`, `{reason}`) that the DLQ filter renders with numbered parameters,
+//! never with values. `tests/relay/plans.rs` explains the hot ones.
+
+use crate::schema::Schema;
+
+pub(crate) mod breakers;
+pub(crate) mod dead_letters;
+pub(crate) mod locks;
+pub(crate) mod marks;
+mod outbox;
+pub(crate) mod replay_jobs;
+
+use outbox::*;
+
+/// A statement of the table modules with its schema filled in.
+pub(crate) fn render(template: &str, schema: &Schema) -> String {
+    template.replace("{s}", &schema.quoted())
+}
+
+/// Wakes the relays of a schema: `$1` its channel ([`Schema::notify_channel`]), `$2` the
+/// payload (`rewind` after a requeue: rows below the claim floors are pending again).
+pub(crate) const NOTIFY: &str = "SELECT pg_notify($1, $2)";
+
+/// The statements of one schema, rendered.
+#[derive(Debug, Clone)]
+pub(crate) struct Statements {
+    pub claim: String,
+    pub claim_free: String,
+    pub first_pending: String,
+    pub sample: String,
+    pub left_behind: String,
+    pub sweep: String,
+    pub mark_sent: String,
+    pub mark_failed: String,
+    pub enqueue: String,
+    pub enqueue_batch: String,
+    pub cleanup_outbox: String,
+    pub cleanup_processed: String,
+    pub cleanup_dead_lettered: String,
+    pub cleanup_dead_letters: String,
+    pub gauges: String,
+    pub status_counts: String,
+    pub oldest_pending_age: String,
+    pub failed_by_error: String,
+    pub requeue_failed: String,
+    pub requeue_id: String,
+    pub open_breakers: String,
+}
+
+impl Statements {
+    /// Renders every statement for `schema`.
+    pub fn new(schema: &Schema) -> Self {
+        let q = schema.quoted();
+        let r = |t: &str| t.replace("{s}", &q);
+        let marks = |t: &str, at: &str| marks::CLEANUP.replace("{t}", t).replace("{at}", at);
+        let qualified_prefix = format!("{q}.");
+        Self {
+            claim: r(CLAIM),
+            claim_free: r(CLAIM_FREE),
+            first_pending: r(FIRST_PENDING),
+            sample: r(SAMPLE),
+            left_behind: r(LEFT_BEHIND),
+            sweep: r(SWEEP),
+            mark_sent: r(MARK_SENT),
+            mark_failed: r(MARK_FAILED),
+            enqueue: ENQUEUE.replace("{s}", &qualified_prefix),
+            enqueue_batch: ENQUEUE_BATCH.replace("{s}", &qualified_prefix),
+            cleanup_outbox: r(CLEANUP_OUTBOX),
+            cleanup_processed: r(&marks("processed_messages", "processed_at")),
+            cleanup_dead_lettered: r(&marks("dead_lettered", "dead_lettered_at")),
+            cleanup_dead_letters: r(dead_letters::PURGE),
+            gauges: r(GAUGES),
+            status_counts: r(STATUS_COUNTS),
+            oldest_pending_age: r(OLDEST_PENDING_AGE),
+            failed_by_error: r(FAILED_BY_ERROR),
+            requeue_failed: r(REQUEUE_FAILED),
+            requeue_id: r(REQUEUE_ID),
+            open_breakers: r(breakers::OPEN_ALL),
+        }
+    }
+
+    /// The enqueue statements with an unqualified table name, resolved by the caller's
+    /// `search_path` like the plain-SQL path in `sql/enqueue.sql`.
+    pub fn unqualified_enqueue() -> (String, String) {
+        (ENQUEUE.replace("{s}", ""), ENQUEUE_BATCH.replace("{s}", ""))
+    }
+}
+
+/// Session settings of the relay's connections: the planner may only use index scans and
+/// nested loops, so no hot statement changes shape with the table's statistics (a never-
+/// analyzed outbox with a backlog otherwise gets a bitmap scan of every pending row, a
+/// per-row probe over all of them and a sort, measured at 15 s per claim). Every relay
+/// statement is written for an index; the settings make that the only plan.
+pub(crate) const PLAN_SETTINGS: &str = "-c enable_seqscan=off -c enable_bitmapscan=off \
+    -c enable_sort=off -c enable_hashjoin=off -c enable_mergejoin=off -c enable_hashagg=off";

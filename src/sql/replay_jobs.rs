@@ -1,0 +1,97 @@
+//! `dlq_replay_jobs` and `dlq_replay_items`: a replay job, its frozen selection, and the
+//! runner's progress through it. `{s}` stands for the quoted schema.
+
+/// Jobs with their item counts by state, newest first; one job when `$1` is set.
+pub(crate) const JOBS: &str = "SELECT j.*, c.* FROM {s}.dlq_replay_jobs j
+                     CROSS JOIN LATERAL (
+                       SELECT count(*) AS total,
+                              count(*) FILTER (WHERE state = 'pending') AS pending,
+                              count(*) FILTER (WHERE state = 'sent') AS sent,
+                              count(*) FILTER (WHERE state = 'failed') AS failed,
+                              count(*) FILTER (WHERE state = 'skipped') AS skipped,
+                              count(*) FILTER (WHERE came_back_id IS NOT NULL) AS came_back
+                       FROM {s}.dlq_replay_items i WHERE i.job_id = j.id) c
+                     WHERE $1::bigint IS NULL OR j.id = $1
+                     ORDER BY j.id DESC LIMIT $2";
+
+/// A state change of a job, only from the states `$4` allows (a finished job stays finished).
+pub(crate) const SET_STATUS: &str =
+    "UPDATE {s}.dlq_replay_jobs SET status = $2, status_reason = $3, updated_at = now()
+                     WHERE id = $1 AND status = ANY($4)";
+
+/// A new job with its options.
+pub(crate) const INSERT_JOB: &str =
+    "INSERT INTO {s}.dlq_replay_jobs (created_by, audit_id, filter, to_topic, rate, canary,
+                                     canary_wait_ms, max_refail)
+                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8) RETURNING id";
+
+/// The job's frozen selection, in send order: letters dead-lettered later are never part of it.
+pub(crate) const INSERT_ITEMS: &str = "INSERT INTO {s}.dlq_replay_items (job_id, dead_letter_id, seq, state, error)
+                 SELECT $1, x.id, x.ord, x.state, x.error
+                 FROM unnest($2::bigint[], $3::text[], $4::text[]) WITH ORDINALITY AS x(id, state, error, ord)";
+
+/// Pending items whose letter was dropped after the job was created are skipped, not sent.
+pub(crate) const SKIP_DROPPED: &str = "UPDATE {s}.dlq_replay_items i SET state = 'skipped', error = 'dropped after the job was created'
+                 FROM {s}.dead_letters d WHERE d.id = i.dead_letter_id AND i.job_id = $1 AND i.state = 'pending'
+                   AND d.status = 'dropped'";
+
+/// The next pending items in send order, with what sending them needs.
+pub(crate) const NEXT_PENDING: &str = "SELECT d.id, coalesce(j.to_topic, d.original_topic) AS topic, d.message_key,
+                            d.body, d.headers, d.dlq_retries, coalesce(d.first_failed_at, d.failed_at) AS first_failed
+                     FROM {s}.dlq_replay_items i JOIN {s}.dead_letters d ON d.id = i.dead_letter_id
+                     JOIN {s}.dlq_replay_jobs j ON j.id = i.job_id
+                     WHERE i.job_id = $1 AND i.state = 'pending' ORDER BY i.seq LIMIT $2";
+
+/// Items the broker acknowledged, with the time of the ack (came-back matching starts there).
+pub(crate) const MARK_SENT: &str =
+    "UPDATE {s}.dlq_replay_items i SET state = 'sent', sent_at = x.at
+                     FROM unnest($2::bigint[], $3::timestamptz[]) AS x(id, at)
+                     WHERE i.job_id = $1 AND i.dead_letter_id = x.id";
+
+/// An item the broker refused, with the reason.
+pub(crate) const MARK_FAILED: &str = "UPDATE {s}.dlq_replay_items SET state = 'failed', error = $3 WHERE job_id = $1 AND dead_letter_id = $2";
+
+/// The runner is alive: a job not touched for long is an orphan another runner may resume.
+pub(crate) const TOUCH: &str = "UPDATE {s}.dlq_replay_jobs SET updated_at = now() WHERE id = $1";
+
+/// The canary's outcome was good: the rest of the job may go.
+pub(crate) const CANARY_DONE: &str =
+    "UPDATE {s}.dlq_replay_jobs SET canary_done = true WHERE id = $1";
+
+/// A job's status, read between chunks so a pause or cancel from elsewhere stops the runner.
+pub(crate) const STATUS: &str =
+    "SELECT status, status_reason FROM {s}.dlq_replay_jobs WHERE id = $1";
+
+/// The letters a replay filter selects, with where each goes (`{to}`: the target topic
+/// parameter, null for the original) and how often its message was replayed (the loop
+/// guard). Dropped letters and letters already pending in an unfinished job are left out, so
+/// two jobs never send one letter. `{where}` and `{limit}` as in `dead_letters::LIST`.
+pub(crate) const SELECTION: &str = "SELECT d.id, coalesce({to}::text, d.original_topic) AS target,
+   (SELECT count(*) FROM {s}.dlq_replay_items i JOIN {s}.dead_letters d2 ON d2.id = i.dead_letter_id
+     WHERE i.state = 'sent' AND (d2.id = d.id OR (d2.original_topic = d.original_topic
+           AND d2.message_id = d.message_id))) AS times_replayed
+ FROM {s}.dead_letters d
+ WHERE {where} AND d.status <> 'dropped'
+   AND NOT EXISTS (SELECT 1 FROM {s}.dlq_replay_items i JOIN {s}.dlq_replay_jobs j ON j.id = i.job_id
+                   WHERE i.dead_letter_id = d.id AND i.state = 'pending'
+                     AND j.status IN ('pending', 'running', 'paused'))
+ ORDER BY d.id LIMIT {limit}";
+
+/// Records which sent letters of job `$1` came back: a later letter with the same message id,
+/// dead-lettered after the send (a second of clock slack). Returns how many were new.
+pub(crate) const MATCH_CAME_BACK: &str = "UPDATE {s}.dlq_replay_items i
+    SET came_back_id = x.back_id, came_back_at = now()
+   FROM (SELECT i2.dead_letter_id, min(d2.id) AS back_id
+           FROM {s}.dlq_replay_items i2
+           JOIN {s}.dead_letters d ON d.id = i2.dead_letter_id
+           JOIN {s}.dead_letters d2 ON d2.message_id = d.message_id AND d2.id > d.id
+                      AND d2.failed_at >= i2.sent_at - interval '1 second'
+          WHERE i2.job_id = $1 AND i2.state = 'sent' AND i2.came_back_id IS NULL
+            AND d.message_id IS NOT NULL
+          GROUP BY 1) x
+  WHERE i.job_id = $1 AND i.dead_letter_id = x.dead_letter_id";
+
+/// Sent and came-back counts of job `$1`, over its first `$2` items when set (the canary).
+pub(crate) const SENT_AND_CAME_BACK: &str = "SELECT count(*) FILTER (WHERE state = 'sent'),
+        count(*) FILTER (WHERE came_back_id IS NOT NULL)
+   FROM {s}.dlq_replay_items WHERE job_id = $1 AND ($2::bigint IS NULL OR seq <= $2)";
