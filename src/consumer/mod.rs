@@ -26,6 +26,7 @@
 
 mod breaker;
 mod config;
+mod context;
 mod dead_letter;
 mod group;
 mod handler;
@@ -58,7 +59,7 @@ pub use retry::{
 pub use runtime::DEFAULT_PAUSE_AFTER;
 pub use stats::ConsumerStats;
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -67,7 +68,6 @@ use deadpool_postgres::Pool;
 use rdkafka::consumer::{Consumer as _, StreamConsumer};
 use rdkafka::producer::FutureProducer;
 use rdkafka::util::Timeout;
-use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::info;
 
@@ -213,20 +213,10 @@ impl Consumer {
         v
     }
 
-    /// Handler transactions run with `search_path` set to the outbox schema, then `public`.
-    ///
-    /// Consumes until `shutdown` resolves, then lets running handlers finish (bounded by
-    /// `shutdown_timeout`), commits the offsets of final messages and leaves the group.
-    ///
-    /// # Errors
-    /// [`ConsumerError::MissingTopics`] when a main, retry or dead-letter topic does not exist;
-    /// [`ConsumerError::Kafka`] when the clients cannot be created or the broker is unreachable
-    /// at startup.
-    pub async fn run(
-        self,
-        shutdown: impl Future<Output = ()> + Send + 'static,
-    ) -> Result<(), ConsumerError> {
-        let partitions = Arc::new(Mutex::new(Partitions::default()));
+    /// The group consumer's librdkafka settings: offsets stored only past final outcomes and
+    /// auto-committed from there, no topic auto-creation, a bounded prefetch, statistics for
+    /// the lag metrics; the pass-through properties win where they set the same name.
+    fn client_config(&self) -> rdkafka::ClientConfig {
         let mut cc = self.kafka.client_config();
         cc.set("group.id", &self.config.group)
             .set("enable.auto.commit", "true")
@@ -263,6 +253,24 @@ impl Consumer {
             // Per-partition lag for the metrics comes from librdkafka's statistics.
             cc.set("statistics.interval.ms", "5000");
         }
+        cc
+    }
+
+    /// Handler transactions run with `search_path` set to the outbox schema, then `public`.
+    ///
+    /// Consumes until `shutdown` resolves, then lets running handlers finish (bounded by
+    /// `shutdown_timeout`), commits the offsets of final messages and leaves the group.
+    ///
+    /// # Errors
+    /// [`ConsumerError::MissingTopics`] when a main, retry or dead-letter topic does not exist;
+    /// [`ConsumerError::Kafka`] when the clients cannot be created or the broker is unreachable
+    /// at startup.
+    pub async fn run(
+        self,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> Result<(), ConsumerError> {
+        let partitions = Arc::new(Mutex::new(Partitions::default()));
+        let cc = self.client_config();
         let last_final = Arc::new(Mutex::new(HashMap::new()));
         let backpressure = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let assigned = Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -401,30 +409,15 @@ impl Consumer {
                 .breakers
                 .set_mode(Mode::Drain, "startup: draining letters parked earlier");
         }
-        let drain_rate = shared.breakers.config.drain_rate;
-        let mut rt = Runtime {
-            consumer: &consumer,
+        let mut rt = Runtime::new(
+            &consumer,
             partitions,
             shared,
-            lanes: HashMap::new(),
-            ready: VecDeque::new(),
-            running: 0,
-            buffered: 0,
-            delayed: HashMap::new(),
-            bp_paused: false,
             backpressure,
-            saturated_since: None,
-            last_progress: Instant::now(),
             last_final,
-            gauges_at: Instant::now(),
-            held: VecDeque::new(),
-            drain_target: HashMap::new(),
-            drain_done: HashMap::new(),
-            drain_pacer: breaker::DrainPacer::new(drain_rate),
-            steer_at: Instant::now(),
             assigned,
             kafka_outage,
-        };
+        );
         rt.run(cancel).await;
         Ok(())
     }

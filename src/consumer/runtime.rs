@@ -1,24 +1,25 @@
 //! The poll loop: partitions and their offset trackers, per-key lanes, dispatch to bounded
 //! handler tasks, retry-topic delays, backpressure, and the shutdown commit.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use futures::FutureExt;
-use rdkafka::consumer::{BaseConsumer, Consumer as _, ConsumerContext, Rebalance, StreamConsumer};
+use rdkafka::consumer::{Consumer as _, StreamConsumer};
 use rdkafka::error::KafkaError;
 use rdkafka::message::Message as _;
-use rdkafka::{ClientContext, Offset, TopicPartitionList};
+use rdkafka::{Offset, TopicPartitionList};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use super::breaker::process_drain;
-use super::breaker::{Breakers, DrainPacer, Mode};
+use super::breaker::{DrainPacer, Mode};
+pub(super) use super::context::*;
 use super::group::process_group;
 use super::handler::Delivered;
 use super::offsets::OffsetTracker;
@@ -30,130 +31,6 @@ use super::{HandlerRef, Shared};
 use crate::kafka::tpl_of;
 
 pub(crate) type Tp = (String, i32);
-
-/// Shared with the rebalance callback: which partitions we own and their offset trackers.
-#[derive(Default)]
-pub(super) struct Partitions {
-    pub(super) trackers: HashMap<Tp, OffsetTracker>,
-    pub(super) next_epoch: u64,
-    pub(super) revoked: Vec<Tp>,
-}
-
-pub(super) struct Ctx {
-    /// The group, for metric labels.
-    pub(super) group: String,
-    /// Per partition, the timestamp (ms) of the last message that became final: while the
-    /// partition lags, its age bounds the age of the oldest unconsumed message from above.
-    pub(super) last_final: Arc<Mutex<HashMap<Tp, i64>>>,
-    pub(super) partitions: Arc<Mutex<Partitions>>,
-    /// Mirrors the runtime's backpressure pause, so partitions assigned meanwhile start paused.
-    pub(super) backpressure: Arc<std::sync::atomic::AtomicBool>,
-    /// The breaker cycle (when configured) and the DLQ topics read during drains: partitions
-    /// assigned meanwhile start paused or not according to the mode.
-    pub(super) breakers: Option<Arc<Breakers>>,
-    pub(super) drain_topics: HashSet<String>,
-    /// Set on every assignment: partitions taken over from another replica may hold parked
-    /// letters, so the runtime drains before consuming their main topics.
-    pub(super) assigned: Arc<std::sync::atomic::AtomicBool>,
-    /// One log line per Kafka outage (librdkafka's callbacks and poll errors).
-    pub(super) kafka_outage: Arc<crate::outage::Outage>,
-}
-
-/// Whether partitions of a topic flow in `mode`: DLQ topics only while draining, the others
-/// only in NORMAL.
-pub(super) fn flows(mode: Mode, dlq_topic: bool) -> bool {
-    if dlq_topic {
-        mode == Mode::Drain
-    } else {
-        mode == Mode::Normal
-    }
-}
-
-impl Ctx {
-    fn mode_allows(&self, topic: &str) -> bool {
-        let mode = self.breakers.as_ref().map_or(Mode::Normal, |b| b.mode());
-        flows(mode, self.drain_topics.contains(topic))
-    }
-}
-
-impl ClientContext for Ctx {
-    fn log(&self, level: rdkafka::config::RDKafkaLogLevel, fac: &str, log_message: &str) {
-        crate::kafka::KafkaQuiet(self.kafka_outage.clone()).log(level, fac, log_message);
-    }
-
-    fn error(&self, error: KafkaError, reason: &str) {
-        crate::kafka::KafkaQuiet(self.kafka_outage.clone()).error(error, reason);
-    }
-
-    /// librdkafka's statistics (every `statistics.interval.ms`): per-partition lag as gauges.
-    fn stats(&self, stats: rdkafka::Statistics) {
-        let now = now_ms();
-        let last = self.last_final.lock().expect("last_final lock");
-        for (topic, t) in &stats.topics {
-            for (p, part) in &t.partitions {
-                // Partition -1 is librdkafka's internal "unassigned" queue; -1 lag = unknown.
-                if *p < 0 || part.consumer_lag < 0 {
-                    continue;
-                }
-                let labels = [
-                    ("topic", topic.clone()),
-                    ("partition", p.to_string()),
-                    ("group", self.group.clone()),
-                ];
-                metrics::gauge!(crate::metrics::CONSUMER_LAG, &labels)
-                    .set(part.consumer_lag as f64);
-                let secs = if part.consumer_lag == 0 {
-                    0.0
-                } else {
-                    last.get(&(topic.clone(), *p))
-                        .map_or(0.0, |ts| (now - ts).max(0) as f64 / 1000.0)
-                };
-                metrics::gauge!(crate::metrics::CONSUMER_LAG_SECONDS, &labels).set(secs);
-            }
-        }
-    }
-}
-
-impl ConsumerContext for Ctx {
-    fn pre_rebalance(&self, c: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
-        match rebalance {
-            Rebalance::Revoke(tpl) => {
-                // A pause set by us survives revoke and re-assign in librdkafka: lift it, or a
-                // retry partition held until due (its queue is dropped below) would stay paused.
-                let _ = c.resume(tpl);
-                // librdkafka commits the stored offsets (final messages only) right after this.
-                // Forget the trackers so late outcomes of revoked partitions store nothing.
-                let mut p = self.partitions.lock().expect("partitions lock");
-                for e in tpl.elements() {
-                    let k = (e.topic().to_owned(), e.partition());
-                    p.trackers.remove(&k);
-                    p.revoked.push(k);
-                }
-                info!(partitions = tpl.count(), "partitions revoked");
-            }
-            Rebalance::Assign(tpl) => info!(partitions = tpl.count(), "partitions assigned"),
-            Rebalance::Error(e) => warn!(error = %e, "rebalance error"),
-        }
-    }
-
-    fn post_rebalance(&self, c: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
-        if let Rebalance::Assign(tpl) = rebalance {
-            if self.backpressure.load(Ordering::SeqCst) {
-                // Backpressure is on: new partitions must not flow in unbounded.
-                let _ = c.pause(tpl);
-            } else if self.breakers.is_some() {
-                self.assigned.store(true, Ordering::SeqCst);
-                let mut held = TopicPartitionList::new();
-                for e in tpl.elements() {
-                    if !self.mode_allows(e.topic()) {
-                        held.add_partition(e.topic(), e.partition());
-                    }
-                }
-                let _ = c.pause(&held);
-            }
-        }
-    }
-}
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub(super) enum LaneId {
@@ -232,6 +109,45 @@ pub(super) fn now_ms() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as i64)
+}
+
+impl<'c> Runtime<'c> {
+    /// A runtime over `consumer` with nothing in flight: every lane empty, no partition paused,
+    /// the breaker's drain pacer at its configured rate.
+    pub(super) fn new(
+        consumer: &'c StreamConsumer<Ctx>,
+        partitions: Arc<Mutex<Partitions>>,
+        shared: Arc<Shared>,
+        backpressure: Arc<std::sync::atomic::AtomicBool>,
+        last_final: Arc<Mutex<HashMap<Tp, i64>>>,
+        assigned: Arc<std::sync::atomic::AtomicBool>,
+        kafka_outage: Arc<crate::outage::Outage>,
+    ) -> Self {
+        let drain_rate = shared.breakers.config.drain_rate;
+        Self {
+            consumer,
+            partitions,
+            shared,
+            lanes: HashMap::new(),
+            ready: VecDeque::new(),
+            running: 0,
+            buffered: 0,
+            delayed: HashMap::new(),
+            bp_paused: false,
+            backpressure,
+            saturated_since: None,
+            last_progress: Instant::now(),
+            last_final,
+            gauges_at: Instant::now(),
+            held: VecDeque::new(),
+            drain_target: HashMap::new(),
+            drain_done: HashMap::new(),
+            drain_pacer: super::breaker::DrainPacer::new(drain_rate),
+            steer_at: Instant::now(),
+            assigned,
+            kafka_outage,
+        }
+    }
 }
 
 impl Runtime<'_> {
