@@ -106,7 +106,7 @@ pub(super) fn kafka_code(e: &KafkaError) -> Option<RDKafkaErrorCode> {
 }
 
 pub(super) fn truncate(s: &str) -> String {
-    s.chars().take(MAX_ERROR_LEN).collect()
+    crate::wire::cut(s)
 }
 
 pub(super) fn fate_of_error(e: &KafkaError) -> Fate {

@@ -362,7 +362,7 @@ impl Breakers {
     pub async fn open(&self, name: &str, reason: &str) -> Option<Duration> {
         let base = self.config.open_for.as_secs_f64();
         let cap = self.config.max_open_for.as_secs_f64();
-        let reason: String = reason.chars().take(500).collect();
+        let reason = crate::wire::cut(reason);
         let c = match self.pool.get().await {
             Ok(c) => c,
             Err(e) => {
