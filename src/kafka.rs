@@ -19,18 +19,16 @@ use crate::wire::UNREADABLE_HEADERS;
 ///
 /// The pass-through properties come first; these settings are applied after them, so a user
 /// property cannot weaken them. `linger_ms` is the one knob that differs: the relay hands over
-/// whole batches and waits for them (0 ms is best there); one-at-a-time producers gain from a
-/// short linger.
+/// whole batches and waits for them (0 ms is best there, and the relay lets a user's
+/// `linger.ms` through); one-at-a-time producers gain from a short linger.
 pub(crate) fn idempotent_producer(
     kafka: &KafkaConfig,
     delivery_timeout: Duration,
     linger_ms: u32,
 ) -> rdkafka::ClientConfig {
     let mut c = kafka.client_config();
-    if !kafka.properties.contains_key("linger.ms") {
-        c.set("linger.ms", linger_ms.to_string());
-    }
-    c.set("enable.idempotence", "true")
+    c.set("linger.ms", linger_ms.to_string())
+        .set("enable.idempotence", "true")
         .set("acks", "all")
         .set("allow.auto.create.topics", "false")
         .set(
@@ -58,10 +56,10 @@ impl RefusalReason {
     pub fn of(e: &KafkaError) -> Self {
         use RDKafkaErrorCode as C;
         match e.rdkafka_error_code() {
-            Some(C::UnknownTopic | C::UnknownTopicOrPartition | C::UnknownPartition) => {
+            Some(C::UnknownTopic | C::UnknownTopicOrPartition | C::UnknownTopicId) => {
                 Self::UnknownTopic
             }
-            Some(C::MessageSizeTooLarge) => Self::MessageTooLarge,
+            Some(C::MessageSizeTooLarge | C::MessageBatchTooLarge) => Self::MessageTooLarge,
             _ => Self::Refused,
         }
     }
@@ -209,18 +207,29 @@ mod tests {
     #[test]
     fn refusals_are_classified_by_code() {
         let e = |c| KafkaError::MessageProduction(c);
-        assert_eq!(
-            RefusalReason::of(&e(RDKafkaErrorCode::UnknownTopicOrPartition)),
-            RefusalReason::UnknownTopic
-        );
-        assert_eq!(
-            RefusalReason::of(&e(RDKafkaErrorCode::MessageSizeTooLarge)),
-            RefusalReason::MessageTooLarge
-        );
-        assert_eq!(
-            RefusalReason::of(&e(RDKafkaErrorCode::InvalidRecord)),
-            RefusalReason::Refused
-        );
+        for (code, reason) in [
+            (
+                RDKafkaErrorCode::UnknownTopicOrPartition,
+                RefusalReason::UnknownTopic,
+            ),
+            (RDKafkaErrorCode::UnknownTopic, RefusalReason::UnknownTopic),
+            (
+                RDKafkaErrorCode::UnknownTopicId,
+                RefusalReason::UnknownTopic,
+            ),
+            (
+                RDKafkaErrorCode::MessageSizeTooLarge,
+                RefusalReason::MessageTooLarge,
+            ),
+            (
+                RDKafkaErrorCode::MessageBatchTooLarge,
+                RefusalReason::MessageTooLarge,
+            ),
+            (RDKafkaErrorCode::UnknownPartition, RefusalReason::Refused),
+            (RDKafkaErrorCode::InvalidRecord, RefusalReason::Refused),
+        ] {
+            assert_eq!(RefusalReason::of(&e(code)), reason, "{code:?}");
+        }
     }
 
     #[test]
@@ -231,7 +240,7 @@ mod tests {
         let c = idempotent_producer(&k, Duration::from_secs(3), 5);
         assert_eq!(c.get("acks"), Some("all"));
         assert_eq!(c.get("enable.idempotence"), Some("true"));
-        assert_eq!(c.get("linger.ms"), Some("20"));
+        assert_eq!(c.get("linger.ms"), Some("5"));
         assert_eq!(c.get("message.timeout.ms"), Some("3000"));
     }
 }

@@ -47,6 +47,9 @@ pub(super) fn producer_for(
     // The relay hands librdkafka a whole batch at once and then waits for it, so lingering
     // only adds latency: measured 0.5 ms vs 10 ms p50 commit→ack, and more throughput.
     let mut c = crate::kafka::idempotent_producer(kafka, delivery_timeout, 0);
+    if let Some(linger) = kafka.properties.get("linger.ms") {
+        c.set("linger.ms", linger);
+    }
     for (k, v) in [
         ("batch.num.messages", "10000"),
         ("queue.buffering.max.messages", "200000"),

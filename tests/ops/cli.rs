@@ -607,4 +607,18 @@ async fn a_reader_that_closes_the_pipe_ends_the_command_quietly() {
             "{args:?}: {err}"
         );
     }
+    // The reader's leaving does not change the command's verdict: a requeue of a row that is
+    // not failed still exits 2 after its result line went nowhere.
+    let mut child = outbox_cmd(&db)
+        .args(["requeue", "--id", "999999"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let o = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(err.contains("no failed row with id 999999"), "{err}");
 }

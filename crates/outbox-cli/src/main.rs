@@ -103,14 +103,12 @@ fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    let mut out = std::io::stdout();
+    let mut out = Output::default();
     let result = rt
         .block_on(run(cli, &mut out))
         .and_then(|()| Ok(out.flush()?));
     match result {
         Ok(()) => ExitCode::SUCCESS,
-        // The reader went away (`outbox dlq list | head -1`): what it wanted is written.
-        Err(e) if is_broken_pipe(&e) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e:#}");
             let usage = e.downcast_ref::<UsageError>().is_some()
@@ -120,10 +118,38 @@ fn main() -> ExitCode {
     }
 }
 
-/// An error that is the standard output's reader having closed the pipe.
-fn is_broken_pipe(e: &anyhow::Error) -> bool {
-    e.chain().any(|c| {
-        c.downcast_ref::<std::io::Error>()
-            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
-    })
+/// Standard output that outlives its reader: once the reader has gone (`outbox dlq list |
+/// head -1`), what it would have read is discarded instead of failing the write. The command
+/// still runs to its end and exits with its own code (a topic that differs still exits 1).
+#[derive(Default)]
+struct Output {
+    closed: bool,
+}
+
+impl std::io::Write for Output {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.closed {
+            return Ok(buf.len());
+        }
+        match std::io::stdout().write(buf) {
+            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {
+                self.closed = true;
+                Ok(buf.len())
+            }
+            other => other,
+        }
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        if self.closed {
+            return Ok(());
+        }
+        match std::io::stdout().flush() {
+            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {
+                self.closed = true;
+                Ok(())
+            }
+            other => other,
+        }
+    }
 }
