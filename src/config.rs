@@ -221,6 +221,19 @@ fn tls_connector(
     root: Option<&str>,
     mode: tokio_postgres::config::SslMode,
 ) -> Result<Tls, ConfigError> {
+    plain_only(verify, root, mode)?;
+    Ok(tokio_postgres::NoTls)
+}
+
+/// Without TLS support a URL that asks for TLS is refused, never downgraded to a plain
+/// connection (`sslmode=prefer`, libpq's default, stays plain). Compiled in every build so its
+/// unit test runs in the default one.
+#[cfg_attr(feature = "tls", allow(dead_code))]
+fn plain_only(
+    verify: TlsVerify,
+    root: Option<&str>,
+    mode: tokio_postgres::config::SslMode,
+) -> Result<(), ConfigError> {
     if verify != TlsVerify::None
         || root.is_some()
         || mode == tokio_postgres::config::SslMode::Require
@@ -229,7 +242,7 @@ fn tls_connector(
             "the URL asks for TLS, but outbox was built without its `tls` feature".into(),
         ));
     }
-    Ok(tokio_postgres::NoTls)
+    Ok(())
 }
 
 impl fmt::Debug for DbConfig {
@@ -409,6 +422,17 @@ mod tests {
         )
         .unwrap_err();
         assert!(e.to_string().contains("cannot load sslrootcert"), "{e}");
+    }
+
+    #[test]
+    fn without_tls_a_url_asking_for_tls_is_refused_not_downgraded() {
+        use tokio_postgres::config::SslMode;
+        let refused = |v, root: Option<&str>, m| plain_only(v, root, m).is_err();
+        assert!(refused(TlsVerify::None, None, SslMode::Require));
+        assert!(refused(TlsVerify::Full, None, SslMode::Require));
+        assert!(refused(TlsVerify::None, Some("/ca.pem"), SslMode::Prefer));
+        assert!(!refused(TlsVerify::None, None, SslMode::Prefer));
+        assert!(!refused(TlsVerify::None, None, SslMode::Disable));
     }
 
     #[test]
