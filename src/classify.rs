@@ -1,8 +1,16 @@
 //! Error classification shared by every boundary: is retrying worth it?
 //!
-//! The rule: timeouts, connection errors, serialization failures (`40001`), deadlocks
-//! (`40P01`), too many connections (`53300`) are transient; constraint violations, bad data and
-//! type errors are permanent.
+//! The rule, one case each in `tests/consumer/classify.rs` against a real Postgres:
+//!
+//! | error | class |
+//! |---|---|
+//! | serialization failure `40001`, deadlock `40P01` | transient: the same statement can succeed next time |
+//! | too many connections `53300` (and class `53`: out of resources) | transient |
+//! | admin shutdown `57P01`, crash shutdown `57P02`, cannot connect now `57P03` | transient (unavailable) |
+//! | connection exception class `08`, a closed connection, an I/O error | transient (unavailable) |
+//! | statement timeout (`57014`), lock not available (`55P03`) | transient |
+//! | constraint violations (class `23`), data exceptions (class `22`), syntax and undefined objects (class `42`) | permanent: retrying repeats them |
+//! | a column that does not convert to the Rust type asked for (no SQLSTATE) | permanent: a bug in the handler |
 
 use tokio_postgres::error::SqlState;
 
@@ -22,8 +30,10 @@ pub fn postgres_is_transient(e: &tokio_postgres::Error) -> bool {
                 || code.code().starts_with("08") // connection exception class
                 || code.code().starts_with("53") // insufficient resources class
         }
-        // No SQLSTATE: the connection itself failed (I/O, closed, timeout).
-        None => e.is_closed() || std::error::Error::source(e).is_some(),
+        // No SQLSTATE: either the connection itself failed (closed, or an I/O error underneath:
+        // refused, reset, timed out) — or the client could not convert a value (a column read
+        // as the wrong type), which no retry fixes.
+        None => e.is_closed() || source_is_io(e),
     }
 }
 
@@ -38,8 +48,11 @@ pub fn postgres_is_unavailable(e: &tokio_postgres::Error) -> bool {
                 || *code == SqlState::CRASH_SHUTDOWN
                 || *code == SqlState::CANNOT_CONNECT_NOW
         }
-        None => {
-            e.is_closed() || std::error::Error::source(e).is_some_and(|s| s.is::<std::io::Error>())
-        }
+        None => e.is_closed() || source_is_io(e),
     }
+}
+
+/// The error wraps an I/O error: the transport failed, not the statement.
+fn source_is_io(e: &tokio_postgres::Error) -> bool {
+    std::error::Error::source(e).is_some_and(|s| s.is::<std::io::Error>())
 }

@@ -3,5 +3,6 @@
 
 mod basics;
 mod breaker;
+mod classify;
 mod hostile;
 mod recovery;
