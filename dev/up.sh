@@ -18,6 +18,10 @@ command -v curl >/dev/null || need_apt+=(curl)
 command -v promtool >/dev/null || need_apt+=(prometheus)
 command -v chromium >/dev/null || need_apt+=(chromium)
 command -v chromedriver >/dev/null || need_apt+=(chromium-driver)
+# Deployment files: docker-compose validates compose.yml (no engine needed), amtool the
+# Alertmanager config.
+command -v docker-compose >/dev/null || need_apt+=(docker-compose)
+command -v amtool >/dev/null || need_apt+=(prometheus-alertmanager)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "[up] installing ${need_apt[*]} from Debian's packages" >&2
   export DEBIAN_FRONTEND=noninteractive

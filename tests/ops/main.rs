@@ -6,5 +6,6 @@
 mod admin;
 mod browser;
 mod cli;
+mod compose;
 mod layout;
 mod observability;
