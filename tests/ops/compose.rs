@@ -34,7 +34,14 @@ fn referenced() -> BTreeSet<String> {
 
 fn compose_config(env_file: &str) -> std::process::Output {
     Command::new("docker-compose")
-        .args(["--env-file", env_file, "-f", &repo("compose.yml"), "config", "-q"])
+        .args([
+            "--env-file",
+            env_file,
+            "-f",
+            &repo("compose.yml"),
+            "config",
+            "-q",
+        ])
         .current_dir(env!("CARGO_MANIFEST_DIR"))
         // Only the env file speaks: a variable exported in the test's environment must not
         // hide one the file lacks.
@@ -48,7 +55,10 @@ fn compose_config(env_file: &str) -> std::process::Output {
 fn compose_validates_with_the_env_file_and_the_env_file_names_every_variable() {
     let env = repo(".env");
     let missing: Vec<String> = referenced().difference(&defined(&env)).cloned().collect();
-    assert!(missing.is_empty(), "compose.yml uses, .env lacks: {missing:?}");
+    assert!(
+        missing.is_empty(),
+        "compose.yml uses, .env lacks: {missing:?}"
+    );
     let o = compose_config(&env);
     assert!(
         o.status.success(),
@@ -68,14 +78,20 @@ fn compose_validates_with_the_env_file_and_the_env_file_names_every_variable() {
     std::fs::write(&partial, text).unwrap();
     let o = compose_config(partial.to_str().unwrap());
     let err = String::from_utf8_lossy(&o.stderr);
-    assert!(!o.status.success() && err.contains("OUTBOX_ADMIN_TOKEN"), "{err}");
+    assert!(
+        !o.status.success() && err.contains("OUTBOX_ADMIN_TOKEN"),
+        "{err}"
+    );
     let _ = std::fs::remove_dir_all(dir);
 }
 
 #[test]
 fn the_stack_has_an_alertmanager_with_a_receiver_and_prometheus_sends_to_it() {
     let compose = std::fs::read_to_string(repo("compose.yml")).unwrap();
-    assert!(compose.contains("\n  alertmanager:\n"), "no alertmanager service");
+    assert!(
+        compose.contains("\n  alertmanager:\n"),
+        "no alertmanager service"
+    );
     let prom = std::fs::read_to_string(repo("deploy/prometheus/prometheus.yml")).unwrap();
     assert!(
         prom.contains("alerting:") && prom.contains("alertmanager:9093"),
@@ -88,6 +104,10 @@ fn the_stack_has_an_alertmanager_with_a_receiver_and_prometheus_sends_to_it() {
         .output()
         .expect("amtool (dev/up.sh installs it)");
     let out = String::from_utf8_lossy(&o.stdout);
-    assert!(o.status.success(), "{out}{}", String::from_utf8_lossy(&o.stderr));
+    assert!(
+        o.status.success(),
+        "{out}{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
     assert!(out.contains("1 receivers"), "{out}");
 }
