@@ -171,7 +171,7 @@ pub(crate) async fn run_with(
     let started = Instant::now();
     let (deleted, statements) = purge_dead_letters(
         pool,
-        stmts,
+        &stmts.cleanup_dead_letters,
         config.dlq_retention,
         config.batch_size,
         "cleanup",
@@ -185,10 +185,11 @@ pub(crate) async fn run_with(
 }
 
 /// Deletes settled dead letters archived longer than `retention` ago, `batch` per statement,
-/// each batch audited under `actor`. Returns (letters deleted, statements run).
+/// each batch audited under `actor`; `purge` is `sql::dead_letters::PURGE` rendered for the
+/// schema. Returns (letters deleted, statements run).
 pub(crate) async fn purge_dead_letters(
     pool: &Pool,
-    stmts: &Statements,
+    purge: &str,
     retention: Duration,
     batch: usize,
     actor: &str,
@@ -202,10 +203,7 @@ pub(crate) async fn purge_dead_letters(
     loop {
         let c = pool.get().await?;
         let n: i64 = c
-            .query_one(
-                stmts.cleanup_dead_letters.as_str(),
-                &[&retention.as_secs_f64(), &batch, &actor, &filter],
-            )
+            .query_one(purge, &[&retention.as_secs_f64(), &batch, &actor, &filter])
             .await?
             .get(0);
         statements += 1;

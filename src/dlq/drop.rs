@@ -152,7 +152,7 @@ impl Dlq {
     ) -> Result<PurgeReport, DlqError> {
         let (deleted, statements) = crate::cleanup::purge_dead_letters(
             &self.pool,
-            &crate::sql::Statements::new(&self.schema),
+            &self.sql(crate::sql::dead_letters::PURGE),
             retention,
             batch,
             actor,

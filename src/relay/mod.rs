@@ -204,7 +204,10 @@ impl Relay {
         let mut problems = HashMap::new();
         for t in topics {
             if let Err(e) = validate_topic(&t) {
-                problems.insert(t, (truncate(&e.to_string()), RefusalReason::Refused));
+                problems.insert(
+                    t,
+                    (crate::wire::cut(&e.to_string()), RefusalReason::Refused),
+                );
                 continue;
             }
             let fresh = self
@@ -235,7 +238,7 @@ impl Relay {
                         problems.insert(
                             t.clone(),
                             (
-                                truncate(&format!(
+                                crate::wire::cut(&format!(
                                     "topic {t:?} does not exist on the broker (topics are \
                                      never auto-created: create it with `outbox topics apply`)"
                                 )),

@@ -108,10 +108,6 @@ pub(super) fn kafka_code(e: &KafkaError) -> Option<RDKafkaErrorCode> {
     e.rdkafka_error_code()
 }
 
-pub(super) fn truncate(s: &str) -> String {
-    crate::wire::cut(s)
-}
-
 pub(super) fn fate_of_error(e: &KafkaError) -> Fate {
     let msg = match kafka_code(e) {
         Some(RDKafkaErrorCode::MessageSizeTooLarge) => {
@@ -123,8 +119,8 @@ pub(super) fn fate_of_error(e: &KafkaError) -> Fate {
         _ => format!("kafka refused the message: {e}"),
     };
     match kafka_code(e) {
-        Some(code) if is_unavailable(code) => Fate::Deferred(truncate(&msg)),
-        _ => Fate::Refused(truncate(&msg), RefusalReason::of(e)),
+        Some(code) if is_unavailable(code) => Fate::Deferred(crate::wire::cut(&msg)),
+        _ => Fate::Refused(crate::wire::cut(&msg), RefusalReason::of(e)),
     }
 }
 

@@ -160,25 +160,20 @@ fn cargo() -> Command {
     c
 }
 
+/// The library's normal dependency tree, one crate a line, with `features` (e.g.
+/// `--no-default-features`) or the defaults.
+fn cargo_tree(features: Option<&str>) -> String {
+    let mut args = vec!["tree", "--locked", "--offline", "-p", "outbox"];
+    args.extend(features);
+    args.extend(["-e", "normal", "--prefix", "none"]);
+    let o = cargo().args(&args).output().expect("cargo tree");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
 #[test]
 fn a_service_without_default_features_links_no_kafka_http_or_cli_crate() {
-    let o = cargo()
-        .args([
-            "tree",
-            "--locked",
-            "--offline",
-            "-p",
-            "outbox",
-            "--no-default-features",
-            "-e",
-            "normal",
-            "--prefix",
-            "none",
-        ])
-        .output()
-        .expect("cargo tree");
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let tree = String::from_utf8_lossy(&o.stdout);
+    let tree = cargo_tree(Some("--no-default-features"));
     let crates: BTreeSet<&str> = tree
         .lines()
         .filter_map(|l| l.split_whitespace().next())
@@ -201,21 +196,7 @@ fn a_service_without_default_features_links_no_kafka_http_or_cli_crate() {
         assert!(!crates.contains(heavy), "{heavy} in the lean tree:\n{tree}");
     }
     // The defaults still bring every part (today's users keep compiling).
-    let o = cargo()
-        .args([
-            "tree",
-            "--locked",
-            "--offline",
-            "-p",
-            "outbox",
-            "-e",
-            "normal",
-            "--prefix",
-            "none",
-        ])
-        .output()
-        .unwrap();
-    let full = String::from_utf8_lossy(&o.stdout);
+    let full = cargo_tree(None);
     assert!(
         full.contains("rdkafka ") && full.contains("axum "),
         "{full}"
@@ -224,22 +205,7 @@ fn a_service_without_default_features_links_no_kafka_http_or_cli_crate() {
 
 #[test]
 fn the_library_never_depends_on_what_only_the_binary_needs() {
-    let o = cargo()
-        .args([
-            "tree",
-            "--locked",
-            "--offline",
-            "-p",
-            "outbox",
-            "--all-features",
-            "-e",
-            "normal",
-            "--prefix",
-            "none",
-        ])
-        .output()
-        .unwrap();
-    let tree = String::from_utf8_lossy(&o.stdout);
+    let tree = cargo_tree(Some("--all-features"));
     for bin_only in ["clap ", "indicatif ", "tracing-subscriber ", "anyhow "] {
         assert!(!tree.contains(bin_only), "{bin_only}in the library's tree");
     }

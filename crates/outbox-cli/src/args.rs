@@ -76,15 +76,27 @@ pub(crate) fn kafka_config(a: &KafkaArgs) -> Result<KafkaConfig, UsageError> {
 }
 
 pub(crate) fn cleanup_config(a: &CleanupArgs, interval: Option<Duration>) -> CleanupConfig {
-    {
-        let mut c = CleanupConfig::default();
-        c.sent_retention = a.sent_retention;
-        c.processed_retention = a.processed_retention;
-        c.dlq_retention = a.dlq_retention;
-        c.batch_size = a.cleanup_batch_size;
-        c.interval = interval;
-        c
+    let mut c = CleanupConfig::default();
+    c.sent_retention = a.sent_retention;
+    c.processed_retention = a.processed_retention;
+    c.dlq_retention = a.dlq_retention;
+    c.batch_size = a.cleanup_batch_size;
+    c.interval = interval;
+    c
+}
+
+/// Serves `/metrics` on `addr` (a sidecar's `--metrics-addr`) until `stop` is cancelled.
+pub(crate) async fn serve_metrics(
+    addr: Option<std::net::SocketAddr>,
+    stop: &tokio_util::sync::CancellationToken,
+) -> Result<(), UsageError> {
+    if let Some(addr) = addr {
+        let s = stop.clone();
+        outbox::metrics::serve(addr, async move { s.cancelled().await })
+            .await
+            .map_err(|e| UsageError(format!("--metrics-addr {addr}: {e}")))?;
     }
+    Ok(())
 }
 
 pub(crate) async fn shutdown_signal() {

@@ -102,12 +102,7 @@ pub async fn run(args: Args, _out: &mut dyn Write) -> anyhow::Result<()> {
         other => anyhow::Error::new(other),
     })?;
     let stop = tokio_util::sync::CancellationToken::new();
-    if let Some(addr) = metrics_addr {
-        let s = stop.clone();
-        outbox::metrics::serve(addr, async move { s.cancelled().await })
-            .await
-            .map_err(|e| UsageError(format!("--metrics-addr {addr}: {e}")))?;
-    }
+    serve_metrics(metrics_addr, &stop).await?;
     relay.run(shutdown_signal()).await?;
     stop.cancel();
 

@@ -49,12 +49,7 @@ pub async fn run(args: Args, out: &mut dyn Write) -> anyhow::Result<()> {
         metrics_addr,
     } = args;
     let stop = CancellationToken::new();
-    if let Some(addr) = metrics_addr {
-        let s = stop.clone();
-        outbox::metrics::serve(addr, async move { s.cancelled().await })
-            .await
-            .map_err(|e| UsageError(format!("--metrics-addr {addr}: {e}")))?;
-    }
+    serve_metrics(metrics_addr, &stop).await?;
     let db = db_config(&db)?;
     let kafka = kafka_config(&kafka)?;
     let a = Archiver::new(&db, &kafka, topics)
