@@ -121,6 +121,24 @@ pub fn retry_suffix(delay: Duration) -> Result<String, String> {
     })
 }
 
+/// The retry topic of `group` for `topic` and `delay`: `<topic>.<group>.retry-5s`. Retry topics
+/// belong to one consumer group: a group's retries are never read by another group that shares
+/// the main topic.
+///
+/// # Errors
+/// A message when the delay is not whole seconds, or when the name breaks the topic naming rules
+/// (a group with characters outside `[a-zA-Z0-9._-]`, `.` and `_` mixed, longer than 249).
+pub fn retry_topic(topic: &str, group: &str, delay: Duration) -> Result<String, String> {
+    let name = format!("{topic}.{group}.{}", retry_suffix(delay)?);
+    crate::topic::validate_topic(&name).map_err(|e| {
+        format!(
+            "consumer group {group:?} cannot name a retry topic of {topic:?} ({e}); use a group \
+             name of [a-zA-Z0-9-] (and '.' or '_' only as the topic uses them)"
+        )
+    })?;
+    Ok(name)
+}
+
 /// One header value as archived.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum HeaderValue {
@@ -214,6 +232,15 @@ mod tests {
         assert_eq!(retry_suffix(Duration::from_secs(7200)).unwrap(), "retry-2h");
         assert!(retry_suffix(Duration::from_millis(1500)).is_err());
         assert!(retry_suffix(Duration::from_millis(0)).is_err());
+        let d = Duration::from_secs(5);
+        assert_eq!(
+            retry_topic("orders.created", "billing-service", d).unwrap(),
+            "orders.created.billing-service.retry-5s"
+        );
+        // '.' and '_' never mixed; only topic characters; Kafka's length limit.
+        assert!(retry_topic("orders.created", "billing_service", d).is_err());
+        assert!(retry_topic("orders.created", "billing service", d).is_err());
+        assert!(retry_topic("orders.created", &"g".repeat(240), d).is_err());
     }
 
     #[test]

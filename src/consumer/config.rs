@@ -6,8 +6,9 @@ use std::time::Duration;
 
 use rdkafka::error::KafkaError;
 
-use super::retry::{retry_suffix, RetryStrategy};
+use super::retry::RetryStrategy;
 use super::runtime::DEFAULT_PAUSE_AFTER;
+use crate::wire::retry_topic;
 
 /// Default handler concurrency.
 pub const DEFAULT_CONCURRENCY: usize = 16;
@@ -143,8 +144,10 @@ impl ConsumerConfig {
                 bad("in-place attempts must be at least 1".into())
             }
             RetryStrategy::Topics { delays } => {
-                for d in delays {
-                    retry_suffix(*d).map_err(ConsumerError::Config)?;
+                for t in &self.topics {
+                    for d in delays {
+                        retry_topic(t, &self.group, *d).map_err(ConsumerError::Config)?;
+                    }
                 }
                 Ok(())
             }
@@ -156,14 +159,19 @@ impl ConsumerConfig {
         format!("{topic}.{}", self.dlq_suffix)
     }
 
-    /// Every retry topic, mapped to (original topic, hop index).
+    /// The group's retry topic of `topic` for hop `hop` (validated at start).
+    pub(super) fn retry_topic(&self, topic: &str, delay: Duration) -> String {
+        retry_topic(topic, &self.group, delay).expect("validated at start")
+    }
+
+    /// Every retry topic of this group, mapped to (original topic, hop index).
     pub(super) fn retry_topics(&self) -> HashMap<String, (String, usize)> {
         let mut m = HashMap::new();
         if let RetryStrategy::Topics { delays } = &self.retry {
             for t in &self.topics {
                 for (i, d) in delays.iter().enumerate() {
-                    if let Ok(s) = retry_suffix(*d) {
-                        m.insert(format!("{t}.{s}"), (t.clone(), i));
+                    if let Ok(name) = retry_topic(t, &self.group, *d) {
+                        m.insert(name, (t.clone(), i));
                     }
                 }
             }

@@ -15,7 +15,7 @@ use super::dead_letter::*;
 use super::handler::{BatchHandler, Delivered, HandlerError};
 use super::inbox::InboxOutcome;
 use super::record::{Origin, Raw};
-use super::retry::{retry_suffix, RetryStrategy};
+use super::retry::RetryStrategy;
 use super::runtime::Envelope;
 use super::stats::ConsumerStats;
 use super::{HandlerRef, Shared};
@@ -353,11 +353,7 @@ pub(super) async fn process_from(
                     )
                     .await;
                 }
-                let topic = format!(
-                    "{}.{}",
-                    origin.topic,
-                    retry_suffix(delays[hop]).expect("validated")
-                );
+                let topic = shared.config.retry_topic(&origin.topic, delays[hop]);
                 let headers = rebuild(
                     &raw.headers,
                     &[
@@ -366,9 +362,11 @@ pub(super) async fn process_from(
                         X_ORIGINAL_TOPIC,
                         X_ORIGINAL_PARTITION,
                         X_ORIGINAL_OFFSET,
+                        X_CONSUMER_GROUP,
                     ],
                     &[
                         (X_RETRY_ATTEMPT, (hop + 1).to_string()),
+                        (X_CONSUMER_GROUP, shared.config.group.clone()),
                         (X_ORIGINAL_TOPIC, origin.topic.clone()),
                         (X_ORIGINAL_PARTITION, origin.partition.to_string()),
                         (X_ORIGINAL_OFFSET, origin.offset.to_string()),

@@ -306,6 +306,27 @@ impl Runtime<'_> {
             }]);
             return;
         }
+        if let Some((main, _)) = self.shared.retry_topics.get(&raw.topic) {
+            if let Some(other) = raw
+                .header(crate::wire::X_CONSUMER_GROUP)
+                .filter(|g| *g != self.shared.config.group)
+            {
+                // A retry record of another group (written to our retry topic by hand or by a
+                // misconfigured service): that group handles it, never us, and without waiting.
+                warn!(topic = %raw.topic, partition = raw.partition, offset = raw.offset, group = %other, "retry record of another consumer group: ignored");
+                ConsumerStats::inc(&self.shared.stats.foreign_retries);
+                super::process::count(&self.shared, main, "foreign_retry", 1);
+                self.settle(vec![DoneItem {
+                    lane: (raw.topic.clone(), raw.partition, LaneId::Offset(raw.offset)),
+                    tp,
+                    offset: raw.offset,
+                    epoch,
+                    fate: Fate::Final,
+                    timestamp_ms: raw.timestamp_ms,
+                }]);
+                return;
+            }
+        }
         let origin = origin(&raw, &self.shared);
         let decoded = decode(&raw, &origin);
         let env = Envelope {

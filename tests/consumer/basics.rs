@@ -446,7 +446,10 @@ async fn permanent_decode_and_panic_go_to_the_dlq_with_byte_identical_key_body_a
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn retry_topic_chain_waits_each_hop_then_dead_letters_while_others_flow() {
-    let s = setup(2, &["retry-1s", "retry-2s"]).await;
+    let s = setup(2, &[]).await;
+    for hop in ["retry-1s", "retry-2s"] {
+        create_topic(&format!("{}.{}.{hop}", s.topic, s.group), 2).await;
+    }
     let mut cfg = ConsumerConfig::new(&s.group, [&s.topic]);
     cfg.retry = RetryStrategy::Topics {
         delays: vec![Duration::from_secs(1), Duration::from_secs(2)],
@@ -500,8 +503,8 @@ async fn retry_topic_chain_waits_each_hop_then_dead_letters_while_others_flow() 
         topics,
         [
             s.topic.clone(),
-            format!("{}.retry-1s", s.topic),
-            format!("{}.retry-2s", s.topic)
+            format!("{}.{}.retry-1s", s.topic, s.group),
+            format!("{}.{}.retry-2s", s.topic, s.group)
         ]
     );
     let at: Vec<f64> = rows.iter().map(|r| r.get(1)).collect();
@@ -526,12 +529,17 @@ async fn retry_topic_chain_waits_each_hop_then_dead_letters_while_others_flow() 
         !d.headers.contains_key("x-retry-attempt"),
         "retry headers replaced in the DLQ"
     );
-    let retry1 = read_all(&format!("{}.retry-1s", s.topic)).await;
+    let retry1 = read_all(&format!("{}.{}.retry-1s", s.topic, s.group)).await;
     let hop = retry1
         .iter()
         .find(|r| r.message_id() == "always-fails")
         .unwrap();
     assert_eq!(header(hop, "x-retry-attempt"), "1");
+    assert_eq!(
+        header(hop, "x-consumer-group"),
+        s.group,
+        "a retry record names its group"
+    );
     assert_eq!(header(hop, "x-original-topic"), s.topic);
     assert!(header(hop, "x-error").contains("downstream timeout"));
     r.stop().await;
@@ -723,7 +731,7 @@ async fn missing_retry_or_dlq_topics_are_reported_at_startup() {
         .await
         .unwrap_err();
     let text = err.to_string();
-    for suffix in [".retry-5s", ".retry-30s", ".retry-5m", ".dlq"] {
+    for suffix in [".g.retry-5s", ".g.retry-30s", ".g.retry-5m", ".dlq"] {
         assert!(text.contains(&format!("{topic}{suffix}")), "{text}");
     }
     assert!(text.contains("outbox topics apply"), "{text}");

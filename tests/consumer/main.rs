@@ -4,5 +4,6 @@
 mod basics;
 mod breaker;
 mod classify;
+mod fleet;
 mod hostile;
 mod recovery;

@@ -483,7 +483,7 @@ async fn sigterm_mid_backlog_exits_0_leaves_nothing_locked_and_a_new_relay_finis
 }
 
 #[tokio::test]
-async fn topics_apply_creates_chain_then_verifies_and_reports_differences() {
+async fn topics_apply_creates_chain_then_reports_drift_and_fixes_only_when_asked() {
     use rdkafka::admin::{AdminClient, AdminOptions, ResourceSpecifier};
     let db = fresh_db().await;
     let base = topic_name();
@@ -492,14 +492,20 @@ async fn topics_apply_creates_chain_then_verifies_and_reports_differences() {
     let file = dir.join("topics.toml");
     std::fs::write(
         &file,
-        format!("[defaults]\npartitions = 2\n[[topic]]\nname = \"{base}\"\n"),
+        format!("[defaults]\npartitions = 2\ngroups = [\"billing-service\"]\n[[topic]]\nname = \"{base}\"\n"),
     )
     .unwrap();
     let f = file.to_str().unwrap();
 
     let o = run(outbox_cmd(&db).args(["topics", "apply", f]));
     assert!(o.status.success(), "{}", text(&o));
-    for suffix in ["", ".retry-5s", ".retry-30s", ".retry-5m", ".dlq"] {
+    for suffix in [
+        "",
+        ".billing-service.retry-5s",
+        ".billing-service.retry-30s",
+        ".billing-service.retry-5m",
+        ".dlq",
+    ] {
         assert!(
             text(&o).contains(&format!("created   {base}{suffix}\n")),
             "{}",
@@ -532,16 +538,117 @@ async fn topics_apply_creates_chain_then_verifies_and_reports_differences() {
         text(&o)
     );
 
+    // Grown in the file: drift, exit 1, nothing changed; then --fix grows it.
     std::fs::write(
         &file,
-        format!("[[topic]]\nname = \"{base}\"\npartitions = 4\n"),
+        format!("[[topic]]\nname = \"{base}\"\npartitions = 4\nretry_delays = []\n"),
     )
     .unwrap();
     let o = run(outbox_cmd(&db).args(["topics", "apply", f]));
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));
     assert!(
-        text(&o).contains("DIFFERS")
-            && text(&o).contains("2 partitions on the broker, 4 in the file"),
+        text(&o).contains(&format!(
+            "DRIFT     {base}: partitions is 2 on the broker, 4 in the file"
+        )) && text(&o).contains("--fix"),
+        "{}",
+        text(&o)
+    );
+    let o = run(outbox_cmd(&db).args(["topics", "apply", "--fix", f]));
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        text(&o).contains(&format!("fixed     {base}: partitions 2 -> 4")),
+        "{}",
+        text(&o)
+    );
+    // Never shrinks, even with --fix.
+    std::fs::write(
+        &file,
+        format!("[[topic]]\nname = \"{base}\"\npartitions = 1\nretry_delays = []\n"),
+    )
+    .unwrap();
+    let o = run(outbox_cmd(&db).args(["topics", "apply", "--fix", f]));
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(
+        text(&o).contains("partitions is 4 on the broker, 1 in the file (not fixable"),
+        "{}",
+        text(&o)
+    );
+
+    // A topic family created by hand with the broker's defaults (RF 1, 7-day DLQ) and one
+    // override of its own, against a file asking for RF 3 and a 60-day DLQ.
+    let hand = topic_name();
+    create_topic(&hand, 1).await;
+    create_topic(&format!("{hand}.dlq"), 1).await;
+    let own = rdkafka::admin::AlterConfig::new(ResourceSpecifier::Topic(&hand))
+        .set("max.message.bytes", "2000000");
+    admin
+        .alter_configs([&own], &AdminOptions::new())
+        .await
+        .unwrap()[0]
+        .as_ref()
+        .unwrap();
+    std::fs::write(
+        &file,
+        format!(
+            "[defaults]\npartitions = 1\nreplication_factor = 3\ndlq_replication_factor = 1\n\
+             dlq_retention = \"60d\"\nretry_delays = []\n[[topic]]\nname = \"{hand}\"\n"
+        ),
+    )
+    .unwrap();
+    let o = run(outbox_cmd(&db).args(["topics", "apply", f]));
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    for line in [
+        format!(
+            "DRIFT     {hand}: replication.factor is 1 on the broker, 3 in the file (not fixable"
+        ),
+        format!("DRIFT     {hand}: min.insync.replicas is 1 on the broker, 2 in the file"),
+        format!(
+            "DRIFT     {hand}.dlq: retention.ms is 604800000 on the broker, 5184000000 in the file"
+        ),
+    ] {
+        assert!(text(&o).contains(&line), "{line:?} missing:\n{}", text(&o));
+    }
+    let o = run(outbox_cmd(&db).args(["topics", "apply", "--fix", f]));
+    assert_eq!(o.status.code(), Some(1), "RF cannot be fixed: {}", text(&o));
+    assert!(
+        text(&o).contains(&format!(
+            "fixed     {hand}.dlq: retention.ms 604800000 -> 5184000000"
+        )) && text(&o).contains(&format!("fixed     {hand}: min.insync.replicas 1 -> 2")),
+        "{}",
+        text(&o)
+    );
+    let described = admin
+        .describe_configs(
+            [
+                &ResourceSpecifier::Topic(&hand),
+                &ResourceSpecifier::Topic(&format!("{hand}.dlq")),
+            ],
+            &AdminOptions::new(),
+        )
+        .await
+        .unwrap();
+    let value = |i: usize, k: &str| {
+        described[i]
+            .as_ref()
+            .unwrap()
+            .get(k)
+            .unwrap()
+            .value
+            .clone()
+            .unwrap()
+    };
+    assert_eq!(value(1, "retention.ms"), "5184000000");
+    assert_eq!(
+        value(0, "max.message.bytes"),
+        "2000000",
+        "the topic's own override was kept"
+    );
+    // Only the replication factor is left; the DLQ now matches.
+    let o = run(outbox_cmd(&db).args(["topics", "apply", f]));
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(
+        text(&o).contains(&format!("ok        {hand}.dlq\n"))
+            && !text(&o).contains("retention.ms is"),
         "{}",
         text(&o)
     );

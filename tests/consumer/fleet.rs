@@ -1,0 +1,250 @@
+//! Several services (consumer groups) on one topic, as a team runs them: each group's retries
+//! stay its own.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use outbox::consumer::{
+    BoxFuture, Consumer, ConsumerConfig, ConsumerStats, Delivered, Handler, HandlerError,
+    RetryStrategy,
+};
+use outbox_testkit::*;
+
+/// Records every handling as (group, message id, key, seq, the topic it came from) in the
+/// handler's transaction; fails transiently on the first try of every `fail_every`-th seq.
+#[derive(Clone)]
+struct Service {
+    group: String,
+    fail_every: Option<i64>,
+    tries: Arc<Mutex<HashMap<String, u32>>>,
+}
+
+impl Handler for Service {
+    fn handle<'a>(
+        &'a self,
+        msg: &'a Delivered,
+        tx: &'a tokio_postgres::Transaction<'a>,
+    ) -> BoxFuture<'a, Result<(), HandlerError>> {
+        Box::pin(async move {
+            let seq = msg.json()["seq"].as_i64().unwrap_or(-1);
+            let n = {
+                let mut t = self.tries.lock().unwrap();
+                let e = t.entry(msg.message_id.clone()).or_default();
+                *e += 1;
+                *e
+            };
+            if self.fail_every.is_some_and(|k| seq % k == 0) && n == 1 {
+                return Err(HandlerError::transient("downstream timeout"));
+            }
+            tx.execute(
+                "INSERT INTO handled (grp, message_id, k, seq, source_topic) VALUES ($1, $2, $3, $4, $5)",
+                &[&self.group, &msg.message_id, &msg.key_str().unwrap_or(""), &seq, &msg.source_topic],
+            )
+            .await?;
+            Ok(())
+        })
+    }
+}
+
+struct Running {
+    stop: tokio::sync::oneshot::Sender<()>,
+    handle: tokio::task::JoinHandle<Result<(), outbox::consumer::ConsumerError>>,
+    stats: Arc<ConsumerStats>,
+}
+
+fn start(db: &outbox::DbConfig, topic: &str, group: &str, fail_every: Option<i64>) -> Running {
+    let mut cfg = ConsumerConfig::new(group, [topic]);
+    cfg.retry = RetryStrategy::Topics {
+        delays: vec![Duration::from_secs(1), Duration::from_secs(2)],
+    };
+    let service = Service {
+        group: group.into(),
+        fail_every,
+        tries: Arc::default(),
+    };
+    let consumer = Consumer::new(db, &kafka(), cfg)
+        .unwrap()
+        .handler("it_event", service);
+    let stats = consumer.stats();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let handle = tokio::spawn(consumer.run(async move {
+        let _ = stopped.await;
+    }));
+    Running {
+        stop,
+        handle,
+        stats,
+    }
+}
+
+impl Running {
+    async fn stop(self) {
+        self.stop.send(()).unwrap();
+        self.handle.await.unwrap().unwrap();
+    }
+}
+
+/// Per key, pairs of handlings (in commit order) whose seqs go backwards.
+async fn order_breaks(c: &tokio_postgres::Client, group: &str, skip_retried: bool) -> usize {
+    let rows = c
+        .query(
+            "SELECT k, seq, source_topic FROM handled WHERE grp = $1 ORDER BY id",
+            &[&group],
+        )
+        .await
+        .unwrap();
+    let mut last: HashMap<String, i64> = HashMap::new();
+    let mut breaks = 0;
+    for r in rows {
+        let (k, seq, source): (String, i64, String) = (r.get(0), r.get(1), r.get(2));
+        if skip_retried && source.contains(".retry-") {
+            continue;
+        }
+        if last.get(&k).is_some_and(|&prev| prev > seq) {
+            breaks += 1;
+        }
+        last.insert(k, seq);
+    }
+    breaks
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_services_on_one_topic_each_retry_only_their_own() {
+    const N: i64 = 500;
+    let db = fresh_db().await;
+    let topic = topic_name();
+    let (a, b) = (format!("svc-a-{}", hex(6)), format!("svc-b-{}", hex(6)));
+    let mut file = format!(
+        "[defaults]\npartitions = 3\nretry_delays = [\"1s\", \"2s\"]\n[[topic]]\nname = \"{topic}\"\ngroups = [\"{a}\", \"{b}\"]\n"
+    );
+    file.push('\n');
+    let specs = outbox::topics::plan(&file).unwrap();
+    let applied = outbox::topics::apply(&kafka(), &specs, false)
+        .await
+        .unwrap();
+    assert_eq!(applied.len(), 6, "main, 2 retry topics per group, dlq");
+    let c = client(&db).await;
+    c.batch_execute(
+        "CREATE TABLE handled (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, grp text NOT NULL,
+                               message_id text NOT NULL, k text NOT NULL, seq bigint NOT NULL,
+                               source_topic text NOT NULL)",
+    )
+    .await
+    .unwrap();
+
+    let ra = start(&db, &topic, &a, Some(7));
+    for seq in 0..N {
+        produce_event(
+            &topic,
+            &format!("k{}", seq % 50),
+            "it_event",
+            &format!("m{seq}"),
+            &serde_json::json!({"seq": seq}),
+        )
+        .await;
+    }
+    // B starts once A has retries in flight, as the second service of a team would.
+    wait_until(Duration::from_secs(60), "A forwarded retries", || async {
+        ConsumerStats::get(&ra.stats.forwarded_to_retry) >= 20
+    })
+    .await;
+    let rb = start(&db, &topic, &b, None);
+    let retried = (0..N).filter(|s| s % 7 == 0).count() as i64;
+    wait_until(
+        Duration::from_secs(90),
+        "both groups handled everything",
+        || async {
+            count(
+                &c,
+                &format!("SELECT count(*) FROM handled WHERE grp = '{a}'"),
+            )
+            .await
+                == N
+                && count(
+                    &c,
+                    &format!("SELECT count(*) FROM handled WHERE grp = '{b}'"),
+                )
+                .await
+                    == N
+        },
+    )
+    .await;
+    assert_eq!(
+        ConsumerStats::get(&ra.stats.forwarded_to_retry) as i64,
+        retried
+    );
+
+    // Exactly one handling per group and message.
+    for g in [&a, &b] {
+        let distinct = count(
+            &c,
+            &format!("SELECT count(DISTINCT message_id) FROM handled WHERE grp = '{g}'"),
+        )
+        .await;
+        assert_eq!(distinct, N, "{g} handled each message once");
+    }
+    // B never failed: nothing of B's came from a retry topic, its order is intact.
+    let from_retry = count(
+        &c,
+        &format!(
+            "SELECT count(*) FROM handled WHERE grp = '{b}' AND source_topic LIKE '%.retry-%'"
+        ),
+    )
+    .await;
+    assert_eq!(from_retry, 0, "B was handed retries that were not its own");
+    assert_eq!(order_breaks(&c, &b, false).await, 0, "B's per-key order");
+    assert_eq!(ConsumerStats::get(&rb.stats.forwarded_to_retry), 0);
+    // A's retried messages came back from A's own retry topic; the rest kept per-key order.
+    let a_retry = texts(
+        &c,
+        &format!("SELECT DISTINCT source_topic FROM handled WHERE grp = '{a}' AND source_topic LIKE '%.retry-%'"),
+    )
+    .await;
+    assert_eq!(a_retry, [format!("{topic}.{a}.retry-1s")]);
+    assert_eq!(
+        order_breaks(&c, &a, true).await,
+        0,
+        "A's per-key order outside retries"
+    );
+    for r in read_all(&format!("{topic}.{a}.retry-1s")).await {
+        assert_eq!(
+            r.headers.get("x-consumer-group").map(String::as_str),
+            Some(a.as_str())
+        );
+    }
+    assert_eq!(topic_len(&format!("{topic}.{b}.retry-1s")).await, 0);
+
+    // A retry record of another group on A's retry topic (a hand-made mistake): ignored and
+    // counted, not handled.
+    let body = serde_json::to_vec(&serde_json::json!({"seq": 9999})).unwrap();
+    produce(
+        &format!("{topic}.{a}.retry-1s"),
+        Some(b"k1"),
+        &[
+            ("message_type", b"it_event".as_slice()),
+            ("entity_id", b"k1"),
+            ("message_id", b"foreign-1"),
+            ("timestamp", b"2026-01-15T12:34:56Z"),
+            ("x-retry-attempt", b"1"),
+            ("x-original-topic", topic.as_bytes()),
+            ("x-consumer-group", b.as_bytes()),
+        ],
+        Some(&body),
+    )
+    .await;
+    wait_until(Duration::from_secs(30), "foreign retry ignored", || async {
+        ConsumerStats::get(&ra.stats.foreign_retries) == 1
+    })
+    .await;
+    assert_eq!(
+        count(
+            &c,
+            "SELECT count(*) FROM handled WHERE message_id = 'foreign-1'"
+        )
+        .await,
+        0
+    );
+    ra.stop().await;
+    rb.stop().await;
+}
