@@ -54,6 +54,7 @@
 //! | `config` | core | [`DbConfig`], [`KafkaConfig`] (plain settings; the Kafka client comes with `kafka`) |
 //! | `cleanup` | core | [`cleanup()`], [`CleanupConfig`]: retention deletes in bounded batches |
 //! | `status` | core | [`status()`] and [`requeue`]: operator views and repair |
+//! | `republish` | core | [`requeue_sent`]: publish sent rows again (a topic lost by the broker) |
 //! | `metrics` | core / `prometheus` | metric names; the recorder and `/metrics` with `prometheus` |
 //! | `trace` | core | W3C `traceparent`: carried to Kafka, parent of the consumer's handler span |
 //! | `classify` | core | transient vs permanent Postgres errors |
@@ -97,6 +98,7 @@ mod migrate;
 mod outage;
 #[cfg(feature = "relay")]
 mod relay;
+mod republish;
 mod schema;
 mod sql;
 mod status;
@@ -117,8 +119,8 @@ pub use enqueue::{enqueue, enqueue_batch, EnqueueError, Enqueuer};
 #[cfg(feature = "kafka")]
 pub use kafka::RefusalReason;
 pub use message::{
-    Message, HEADER_ENTITY_ID, HEADER_MESSAGE_ID, HEADER_MESSAGE_TYPE, HEADER_TIMESTAMP,
-    STANDARD_HEADERS,
+    parse_instant, Message, HEADER_ENTITY_ID, HEADER_MESSAGE_ID, HEADER_MESSAGE_TYPE,
+    HEADER_TIMESTAMP, STANDARD_HEADERS,
 };
 pub use migrate::{embedded_migrations, migrate, MigrateError, MigrateReport};
 #[cfg(feature = "relay")]
@@ -127,6 +129,9 @@ pub use relay::{
     DEFAULT_DELIVERY_TIMEOUT, DEFAULT_IN_FLIGHT_BATCHES, DEFAULT_LONG_TRANSACTION,
     DEFAULT_MAX_ATTEMPTS, DEFAULT_POLL_INTERVAL, DEFAULT_SHUTDOWN_TIMEOUT, DEFAULT_SWEEP_INTERVAL,
     MAX_BATCH_SIZE, MAX_ERROR_LEN, MAX_IN_FLIGHT_BATCHES,
+};
+pub use republish::{
+    count_sent, requeue_sent, RequeueError, RequeueSent, RequeueSentReport, DEFAULT_REQUEUE_BATCH,
 };
 pub use schema::{InvalidSchema, Schema, DEFAULT_SCHEMA};
 pub use status::{

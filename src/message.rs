@@ -161,3 +161,22 @@ mod tests {
         assert!(a < b);
     }
 }
+
+/// An instant as operators write it: an RFC 3339 time (`2026-11-30T08:00:00Z`) or a duration ago
+/// (`2h`, `7d`).
+///
+/// # Errors
+/// A message naming both accepted forms.
+pub fn parse_instant(s: &str) -> Result<SystemTime, String> {
+    if let Ok(t) = humantime::parse_rfc3339_weak(s.trim()) {
+        return Ok(t);
+    }
+    if let Ok(d) = humantime::parse_duration(s.trim()) {
+        return Ok(SystemTime::now()
+            .checked_sub(d)
+            .unwrap_or(SystemTime::UNIX_EPOCH));
+    }
+    Err(format!(
+        "{s:?}: give an RFC 3339 time (2026-11-30T08:00:00Z) or a duration ago (2h)"
+    ))
+}

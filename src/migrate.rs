@@ -17,7 +17,7 @@ use crate::db;
 
 /// The embedded migrations, in version order. A file in `migrations/` missing here fails the
 /// unit test `every_file_is_embedded`.
-const MIGRATIONS: [(i32, &str, &str); 11] = [
+const MIGRATIONS: [(i32, &str, &str); 12] = [
     (1, "outbox", include_str!("../migrations/V1__outbox.sql")),
     (
         2,
@@ -64,6 +64,11 @@ const MIGRATIONS: [(i32, &str, &str); 11] = [
         11,
         "dead_letter_intent",
         include_str!("../migrations/V11__dead_letter_intent.sql"),
+    ),
+    (
+        12,
+        "tombstones_and_undo",
+        include_str!("../migrations/V12__tombstones_and_undo.sql"),
     ),
 ];
 

@@ -103,17 +103,7 @@ impl Where {
 
 /// Parses RFC 3339 (`2026-11-30T08:00:00Z`, also without zone = UTC) or a duration ago (`90m`).
 fn parse_time(what: &str, s: &str) -> Result<SystemTime, DlqError> {
-    if let Ok(t) = humantime::parse_rfc3339_weak(s.trim()) {
-        return Ok(t);
-    }
-    if let Ok(d) = humantime::parse_duration(s.trim()) {
-        return Ok(SystemTime::now()
-            .checked_sub(d)
-            .unwrap_or(SystemTime::UNIX_EPOCH));
-    }
-    invalid(format!(
-        "invalid {what} {s:?}: give an RFC 3339 time (2026-11-30T08:00:00Z) or a duration ago (2h)"
-    ))
+    crate::message::parse_instant(s).map_err(|e| DlqError::Invalid(format!("invalid {what} {e}")))
 }
 
 impl Filter {

@@ -17,7 +17,7 @@ pub(crate) mod breakers;
 pub(crate) mod dead_letters;
 pub(crate) mod locks;
 pub(crate) mod marks;
-mod outbox;
+pub(crate) mod outbox;
 pub(crate) mod replay_jobs;
 
 use outbox::*;

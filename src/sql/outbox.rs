@@ -173,3 +173,31 @@ UPDATE {s}.outbox SET status = 'pending', attempts = 0, available_at = now()
 pub(super) const REQUEUE_ID: &str = "\
 UPDATE {s}.outbox SET status = 'pending', attempts = 0, available_at = now()
  WHERE status = 'failed' AND id = $1";
+
+/// Sent rows of topic `$1` created in `[$2, $3)` (NULL = unbounded), with ids up to `$4`: what
+/// a re-publish would put back to pending.
+pub(crate) const COUNT_SENT: &str = "\
+SELECT count(*)::bigint, max(id) FROM {s}.outbox
+ WHERE status = 'sent' AND topic = $1 AND id <= $4
+   AND created_at >= coalesce($2::timestamptz, '-infinity')
+   AND created_at < coalesce($3::timestamptz, 'infinity')";
+
+/// One batch of a re-publish: the next `$5` sent rows of [`COUNT_SENT`]'s selection after id
+/// `$6`, back to pending in id order (so each key's rows go out again in their order). The id
+/// cursor keeps a row the relay re-sends meanwhile from being picked twice.
+pub(crate) const REQUEUE_SENT: &str = "\
+WITH picked AS (
+  SELECT id FROM {s}.outbox
+   WHERE status = 'sent' AND topic = $1 AND id <= $4 AND id > $6
+     AND created_at >= coalesce($2::timestamptz, '-infinity')
+     AND created_at < coalesce($3::timestamptz, 'infinity')
+   ORDER BY id LIMIT $5 FOR UPDATE)
+UPDATE {s}.outbox o
+   SET status = 'pending', attempts = 0, available_at = now(), sent_at = NULL, last_error = NULL
+  FROM picked WHERE o.id = picked.id
+RETURNING o.id";
+
+/// The audit row of one re-publish batch, in the batch's transaction.
+pub(crate) const AUDIT_REQUEUE_SENT: &str = "\
+INSERT INTO {s}.dlq_audit (actor, action, filter, count, reason)
+     VALUES ($1, 'requeue-sent', $2, $3, $4) RETURNING id";

@@ -1,4 +1,5 @@
-//! `outbox requeue`: Put failed rows back to pending (after fixing the cause).
+//! `outbox requeue`: put failed rows back to pending (after fixing the cause), or sent rows of
+//! one topic (re-publish, after the broker lost the topic's data).
 
 use std::io::Write;
 
@@ -6,29 +7,77 @@ use anyhow::Context as _;
 use clap::Args as ClapArgs;
 
 use crate::args::*;
-use outbox::Requeue;
+use outbox::{Requeue, RequeueSent};
 
-/// Put failed rows back to pending (after fixing the cause).
+/// Put failed rows back to pending, or publish sent rows of a topic again.
 #[derive(ClapArgs)]
 pub struct Args {
     #[command(flatten)]
     db: DbArgs,
     /// Requeue every failed row.
-    #[arg(long, conflicts_with = "id", required_unless_present = "id")]
+    #[arg(long, conflicts_with_all = ["id", "sent"], required_unless_present_any = ["id", "sent"])]
     failed: bool,
     /// Requeue one failed row.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "sent")]
     id: Option<i64>,
+    /// Publish sent rows of --topic again (rebuilding a topic after broker data loss).
+    #[arg(long, requires = "topic")]
+    sent: bool,
+    /// The topic whose sent rows are published again.
+    #[arg(long, requires = "sent")]
+    topic: Option<String>,
+    /// Sent rows created at or after: RFC 3339 time or a duration ago (2h).
+    #[arg(long, requires = "sent", value_parser = outbox::parse_instant)]
+    since: Option<std::time::SystemTime>,
+    /// Sent rows created before: RFC 3339 time or a duration ago.
+    #[arg(long, requires = "sent", value_parser = outbox::parse_instant)]
+    until: Option<std::time::SystemTime>,
+    /// Rows per transaction.
+    #[arg(long, default_value_t = outbox::DEFAULT_REQUEUE_BATCH, requires = "sent")]
+    batch: usize,
+    /// Only count what would be published again.
+    #[arg(long, requires = "sent")]
+    dry_run: bool,
+    /// Who re-publishes (audit); default the OS user.
+    #[arg(long, requires = "sent")]
+    actor: Option<String>,
 }
 
 pub async fn run(args: Args, out: &mut dyn Write) -> anyhow::Result<()> {
-    let Args { db, failed, id } = args;
-    let db = db_config(&db)?;
-    let which = match (failed, id) {
-        (_, Some(id)) => Requeue::Id(id),
-        _ => Requeue::AllFailed,
+    let db_cfg = db_config(&args.db)?;
+    if args.sent {
+        let mut which = RequeueSent::topic(args.topic.clone().unwrap_or_default());
+        which.since = args.since;
+        which.until = args.until;
+        which.batch = args.batch;
+        let lift = |e: outbox::RequeueError| match e {
+            outbox::RequeueError::Invalid(m) => anyhow::Error::new(UsageError(m)),
+            e => anyhow::Error::new(e).context("requeue --sent failed"),
+        };
+        let n = outbox::count_sent(&db_cfg, &which).await.map_err(lift)?;
+        writeln!(out, "{n} sent row(s) of {} selected", which.topic)?;
+        if args.dry_run || n == 0 {
+            if args.dry_run {
+                writeln!(out, "dry run: nothing changed")?;
+            }
+            return Ok(());
+        }
+        let actor = args.actor.unwrap_or_else(outbox::dlq::default_actor);
+        let r = outbox::requeue_sent(&db_cfg, &which, &actor)
+            .await
+            .map_err(lift)?;
+        writeln!(
+            out,
+            "requeued {} sent row(s) in {} batch(es); the relay publishes them again in id order",
+            r.rows, r.batches
+        )?;
+        return Ok(());
+    }
+    let which = match args.id {
+        Some(id) => Requeue::Id(id),
+        None => Requeue::AllFailed,
     };
-    let n = outbox::requeue(&db, which)
+    let n = outbox::requeue(&db_cfg, which)
         .await
         .context("requeue failed")?;
     writeln!(out, "requeued {n} row(s)")?;
@@ -37,6 +86,5 @@ pub async fn run(args: Args, out: &mut dyn Write) -> anyhow::Result<()> {
             return Err(UsageError(format!("no failed row with id {id}")).into());
         }
     }
-
     Ok(())
 }
