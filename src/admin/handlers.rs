@@ -339,6 +339,21 @@ pub(super) async fn dlq_drop(
     ok(r)
 }
 
+/// Undoes a drop: the same body as a drop, for `dropped` letters.
+pub(super) async fn dlq_restore(
+    State(s): State<AppState>,
+    Extension(c): Extension<Caller>,
+    b: Result<Json<DropBody>, JsonRejection>,
+) -> ApiResult {
+    let b = body(b)?;
+    let f = filter_of(&b.filter.query(), b.ids.clone())?;
+    let r = s
+        .dlq
+        .restore_letters(&f, b.all, b.reason.as_deref().unwrap_or(""), &c.holder)
+        .await?;
+    ok(r)
+}
+
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct LimitQuery {

@@ -76,6 +76,7 @@ pub const ROUTES: &[RouteSpec] = &[
     r("GET", "/api/dlq/messages/{id}", At(Role::Viewer)),
     r("POST", "/api/dlq/replay", At(Role::Operator)),
     r("POST", "/api/dlq/drop", At(Role::Operator)),
+    r("POST", "/api/dlq/restore", At(Role::Operator)),
     r("GET", "/api/dlq/audit", At(Role::Viewer)),
     r("GET", "/api/dlq/jobs", At(Role::Viewer)),
     r("GET", "/api/dlq/jobs/{id}", At(Role::Viewer)),
@@ -209,6 +210,7 @@ pub fn app(db: &DbConfig, kafka: &KafkaConfig, auth: Auth, stop: CancellationTok
         .route("/api/dlq/messages/{id}", get(h::dlq_message))
         .route("/api/dlq/replay", post(h::dlq_replay))
         .route("/api/dlq/drop", post(h::dlq_drop))
+        .route("/api/dlq/restore", post(h::dlq_restore))
         .route("/api/dlq/audit", get(h::dlq_audit))
         .route("/api/dlq/jobs", get(h::dlq_jobs))
         .route("/api/dlq/jobs/{id}", get(h::dlq_job))

@@ -21,6 +21,17 @@ pub struct DropReport {
     pub audit_id: Option<i64>,
 }
 
+/// What a restore did.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct RestoreReport {
+    /// Letters put back to `new`.
+    pub restored: u64,
+    /// Their ids.
+    pub ids: Vec<i64>,
+    /// The audit row (absent when nothing matched).
+    pub audit_id: Option<i64>,
+}
+
 /// What a purge did.
 #[derive(Debug, Clone, Copy, Default, Serialize, PartialEq, Eq)]
 pub struct PurgeReport {
@@ -83,28 +94,89 @@ impl Dlq {
         reason: &str,
         actor: &str,
     ) -> Result<DropReport, DlqError> {
+        let ids = self
+            .move_letters(filter, all, reason, actor, Status::New, "drop")
+            .await?;
+        metrics::counter!(crate::metrics::DLQ_DROPPED, "reason" => "operator")
+            .increment(ids.0.len() as u64);
+        Ok(DropReport {
+            dropped: ids.0.len() as u64,
+            ids: ids.0,
+            audit_id: ids.1,
+        })
+    }
+
+    /// Undoes a drop: puts the `dropped` letters selected by `filter` back to `new` (their
+    /// bytes never left the archive), with `reason`, audited as `restore`. They can then be
+    /// replayed or dropped again. A letter already purged by retention cannot come back.
+    ///
+    /// # Errors
+    /// [`DlqError::Invalid`] for an empty filter (unless `all`), a missing reason, an unknown id
+    /// or an id that is not `dropped`; nothing is changed then.
+    pub async fn restore_letters(
+        &self,
+        filter: &Filter,
+        all: bool,
+        reason: &str,
+        actor: &str,
+    ) -> Result<RestoreReport, DlqError> {
+        let (ids, audit_id) = self
+            .move_letters(filter, all, reason, actor, Status::Dropped, "restore")
+            .await?;
+        Ok(RestoreReport {
+            restored: ids.len() as u64,
+            ids,
+            audit_id,
+        })
+    }
+
+    /// Moves the letters `filter` selects from `from` (`new` for a drop, `dropped` for a
+    /// restore) and audits it in the same transaction. Returns their ids and the audit row.
+    async fn move_letters(
+        &self,
+        filter: &Filter,
+        all: bool,
+        reason: &str,
+        actor: &str,
+        from: Status,
+        action: &str,
+    ) -> Result<(Vec<i64>, Option<i64>), DlqError> {
         check_actor(actor)?;
         if reason.trim().is_empty() || reason.len() > 2000 {
-            return invalid("a drop needs --reason (1 to 2000 characters)");
+            return invalid(format!("a {action} needs --reason (1 to 2000 characters)"));
         }
         let filter = filter.clone().normalized()?;
         if !filter.is_selective() && !all {
-            return invalid(
-                "refusing to drop with an empty filter: give --id or filters, or --all to drop every new letter",
-            );
+            return invalid(format!(
+                "refusing to {action} with an empty filter: give --id or filters, or --all for every {} letter",
+                from.as_str()
+            ));
         }
-        if filter.status.is_some_and(|s| s != Status::New) {
-            return invalid("only new letters can be dropped");
+        if filter.status.is_some_and(|s| s != from) {
+            return invalid(format!("a {action} takes only {} letters", from.as_str()));
         }
+        let (change, audit, stored_reason) = if from == Status::New {
+            (
+                sql::dead_letters::DROP,
+                sql::dead_letters::AUDIT_DROP,
+                reason.to_owned(),
+            )
+        } else {
+            (
+                sql::dead_letters::RESTORE,
+                sql::dead_letters::AUDIT_RESTORE,
+                format!("restored: {reason}"),
+            )
+        };
         let mut c = self.pool.get().await?;
         let tx = c.transaction().await?;
-        self.check_ids(&*tx, &filter.ids, &[Status::New]).await?;
-        let mut w = filter.to_where("d", Some(Status::New));
-        let r = w.push(reason.to_owned());
-        let ids: Vec<i64> = tx
+        self.check_ids(&*tx, &filter.ids, &[from]).await?;
+        let mut w = filter.to_where("d", Some(from));
+        let r = w.push(stored_reason);
+        let mut ids: Vec<i64> = tx
             .query(
                 &self
-                    .sql(sql::dead_letters::DROP)
+                    .sql(change)
                     .replace("{reason}", &r)
                     .replace("{where}", &w.sql),
                 &w.refs(),
@@ -113,7 +185,6 @@ impl Dlq {
             .iter()
             .map(|r| r.get(0))
             .collect();
-        let mut ids = ids;
         ids.sort_unstable();
         let audit_id = if ids.is_empty() {
             None
@@ -121,7 +192,7 @@ impl Dlq {
             let f = json!({"filter": filter, "all": all});
             Some(
                 tx.query_one(
-                    &self.sql(sql::dead_letters::AUDIT_DROP),
+                    &self.sql(audit),
                     &[&actor, &f, &(ids.len() as i64), &ids, &reason],
                 )
                 .await?
@@ -129,13 +200,7 @@ impl Dlq {
             )
         };
         tx.commit().await?;
-        metrics::counter!(crate::metrics::DLQ_DROPPED, "reason" => "operator")
-            .increment(ids.len() as u64);
-        Ok(DropReport {
-            dropped: ids.len() as u64,
-            ids,
-            audit_id,
-        })
+        Ok((ids, audit_id))
     }
 
     /// Deletes settled (`replayed`, `dropped`) letters settled longer than `retention` ago (and

@@ -26,7 +26,7 @@ mod replay;
 
 pub(crate) use archive::Row;
 pub use archive::{ArchiveReport, Archiver, ARCHIVE_GROUP};
-pub use drop::{DropReport, PurgeReport};
+pub use drop::{DropReport, PurgeReport, RestoreReport};
 pub use filter::{Filter, Status};
 pub use from_topic::{replay_from_topic, FromTopicOptions, FromTopicReport, REPLAY_GROUP};
 pub use headers::{HeaderValue, X_REPLAYED_AT};

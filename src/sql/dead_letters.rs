@@ -71,6 +71,11 @@ pub(crate) const AUDIT_DROP: &str =
     "INSERT INTO {s}.dlq_audit (actor, action, filter, count, dead_letter_ids, reason)
                          VALUES ($1, 'drop', $2, $3, $4, $5) RETURNING id";
 
+/// The audit row of a restore (dropped letters back to new), in the restore's transaction.
+pub(crate) const AUDIT_RESTORE: &str =
+    "INSERT INTO {s}.dlq_audit (actor, action, filter, count, dead_letter_ids, reason)
+                         VALUES ($1, 'restore', $2, $3, $4, $5) RETURNING id";
+
 /// The audit row of a replay, written in the transaction that freezes the job's selection.
 pub(crate) const AUDIT_REPLAY: &str =
     "INSERT INTO {s}.dlq_audit (actor, action, filter, count, dead_letter_ids)
@@ -103,6 +108,12 @@ pub(crate) const LIST: &str = "SELECT d.id, d.original_topic, d.consumer_group, 
 
 /// Drops the new letters a filter selects, with the reason parameter `{reason}`; the ids come
 /// back for the audit row written in the same transaction.
+/// Puts the dropped letters `{where}` selects back to `new`; the drop's reason is kept in the
+/// audit log, the letter's own reason says it was restored (`{reason}`).
+pub(crate) const RESTORE: &str = "UPDATE {s}.dead_letters d
+    SET status = 'new', status_at = now(), status_reason = {reason}
+  WHERE {where} RETURNING d.id";
+
 pub(crate) const DROP: &str = "UPDATE {s}.dead_letters d
     SET status = 'dropped', status_at = now(), status_reason = {reason}
   WHERE {where} RETURNING d.id";

@@ -1100,6 +1100,64 @@ async fn drop_needs_a_reason_empty_filters_are_refused_dry_run_changes_nothing_b
     let o = run(outbox_command(&db).args(["dlq", "list", "--status", "new", "--json"]));
     let rows: Vec<serde_json::Value> = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(rows.len(), 5);
+
+    // The drop was a mistake: restore needs a reason and a filter, takes only dropped letters,
+    // and is audited; the letters are new again and can be replayed.
+    for (args, says) in [
+        (
+            vec!["dlq", "restore", "--error-contains", "schema v1"],
+            "--reason",
+        ),
+        (vec!["dlq", "restore", "--reason", "x"], "empty filter"),
+        (
+            vec![
+                "dlq",
+                "restore",
+                "--id",
+                rows[0]["id"].to_string().as_str(),
+                "--reason",
+                "x",
+            ],
+            "is new",
+        ),
+    ] {
+        let o = run(outbox_command(&db).args(&args));
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", text(&o));
+        assert!(text(&o).contains(says), "{args:?}: {}", text(&o));
+    }
+    let o = run(outbox_command(&db).args([
+        "dlq",
+        "restore",
+        "--error-contains",
+        "schema v1",
+        "--reason",
+        "v1 decoder is back",
+        "--actor",
+        "dave",
+    ]));
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(field(&last_line(&o), "restored"), 10);
+    assert_eq!(
+        count(&c, "SELECT count(*) FROM dead_letters WHERE status = 'new' AND status_reason = 'restored: v1 decoder is back'").await,
+        10
+    );
+    let o = run(outbox_command(&db).args(["dlq", "audit", "--json"]));
+    let a: Vec<serde_json::Value> = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(
+        (
+            a[0]["action"].as_str(),
+            a[0]["actor"].as_str(),
+            a[0]["count"].as_i64()
+        ),
+        (Some("restore"), Some("dave"), Some(10))
+    );
+    let o =
+        run(outbox_command(&db).args(["dlq", "replay", "--id", &id, "--canary", "0", "--dry-run"]));
+    assert!(
+        o.status.success(),
+        "a restored letter can be replayed: {}",
+        text(&o)
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

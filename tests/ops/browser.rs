@@ -212,8 +212,59 @@ async fn an_operator_finds_a_dead_letter_group_opens_a_message_and_replays_it() 
         assert_eq!(back[0].payload, b"{\"order\":\"A-0\",\"total_cents\":1000}");
         assert!(back[0].headers.contains_key("x-replayed-at"));
 
+        // An operator dropped the schema letters too soon; the dashboard undoes it.
+        let dlq = outbox::dlq::Dlq::new(&db);
+        let mut f = outbox::dlq::Filter::default();
+        f.error_contains = Some("schema v1".into());
+        let dropped = dlq
+            .drop_letters(&f, false, "noise", "someone")
+            .await
+            .unwrap();
+        assert_eq!(dropped.dropped, 3);
+        c.goto(&format!(
+            "{base}/#/messages?status=dropped&error_contains=schema%20v1"
+        ))
+        .await
+        .unwrap();
+        wait_text(&c, "#messages tr", "schema v1 not supported").await;
+        c.wait()
+            .for_element(Locator::Id("restore-these"))
+            .await
+            .unwrap()
+            .click()
+            .await
+            .unwrap();
+        c.find(Locator::Id("restore-reason"))
+            .await
+            .unwrap()
+            .send_keys("dropped by mistake; the v2 decoder ships today")
+            .await
+            .unwrap();
+        shot(&c, "restore-confirmation").await;
+        c.find(Locator::Id("modal-confirm"))
+            .await
+            .unwrap()
+            .click()
+            .await
+            .unwrap();
+        wait_text(&c, "#flash-msg", "3 letter(s) restored to new.").await;
+        let back_to_new = dlq
+            .list(
+                &{
+                    let mut f = f.clone();
+                    f.status = Some(outbox::dlq::Status::New);
+                    f
+                },
+                10,
+                None,
+            )
+            .await
+            .unwrap();
+        assert_eq!(back_to_new.len(), 3, "the restored letters are new again");
+
         // The audit view names the token holder.
         c.goto(&format!("{base}/#/audit")).await.unwrap();
+        wait_text(&c, "#audit tr", "restore").await;
         let a = wait_text(&c, "#audit tr", "replay").await;
         assert!(a.text().await.unwrap().contains("admin"));
         shot(&c, "audit").await;

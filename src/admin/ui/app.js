@@ -108,6 +108,19 @@ async function replayDialog(selection, label) {
   });
 }
 
+function restoreDialog(selection, label) {
+  const reason = el("input", { id: "restore-reason", size: "50", placeholder: "why (required, audited)" });
+  modal("Restore " + label, [
+    el("p", {}, "The selected dropped letters go back to new: they can be replayed or dropped again."),
+    el("label", {}, "Reason ", reason),
+  ], "Restore", async () => {
+    if (!reason.value.trim()) throw new Error("a reason is required");
+    const r = await api("/api/dlq/restore", { method: "POST", body: Object.assign({ reason: reason.value }, selection) });
+    flash(r.restored + " letter(s) restored to new.");
+    route();
+  });
+}
+
 function dropDialog(selection, label, count) {
   const reason = el("input", { id: "drop-reason", size: "50", placeholder: "why (required, audited)" });
   modal("Drop " + label, [
@@ -182,6 +195,8 @@ async function viewMessages(params) {
   const page = await api("/api/dlq/messages?" + q);
   const sel = {};
   for (const k of ["topic", "group", "error_contains", "error_group", "kind", "since"]) if (params.get(k)) sel[k] = params.get(k);
+  // Listing dropped letters offers their restore; every other action works on new letters.
+  if (params.get("status") === "dropped") sel.status = "dropped";
   const rows = el("table", { id: "messages" },
     el("tr", {}, el("th", {}, "Id"), el("th", {}, "Failed"), el("th", {}, "Status"), el("th", {}, "Kind"),
       el("th", {}, "Topic"), el("th", {}, "Group"), el("th", {}, "Error")),
@@ -199,9 +214,12 @@ async function viewMessages(params) {
     const n = new URLSearchParams(params); n.delete("before_id");
     more.push(" ", el("a", { href: "#/messages?" + n }, "↑ Newest"));
   }
-  const actions = Object.keys(sel).length && can("operator") ? el("p", {},
-    el("button", { class: "primary", onclick: () => replayDialog(sel, "the filtered letters") }, "Replay these (new only)"), " ",
-    el("button", { class: "danger", onclick: () => dropDialog(sel, "the filtered letters") }, "Drop these")) : "";
+  // Actions need a narrowing filter: never "every letter" from one click.
+  const actions = !Object.keys(sel).some(k => k !== "status") || !can("operator") ? "" : sel.status === "dropped"
+    ? el("p", {}, el("button", { class: "primary", id: "restore-these", onclick: () => restoreDialog(sel, "the filtered letters") }, "Restore these (undo the drop)"))
+    : el("p", {},
+      el("button", { class: "primary", onclick: () => replayDialog(sel, "the filtered letters") }, "Replay these (new only)"), " ",
+      el("button", { class: "danger", onclick: () => dropDialog(sel, "the filtered letters") }, "Drop these"));
   return [el("h2", {}, "Dead letters"), form, actions, rows, el("p", {}, more)];
 }
 
@@ -229,7 +247,9 @@ async function viewMessage(id) {
     el("h2", { id: "message-title" }, "Dead letter #" + m.id),
     can("operator") && m.status !== "dropped" ? el("p", {},
       el("button", { class: "primary", id: "replay-one", onclick: () => replayDialog(sel, "dead letter #" + m.id) }, "Replay"), " ",
-      m.status === "new" ? el("button", { class: "danger", id: "drop-one", onclick: () => dropDialog(sel, "dead letter #" + m.id, 1) }, "Drop") : "") : "",
+      m.status === "new" ? el("button", { class: "danger", id: "drop-one", onclick: () => dropDialog(sel, "dead letter #" + m.id, 1) }, "Drop") : "") :
+    can("operator") ? el("p", {},
+      el("button", { class: "primary", id: "restore-one", onclick: () => restoreDialog(sel, "dead letter #" + m.id) }, "Restore (undo the drop)")) : "",
     el("table", { id: "facts" }, facts.map(([k, v]) => el("tr", {}, el("th", {}, k), el("td", { class: "err" }, v == null ? "–" : String(v))))),
     el("h2", {}, "Key"), bytesView(m.key),
     el("h2", {}, "Headers"), headers,

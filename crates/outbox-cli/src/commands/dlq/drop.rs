@@ -1,4 +1,5 @@
-//! `outbox dlq drop`: Mark letters dropped, with a reason.
+//! `outbox dlq drop` marks letters dropped, with a reason; `outbox dlq restore` undoes it (dropped
+//! letters back to new). Both take the same selection and are audited.
 
 use std::io::Write;
 
@@ -8,7 +9,7 @@ use outbox::dlq::Dlq;
 use super::*;
 use crate::args::*;
 
-/// Mark letters dropped, with a reason.
+/// The letters to drop or restore, and why.
 #[derive(ClapArgs)]
 pub struct Args {
     #[command(flatten)]
@@ -21,10 +22,10 @@ pub struct Args {
     /// Why (required, audited).
     #[arg(long)]
     reason: String,
-    /// Allow dropping every new letter (no filter).
+    /// Allow every new letter (drop) or every dropped letter (restore): no filter.
     #[arg(long)]
     all: bool,
-    /// Who is dropping (audit); default the OS user.
+    /// Who does it (audit); default the OS user.
     #[arg(long)]
     actor: Option<String>,
 }
@@ -50,5 +51,28 @@ pub async fn run(args: Args, out: &mut dyn Write) -> anyhow::Result<()> {
         .map_err(lift)?;
     writeln!(out, "dropped={}", r.dropped)?;
 
+    Ok(())
+}
+
+pub async fn restore(args: Args, out: &mut dyn Write) -> anyhow::Result<()> {
+    let Args {
+        db,
+        filter,
+        ids,
+        reason,
+        all,
+        actor,
+    } = args;
+    let dlq = Dlq::new(&db_config(&db)?);
+    let r = dlq
+        .restore_letters(
+            &filter.to_filter(&ids)?,
+            all,
+            &reason,
+            &actor_or_default(actor),
+        )
+        .await
+        .map_err(lift)?;
+    writeln!(out, "restored={}", r.restored)?;
     Ok(())
 }

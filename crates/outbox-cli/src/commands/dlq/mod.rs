@@ -116,6 +116,8 @@ pub enum DlqAction {
     Replay(replay::Args),
     /// Mark letters dropped, with a reason.
     Drop(drop::Args),
+    /// Put dropped letters back to new (undo a drop), with a reason.
+    Restore(drop::Args),
     /// Who did what, when, to how many letters.
     Audit(audit::Args),
     /// Replay jobs, newest first.
@@ -136,6 +138,7 @@ pub async fn run(action: DlqAction, out: &mut dyn Write) -> anyhow::Result<()> {
         DlqAction::Show(a) => show::run(a, out).await,
         DlqAction::Replay(a) => replay::run(a, out).await,
         DlqAction::Drop(a) => drop::run(a, out).await,
+        DlqAction::Restore(a) => drop::restore(a, out).await,
         DlqAction::Audit(a) => audit::run(a, out).await,
         DlqAction::Jobs(a) => jobs::run(a, out).await,
         DlqAction::Job { action } => job::run(action, out).await,
