@@ -10,7 +10,8 @@
 --   headers.entity_id    = the entity id again
 --   headers.message_id   = a UUIDv7, assigned here once and never changed
 --   headers.timestamp    = RFC 3339, UTC, with Z
---   payload              = the JSON body; no secrets
+--   payload              = the JSON body; no secrets. NULL publishes a tombstone (null value: the
+--                          delete marker of a compacted topic; message_type 'tombstone')
 -- Extra headers (e.g. traceparent) may be added to the object; values must be strings.
 --
 -- Topic names: [a-zA-Z0-9._-], at most 249 chars, never both '.' and '_'. The relay refuses rows

@@ -160,7 +160,10 @@ async fn insert_one<C: GenericClient>(
     validate(msg)?;
     let headers = headers_json(msg);
     client
-        .execute(sql, &[&msg.topic, &msg.key, &headers, &msg.payload])
+        .execute(
+            sql,
+            &[&msg.topic, &msg.key, &headers, &msg.stored_payload()],
+        )
         .await?;
     Ok(())
 }
@@ -179,7 +182,8 @@ async fn insert_many<C: GenericClient>(
     let topics: Vec<&str> = msgs.iter().map(|m| m.topic.as_str()).collect();
     let keys: Vec<Option<&str>> = msgs.iter().map(|m| m.key.as_deref()).collect();
     let headers: Vec<serde_json::Value> = msgs.iter().map(headers_json).collect();
-    let payloads: Vec<&serde_json::Value> = msgs.iter().map(|m| &m.payload).collect();
+    let payloads: Vec<Option<&serde_json::Value>> =
+        msgs.iter().map(Message::stored_payload).collect();
     Ok(client
         .execute(sql, &[&topics, &keys, &headers, &payloads])
         .await?)

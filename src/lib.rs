@@ -120,7 +120,7 @@ pub use enqueue::{enqueue, enqueue_batch, EnqueueError, Enqueuer};
 pub use kafka::RefusalReason;
 pub use message::{
     parse_instant, Message, HEADER_ENTITY_ID, HEADER_MESSAGE_ID, HEADER_MESSAGE_TYPE,
-    HEADER_TIMESTAMP, STANDARD_HEADERS,
+    HEADER_TIMESTAMP, STANDARD_HEADERS, TOMBSTONE_TYPE,
 };
 pub use migrate::{embedded_migrations, migrate, MigrateError, MigrateReport};
 #[cfg(feature = "relay")]

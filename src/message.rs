@@ -37,7 +37,12 @@ pub struct Message {
     pub(crate) timestamp: SystemTime,
     pub(crate) headers: BTreeMap<String, String>,
     pub(crate) payload: serde_json::Value,
+    /// A delete marker: published with a null value (see [`Message::tombstone`]).
+    pub(crate) tombstone: bool,
 }
+
+/// The `message_type` of a tombstone made by [`Message::tombstone`].
+pub const TOMBSTONE_TYPE: &str = "tombstone";
 
 impl Message {
     /// An event about `entity_id`, which becomes the Kafka key and the `entity_id` header.
@@ -55,7 +60,30 @@ impl Message {
             timestamp: SystemTime::now(),
             headers: BTreeMap::new(),
             payload,
+            tombstone: false,
         }
+    }
+
+    /// A tombstone: the delete marker of a compacted topic. Published with `key` and a null
+    /// value (no body; the outbox row's `payload` is NULL), so compaction removes every earlier
+    /// record of the key. It carries the standard headers, with `message_type` = `tombstone`.
+    /// Consumers hand it to the handler registered with `Consumer::on_tombstone`, or skip and
+    /// count it; never dead-letter it.
+    pub fn tombstone(topic: impl Into<String>, key: impl Into<String>) -> Self {
+        Self {
+            tombstone: true,
+            ..Self::new(topic, TOMBSTONE_TYPE, key, serde_json::Value::Null)
+        }
+    }
+
+    /// True for a [`Message::tombstone`].
+    pub fn is_tombstone(&self) -> bool {
+        self.tombstone
+    }
+
+    /// The body as stored: `None` for a tombstone.
+    pub(crate) fn stored_payload(&self) -> Option<&serde_json::Value> {
+        (!self.tombstone).then_some(&self.payload)
     }
 
     /// An event without a key (and without an `entity_id` header). Kafka then spreads messages
@@ -99,7 +127,7 @@ impl Message {
         self.message_id
     }
 
-    /// The JSON body.
+    /// The JSON body (`null` for a tombstone, which has none).
     pub fn payload(&self) -> &serde_json::Value {
         &self.payload
     }

@@ -94,7 +94,7 @@ async fn run_group(envs: &[&Envelope], shared: &Shared) -> Result<Vec<InGroup>, 
         .iter()
         .map(|env| {
             let d = env.decoded.as_ref().ok()?;
-            match shared.handlers.get(&d.message_type)? {
+            match shared.handlers.get(d.route())? {
                 HandlerRef::Single(h) => Some((d, h)),
                 HandlerRef::Batch(..) => None,
             }

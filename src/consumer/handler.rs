@@ -252,9 +252,26 @@ pub struct Delivered {
     pub body: serde_json::Value,
     /// Retry-topic hops so far (`x-retry-attempt`), 0 on the main topic.
     pub retry_attempt: u32,
+    /// A tombstone (null value: the delete marker of a compacted topic). Its `payload` is
+    /// empty and `body` is `null`; it reaches only the handler registered with
+    /// `Consumer::on_tombstone`.
+    pub tombstone: bool,
 }
 
+/// The handler table's key of the tombstone handler: no real `message_type` is empty.
+pub(super) const TOMBSTONE_ROUTE: &str = "";
+
 impl Delivered {
+    /// Which registered handler takes this message: its `message_type`, or the tombstone
+    /// handler's slot for a tombstone.
+    pub(super) fn route(&self) -> &str {
+        if self.tombstone {
+            TOMBSTONE_ROUTE
+        } else {
+            &self.message_type
+        }
+    }
+
     /// The JSON body.
     pub fn json(&self) -> &serde_json::Value {
         &self.body

@@ -167,6 +167,20 @@ impl Consumer {
         self
     }
 
+    /// Registers the handler for tombstones (records with a null value: the delete markers of
+    /// a compacted topic, e.g. from [`crate::Message::tombstone`]), whatever their
+    /// `message_type`. It runs in the inbox transaction like any handler; [`Delivered::tombstone`]
+    /// is true, the body `null`. Without one, tombstones are skipped and counted, never
+    /// dead-lettered.
+    #[must_use]
+    pub fn on_tombstone(mut self, handler: impl Handler) -> Self {
+        self.handlers.insert(
+            handler::TOMBSTONE_ROUTE.to_owned(),
+            HandlerRef::Single(Arc::new(handler)),
+        );
+        self
+    }
+
     /// Registers a [`BatchHandler`] for `message_type`: up to `max_batch` messages per
     /// transaction (replacing any earlier handler for the type).
     #[must_use]

@@ -100,10 +100,8 @@ pub(super) async fn process_batch(envs: &[&Envelope], shared: &Shared) -> Vec<Fa
         .iter()
         .filter_map(|e| e.decoded.as_ref().ok())
         .collect();
-    let handler = ds
-        .first()
-        .and_then(|d| shared.handlers.get(&d.message_type));
-    let uniform = ds.len() == envs.len() && ds.iter().all(|d| d.message_type == ds[0].message_type);
+    let handler = ds.first().and_then(|d| shared.handlers.get(d.route()));
+    let uniform = ds.len() == envs.len() && ds.iter().all(|d| d.route() == ds[0].route());
     let (Some(HandlerRef::Batch(h, _)), true) = (handler, uniform) else {
         // Defensive: batches are formed only from one batch type; anything else goes one by one.
         let mut fates = Vec::with_capacity(envs.len());
@@ -219,7 +217,13 @@ pub(super) async fn process_from(
             return dead_letter(raw, origin, shared, DeadLetterKind::Decode, reason, 0).await;
         }
     };
-    let Some(handler) = shared.handlers.get(&d.message_type) else {
+    let Some(handler) = shared.handlers.get(d.route()) else {
+        if d.tombstone {
+            // A delete marker nobody asked for: skipped and counted, never a dead letter.
+            ConsumerStats::inc(&shared.stats.tombstones_skipped);
+            count(shared, &origin.topic, "tombstone_skipped", 1);
+            return Fate::Final;
+        }
         ConsumerStats::inc(&shared.stats.skipped_unknown);
         count(shared, &origin.topic, "skipped", 1);
         debug!(message_type = %d.message_type, "no handler registered: skipped");
@@ -246,6 +250,9 @@ pub(super) async fn process_from(
             Ok(Ok(InboxOutcome::Processed)) => {
                 shared.pg_outage.ok();
                 ConsumerStats::inc(&shared.stats.handled);
+                if d.tombstone {
+                    ConsumerStats::inc(&shared.stats.tombstones_handled);
+                }
                 count(shared, &origin.topic, "handled", 1);
                 if let Some(b) = shared.breaker() {
                     b.record_call(None);

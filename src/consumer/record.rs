@@ -84,6 +84,32 @@ pub(super) fn decode(raw: &Raw, origin: &Origin) -> Result<Delivered, String> {
         }
         Ok(text.to_owned())
     };
+    let Some(payload) = raw.payload.as_deref() else {
+        // A tombstone: any producer may write one, with or without our headers. Its dedupe
+        // key falls back to the record's original coordinates, stable across redeliveries.
+        let message_id = match required(HEADER_MESSAGE_ID) {
+            Ok(id) if id.len() <= MAX_MESSAGE_ID_LEN => id,
+            _ => format!(
+                "tombstone:{}:{}:{}",
+                origin.topic, origin.partition, origin.offset
+            ),
+        };
+        return Ok(Delivered {
+            topic: origin.topic.clone(),
+            source_topic: raw.topic.clone(),
+            partition: raw.partition,
+            offset: raw.offset,
+            key: raw.key.clone(),
+            headers: raw.headers.clone(),
+            payload: Vec::new(),
+            message_type: required(HEADER_MESSAGE_TYPE)
+                .unwrap_or_else(|_| crate::message::TOMBSTONE_TYPE.into()),
+            message_id,
+            body: serde_json::Value::Null,
+            retry_attempt: origin.hop,
+            tombstone: true,
+        });
+    };
     let message_type = required(HEADER_MESSAGE_TYPE)?;
     let message_id = required(HEADER_MESSAGE_ID)?;
     if message_id.len() > MAX_MESSAGE_ID_LEN {
@@ -91,7 +117,6 @@ pub(super) fn decode(raw: &Raw, origin: &Origin) -> Result<Delivered, String> {
             "message_id header longer than {MAX_MESSAGE_ID_LEN} bytes"
         ));
     }
-    let payload = raw.payload.as_deref().ok_or("no body (null value)")?;
     let body: serde_json::Value =
         serde_json::from_slice(payload).map_err(|e| format!("body is not valid JSON: {e}"))?;
     Ok(Delivered {
@@ -105,6 +130,7 @@ pub(super) fn decode(raw: &Raw, origin: &Origin) -> Result<Delivered, String> {
         message_type,
         message_id,
         body,
+        tombstone: false,
         retry_attempt: origin.hop,
     })
 }

@@ -455,7 +455,7 @@ impl Runtime<'_> {
     fn single(&self, env: &Envelope) -> bool {
         env.decoded.as_ref().is_ok_and(|d| {
             matches!(
-                self.shared.handlers.get(&d.message_type),
+                self.shared.handlers.get(d.route()),
                 Some(HandlerRef::Single(_))
             )
         })
@@ -464,7 +464,7 @@ impl Runtime<'_> {
     /// The batch handler and bound for an envelope, if its type has one.
     fn batch_of(&self, env: &Envelope) -> Option<(String, usize)> {
         let d = env.decoded.as_ref().ok()?;
-        match self.shared.handlers.get(&d.message_type)? {
+        match self.shared.handlers.get(d.route())? {
             HandlerRef::Batch(_, max) => Some((d.message_type.clone(), *max)),
             HandlerRef::Single(_) => None,
         }

@@ -25,6 +25,10 @@ pub struct ConsumerStats {
     pub forward_failures: AtomicU64,
     /// Times all partitions were paused for backpressure.
     pub backpressure_pauses: AtomicU64,
+    /// Tombstones skipped because no tombstone handler is registered.
+    pub tombstones_skipped: AtomicU64,
+    /// Tombstones handed to the tombstone handler and committed (also counted in `handled`).
+    pub tombstones_handled: AtomicU64,
     /// Retry records of another consumer group met on our retry topics, ignored.
     pub foreign_retries: AtomicU64,
     /// Waits for the consumer's database to come back (no retry budget spent).

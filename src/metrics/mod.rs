@@ -32,7 +32,8 @@ pub const OUTBOX_CLAIM_SECONDS: &str = "outbox_claim_seconds";
 pub const OUTBOX_LANES_OWNED: &str = "outbox_relay_lanes_owned";
 
 /// `outbox_consumer_messages_total{topic,group,outcome}`: `handled`, `duplicate`, `retried`,
-/// `dead_lettered`, `skipped`, `dropped`, `foreign_retry` (another group's retry record, ignored).
+/// `dead_lettered`, `skipped`, `dropped`, `foreign_retry` (another group's retry record, ignored),
+/// `tombstone_skipped` (no tombstone handler).
 pub const CONSUMER_MESSAGES: &str = "outbox_consumer_messages_total";
 /// Histogram `{topic,group}`: handler transaction duration, seconds.
 pub const CONSUMER_HANDLER_SECONDS: &str = "outbox_handler_seconds";

@@ -30,7 +30,8 @@ impl Row {
         self.raw.get(3)
     }
 
-    pub(super) fn payload(&self) -> &str {
+    /// `None` for a tombstone (published with a null value).
+    pub(super) fn payload(&self) -> Option<&str> {
         self.raw.get(4)
     }
 }

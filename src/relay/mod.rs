@@ -559,9 +559,11 @@ impl Relay {
                     continue;
                 }
             };
-            let mut record = BaseRecord::with_opaque_to(row.topic(), batch.opaque(i))
-                .payload(row.payload().as_bytes())
-                .headers(headers);
+            let mut record =
+                BaseRecord::with_opaque_to(row.topic(), batch.opaque(i)).headers(headers);
+            if let Some(p) = row.payload() {
+                record = record.payload(p.as_bytes());
+            }
             if let Some(k) = row.key() {
                 record = record.key(k.as_bytes());
             }

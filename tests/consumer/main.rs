@@ -4,6 +4,7 @@
 mod basics;
 mod breaker;
 mod classify;
+mod compacted;
 mod fleet;
 mod hostile;
 mod recovery;

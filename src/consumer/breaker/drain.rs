@@ -82,7 +82,7 @@ pub(in crate::consumer) async fn process_drain(env: &Envelope, shared: &Shared) 
             }
         }
     }
-    let Some(handler) = shared.handlers.get(&d.message_type) else {
+    let Some(handler) = shared.handlers.get(d.route()) else {
         return Fate::Final;
     };
     let mut attempt: u32 = 0;
