@@ -150,6 +150,25 @@ pub fn rfc3339(t: SystemTime) -> String {
     humantime::format_rfc3339_millis(t).to_string()
 }
 
+/// An instant as operators write it: an RFC 3339 time (`2026-11-30T08:00:00Z`) or a duration ago
+/// (`2h`, `7d`).
+///
+/// # Errors
+/// A message naming both accepted forms.
+pub fn parse_instant(s: &str) -> Result<SystemTime, String> {
+    if let Ok(t) = humantime::parse_rfc3339_weak(s.trim()) {
+        return Ok(t);
+    }
+    if let Ok(d) = humantime::parse_duration(s.trim()) {
+        return Ok(SystemTime::now()
+            .checked_sub(d)
+            .unwrap_or(SystemTime::UNIX_EPOCH));
+    }
+    Err(format!(
+        "{s:?}: give an RFC 3339 time (2026-11-30T08:00:00Z) or a duration ago (2h)"
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -188,23 +207,4 @@ mod tests {
         let b = Message::new("t", "x", "1", serde_json::json!(1)).message_id();
         assert!(a < b);
     }
-}
-
-/// An instant as operators write it: an RFC 3339 time (`2026-11-30T08:00:00Z`) or a duration ago
-/// (`2h`, `7d`).
-///
-/// # Errors
-/// A message naming both accepted forms.
-pub fn parse_instant(s: &str) -> Result<SystemTime, String> {
-    if let Ok(t) = humantime::parse_rfc3339_weak(s.trim()) {
-        return Ok(t);
-    }
-    if let Ok(d) = humantime::parse_duration(s.trim()) {
-        return Ok(SystemTime::now()
-            .checked_sub(d)
-            .unwrap_or(SystemTime::UNIX_EPOCH));
-    }
-    Err(format!(
-        "{s:?}: give an RFC 3339 time (2026-11-30T08:00:00Z) or a duration ago (2h)"
-    ))
 }

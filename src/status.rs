@@ -38,6 +38,19 @@ pub struct OutboxStatus {
     pub failed_by_error: Vec<FailedGroup>,
     /// Consumer circuit breakers open now (every replica of the group is paused).
     pub open_breakers: Vec<OpenBreakerRow>,
+    /// Processed marks older than the marks retention, per consumer group: cleanup is behind
+    /// or off for that group (a consumer cleans up its own group's marks by default).
+    #[serde(default)]
+    pub overdue_marks: Vec<OverdueMarks>,
+}
+
+/// One group's processed marks past retention.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct OverdueMarks {
+    /// The consumer group.
+    pub consumer_group: String,
+    /// Marks older than the retention.
+    pub count: i64,
 }
 
 /// An open circuit breaker (`circuit_breakers`).
@@ -65,11 +78,23 @@ impl OutboxStatus {
     }
 }
 
-/// Reads the status of the outbox in `db.schema`.
+/// Reads the status of the outbox in `db.schema`, with marks overdue against the default
+/// retention (14 days).
 ///
 /// # Errors
 /// The Postgres error when unreachable or the tables are missing (run `outbox migrate`).
 pub async fn status(db: &DbConfig) -> Result<OutboxStatus, tokio_postgres::Error> {
+    status_with(db, crate::cleanup::DEFAULT_PROCESSED_RETENTION).await
+}
+
+/// [`status()`], with marks overdue against `marks_retention`.
+///
+/// # Errors
+/// As [`status()`].
+pub async fn status_with(
+    db: &DbConfig,
+    marks_retention: std::time::Duration,
+) -> Result<OutboxStatus, tokio_postgres::Error> {
     let client = crate::db::connect(db).await?;
     let s = Statements::new(&db.schema);
     let counts = client
@@ -106,11 +131,24 @@ pub async fn status(db: &DbConfig) -> Result<OutboxStatus, tokio_postgres::Error
             generation: r.get(4),
         })
         .collect();
+    let overdue_marks = client
+        .query(
+            &crate::sql::render(crate::sql::marks::OVERDUE, &db.schema),
+            &[&marks_retention.as_secs_f64()],
+        )
+        .await?
+        .iter()
+        .map(|r| OverdueMarks {
+            consumer_group: r.get(0),
+            count: r.get(1),
+        })
+        .collect();
     Ok(OutboxStatus {
         counts,
         oldest_pending_age_secs,
         failed_by_error,
         open_breakers,
+        overdue_marks,
     })
 }
 

@@ -63,6 +63,10 @@ pub struct ConsumerConfig {
     /// alone; the others commit together. Groups form only from messages already waiting, so
     /// at low load nothing waits for company. See `consumer/group.rs`.
     pub commit_group: usize,
+    /// The consumer's own cleanup of its group's old processed marks and dead-letter records
+    /// (on by default: 14 days, batches of 5,000, hourly; `None` turns it off, e.g. when
+    /// `outbox cleanup` runs from cron). The `outbox_marks_overdue` gauge is exported either way.
+    pub cleanup: Option<super::MarksCleanup>,
 }
 
 /// Default [`ConsumerConfig::commit_group`].
@@ -98,6 +102,7 @@ impl ConsumerConfig {
             instance_id: None,
             session_timeout: DEFAULT_SESSION_TIMEOUT,
             commit_group: DEFAULT_COMMIT_GROUP,
+            cleanup: Some(super::MarksCleanup::default()),
         }
     }
 
@@ -123,6 +128,13 @@ impl ConsumerConfig {
                 return bad(format!(
                     "invalid instance id {id:?}: give a printable name, unique per replica"
                 ));
+            }
+        }
+        if let Some(c) = &self.cleanup {
+            if c.batch == 0 || c.interval < Duration::from_millis(100) {
+                return bad(
+                    "cleanup batch must be at least 1 and its interval at least 100 ms".into(),
+                );
             }
         }
         if self.session_timeout < Duration::from_secs(1) {

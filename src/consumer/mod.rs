@@ -37,6 +37,7 @@ mod record;
 mod retry;
 mod runtime;
 mod stats;
+mod upkeep;
 
 pub use breaker::{
     BreakerConfig, ConsumerState, FailureRate, Mode, OpenBreaker, StateHandle,
@@ -58,6 +59,7 @@ pub use retry::{
 };
 pub use runtime::DEFAULT_PAUSE_AFTER;
 pub use stats::ConsumerStats;
+pub use upkeep::{cleanup_marks, MarksCleaned, MarksCleanup};
 
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
@@ -381,6 +383,27 @@ impl Consumer {
                 cancel.cancel();
             });
         }
+        // The DLQ health series exist from the start (at 0), so rates and alerts see them.
+        let group = self.config.group.clone();
+        metrics::gauge!(crate::metrics::CONSUMER_DLQ_BLOCKED, "group" => group.clone()).set(0.0);
+        for t in self
+            .config
+            .topics
+            .iter()
+            .map(|t| self.config.dlq_topic(t))
+            .chain(retry_topics.keys().cloned())
+        {
+            metrics::counter!(crate::metrics::CONSUMER_DLQ_WRITE_FAILURES, "topic" => t, "group" => group.clone())
+                .increment(0);
+        }
+        tokio::spawn(upkeep::run(
+            pool.clone(),
+            self.db.schema.clone(),
+            group,
+            self.config.cleanup.clone(),
+            self.stats.clone(),
+            cancel.clone(),
+        ));
         let dlq = crate::dlq::Dlq::with_pool(pool.clone(), self.db.schema.clone());
         if self.config.breaker.is_some() {
             // Every replica re-reads the shared breaker rows on its own clock.

@@ -468,6 +468,14 @@ pub(super) async fn produce_until_acked(
     headers: rdkafka::message::OwnedHeaders,
 ) -> bool {
     let mut backoff = Backoff::default();
+    let group = shared.config.group.clone();
+    let blocked = metrics::gauge!(crate::metrics::CONSUMER_DLQ_BLOCKED, "group" => group.clone());
+    let mut failed_before = false;
+    let unblock = |failed_before: bool| {
+        if failed_before {
+            blocked.decrement(1.0);
+        }
+    };
     loop {
         let mut rec: FutureRecord<'_, [u8], [u8]> =
             FutureRecord::to(topic).headers(headers.clone());
@@ -485,13 +493,25 @@ pub(super) async fn produce_until_acked(
             .send(rec, Timeout::After(shared.config.delivery_timeout))
             .await
         {
-            Ok(_) => return true,
+            Ok(_) => {
+                unblock(failed_before);
+                return true;
+            }
             Err((e, _)) => {
                 ConsumerStats::inc(&shared.stats.forward_failures);
+                metrics::counter!(crate::metrics::CONSUMER_DLQ_WRITE_FAILURES, "topic" => topic.to_owned(), "group" => group.clone())
+                    .increment(1);
+                if !failed_before {
+                    failed_before = true;
+                    blocked.increment(1.0);
+                }
                 let wait = backoff.next_delay();
                 warn!(%topic, error = %e, retry_in = ?wait, "write to retry/dead-letter topic failed; the offset stays put and the write is retried");
                 tokio::select! {
-                    () = shared.cancel.cancelled() => return false,
+                    () = shared.cancel.cancelled() => {
+                        unblock(failed_before);
+                        return false;
+                    }
                     () = tokio::time::sleep(wait) => {}
                 }
             }

@@ -29,6 +29,8 @@ pub struct ConsumerStats {
     pub tombstones_skipped: AtomicU64,
     /// Tombstones handed to the tombstone handler and committed (also counted in `handled`).
     pub tombstones_handled: AtomicU64,
+    /// Old processed marks and dead-letter records deleted by the consumer's own cleanup.
+    pub marks_deleted: AtomicU64,
     /// Retry records of another consumer group met on our retry topics, ignored.
     pub foreign_retries: AtomicU64,
     /// Waits for the consumer's database to come back (no retry budget spent).

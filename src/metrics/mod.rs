@@ -47,6 +47,15 @@ pub const CONSUMER_PAUSED: &str = "outbox_consumer_paused_partitions";
 /// `{group}`: messages accepted and not yet final.
 pub const CONSUMER_IN_FLIGHT: &str = "outbox_consumer_in_flight";
 
+/// `{topic,group}`: failed writes to a retry or dead-letter topic (`topic` is the target); each
+/// is retried, the offset held meanwhile.
+pub const CONSUMER_DLQ_WRITE_FAILURES: &str = "outbox_consumer_dlq_write_failures_total";
+/// `{group}`: records whose retry or dead-letter write has failed and is being retried: above
+/// 0, those partitions cannot move on (a stalled consumer, not ordinary lag).
+pub const CONSUMER_DLQ_BLOCKED: &str = "outbox_consumer_dlq_blocked";
+/// `{group}`: processed marks older than the cleanup retention (cleanup behind, or off).
+pub const MARKS_OVERDUE: &str = "outbox_marks_overdue";
+
 /// `{group,dependency}`: 1 while the group's shared circuit breaker for the dependency is open.
 pub const BREAKER_OPEN: &str = "outbox_breaker_open";
 /// `{group}`: 0 normal, 1 paused (a breaker is open), 2 draining parked letters.
@@ -69,8 +78,11 @@ pub const DLQ_REPLAY_CAME_BACK: &str = "outbox_dlq_replay_came_back_total";
 pub const DLQ_DROPPED: &str = "outbox_dlq_dropped_total";
 
 /// Every metric name the code exports, for the dashboard and alert-rule checks.
-pub const ALL: [&str; 25] = [
+pub const ALL: [&str; 28] = [
     BREAKER_OPEN,
+    CONSUMER_DLQ_WRITE_FAILURES,
+    CONSUMER_DLQ_BLOCKED,
+    MARKS_OVERDUE,
     CONSUMER_MODE,
     OUTBOX_ROWS,
     OUTBOX_OLDEST_PENDING_AGE,

@@ -51,3 +51,21 @@ WITH doomed AS (
      FOR UPDATE SKIP LOCKED),
 gone AS (DELETE FROM {s}.{t} AS p USING doomed WHERE p.ctid = doomed.ctid RETURNING 1)
 SELECT count(*)::bigint FROM gone";
+
+/// [`CLEANUP`] for one consumer group (`$3`): a consumer deletes only its own group's marks,
+/// by its own retention; other groups sharing the schema may keep theirs longer.
+pub(crate) const CLEANUP_GROUP: &str = "\
+WITH doomed AS (
+    SELECT ctid FROM {s}.{t}
+     WHERE {at} < now() - make_interval(secs => $1) AND consumer_group = $3
+     ORDER BY {at}
+     LIMIT $2
+     FOR UPDATE SKIP LOCKED),
+gone AS (DELETE FROM {s}.{t} AS p USING doomed WHERE p.ctid = doomed.ctid RETURNING 1)
+SELECT count(*)::bigint FROM gone";
+
+/// Processed marks older than `$1` seconds, per group: overdue for cleanup.
+pub(crate) const OVERDUE: &str = "\
+SELECT consumer_group, count(*)::bigint FROM {s}.processed_messages
+ WHERE processed_at < now() - make_interval(secs => $1)
+ GROUP BY consumer_group ORDER BY consumer_group";

@@ -87,7 +87,7 @@ async fn a_tombstone_is_published_null_handled_as_a_delete_and_compaction_remove
     let consumer = Consumer::new(
         &db,
         &kafka(),
-        ConsumerConfig::new(&format!("it-{}", hex(6)), [&topic]),
+        ConsumerConfig::new(format!("it-{}", hex(6)), [&topic]),
     )
     .unwrap()
     .handler("customer_updated", upsert)

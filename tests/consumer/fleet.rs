@@ -248,3 +248,82 @@ async fn two_services_on_one_topic_each_retry_only_their_own() {
     ra.stop().await;
     rb.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_consumer_only_service_cleans_its_own_old_marks_and_status_shows_what_is_overdue() {
+    let db = fresh_db().await;
+    let topic = topic_name();
+    create_topic_family(&topic, 1, &[]).await;
+    let (a, b) = (format!("svc-a-{}", hex(6)), format!("svc-b-{}", hex(6)));
+    let c = client(&db).await;
+    // Months of a consumer-only service: 120 marks of A and 30 of B older than 14 days, 10
+    // fresh ones of A, and 5 old dead-letter records of A.
+    c.execute(
+        "INSERT INTO processed_messages (consumer_group, topic, message_id, processed_at)
+         SELECT $1, $3, 'old-' || g, now() - interval '20 days' FROM generate_series(1, 120) g
+         UNION ALL SELECT $2, $3, 'old-' || g, now() - interval '20 days' FROM generate_series(1, 30) g
+         UNION ALL SELECT $1, $3, 'new-' || g, now() FROM generate_series(1, 10) g",
+        &[&a, &b, &topic],
+    )
+    .await
+    .unwrap();
+    c.execute(
+        "INSERT INTO dead_lettered (consumer_group, topic, \"partition\", \"offset\", dead_lettered_at)
+         SELECT $1, $2, 0, g, now() - interval '20 days' FROM generate_series(1, 5) g",
+        &[&a, &topic],
+    )
+    .await
+    .unwrap();
+    let s = outbox::status(&db).await.unwrap();
+    assert_eq!(
+        s.overdue_marks
+            .iter()
+            .map(|m| (m.consumer_group.as_str(), m.count))
+            .collect::<Vec<_>>(),
+        [(a.as_str(), 120), (b.as_str(), 30)]
+    );
+
+    let mut cfg = ConsumerConfig::new(&a, [&topic]);
+    let mut cleanup = outbox::consumer::MarksCleanup::default();
+    cleanup.batch = 50;
+    cfg.cleanup = Some(cleanup);
+    let consumer = Consumer::new(&db, &kafka(), cfg).unwrap();
+    let stats = consumer.stats();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let h = tokio::spawn(consumer.run(async move {
+        let _ = stopped.await;
+    }));
+    wait_until(
+        Duration::from_secs(30),
+        "A's old marks cleaned at start",
+        || async { ConsumerStats::get(&stats.marks_deleted) == 125 },
+    )
+    .await;
+    stop.send(()).unwrap();
+    h.await.unwrap().unwrap();
+    assert_eq!(
+        count(
+            &c,
+            &format!("SELECT count(*) FROM processed_messages WHERE consumer_group = '{a}'")
+        )
+        .await,
+        10,
+        "fresh marks stay"
+    );
+    assert_eq!(count(&c, "SELECT count(*) FROM dead_lettered").await, 0);
+    // B's marks are B's business: its own consumer (here: none, or cleanup off) decides.
+    let s = outbox::status(&db).await.unwrap();
+    assert_eq!(
+        s.overdue_marks
+            .iter()
+            .map(|m| (m.consumer_group.as_str(), m.count))
+            .collect::<Vec<_>>(),
+        [(b.as_str(), 30)]
+    );
+    let o = outbox_command(&db).arg("status").output().unwrap();
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        text.contains(&format!("processed marks OVERDUE: 30 of group {b}")),
+        "{text}"
+    );
+}

@@ -214,8 +214,10 @@ async fn an_operator_finds_a_dead_letter_group_opens_a_message_and_replays_it() 
 
         // An operator dropped the schema letters too soon; the dashboard undoes it.
         let dlq = outbox::dlq::Dlq::new(&db);
-        let mut f = outbox::dlq::Filter::default();
-        f.error_contains = Some("schema v1".into());
+        let f = outbox::dlq::Filter {
+            error_contains: Some("schema v1".into()),
+            ..Default::default()
+        };
         let dropped = dlq
             .drop_letters(&f, false, "noise", "someone")
             .await

@@ -310,6 +310,14 @@ async fn metrics_equal_the_work_done_stay_bounded_and_cover_the_dashboard_and_ru
             &[("group", &group), ("dependency", "loyalty-api")],
         ) == Some(0.0)
             && value(t, "outbox_consumer_mode", &[("group", &group)]) == Some(0.0)
+            // DLQ health from the start: no write failed, nothing blocked, no overdue marks.
+            && value(t, "outbox_consumer_dlq_blocked", &[("group", &group)]) == Some(0.0)
+            && value(
+                t,
+                "outbox_consumer_dlq_write_failures_total",
+                &[("topic", &format!("{topic}.dlq")), ("group", &group)],
+            ) == Some(0.0)
+            && value(t, "outbox_marks_overdue", &[("group", &group)]) == Some(0.0)
             && (0..3).all(|p| {
                 value(
                     t,

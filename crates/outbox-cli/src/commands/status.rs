@@ -15,12 +15,21 @@ pub struct Args {
     /// Print JSON instead of text.
     #[arg(long)]
     json: bool,
+    /// Processed marks older than this are reported as overdue for cleanup.
+    #[arg(long, default_value = "14d", value_parser = humantime::parse_duration)]
+    processed_retention: std::time::Duration,
 }
 
 pub async fn run(args: Args, out: &mut dyn Write) -> anyhow::Result<()> {
-    let Args { db, json } = args;
+    let Args {
+        db,
+        json,
+        processed_retention,
+    } = args;
     let db = db_config(&db)?;
-    let s = outbox::status(&db).await.context("status failed")?;
+    let s = outbox::status_with(&db, processed_retention)
+        .await
+        .context("status failed")?;
     render(&s, json, out)?;
     Ok(())
 }
@@ -71,6 +80,13 @@ pub(crate) fn render(
                 )?;
             }
         }
+        for m in &s.overdue_marks {
+            writeln!(
+                out,
+                "processed marks OVERDUE: {} of group {} are past retention (is its cleanup off?)",
+                m.count, m.consumer_group
+            )?;
+        }
         if !s.failed_by_error.is_empty() {
             writeln!(out, "failed rows by last_error:")?;
             for g in &s.failed_by_error {
@@ -96,7 +112,8 @@ mod tests {
             "counts": [{"status": "pending", "count": 3, "oldest": "2026-12-01T00:00:00Z"}],
             "oldest_pending_age_secs": 12.5,
             "failed_by_error": [{"last_error": "topic missing", "count": 2, "min_id": 4, "max_id": 9}],
-            "open_breakers": []
+            "open_breakers": [],
+            "overdue_marks": [{"consumer_group": "billing", "count": 7}]
         }))
         .unwrap();
         let mut out = Vec::new();
@@ -106,6 +123,7 @@ mod tests {
             "pending             3  2026-12-01T00:00:00Z",
             "oldest pending age: 12.5 s",
             "circuit breakers: none open",
+            "processed marks OVERDUE: 7 of group billing are past retention",
             "       2  ids 4..9  topic missing",
         ] {
             assert!(text.contains(want), "{want:?} missing in:\n{text}");
