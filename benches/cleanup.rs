@@ -30,7 +30,7 @@ async fn main() {
            ('bench.cleanup', '{{}}', 'pending', now() - interval '30 days'),
            ('bench.cleanup', '{{}}', 'failed', now() - interval '30 days');
          INSERT INTO {s}.processed_messages (consumer_group, topic, message_id, processed_at)
-           SELECT 'g', 'bench.cleanup', 'm' || g, now() - interval '15 days' FROM generate_series(1, {keep}) g;"
+           SELECT 'g', 'bench.cleanup', 'm' || g, now() - interval '36 days' FROM generate_series(1, {keep}) g;"
     ))
     .await
     .unwrap();

@@ -12,8 +12,10 @@ use crate::sql::Statements;
 
 /// Keep sent outbox rows this long (as long as the topics keep them, so a topic can be rebuilt).
 pub const DEFAULT_SENT_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
-/// Keep processed-message marks this long (twice the topics' retention: a redelivery can never outlive its mark).
-pub const DEFAULT_PROCESSED_RETENTION: Duration = Duration::from_secs(14 * 24 * 3600);
+/// Keep processed-message marks this long: longer than anything that can bring a message back
+/// (the topics' 7 days, the dead-letter topics' 30 days), so a redelivery or a replay from the DLQ
+/// topic never outlives its mark. Replays from the archive are checked against it.
+pub const DEFAULT_PROCESSED_RETENTION: Duration = Duration::from_secs(35 * 24 * 3600);
 /// Rows deleted per cleanup statement, so no statement holds locks for long.
 pub const DEFAULT_CLEANUP_BATCH: usize = 5_000;
 /// How often the relay runs cleanup (the "cron module").

@@ -79,7 +79,7 @@ impl OutboxStatus {
 }
 
 /// Reads the status of the outbox in `db.schema`, with marks overdue against the default
-/// retention (14 days).
+/// retention (35 days).
 ///
 /// # Errors
 /// The Postgres error when unreachable or the tables are missing (run `outbox migrate`).

@@ -222,6 +222,9 @@ pub(super) struct ReplayBody {
     #[serde(default)]
     all: bool,
     #[serde(default)]
+    accept_duplicates: bool,
+    marks_retention_secs: Option<u64>,
+    #[serde(default)]
     dry_run: bool,
 }
 
@@ -282,6 +285,10 @@ pub(super) async fn dlq_replay(
         loop_guard: d.loop_guard,
         force: b.force,
         all: b.all,
+        marks_retention: b
+            .marks_retention_secs
+            .map_or(d.marks_retention, Duration::from_secs),
+        accept_duplicates: b.accept_duplicates,
         actor: c.holder.clone(),
     };
     if b.dry_run {

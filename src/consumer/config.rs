@@ -64,7 +64,7 @@ pub struct ConsumerConfig {
     /// at low load nothing waits for company. See `consumer/group.rs`.
     pub commit_group: usize,
     /// The consumer's own cleanup of its group's old processed marks and dead-letter records
-    /// (on by default: 14 days, batches of 5,000, hourly; `None` turns it off, e.g. when
+    /// (on by default: 35 days, batches of 5,000, hourly; `None` turns it off, e.g. when
     /// `outbox cleanup` runs from cron). The `outbox_marks_overdue` gauge is exported either way.
     pub cleanup: Option<super::MarksCleanup>,
 }

@@ -335,6 +335,13 @@ impl Consumer {
         if !missing.is_empty() {
             return Err(ConsumerError::MissingTopics(missing));
         }
+        let dlq_topics: Vec<String> = self
+            .config
+            .topics
+            .iter()
+            .map(|t| self.config.dlq_topic(t))
+            .collect();
+        upkeep::check_retention(&self.kafka, &dlq_topics, self.config.cleanup.as_ref()).await?;
         let retry_topics = self.config.retry_topics();
         let mut subscribe: Vec<String> = self.config.topics.clone();
         subscribe.extend(retry_topics.keys().cloned());

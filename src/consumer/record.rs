@@ -84,41 +84,32 @@ pub(super) fn decode(raw: &Raw, origin: &Origin) -> Result<Delivered, String> {
         }
         Ok(text.to_owned())
     };
-    let Some(payload) = raw.payload.as_deref() else {
+    let tombstone = raw.payload.is_none();
+    let (message_type, message_id, body) = if tombstone {
         // A tombstone: any producer may write one, with or without our headers. Its dedupe
         // key falls back to the record's original coordinates, stable across redeliveries.
-        let message_id = match required(HEADER_MESSAGE_ID) {
+        let id = match required(HEADER_MESSAGE_ID) {
             Ok(id) if id.len() <= MAX_MESSAGE_ID_LEN => id,
             _ => format!(
                 "tombstone:{}:{}:{}",
                 origin.topic, origin.partition, origin.offset
             ),
         };
-        return Ok(Delivered {
-            topic: origin.topic.clone(),
-            source_topic: raw.topic.clone(),
-            partition: raw.partition,
-            offset: raw.offset,
-            key: raw.key.clone(),
-            headers: raw.headers.clone(),
-            payload: Vec::new(),
-            message_type: required(HEADER_MESSAGE_TYPE)
-                .unwrap_or_else(|_| crate::message::TOMBSTONE_TYPE.into()),
-            message_id,
-            body: serde_json::Value::Null,
-            retry_attempt: origin.hop,
-            tombstone: true,
-        });
+        let kind =
+            required(HEADER_MESSAGE_TYPE).unwrap_or_else(|_| crate::message::TOMBSTONE_TYPE.into());
+        (kind, id, serde_json::Value::Null)
+    } else {
+        let kind = required(HEADER_MESSAGE_TYPE)?;
+        let id = required(HEADER_MESSAGE_ID)?;
+        if id.len() > MAX_MESSAGE_ID_LEN {
+            return Err(format!(
+                "message_id header longer than {MAX_MESSAGE_ID_LEN} bytes"
+            ));
+        }
+        let body = serde_json::from_slice(raw.payload.as_deref().unwrap_or_default())
+            .map_err(|e| format!("body is not valid JSON: {e}"))?;
+        (kind, id, body)
     };
-    let message_type = required(HEADER_MESSAGE_TYPE)?;
-    let message_id = required(HEADER_MESSAGE_ID)?;
-    if message_id.len() > MAX_MESSAGE_ID_LEN {
-        return Err(format!(
-            "message_id header longer than {MAX_MESSAGE_ID_LEN} bytes"
-        ));
-    }
-    let body: serde_json::Value =
-        serde_json::from_slice(payload).map_err(|e| format!("body is not valid JSON: {e}"))?;
     Ok(Delivered {
         topic: origin.topic.clone(),
         source_topic: raw.topic.clone(),
@@ -126,11 +117,11 @@ pub(super) fn decode(raw: &Raw, origin: &Origin) -> Result<Delivered, String> {
         offset: raw.offset,
         key: raw.key.clone(),
         headers: raw.headers.clone(),
-        payload: payload.to_vec(),
+        payload: raw.payload.clone().unwrap_or_default(),
         message_type,
         message_id,
         body,
-        tombstone: false,
         retry_attempt: origin.hop,
+        tombstone,
     })
 }

@@ -293,9 +293,11 @@ impl Runtime<'_> {
             Instant::now() + Duration::from_millis(wait)
         });
         let is_dlq = self.shared.drain_topics.contains_key(&raw.topic);
-        if is_dlq && !self.ours(&raw) {
-            // Another group's letter, or one a drain must never take (decode, permanent,
-            // panic): passed over at once, no handler, no pacing.
+        // Another group's letter, or one a drain must never take (decode, permanent, panic),
+        // and a retry record of another group (written to our retry topic by hand or by a
+        // misconfigured service): passed over at once, no handler, no pacing, no waiting.
+        let pass_over = (is_dlq && !self.ours(&raw)) || self.foreign_retry(&raw);
+        if pass_over {
             self.settle(vec![DoneItem {
                 lane: (raw.topic.clone(), raw.partition, LaneId::Offset(raw.offset)),
                 tp,
@@ -305,27 +307,6 @@ impl Runtime<'_> {
                 timestamp_ms: raw.timestamp_ms,
             }]);
             return;
-        }
-        if let Some((main, _)) = self.shared.retry_topics.get(&raw.topic) {
-            if let Some(other) = raw
-                .header(crate::wire::X_CONSUMER_GROUP)
-                .filter(|g| *g != self.shared.config.group)
-            {
-                // A retry record of another group (written to our retry topic by hand or by a
-                // misconfigured service): that group handles it, never us, and without waiting.
-                warn!(topic = %raw.topic, partition = raw.partition, offset = raw.offset, group = %other, "retry record of another consumer group: ignored");
-                ConsumerStats::inc(&self.shared.stats.foreign_retries);
-                super::process::count(&self.shared, main, "foreign_retry", 1);
-                self.settle(vec![DoneItem {
-                    lane: (raw.topic.clone(), raw.partition, LaneId::Offset(raw.offset)),
-                    tp,
-                    offset: raw.offset,
-                    epoch,
-                    fate: Fate::Final,
-                    timestamp_ms: raw.timestamp_ms,
-                }]);
-                return;
-            }
         }
         let origin = origin(&raw, &self.shared);
         let decoded = decode(&raw, &origin);
@@ -351,6 +332,24 @@ impl Runtime<'_> {
         } else {
             self.enqueue(env);
         }
+    }
+
+    /// A retry record of another consumer group on one of our retry topics: counted, logged,
+    /// and never ours to handle.
+    fn foreign_retry(&self, raw: &Raw) -> bool {
+        let Some((main, _)) = self.shared.retry_topics.get(&raw.topic) else {
+            return false;
+        };
+        let Some(other) = raw
+            .header(crate::wire::X_CONSUMER_GROUP)
+            .filter(|g| *g != self.shared.config.group)
+        else {
+            return false;
+        };
+        warn!(topic = %raw.topic, partition = raw.partition, offset = raw.offset, group = %other, "retry record of another consumer group: ignored");
+        ConsumerStats::inc(&self.shared.stats.foreign_retries);
+        super::process::count(&self.shared, main, "foreign_retry", 1);
+        true
     }
 
     fn enqueue(&mut self, env: Envelope) {

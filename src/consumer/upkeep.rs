@@ -18,7 +18,7 @@ use crate::sql::{marks, render};
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct MarksCleanup {
-    /// Marks older than this are deleted (default 14 days). Keep it longer than anything that
+    /// Marks older than this are deleted (default 35 days). Keep it longer than anything that
     /// can bring a message back: the topic's and the DLQ's retention, and replay windows.
     pub retention: Duration,
     /// Rows per DELETE statement (default 5,000).
@@ -137,4 +137,59 @@ pub(super) async fn run(
             () = tokio::time::sleep(measure.interval) => {}
         }
     }
+}
+
+/// Processed marks must outlive what can bring a message back: a consumer whose marks are
+/// deleted before its dead-letter topics drop their letters would handle a letter replayed or
+/// drained from there a second time. Checked at start against the broker's `retention.ms` of
+/// each dead-letter topic; a lookup that fails (ACLs) only warns.
+pub(super) async fn check_retention(
+    kafka: &crate::config::KafkaConfig,
+    dlq_topics: &[String],
+    cleanup: Option<&MarksCleanup>,
+) -> Result<(), super::ConsumerError> {
+    use rdkafka::admin::{AdminClient, AdminOptions, ResourceSpecifier};
+    let Some(c) = cleanup else {
+        return Ok(());
+    };
+    let admin: AdminClient<rdkafka::client::DefaultClientContext> =
+        kafka.client_config().create()?;
+    let specs: Vec<ResourceSpecifier<'_>> = dlq_topics
+        .iter()
+        .map(|t| ResourceSpecifier::Topic(t))
+        .collect();
+    let opts = AdminOptions::new().request_timeout(Some(Duration::from_secs(15)));
+    let described = match admin.describe_configs(specs.iter(), &opts).await {
+        Ok(d) => d,
+        Err(e) => {
+            warn!(error = %e, "cannot read the dead-letter topics' retention; marks retention not checked");
+            return Ok(());
+        }
+    };
+    for (topic, r) in dlq_topics.iter().zip(described) {
+        let Ok(resource) = r else { continue };
+        let Some(ms) = resource
+            .get("retention.ms")
+            .and_then(|e| e.value.as_deref())
+            .and_then(|v| v.parse::<i64>().ok())
+        else {
+            continue;
+        };
+        let days = |d: f64| format!("{:.1} days", d / 86_400.0);
+        let kept = if ms < 0 {
+            "forever".to_owned()
+        } else {
+            days(ms as f64 / 1000.0)
+        };
+        if ms < 0 || Duration::from_millis(ms as u64) > c.retention {
+            return Err(super::ConsumerError::Config(format!(
+                "processed marks are kept {} but {topic} keeps dead letters {kept}: a letter \
+                 replayed or drained from it after the marks are gone would be handled twice. \
+                 Raise ConsumerConfig::cleanup's retention above the DLQ's, or lower the DLQ \
+                 topic's retention.ms (topics.toml dlq_retention)",
+                days(c.retention.as_secs_f64())
+            )));
+        }
+    }
+    Ok(())
 }

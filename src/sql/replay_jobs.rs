@@ -69,7 +69,10 @@ pub(crate) const STATUS: &str =
 pub(crate) const SELECTION: &str = "SELECT d.id, coalesce({to}::text, d.original_topic) AS target,
    (SELECT count(*) FROM {s}.dlq_replay_items i JOIN {s}.dead_letters d2 ON d2.id = i.dead_letter_id
      WHERE i.state = 'sent' AND (d2.id = d.id OR (d2.original_topic = d.original_topic
-           AND d2.message_id = d.message_id))) AS times_replayed
+           AND d2.message_id = d.message_id))) AS times_replayed,
+   -- How long ago the message first failed: the groups reading the topic handled it then, and
+   -- their processed marks age from about that moment.
+   extract(epoch FROM now() - least(d.first_failed_at, d.failed_at, d.archived_at))::float8 AS age_secs
  FROM {s}.dead_letters d
  WHERE {where} AND d.status <> 'dropped'
    AND NOT EXISTS (SELECT 1 FROM {s}.dlq_replay_items i JOIN {s}.dlq_replay_jobs j ON j.id = i.job_id

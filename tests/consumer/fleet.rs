@@ -260,8 +260,8 @@ async fn a_consumer_only_service_cleans_its_own_old_marks_and_status_shows_what_
     // fresh ones of A, and 5 old dead-letter records of A.
     c.execute(
         "INSERT INTO processed_messages (consumer_group, topic, message_id, processed_at)
-         SELECT $1, $3, 'old-' || g, now() - interval '20 days' FROM generate_series(1, 120) g
-         UNION ALL SELECT $2, $3, 'old-' || g, now() - interval '20 days' FROM generate_series(1, 30) g
+         SELECT $1, $3, 'old-' || g, now() - interval '40 days' FROM generate_series(1, 120) g
+         UNION ALL SELECT $2, $3, 'old-' || g, now() - interval '40 days' FROM generate_series(1, 30) g
          UNION ALL SELECT $1, $3, 'new-' || g, now() FROM generate_series(1, 10) g",
         &[&a, &b, &topic],
     )
@@ -269,7 +269,7 @@ async fn a_consumer_only_service_cleans_its_own_old_marks_and_status_shows_what_
     .unwrap();
     c.execute(
         "INSERT INTO dead_lettered (consumer_group, topic, \"partition\", \"offset\", dead_lettered_at)
-         SELECT $1, $2, 0, g, now() - interval '20 days' FROM generate_series(1, 5) g",
+         SELECT $1, $2, 0, g, now() - interval '40 days' FROM generate_series(1, 5) g",
         &[&a, &topic],
     )
     .await
@@ -326,4 +326,36 @@ async fn a_consumer_only_service_cleans_its_own_old_marks_and_status_shows_what_
         text.contains(&format!("processed marks OVERDUE: 30 of group {b}")),
         "{text}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_consumer_whose_marks_die_before_its_dead_letters_is_refused_at_start() {
+    let db = fresh_db().await;
+    let topic = topic_name();
+    // A DLQ kept 60 days, against marks kept 35 (the default).
+    let file = format!("[[topic]]\nname = \"{topic}\"\npartitions = 1\nretry_delays = []\ndlq_retention = \"60d\"\n");
+    outbox::topics::apply(&kafka(), &outbox::topics::plan(&file).unwrap(), false)
+        .await
+        .unwrap();
+    let err = Consumer::new(&db, &kafka(), ConsumerConfig::new("svc", [&topic]))
+        .unwrap()
+        .run(async {})
+        .await
+        .unwrap_err();
+    let text = err.to_string();
+    assert!(
+        text.contains("processed marks are kept 35.0 days")
+            && text.contains(&format!("{topic}.dlq keeps dead letters 60.0 days")),
+        "{text}"
+    );
+    // Marks kept longer than the letters: starts.
+    let mut cfg = ConsumerConfig::new("svc", [&topic]);
+    let mut cleanup = outbox::consumer::MarksCleanup::default();
+    cleanup.retention = Duration::from_secs(90 * 86_400);
+    cfg.cleanup = Some(cleanup);
+    Consumer::new(&db, &kafka(), cfg)
+        .unwrap()
+        .run(async {})
+        .await
+        .unwrap();
 }

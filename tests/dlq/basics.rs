@@ -1343,3 +1343,98 @@ async fn ctrl_c_pauses_a_replay_and_a_letter_that_cannot_be_sent_exits_1() {
         .get(0);
     assert!(err.contains("does not exist"), "{err}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_older_than_the_processed_marks_is_refused_unless_accepted_and_audited() {
+    let db = fresh_db().await;
+    let c = client(&db).await;
+    let topic = topic_name();
+    // Two letters from the last week, one that first failed 40 days ago (marks are kept 35).
+    c.execute(
+        "INSERT INTO dead_letters (dlq_topic, \"partition\", \"offset\", original_topic, consumer_group,
+                                   message_id, first_failed_at, failed_at, error)
+         VALUES ($1, 0, 1, $2, 'billing', 'm1', now() - interval '2 days', now() - interval '2 days', 'boom'),
+                ($1, 0, 2, $2, 'billing', 'm2', now() - interval '6 days', now() - interval '1 day', 'boom'),
+                ($1, 0, 3, $2, 'billing', 'm3', now() - interval '40 days', now() - interval '39 days', 'boom')",
+        &[&format!("{topic}.dlq"), &topic],
+    )
+    .await
+    .unwrap();
+    let o = run(outbox_command(&db).args(["dlq", "replay", "--topic", &topic, "--dry-run"]));
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(
+        text(&o).contains(
+            "1 of the selected letters first failed longer ago than processed marks are kept"
+        ) && text(&o).contains("--accept-duplicates"),
+        "{}",
+        text(&o)
+    );
+    // Newer letters only: fine.
+    let o = run(outbox_command(&db).args([
+        "dlq",
+        "replay",
+        "--topic",
+        &topic,
+        "--since",
+        "10d",
+        "--dry-run",
+    ]));
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        text(&o).contains("2 letter(s) would be replayed"),
+        "{}",
+        text(&o)
+    );
+    // A shorter retention the operator knows of refuses more.
+    let o = run(outbox_command(&db).args([
+        "dlq",
+        "replay",
+        "--topic",
+        &topic,
+        "--since",
+        "10d",
+        "--marks-retention",
+        "4d",
+        "--dry-run",
+    ]));
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    // Accepted: proceeds, and the audit says what was accepted.
+    let o = run(outbox_command(&db).args([
+        "dlq",
+        "replay",
+        "--topic",
+        &topic,
+        "--accept-duplicates",
+        "--dry-run",
+    ]));
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        text(&o).contains("1 of them older than the marks retention"),
+        "{}",
+        text(&o)
+    );
+    let dlq = outbox::dlq::Dlq::new(&db);
+    let filter = outbox::dlq::Filter {
+        topic: Some(topic.clone()),
+        ..Default::default()
+    };
+    let mut opts = outbox::dlq::ReplayOptions::default();
+    assert!(
+        dlq.create_job(&filter, &opts).await.is_err(),
+        "refused without the flag"
+    );
+    opts.accept_duplicates = true;
+    opts.actor = "erin".into();
+    let job = dlq.create_job(&filter, &opts).await.unwrap();
+    assert_eq!(job.pending, 3);
+    let audit: serde_json::Value = c
+        .query_one(
+            "SELECT filter FROM dlq_audit WHERE action = 'replay' AND actor = 'erin'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(audit["accept_duplicates"], true);
+    assert_eq!(audit["older_than_marks"], 1);
+}

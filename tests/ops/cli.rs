@@ -189,9 +189,9 @@ async fn cleanup_deletes_only_rows_past_retention_in_bounded_batches() {
            ('a.b', '{\"keep\":\"old pending\"}', 'pending', now() - interval '30 days'),
            ('a.b', '{\"keep\":\"old failed\"}', 'failed', now() - interval '30 days');
          INSERT INTO processed_messages (consumer_group, topic, message_id, processed_at)
-           SELECT 'g', 'a.b', 'old-' || i, now() - interval '15 days' FROM generate_series(1, 5) i;
+           SELECT 'g', 'a.b', 'old-' || i, now() - interval '36 days' FROM generate_series(1, 5) i;
          INSERT INTO processed_messages (consumer_group, topic, message_id, processed_at) VALUES
-           ('g', 'a.b', 'recent', now() - interval '13 days');
+           ('g', 'a.b', 'recent', now() - interval '34 days');
          INSERT INTO dead_letters (dlq_topic, \"partition\", \"offset\", original_topic, failed_at, archived_at, status, error) VALUES
            ('a.b.dlq', 0, 1, 'a.b', now(), now() - interval '31 days', 'replayed', 'old replayed'),
            ('a.b.dlq', 0, 2, 'a.b', now(), now() - interval '31 days', 'dropped', 'old dropped'),
@@ -276,7 +276,7 @@ async fn relay_runs_cleanup_on_its_schedule() {
     let c = client(&db).await;
     c.batch_execute(
         "INSERT INTO outbox (topic, payload, status, sent_at) VALUES ('a.b', '{}', 'sent', now() - interval '8 days');
-         INSERT INTO processed_messages (consumer_group, topic, message_id, processed_at) VALUES ('g', 't', 'x', now() - interval '15 days');",
+         INSERT INTO processed_messages (consumer_group, topic, message_id, processed_at) VALUES ('g', 't', 'x', now() - interval '36 days');",
     )
     .await
     .unwrap();

@@ -32,7 +32,7 @@ pub(crate) struct CleanupArgs {
     #[arg(long, default_value = "7d", value_parser = humantime::parse_duration)]
     pub(crate) sent_retention: Duration,
     /// Delete processed_messages rows older than this.
-    #[arg(long, default_value = "14d", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "35d", value_parser = humantime::parse_duration)]
     pub(crate) processed_retention: Duration,
     /// Rows per DELETE statement.
     #[arg(long, default_value_t = outbox::DEFAULT_CLEANUP_BATCH)]

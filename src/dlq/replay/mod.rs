@@ -71,6 +71,12 @@ pub struct ReplayOptions {
     pub force: bool,
     /// Allow an unselective filter (every new letter).
     pub all: bool,
+    /// How long the groups reading the target topics keep processed marks (default 35 days,
+    /// the cleanup default). Letters that first failed longer ago are refused.
+    pub marks_retention: Duration,
+    /// Replay letters older than `marks_retention` anyway: a group whose mark expired handles
+    /// them again. Recorded in the audit row.
+    pub accept_duplicates: bool,
     /// Who asked (audit).
     pub actor: String,
 }
@@ -87,6 +93,8 @@ impl Default for ReplayOptions {
             loop_guard: DEFAULT_LOOP_GUARD,
             force: false,
             all: false,
+            marks_retention: crate::cleanup::DEFAULT_PROCESSED_RETENTION,
+            accept_duplicates: false,
             actor: super::default_actor(),
         }
     }
@@ -127,6 +135,9 @@ pub struct DryRun {
     pub count: i64,
     /// Letters the loop guard would skip.
     pub skipped_loop_guard: i64,
+    /// Letters sent although older than the marks retention (only with `accept_duplicates`;
+    /// without it the dry run is refused like the job).
+    pub older_than_marks: i64,
     /// Letters per target topic.
     pub by_topic: Vec<(String, i64)>,
     /// The first letters, oldest first (at most 20).

@@ -9,6 +9,16 @@ use tracing::info;
 use super::*;
 use crate::sql;
 
+/// One letter a replay would select.
+pub(super) struct Selected {
+    pub(super) id: i64,
+    pub(super) times_replayed: i64,
+    /// Where it would go.
+    pub(super) target: String,
+    /// How long ago it first failed.
+    pub(super) age: std::time::Duration,
+}
+
 impl Dlq {
     /// The letters `filter` selects for a replay, with how often each was replayed.
     pub(super) async fn selection(
@@ -16,7 +26,7 @@ impl Dlq {
         client: &impl tokio_postgres::GenericClient,
         filter: &Filter,
         opts: &ReplayOptions,
-    ) -> Result<Vec<(i64, i64, String)>, DlqError> {
+    ) -> Result<Vec<Selected>, DlqError> {
         // Explicit ids may be replayed again (new or replayed); filters take new letters.
         let mut w = filter.to_where(
             "d",
@@ -40,8 +50,40 @@ impl Dlq {
             .await?;
         Ok(rows
             .iter()
-            .map(|r| (r.get(0), r.get(2), r.get(1)))
+            .map(|r| Selected {
+                id: r.get(0),
+                times_replayed: r.get(2),
+                target: r.get(1),
+                age: std::time::Duration::from_secs_f64(r.get::<_, f64>(3).max(0.0)),
+            })
             .collect())
+    }
+
+    /// Refuses a replay of letters older than the processed marks are kept, unless the
+    /// operator accepts that a group whose mark expired handles them again. Returns how many
+    /// selected letters are that old.
+    fn check_retention(go: &[&Selected], opts: &ReplayOptions) -> Result<i64, DlqError> {
+        let stale: Vec<&&Selected> = go.iter().filter(|s| s.age > opts.marks_retention).collect();
+        let Some(oldest) = stale.iter().map(|s| s.age).max() else {
+            return Ok(0);
+        };
+        if !opts.accept_duplicates {
+            let mut topics: Vec<&str> = stale.iter().map(|s| s.target.as_str()).collect();
+            topics.sort_unstable();
+            topics.dedup();
+            let days = |d: std::time::Duration| format!("{:.1} days", d.as_secs_f64() / 86_400.0);
+            return invalid(format!(
+                "{} of the selected letters first failed longer ago than processed marks are kept \
+                 (oldest {}, marks kept {}): every group reading {} whose mark has expired would \
+                 handle them a second time. Replay only newer letters (--since), or give \
+                 --accept-duplicates to replay anyway (audited)",
+                stale.len(),
+                days(oldest),
+                days(opts.marks_retention),
+                topics.join(", ")
+            ));
+        }
+        Ok(stale.len() as i64)
     }
 
     pub(super) fn prepare(filter: &Filter, opts: &ReplayOptions) -> Result<Filter, DlqError> {
@@ -69,17 +111,18 @@ impl Dlq {
             .await?;
         let sel = self.selection(&**c, &filter, opts).await?;
         let guard = i64::from(opts.loop_guard);
-        let go: Vec<&(i64, i64, String)> = sel
+        let go: Vec<&Selected> = sel
             .iter()
-            .filter(|(_, n, _)| opts.force || *n < guard)
+            .filter(|s| opts.force || s.times_replayed < guard)
             .collect();
+        let older_than_marks = Self::check_retention(&go, opts)?;
         let mut by_topic: HashMap<String, i64> = HashMap::new();
-        for (_, _, t) in &go {
-            *by_topic.entry(t.clone()).or_default() += 1;
+        for s in &go {
+            *by_topic.entry(s.target.clone()).or_default() += 1;
         }
         let mut by_topic: Vec<(String, i64)> = by_topic.into_iter().collect();
         by_topic.sort();
-        let sample_ids: Vec<i64> = go.iter().take(20).map(|(id, _, _)| *id).collect();
+        let sample_ids: Vec<i64> = go.iter().take(20).map(|s| s.id).collect();
         let mut sample = if sample_ids.is_empty() {
             Vec::new()
         } else {
@@ -97,6 +140,7 @@ impl Dlq {
         Ok(DryRun {
             count: go.len() as i64,
             skipped_loop_guard: (sel.len() - go.len()) as i64,
+            older_than_marks,
             by_topic,
             sample,
         })
@@ -122,6 +166,11 @@ impl Dlq {
             return not_found("no letters match: nothing to replay (already replayed or dropped letters need --id, or --status)");
         }
         let guard = i64::from(opts.loop_guard);
+        let go: Vec<&Selected> = sel
+            .iter()
+            .filter(|s| opts.force || s.times_replayed < guard)
+            .collect();
+        let older_than_marks = Self::check_retention(&go, opts)?;
         let mut ids = Vec::with_capacity(sel.len());
         let mut states = Vec::with_capacity(sel.len());
         let mut errors: Vec<Option<String>> = Vec::with_capacity(sel.len());
@@ -129,13 +178,14 @@ impl Dlq {
         // Letters to send first (oldest first), skipped ones after: the canary is the first
         // `canary` items by seq, so it must be made of letters that are actually sent.
         let mut sel = sel;
-        sel.sort_by_key(|(id, n, _)| (!(opts.force || *n < guard), *id));
-        for (id, n, _) in &sel {
-            ids.push(*id);
-            if opts.force || *n < guard {
+        sel.sort_by_key(|s| (!(opts.force || s.times_replayed < guard), s.id));
+        for s in &sel {
+            let (id, n) = (s.id, s.times_replayed);
+            ids.push(id);
+            if opts.force || n < guard {
                 states.push("pending".to_owned());
                 errors.push(None);
-                go_ids.push(*id);
+                go_ids.push(id);
             } else {
                 states.push("skipped".to_owned());
                 errors.push(Some(format!(
@@ -154,6 +204,10 @@ impl Dlq {
             "loop_guard": opts.loop_guard,
             "force": opts.force,
             "all": opts.all,
+            // The risk the operator accepted, on the record.
+            "accept_duplicates": opts.accept_duplicates,
+            "older_than_marks": older_than_marks,
+            "marks_retention_secs": opts.marks_retention.as_secs(),
         });
         let audit_id: i64 = tx
             .query_one(

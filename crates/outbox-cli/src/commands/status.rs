@@ -16,7 +16,7 @@ pub struct Args {
     #[arg(long)]
     json: bool,
     /// Processed marks older than this are reported as overdue for cleanup.
-    #[arg(long, default_value = "14d", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "35d", value_parser = humantime::parse_duration)]
     processed_retention: std::time::Duration,
 }
 

@@ -31,30 +31,15 @@ pub struct Args {
 }
 
 pub async fn run(args: Args, out: &mut dyn Write) -> anyhow::Result<()> {
-    let Args {
-        db,
-        filter,
-        ids,
-        reason,
-        all,
-        actor,
-    } = args;
-    let dlq = Dlq::new(&db_config(&db)?);
-    let r = dlq
-        .drop_letters(
-            &filter.to_filter(&ids)?,
-            all,
-            &reason,
-            &actor_or_default(actor),
-        )
-        .await
-        .map_err(lift)?;
-    writeln!(out, "dropped={}", r.dropped)?;
-
-    Ok(())
+    act(args, false, out).await
 }
 
 pub async fn restore(args: Args, out: &mut dyn Write) -> anyhow::Result<()> {
+    act(args, true, out).await
+}
+
+/// A drop, or (`restore`) its undoing: the same selection, reason and audit.
+async fn act(args: Args, restore: bool, out: &mut dyn Write) -> anyhow::Result<()> {
     let Args {
         db,
         filter,
@@ -64,15 +49,19 @@ pub async fn restore(args: Args, out: &mut dyn Write) -> anyhow::Result<()> {
         actor,
     } = args;
     let dlq = Dlq::new(&db_config(&db)?);
-    let r = dlq
-        .restore_letters(
-            &filter.to_filter(&ids)?,
-            all,
-            &reason,
-            &actor_or_default(actor),
-        )
-        .await
-        .map_err(lift)?;
-    writeln!(out, "restored={}", r.restored)?;
+    let (f, actor) = (filter.to_filter(&ids)?, actor_or_default(actor));
+    if restore {
+        let r = dlq
+            .restore_letters(&f, all, &reason, &actor)
+            .await
+            .map_err(lift)?;
+        writeln!(out, "restored={}", r.restored)?;
+    } else {
+        let r = dlq
+            .drop_letters(&f, all, &reason, &actor)
+            .await
+            .map_err(lift)?;
+        writeln!(out, "dropped={}", r.dropped)?;
+    }
     Ok(())
 }

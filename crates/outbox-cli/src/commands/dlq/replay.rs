@@ -58,6 +58,13 @@ pub struct Args {
     /// Allow replaying every new letter (no filter).
     #[arg(long)]
     all: bool,
+    /// How long the groups reading the target topics keep processed marks; older letters are
+    /// refused (a group whose mark expired would handle them twice).
+    #[arg(long, default_value = "35d", value_parser = humantime::parse_duration)]
+    marks_retention: std::time::Duration,
+    /// Replay letters older than --marks-retention anyway (recorded in the audit).
+    #[arg(long)]
+    accept_duplicates: bool,
     /// Who is replaying (audit); default the OS user.
     #[arg(long)]
     actor: Option<String>,
@@ -81,6 +88,8 @@ pub async fn run(args: Args, out: &mut dyn Write) -> anyhow::Result<()> {
         loop_guard,
         force,
         all,
+        marks_retention,
+        accept_duplicates,
         actor,
     } = args;
     let db = db_config(&db)?;
@@ -143,6 +152,8 @@ pub async fn run(args: Args, out: &mut dyn Write) -> anyhow::Result<()> {
         c.loop_guard = loop_guard;
         c.force = force;
         c.all = all;
+        c.marks_retention = marks_retention;
+        c.accept_duplicates = accept_duplicates;
         c.actor = actor_or_default(actor);
         c
     };
@@ -153,6 +164,13 @@ pub async fn run(args: Args, out: &mut dyn Write) -> anyhow::Result<()> {
             "dry run: {} letter(s) would be replayed, {} skipped by the loop guard; nothing changed",
             d.count, d.skipped_loop_guard
         )?;
+        if d.older_than_marks > 0 {
+            writeln!(
+                out,
+                "  {} of them older than the marks retention (accepted: they may be handled twice)",
+                d.older_than_marks
+            )?;
+        }
         for (t, n) in &d.by_topic {
             writeln!(out, "  {n:>8} → {t}")?;
         }
