@@ -17,7 +17,7 @@ use crate::db;
 
 /// The embedded migrations, in version order. A file in `migrations/` missing here fails the
 /// unit test `every_file_is_embedded`.
-const MIGRATIONS: [(i32, &str, &str); 12] = [
+const MIGRATIONS: [(i32, &str, &str); 13] = [
     (1, "outbox", include_str!("../migrations/V1__outbox.sql")),
     (
         2,
@@ -69,6 +69,11 @@ const MIGRATIONS: [(i32, &str, &str); 12] = [
         12,
         "tombstones_and_undo",
         include_str!("../migrations/V12__tombstones_and_undo.sql"),
+    ),
+    (
+        13,
+        "breaker_probe",
+        include_str!("../migrations/V13__breaker_probe.sql"),
     ),
 ];
 

@@ -43,20 +43,22 @@ pub(super) struct Ctx {
     pub(super) kafka_outage: Arc<crate::outage::Outage>,
 }
 
-/// Whether partitions of a topic flow in `mode`: DLQ topics only while draining, the others
-/// only in NORMAL.
-pub(super) fn flows(mode: Mode, dlq_topic: bool) -> bool {
+/// Whether partitions of a topic flow in `mode`: DLQ topics only while draining or probing,
+/// the others in NORMAL, and in PROBE once the parked letters are done (`probe_main`).
+pub(super) fn flows(mode: Mode, probe_main: bool, dlq_topic: bool) -> bool {
     if dlq_topic {
-        mode == Mode::Drain
+        matches!(mode, Mode::Drain | Mode::Probe)
     } else {
-        mode == Mode::Normal
+        mode == Mode::Normal || (mode == Mode::Probe && probe_main)
     }
 }
 
 impl Ctx {
     fn mode_allows(&self, topic: &str) -> bool {
-        let mode = self.breakers.as_ref().map_or(Mode::Normal, |b| b.mode());
-        flows(mode, self.drain_topics.contains(topic))
+        let (mode, main) = self.breakers.as_ref().map_or((Mode::Normal, false), |b| {
+            (b.mode(), b.probe_main.load(Ordering::SeqCst))
+        });
+        flows(mode, main, self.drain_topics.contains(topic))
     }
 }
 

@@ -421,10 +421,16 @@ impl Consumer {
             );
             b.refresh().await;
             tokio::spawn(async move {
+                // On a fixed schedule (not "interval after the last refresh"), so the time a
+                // refresh takes never pushes the next one back: a re-open is seen within one
+                // check, also while draining.
+                let mut tick = tokio::time::interval(every);
+                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                tick.tick().await;
                 loop {
                     tokio::select! {
                         () = c.cancelled() => return,
-                        () = tokio::time::sleep(every) => b.refresh().await,
+                        _ = tick.tick() => b.refresh().await,
                     }
                 }
             });

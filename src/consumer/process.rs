@@ -231,9 +231,12 @@ pub(super) async fn process_from(
     };
     let mut attempt: u32 = 0;
     let mut dep_attempt: u32 = 0;
+    // Every call of the handler (x-attempts on a parked letter), whatever the budget it spent.
+    let mut calls: u32 = 0;
     let mut outage = Backoff::default();
     loop {
         attempt += 1;
+        calls += 1;
         let result = match first.take() {
             Some(tried) => tried,
             None => {
@@ -256,6 +259,9 @@ pub(super) async fn process_from(
                 count(shared, &origin.topic, "handled", 1);
                 if let Some(b) = shared.breaker() {
                     b.record_call(None);
+                    if b.mode() == Mode::Probe {
+                        b.confirm().await;
+                    }
                 }
                 return Fate::Final;
             }
@@ -276,6 +282,7 @@ pub(super) async fn process_from(
         if err.is_database_unavailable() {
             // Our database is down: not this message's fault, so no attempt is spent.
             attempt -= 1;
+            calls -= 1;
             ConsumerStats::inc(&shared.stats.outage_waits);
             let wait = outage.next_delay();
             shared.pg_outage.failed(&format!(
@@ -292,8 +299,15 @@ pub(super) async fn process_from(
             // message is parked. Once the breaker is open, park at once.
             dep_attempt += 1;
             let rate_crossed = b.record_call(Some(dep));
+            if b.mode() == Mode::Probe {
+                // The probe failed: the dependency is still down. Re-open at once (for twice
+                // as long), no in-place retries against it.
+                b.probes.fetch_add(1, Ordering::Relaxed);
+                b.open(dep, err.message()).await;
+                return super::breaker::park(raw, origin, shared, err.message(), calls).await;
+            }
             if b.is_open(dep) || b.mode() != Mode::Normal {
-                return super::breaker::park(raw, origin, shared, err.message(), attempt).await;
+                return super::breaker::park(raw, origin, shared, err.message(), calls).await;
             }
             if dep_attempt < b.config.attempts && !rate_crossed {
                 attempt -= 1;
@@ -306,7 +320,7 @@ pub(super) async fn process_from(
                 continue;
             }
             b.open(dep, err.message()).await;
-            return super::breaker::park(raw, origin, shared, err.message(), attempt).await;
+            return super::breaker::park(raw, origin, shared, err.message(), calls).await;
         }
         if !err.is_transient() {
             warn!(message_id = %d.message_id, error = %err, "permanent failure: dead-lettering");

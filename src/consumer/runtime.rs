@@ -181,9 +181,10 @@ impl Runtime<'_> {
                 .saturated_since
                 .filter(|_| !self.bp_paused)
                 .map(|t| t.max(self.last_progress) + self.shared.config.pause_after);
-            let pacer_at = (self.mode() == Mode::Drain && !self.ready.is_empty())
-                .then(|| self.drain_pacer.wait().map(Instant::from_std))
-                .flatten();
+            let pacer_at = (matches!(self.mode(), Mode::Drain | Mode::Probe)
+                && !self.ready.is_empty())
+            .then(|| self.drain_pacer.wait().map(Instant::from_std))
+            .flatten();
             let steer_at = self
                 .shared
                 .breaker()
@@ -476,6 +477,8 @@ impl Runtime<'_> {
                 .config
                 .drain_concurrency
                 .min(self.shared.config.concurrency),
+            // A probe is one call at a time: a dead dependency sees one call, not a burst.
+            (Mode::Probe, Some(_)) => 1,
             _ => self.shared.config.concurrency,
         };
         while self.running < limit {
@@ -485,14 +488,14 @@ impl Runtime<'_> {
                     .lanes
                     .get(&key)
                     .and_then(|l| l.queue.front())
-                    .is_none_or(|e| Self::allowed(mode, e));
+                    .is_none_or(|e| self.allowed(mode, e));
                 if allowed {
                     break;
                 }
                 self.ready.pop_front();
                 self.held.push_back(key);
             }
-            if mode == Mode::Drain && !self.ready.is_empty() {
+            if matches!(mode, Mode::Drain | Mode::Probe) && !self.ready.is_empty() {
                 if self.drain_pacer.wait().is_some() {
                     return;
                 }
@@ -501,7 +504,7 @@ impl Runtime<'_> {
             let Some((key, env)) = self.next_head() else {
                 return;
             };
-            if !Self::allowed(mode, &env) {
+            if !self.allowed(mode, &env) {
                 let lane = self.lanes.get_mut(&key).expect("lane");
                 lane.queue.push_front(env);
                 lane.busy = false;
@@ -510,11 +513,16 @@ impl Runtime<'_> {
             }
             let drain = env.drain;
             let mut batch = vec![(key, env)];
-            if let Some((ty, max)) = (!drain).then(|| self.batch_of(&batch[0].1)).flatten() {
+            // A probe is one message: no batch, no commit group.
+            let probe = mode == Mode::Probe;
+            if let Some((ty, max)) = (!drain && !probe)
+                .then(|| self.batch_of(&batch[0].1))
+                .flatten()
+            {
                 self.gather(&mut batch, max, |rt, e| {
-                    Self::allowed(mode, e) && rt.batch_of(e).is_some_and(|(t, _)| t == ty)
+                    rt.allowed(mode, e) && rt.batch_of(e).is_some_and(|(t, _)| t == ty)
                 });
-            } else if !drain && self.single(&batch[0].1) {
+            } else if !drain && !probe && self.single(&batch[0].1) {
                 // A commit group (`group.rs`), only when more heads wait than slots are free:
                 // the waiting heads are spread over the free slots, so no slot idles.
                 let free = limit - self.running;
@@ -522,7 +530,7 @@ impl Runtime<'_> {
                 let size = waiting.div_ceil(free).min(self.shared.config.commit_group);
                 if size > 1 {
                     self.gather(&mut batch, size, |rt, e| {
-                        Self::allowed(mode, e) && !e.drain && rt.single(e)
+                        rt.allowed(mode, e) && !e.drain && rt.single(e)
                     });
                 }
             }

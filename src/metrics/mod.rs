@@ -58,7 +58,8 @@ pub const MARKS_OVERDUE: &str = "outbox_marks_overdue";
 
 /// `{group,dependency}`: 1 while the group's shared circuit breaker for the dependency is open.
 pub const BREAKER_OPEN: &str = "outbox_breaker_open";
-/// `{group}`: 0 normal, 1 paused (a breaker is open), 2 draining parked letters.
+/// `{group}`: 0 normal, 1 paused (a breaker is open), 2 draining parked letters, 3 probing a
+/// dependency whose breaker expired.
 pub const CONSUMER_MODE: &str = "outbox_consumer_mode";
 
 /// `outbox_dlq_messages{topic,group,kind,status}`: archived dead letters (`kind` is

@@ -22,10 +22,37 @@ pub(crate) const OPEN: &str = "INSERT INTO {s}.circuit_breakers AS b
  ON CONFLICT (consumer_group, name) DO UPDATE
    SET open_until = now() + make_interval(secs => least($4, $3 * power(2, b.streak))),
        opened_at = now(), opened_by = $5, reason = $6,
-       generation = b.generation + 1, streak = b.streak + 1
+       generation = b.generation + 1, streak = b.streak + 1, probe_by = NULL, probe_until = NULL
    WHERE b.open_until <= now()
  RETURNING extract(epoch FROM open_until - now())::float8";
 
-/// A completed drain: the group's closed breakers start doubling from the base again.
+/// The group's expired but untrusted breakers (the dependency has not answered since they
+/// opened): name, and whether the probe is held by replica `$2` / by anyone.
+pub(crate) const HALF_OPEN_OF_GROUP: &str = "SELECT name,
+        coalesce(probe_by = $2 AND probe_until > now(), false),
+        coalesce(probe_until > now(), false)
+   FROM {s}.circuit_breakers
+  WHERE consumer_group = $1 AND open_until <= now() AND streak > 0
+    AND (confirmed_at IS NULL OR confirmed_at < opened_at)";
+
+/// Takes (or renews) the probe of dependency `$2` for replica `$3` for `$4` seconds, unless
+/// another replica holds it. A row back means this replica probes.
+pub(crate) const CLAIM_PROBE: &str = "UPDATE {s}.circuit_breakers
+    SET probe_by = $3, probe_until = now() + make_interval(secs => $4)
+  WHERE consumer_group = $1 AND name = $2 AND open_until <= now() AND streak > 0
+    AND (confirmed_at IS NULL OR confirmed_at < opened_at)
+    AND (probe_until IS NULL OR probe_until <= now() OR probe_by = $3)
+ RETURNING 1";
+
+/// A call succeeded after the breakers expired (the probe): the group's expired breakers are
+/// trusted again, for every replica.
+pub(crate) const CONFIRM: &str = "UPDATE {s}.circuit_breakers
+    SET confirmed_at = now(), probe_by = NULL, probe_until = NULL
+  WHERE consumer_group = $1 AND open_until <= now() AND streak > 0
+    AND (confirmed_at IS NULL OR confirmed_at < opened_at)";
+
+/// A drain completed after the dependency answered: the group's confirmed breakers start
+/// doubling from the base again. A row never confirmed keeps its streak: an empty drain proves
+/// nothing.
 pub(crate) const RESET_STREAK: &str = "UPDATE {s}.circuit_breakers SET streak = 0
-  WHERE consumer_group = $1 AND open_until <= now() AND streak > 0";
+  WHERE consumer_group = $1 AND open_until <= now() AND streak > 0 AND confirmed_at >= opened_at";

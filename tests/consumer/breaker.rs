@@ -723,3 +723,162 @@ async fn a_replica_killed_while_paused_leaves_the_survivor_to_complete_the_cycle
         "no order handled twice"
     );
 }
+
+/// Watches the group's breaker row: the open duration of each generation, until `gens`
+/// generations were seen (or the deadline).
+async fn open_durations(w: &World, gens: i64, within: Duration) -> Vec<f64> {
+    let mut seen: Vec<(i64, f64)> = Vec::new();
+    let deadline = Instant::now() + within;
+    while Instant::now() < deadline {
+        if let Some((_, dur, g)) = breaker_row(w).await {
+            if seen.last().is_none_or(|(last, _)| *last != g) {
+                seen.push((g, dur));
+            }
+            if g >= gens {
+                break;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    seen.into_iter().map(|(_, d)| d).collect()
+}
+
+/// Orders produced in the background, one every `every`, until the returned flag is set.
+fn keep_ordering(w: &World, every: Duration) -> Arc<std::sync::atomic::AtomicBool> {
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (topic, flag) = (w.topic.clone(), stop.clone());
+    tokio::spawn(async move {
+        let mut i = 0;
+        while !flag.load(Ordering::SeqCst) {
+            produce_event(
+                &topic,
+                &format!("bg-{}", i % 7),
+                "order_created",
+                &uuid::Uuid::now_v7().to_string(),
+                &serde_json::json!({ "order_number": format!("bg{i}") }),
+            )
+            .await;
+            i += 1;
+            tokio::time::sleep(every).await;
+        }
+    });
+    stop
+}
+
+/// The parked letters' `x-attempts`, summed: every call that failed must be counted.
+async fn parked_attempts(w: &World) -> usize {
+    read_all(&format!("{}.dlq", w.topic))
+        .await
+        .iter()
+        .filter(|m| m.headers.get("x-error-kind").map(String::as_str) == Some("unavailable"))
+        .map(|m| m.headers["x-attempts"].parse::<usize>().unwrap())
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_with_nothing_to_drain_probes_once_per_cycle_and_open_times_keep_doubling() {
+    let w = world(1).await;
+    // Another replica of the group opened the breaker and parked its letters; this one has
+    // none of its own, but its main topic keeps receiving orders while the API is down.
+    w.stub.down();
+    w.c.execute(
+        "INSERT INTO circuit_breakers (consumer_group, name, open_until, opened_by, reason)
+         VALUES ($1, 'loyalty-api', now() + interval '1 second', 'other-replica', 'down')",
+        &[&w.group],
+    )
+    .await
+    .unwrap();
+    let r = replica(&w, breaker(1000));
+    let orders = keep_ordering(&w, Duration::from_millis(100));
+    let durations = open_durations(&w, 4, Duration::from_secs(40)).await;
+    let calls = w.stub.calls().len();
+    eprintln!("open for {durations:?} s; {calls} calls to the API");
+    assert!(durations.len() >= 4, "{durations:?}");
+    for pair in durations.windows(2) {
+        assert!(
+            pair[1] >= pair[0] * 1.8,
+            "open times keep doubling: {durations:?}"
+        );
+    }
+    // One probe call per expiry (3 expiries so far), never a burst against a dead API.
+    assert!(
+        calls <= 4,
+        "{calls} calls against a down API: {:?}",
+        w.stub.calls()
+    );
+    assert!(calls >= 3, "each expiry was probed: {calls}");
+    // Back up: the next probe succeeds, the group trusts the API again, every order is handled.
+    w.stub.up();
+    orders.store(true, Ordering::SeqCst);
+    wait_until(Duration::from_secs(60), "back to normal", || async {
+        r.state.get().mode == Mode::Normal
+            && count(
+                &w.c,
+                "SELECT count(*) FROM circuit_breakers WHERE streak = 0",
+            )
+            .await
+                == 1
+    })
+    .await;
+    let failed = w.stub.calls().iter().filter(|c| c.status != 200).count();
+    assert_eq!(
+        parked_attempts(&w).await,
+        failed,
+        "x-attempts counts every failed call"
+    );
+    r.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn letters_all_dropped_by_policy_are_no_success_the_probe_still_decides() {
+    let w = world(1).await;
+    w.stub.down();
+    let mut cfg = breaker(1000);
+    // Every parked letter is past its deadline by the time the drain reads it.
+    cfg.deadline = Duration::from_millis(1);
+    let r = replica(&w, cfg);
+    let orders = keep_ordering(&w, Duration::from_millis(100));
+    wait_until(Duration::from_secs(30), "opened", || async {
+        breaker_row(&w).await.is_some()
+    })
+    .await;
+    // Calls in flight when it opened finish within a moment; after that, only probes.
+    let opened = Instant::now() + Duration::from_millis(500);
+    let durations = open_durations(&w, 4, Duration::from_secs(40)).await;
+    orders.store(true, Ordering::SeqCst);
+    let calls = w.stub.calls().len();
+    let later = w.stub.calls_between(opened, Instant::now());
+    eprintln!("open for {durations:?} s; {calls} calls to the API, {later} after it opened");
+    assert!(durations.len() >= 4, "{durations:?}");
+    for pair in durations.windows(2) {
+        assert!(
+            pair[1] >= pair[0] * 1.8,
+            "open times keep doubling: {durations:?}"
+        );
+    }
+    // One probe per expiry (3 so far): the drain dropped every letter, which proves nothing.
+    assert!(
+        later <= 4,
+        "{later} calls against a down API: {:?}",
+        w.stub.calls()
+    );
+    let dropped = count(
+        &w.c,
+        "SELECT count(*) FROM dead_letters WHERE status = 'dropped' AND status_reason = 'deadline_exceeded'",
+    )
+    .await;
+    assert!(dropped >= 1, "letters were dropped by policy");
+    // The letters that opened the breaker were tried twice (breaker attempts = 2) before they
+    // were parked, and say so; every call to the API is in some letter's x-attempts.
+    let first = read_all(&format!("{}.dlq", w.topic)).await;
+    assert_eq!(
+        first[0].headers["x-attempts"], "2",
+        "{:?}",
+        first[0].headers
+    );
+    wait_until(Duration::from_secs(10), "the last calls parked", || async {
+        parked_attempts(&w).await == w.stub.calls().len()
+    })
+    .await;
+    r.stop().await;
+}

@@ -102,6 +102,10 @@ pub(in crate::consumer) async fn process_drain(env: &Envelope, shared: &Shared) 
                 };
                 count(shared, &origin.topic, what, 1);
                 b.drained.fetch_add(1, Ordering::Relaxed);
+                if outcome == InboxOutcome::Processed {
+                    // A call that worked after the breaker expired: trust it again.
+                    b.confirm().await;
+                }
                 settle(env, shared, "replayed", "drain").await;
                 return Fate::Final;
             }
@@ -123,8 +127,16 @@ pub(in crate::consumer) async fn process_drain(env: &Envelope, shared: &Shared) 
         }
         if let Some(dep) = err.dependency() {
             // The dependency failed again during the drain: re-open (for longer) and park.
+            b.probes.fetch_add(1, Ordering::Relaxed);
             b.open(dep, err.message()).await;
-            return repark(env, shared, err.message(), DeadLetterKind::Unavailable).await;
+            return repark_after(
+                env,
+                shared,
+                err.message(),
+                DeadLetterKind::Unavailable,
+                attempt,
+            )
+            .await;
         }
         if !err.is_transient() {
             return dead_letter(
@@ -142,11 +154,12 @@ pub(in crate::consumer) async fn process_drain(env: &Envelope, shared: &Shared) 
             RetryStrategy::Topics { .. } => 1,
         };
         if attempt >= attempts {
-            return repark(
+            return repark_after(
                 env,
                 shared,
                 err.message(),
                 DeadLetterKind::TransientExhausted,
+                attempt,
             )
             .await;
         }
@@ -165,7 +178,18 @@ pub(in crate::consumer) async fn repark(
     error: &str,
     kind: DeadLetterKind,
 ) -> Fate {
-    let f = dead_letter(&env.raw, &env.origin, shared, kind, error, 1).await;
+    repark_after(env, shared, error, kind, 1).await
+}
+
+/// [`repark`] after `calls` calls of the handler (`x-attempts`).
+async fn repark_after(
+    env: &Envelope,
+    shared: &Shared,
+    error: &str,
+    kind: DeadLetterKind,
+    calls: u32,
+) -> Fate {
+    let f = dead_letter(&env.raw, &env.origin, shared, kind, error, calls).await;
     if let (Fate::Final, Some(b)) = (f, shared.breaker()) {
         b.reparked.fetch_add(1, Ordering::Relaxed);
         superseded(env, shared, kind).await;

@@ -11,6 +11,14 @@
 //! (deadline, `max_dlq_retries`, freshness check) → at the end of its DLQ partitions → NORMAL,
 //! main topic resumed. A failure during the drain re-opens the breaker for twice as long (up
 //! to `max_open_for`) and parks the letter again with `x-dlq-retries + 1`.
+//!
+//! **Probe before trust**: an expired row is not yet trusted (its `streak` is above 0: the
+//! dependency has not answered since it opened). One replica of the group takes the probe
+//! (**PROBE**: its own parked letters first, then, if none brought a success, its main topics;
+//! one call at a time at `drain_rate`) while the others stay PAUSED. The first successful call
+//! confirms the row for the whole group (`streak` = 0) and every replica drains; a failure
+//! re-opens it for twice as long. An empty drain, or one whose letters were all dropped by
+//! policy, never counts as a success.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
@@ -124,6 +132,9 @@ pub enum Mode {
     Paused,
     /// Breakers closed: parked letters first, main topics still paused.
     Drain,
+    /// Breakers expired but not yet trusted, and this replica holds the probe: one call at a
+    /// time, its parked letters first, then its main topics.
+    Probe,
 }
 
 impl Mode {
@@ -131,6 +142,7 @@ impl Mode {
         match v {
             1 => Self::Paused,
             2 => Self::Drain,
+            3 => Self::Probe,
             _ => Self::Normal,
         }
     }
@@ -139,6 +151,7 @@ impl Mode {
             Self::Normal => 0,
             Self::Paused => 1,
             Self::Drain => 2,
+            Self::Probe => 3,
         }
     }
 }
@@ -199,6 +212,12 @@ pub(crate) struct Breakers {
     reachable: Mutex<bool>,
     /// Signalled when the set of open breakers changes, so the runtime steers at once.
     pub changed: tokio::sync::Notify,
+    /// Expired, untrusted breakers of the group: name → whether this replica holds the probe.
+    half_open: Mutex<HashMap<String, bool>>,
+    /// In PROBE, the parked letters are done without a success: probe with the main topics.
+    pub probe_main: std::sync::atomic::AtomicBool,
+    /// Calls made by this replica while probing (for its log line).
+    pub probes: AtomicU64,
 }
 
 /// A handle on a consumer's breaker state, readable while it runs.
@@ -245,7 +264,84 @@ impl Breakers {
             opens: AtomicU64::default(),
             reachable: Mutex::new(true),
             changed: tokio::sync::Notify::new(),
+            half_open: Mutex::default(),
+            probe_main: std::sync::atomic::AtomicBool::new(false),
+            probes: AtomicU64::default(),
         }
+    }
+
+    /// Some breaker of the group expired without being trusted again yet.
+    pub fn half_open(&self) -> bool {
+        !self.half_open.lock().expect("half open").is_empty()
+    }
+
+    /// This replica holds the probe of every untrusted breaker of the group.
+    pub fn probing(&self) -> bool {
+        let h = self.half_open.lock().expect("half open");
+        !h.is_empty() && h.values().all(|mine| *mine)
+    }
+
+    /// Reads the group's untrusted breakers and takes or renews their probe where no other
+    /// replica holds it (the lease outlives three checks, so a dead prober's lapses quickly).
+    async fn refresh_half_open(
+        &self,
+        c: &deadpool_postgres::Object,
+    ) -> Result<bool, tokio_postgres::Error> {
+        let rows = c
+            .query(
+                &crate::sql::render(crate::sql::breakers::HALF_OPEN_OF_GROUP, &self.schema),
+                &[&self.group, &self.me],
+            )
+            .await?;
+        let lease = (self.config.check_interval.as_secs_f64() * 3.0).max(3.0);
+        let mut now = HashMap::new();
+        for r in rows {
+            let (name, mine, taken): (String, bool, bool) = (r.get(0), r.get(1), r.get(2));
+            let mine = if mine || !taken {
+                c.query_opt(
+                    &crate::sql::render(crate::sql::breakers::CLAIM_PROBE, &self.schema),
+                    &[&self.group, &name, &self.me, &lease],
+                )
+                .await?
+                .is_some()
+            } else {
+                false
+            };
+            now.insert(name, mine);
+        }
+        let mut cur = self.half_open.lock().expect("half open");
+        let changed = *cur != now;
+        *cur = now;
+        Ok(changed)
+    }
+
+    /// A call succeeded while probing (or draining): the group's expired breakers are
+    /// trusted again, for every replica, and the next outage starts at `open_for`.
+    pub async fn confirm(&self) {
+        if !self.half_open() {
+            return;
+        }
+        let done = match self.pool.get().await {
+            Ok(c) => c
+                .execute(
+                    &crate::sql::render(crate::sql::breakers::CONFIRM, &self.schema),
+                    &[&self.group],
+                )
+                .await
+                .ok(),
+            Err(_) => None,
+        };
+        if done.is_some_and(|n| n > 0) {
+            let deps: Vec<String> = self
+                .half_open
+                .lock()
+                .expect("half open")
+                .keys()
+                .cloned()
+                .collect();
+            info!(group = %self.group, dependency = ?deps, calls = self.probes.load(Ordering::Relaxed), "probe succeeded: the dependency answers again; the breaker cycle closes for the group");
+        }
+        self.refresh().await;
     }
 
     pub fn mode(&self) -> Mode {
@@ -325,16 +421,25 @@ impl Breakers {
                     };
                     open.insert(b.name.clone(), b);
                 }
-                let mut cur = self.open.lock().expect("breakers");
-                for name in cur.keys().filter(|k| !open.contains_key(*k)) {
-                    metrics::gauge!(crate::metrics::BREAKER_OPEN, "group" => self.group.clone(), "dependency" => name.clone()).set(0.0);
+                let mut changed = {
+                    let mut cur = self.open.lock().expect("breakers");
+                    for name in cur.keys().filter(|k| !open.contains_key(*k)) {
+                        metrics::gauge!(crate::metrics::BREAKER_OPEN, "group" => self.group.clone(), "dependency" => name.clone()).set(0.0);
+                    }
+                    for name in open.keys() {
+                        metrics::gauge!(crate::metrics::BREAKER_OPEN, "group" => self.group.clone(), "dependency" => name.clone()).set(1.0);
+                    }
+                    let changed =
+                        cur.len() != open.len() || cur.keys().any(|k| !open.contains_key(k));
+                    *cur = open;
+                    changed
+                };
+                if let Ok(c) = self.pool.get().await {
+                    match self.refresh_half_open(&c).await {
+                        Ok(ch) => changed |= ch,
+                        Err(e) => self.unreachable(&e.to_string()),
+                    }
                 }
-                for name in open.keys() {
-                    metrics::gauge!(crate::metrics::BREAKER_OPEN, "group" => self.group.clone(), "dependency" => name.clone()).set(1.0);
-                }
-                let changed = cur.len() != open.len() || cur.keys().any(|k| !open.contains_key(k));
-                *cur = open;
-                drop(cur);
                 if changed {
                     self.changed.notify_one();
                 }
@@ -411,7 +516,8 @@ impl Breakers {
         );
     }
 
-    /// After a completed drain: the next outage starts again at `open_for`.
+    /// After a completed drain that followed a confirmation: the next outage starts again at
+    /// `open_for`.
     pub async fn reset_streaks(&self) {
         if let Ok(c) = self.pool.get().await {
             let _ = c

@@ -19,12 +19,22 @@ impl Runtime<'_> {
         self.shared.breaker().map_or(Mode::Normal, Breakers::mode)
     }
 
-    pub(in crate::consumer) fn allowed(mode: Mode, env: &Envelope) -> bool {
-        flows(mode, env.drain)
+    fn probe_main(&self) -> bool {
+        self.shared
+            .breaker()
+            .is_some_and(|b| b.probe_main.load(Ordering::SeqCst))
+    }
+
+    pub(in crate::consumer) fn allowed(&self, mode: Mode, env: &Envelope) -> bool {
+        flows(mode, self.probe_main(), env.drain)
     }
 
     pub(in crate::consumer) fn mode_allows(&self, topic: &str) -> bool {
-        flows(self.mode(), self.shared.drain_topics.contains_key(topic))
+        flows(
+            self.mode(),
+            self.probe_main(),
+            self.shared.drain_topics.contains_key(topic),
+        )
     }
 
     /// A parked letter this group drains: written by this group because a dependency was
@@ -63,9 +73,10 @@ impl Runtime<'_> {
         let Some(b) = self.shared.breaker() else {
             return;
         };
+        b.probe_main.store(false, Ordering::SeqCst);
         b.set_mode(to, why);
         self.ready.extend(self.held.drain(..));
-        if to == Mode::Drain {
+        if matches!(to, Mode::Drain | Mode::Probe) {
             self.drain_target.clear();
             self.drain_done.clear();
             self.drain_pacer = DrainPacer::new(b.config.drain_rate);
@@ -75,21 +86,25 @@ impl Runtime<'_> {
 
     /// NORMAL → PAUSED → DRAIN → NORMAL, from the shared breaker rows (refreshed by a task).
     pub(in crate::consumer) fn steer(&mut self) {
-        let Some(b) = self.shared.breaker() else {
+        if self.shared.breaker().is_none() {
             return;
-        };
+        }
+        // `shared.breakers` is the Arc behind `breaker()`: held here, it does not borrow self.
+        let b = self.shared.breakers.clone();
         self.steer_at = Instant::now();
-        let open = b.any_open();
+        // An expired row not yet trusted again keeps the group off the dependency, except for
+        // the one replica that probes it.
+        let (open, untrusted, probing) = (b.any_open(), b.half_open(), b.probing());
         if self.assigned.swap(false, Ordering::SeqCst) {
             match self.mode() {
-                Mode::Normal if !open => {
+                Mode::Normal if !open && !untrusted => {
                     self.transition(
                         Mode::Drain,
                         "partitions assigned: draining their parked letters first",
                     );
                     return;
                 }
-                Mode::Drain => {
+                Mode::Drain | Mode::Probe => {
                     self.drain_target.clear();
                     self.apply_pauses();
                 }
@@ -97,13 +112,38 @@ impl Runtime<'_> {
             }
         }
         match self.mode() {
-            Mode::Normal | Mode::Drain if open => self.transition(Mode::Paused, "breaker open"),
-            Mode::Paused if !open => {
-                self.transition(Mode::Drain, "breaker closed: draining parked letters")
+            Mode::Normal | Mode::Drain | Mode::Probe if open => {
+                self.transition(Mode::Paused, "breaker open")
+            }
+            Mode::Normal | Mode::Drain if untrusted => self.transition(
+                Mode::Paused,
+                "breaker expired: waiting for a probe before trusting the dependency",
+            ),
+            Mode::Paused if !open && untrusted && probing => self.transition(
+                Mode::Probe,
+                "breaker expired: probing the dependency (one call at a time)",
+            ),
+            Mode::Paused if !open && !untrusted => self.transition(
+                Mode::Drain,
+                "breaker closed and trusted: draining parked letters",
+            ),
+            Mode::Probe if !untrusted => self.transition(
+                Mode::Drain,
+                "the dependency answered: draining parked letters",
+            ),
+            Mode::Probe if !probing => {
+                self.transition(Mode::Paused, "another replica holds the probe")
+            }
+            Mode::Probe if !self.probe_main() && self.drain_complete() => {
+                // The parked letters brought no success (none of our own, or all dropped by
+                // policy): an empty drain proves nothing, so probe with the main topics.
+                b.probe_main.store(true, Ordering::SeqCst);
+                tracing::info!(group = %b.group, "no parked letter answered the probe: probing with the main topics, one call at a time");
+                self.ready.extend(self.held.drain(..));
+                self.apply_pauses();
             }
             Mode::Drain if self.drain_complete() => {
                 self.transition(Mode::Normal, "parked letters drained: main topics resumed");
-                let b = self.shared.breakers.clone();
                 tokio::spawn(async move { b.reset_streaks().await });
             }
             _ => {}
