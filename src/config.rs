@@ -79,6 +79,13 @@ pub struct DbConfig {
 }
 
 impl DbConfig {
+    /// Names the program on its Postgres sessions (`application_name`): it shows in
+    /// `pg_stat_activity`, and every audit row records it (`dlq_audit.via`), so an action
+    /// from the CLI is told apart from one through the admin API.
+    pub fn set_application_name(&mut self, name: &str) {
+        self.pg.application_name(name);
+    }
+
     /// Parses a `postgres://` URL or a key=value connection string.
     ///
     /// # Errors
@@ -454,4 +461,13 @@ mod tests {
         assert!(KafkaConfig::new("a:1,b").is_err());
         KafkaConfig::new("a:1, b:2").unwrap();
     }
+}
+
+/// The operator's name for audit rows when none is given: `$USER`, `$LOGNAME`, or `unknown`.
+pub(crate) fn os_user() -> String {
+    std::env::var("USER")
+        .or_else(|_| std::env::var("LOGNAME"))
+        .ok()
+        .filter(|u| !u.trim().is_empty())
+        .unwrap_or_else(|| "unknown".into())
 }

@@ -135,8 +135,8 @@ pub use republish::{
 };
 pub use schema::{InvalidSchema, Schema, DEFAULT_SCHEMA};
 pub use status::{
-    requeue, status, status_with, FailedGroup, OpenBreakerRow, OutboxStatus, OverdueMarks, Requeue,
-    StatusCount,
+    requeue, requeue_by, status, status_with, FailedGroup, OpenBreakerRow, OutboxStatus,
+    OverdueMarks, Requeue, StatusCount,
 };
 pub use topic::{validate_topic, InvalidTopic, MAX_TOPIC_LEN};
 

@@ -17,7 +17,7 @@ use crate::db;
 
 /// The embedded migrations, in version order. A file in `migrations/` missing here fails the
 /// unit test `every_file_is_embedded`.
-const MIGRATIONS: [(i32, &str, &str); 13] = [
+const MIGRATIONS: [(i32, &str, &str); 14] = [
     (1, "outbox", include_str!("../migrations/V1__outbox.sql")),
     (
         2,
@@ -74,6 +74,11 @@ const MIGRATIONS: [(i32, &str, &str); 13] = [
         13,
         "breaker_probe",
         include_str!("../migrations/V13__breaker_probe.sql"),
+    ),
+    (
+        14,
+        "replay_comebacks",
+        include_str!("../migrations/V14__replay_comebacks.sql"),
     ),
 ];
 

@@ -168,12 +168,45 @@ pub enum Requeue {
 /// # Errors
 /// The Postgres error when unreachable.
 pub async fn requeue(db: &DbConfig, which: Requeue) -> Result<u64, tokio_postgres::Error> {
-    let client = crate::db::connect(db).await?;
+    requeue_by(db, which, &crate::config::os_user()).await
+}
+
+/// [`requeue`] on behalf of `actor`: the requeue and its audit row (`dlq_audit`, action
+/// `requeue`, with the ids) commit together, and it is logged.
+///
+/// # Errors
+/// The Postgres error when unreachable.
+pub async fn requeue_by(
+    db: &DbConfig,
+    which: Requeue,
+    actor: &str,
+) -> Result<u64, tokio_postgres::Error> {
+    let mut client = crate::db::connect(db).await?;
     let s = Statements::new(&db.schema);
-    let n = match which {
-        Requeue::AllFailed => client.execute(&s.requeue_failed, &[]).await?,
-        Requeue::Id(id) => client.execute(&s.requeue_id, &[&id]).await?,
-    };
+    let tx = client.transaction().await?;
+    let ids: Vec<i64> = match which {
+        Requeue::AllFailed => tx.query(&s.requeue_failed, &[]).await?,
+        Requeue::Id(id) => tx.query(&s.requeue_id, &[&id]).await?,
+    }
+    .iter()
+    .map(|r| r.get(0))
+    .collect();
+    let n = ids.len() as u64;
+    if n > 0 {
+        let filter = match which {
+            Requeue::AllFailed => serde_json::json!({"failed": true}),
+            Requeue::Id(id) => serde_json::json!({"id": id}),
+        };
+        tx.execute(
+            &crate::sql::render(crate::sql::outbox::AUDIT_REQUEUE, &db.schema),
+            &[&actor, &filter, &(n as i64), &ids],
+        )
+        .await?;
+    }
+    tx.commit().await?;
+    if n > 0 {
+        tracing::info!(rows = n, %actor, ids = ?&ids[..ids.len().min(20)], "failed outbox rows put back to pending");
+    }
     if n > 0 {
         // The rows keep their old ids, below the running relays' claim floors: tell them to
         // look from the head (a relay that misses this finds the rows at its next sweep).

@@ -34,6 +34,12 @@ pub const X_DLQ_RETRIES: &str = "x-dlq-retries";
 /// DLQ re-processing envelope: when it was first dead-lettered; kept across hops.
 pub const X_FIRST_FAILED_AT: &str = "x-first-failed-at";
 
+/// On a replayed record: the replay job that sent it. Kept by the consumer on the dead letter
+/// it writes if the record fails again, so the comeback is matched to its job.
+pub const X_REPLAY_JOB: &str = "x-replay-job";
+/// On a replayed record: the archive id of the letter it replays.
+pub const X_REPLAY_OF: &str = "x-replay-of";
+
 /// Every header the framework manages; replays strip them all.
 pub const SERVICE_HEADERS: [&str; 11] = [
     X_RETRY_ATTEMPT,

@@ -25,6 +25,45 @@ fn body<T>(b: Result<Json<T>, JsonRejection>) -> Result<T, ApiError> {
         .map_err(|e| ApiError(e.status(), e.body_text()))
 }
 
+/// The filter fields every selecting body takes (the CLI's flag names).
+const FILTER_FIELDS: [&str; 9] = [
+    "ids",
+    "topic",
+    "group",
+    "error_contains",
+    "error_group",
+    "kind",
+    "status",
+    "since",
+    "until",
+];
+
+/// A JSON object body whose every field is one of `known`: a misspelt field is refused with
+/// 400 naming it, never ignored (an ignored filter widens the selection).
+fn exact<T: serde::de::DeserializeOwned>(
+    b: Result<Json<Value>, JsonRejection>,
+    known: &[&[&str]],
+) -> Result<T, ApiError> {
+    let v = body(b)?;
+    let Some(obj) = v.as_object() else {
+        return Err(ApiError(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "the body must be a JSON object".into(),
+        ));
+    };
+    let all: Vec<&str> = known.iter().flat_map(|k| k.iter().copied()).collect();
+    if let Some(bad) = obj.keys().find(|k| !all.contains(&k.as_str())) {
+        return Err(ApiError(
+            StatusCode::BAD_REQUEST,
+            format!(
+                "unknown field {bad:?}; this route takes: {}",
+                all.join(", ")
+            ),
+        ));
+    }
+    serde_json::from_value(v).map_err(|e| ApiError(StatusCode::UNPROCESSABLE_ENTITY, e.to_string()))
+}
+
 pub(super) async fn index() -> Html<&'static str> {
     Html(include_str!("ui/index.html"))
 }
@@ -110,9 +149,10 @@ pub(super) struct RequeueBody {
 
 pub(super) async fn outbox_requeue(
     State(s): State<AppState>,
-    b: Result<Json<RequeueBody>, JsonRejection>,
+    Extension(c): Extension<Caller>,
+    b: Result<Json<Value>, JsonRejection>,
 ) -> ApiResult {
-    let b = body(b)?;
+    let b: RequeueBody = exact(b, &[&["id", "failed"]])?;
     let which = match (b.id, b.failed) {
         (Some(id), false) => crate::Requeue::Id(id),
         (None, true) => crate::Requeue::AllFailed,
@@ -123,7 +163,7 @@ pub(super) async fn outbox_requeue(
             ))
         }
     };
-    let n = crate::requeue(&s.db, which)
+    let n = crate::requeue_by(&s.db, which, &c.holder)
         .await
         .map_err(|e| ApiError(StatusCode::SERVICE_UNAVAILABLE, e.to_string()))?;
     if n == 0 && b.id.is_some() {
@@ -203,8 +243,8 @@ pub(super) async fn dlq_message(
     ok(d.to_json(c.role < Role::Operator))
 }
 
-/// (Unknown fields are ignored here: serde cannot refuse them next to a flattened filter; a
-/// misspelt filter leaves the filter empty, which replay refuses.)
+/// Checked by [`exact`] against [`FILTER_FIELDS`] and [`REPLAY_FIELDS`] first: serde cannot
+/// refuse unknown fields next to a flattened filter.
 #[derive(Deserialize)]
 pub(super) struct ReplayBody {
     #[serde(default)]
@@ -224,6 +264,9 @@ pub(super) struct ReplayBody {
     #[serde(default)]
     accept_duplicates: bool,
     marks_retention_secs: Option<u64>,
+    watch_secs: Option<u64>,
+    #[serde(default)]
+    confirm_kinds: bool,
     #[serde(default)]
     dry_run: bool,
 }
@@ -257,12 +300,29 @@ impl ReplayFilter {
     }
 }
 
+/// The options a replay body takes besides the filter.
+const REPLAY_FIELDS: [&str; 13] = [
+    "to",
+    "rate",
+    "limit",
+    "canary",
+    "canary_wait_secs",
+    "max_refail",
+    "force",
+    "all",
+    "accept_duplicates",
+    "marks_retention_secs",
+    "watch_secs",
+    "confirm_kinds",
+    "dry_run",
+];
+
 pub(super) async fn dlq_replay(
     State(s): State<AppState>,
     Extension(c): Extension<Caller>,
-    b: Result<Json<ReplayBody>, JsonRejection>,
+    b: Result<Json<Value>, JsonRejection>,
 ) -> ApiResult {
-    let b = body(b)?;
+    let b: ReplayBody = exact(b, &[&FILTER_FIELDS, &REPLAY_FIELDS])?;
     let f = filter_of(&b.filter.query(), b.ids.clone())?;
     let d = ReplayOptions::default();
     let canary_wait = match b.canary_wait_secs {
@@ -289,6 +349,8 @@ pub(super) async fn dlq_replay(
             .marks_retention_secs
             .map_or(d.marks_retention, Duration::from_secs),
         accept_duplicates: b.accept_duplicates,
+        watch: b.watch_secs.map_or(d.watch, Duration::from_secs),
+        confirm_kinds: b.confirm_kinds,
         actor: c.holder.clone(),
     };
     if b.dry_run {
@@ -335,9 +397,9 @@ pub(super) struct DropBody {
 pub(super) async fn dlq_drop(
     State(s): State<AppState>,
     Extension(c): Extension<Caller>,
-    b: Result<Json<DropBody>, JsonRejection>,
+    b: Result<Json<Value>, JsonRejection>,
 ) -> ApiResult {
-    let b = body(b)?;
+    let b: DropBody = exact(b, &[&FILTER_FIELDS, &["reason", "all"]])?;
     let f = filter_of(&b.filter.query(), b.ids.clone())?;
     let r = s
         .dlq
@@ -350,9 +412,9 @@ pub(super) async fn dlq_drop(
 pub(super) async fn dlq_restore(
     State(s): State<AppState>,
     Extension(c): Extension<Caller>,
-    b: Result<Json<DropBody>, JsonRejection>,
+    b: Result<Json<Value>, JsonRejection>,
 ) -> ApiResult {
-    let b = body(b)?;
+    let b: DropBody = exact(b, &[&FILTER_FIELDS, &["reason", "all"]])?;
     let f = filter_of(&b.filter.query(), b.ids.clone())?;
     let r = s
         .dlq
@@ -462,9 +524,9 @@ pub(super) struct PurgeBody {
 pub(super) async fn dlq_purge(
     State(s): State<AppState>,
     Extension(c): Extension<Caller>,
-    b: Result<Json<PurgeBody>, JsonRejection>,
+    b: Result<Json<Value>, JsonRejection>,
 ) -> ApiResult {
-    let b = body(b)?;
+    let b: PurgeBody = exact(b, &[&["retention_secs"]])?;
     let retention = b.retention_secs.map_or(
         crate::cleanup::DEFAULT_ARCHIVE_RETENTION,
         Duration::from_secs,

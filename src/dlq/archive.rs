@@ -82,11 +82,14 @@ pub(crate) struct Row {
     pub dlq_retries: i32,
     pub first_failed_at: Option<SystemTime>,
     pub failed_at: SystemTime,
+    /// The replay job and letter this record is a comeback of (`x-replay-job`, `x-replay-of`).
+    pub replay_job: Option<i64>,
+    pub replay_of: Option<i64>,
 }
 
 impl Row {
-    /// The 19 insert parameters, in the column order of the archive's INSERTs.
-    fn params(&self) -> [&(dyn tokio_postgres::types::ToSql + Sync); 19] {
+    /// The 21 insert parameters, in the column order of the archive's INSERTs.
+    fn params(&self) -> [&(dyn tokio_postgres::types::ToSql + Sync); 21] {
         [
             &self.dlq_topic,
             &self.partition,
@@ -107,6 +110,8 @@ impl Row {
             &self.dlq_retries,
             &self.first_failed_at,
             &self.failed_at,
+            &self.replay_job,
+            &self.replay_of,
         ]
     }
 
@@ -179,6 +184,8 @@ impl Row {
             failed_at: time(X_FAILED_AT)
                 .or(record_time)
                 .unwrap_or_else(SystemTime::now),
+            replay_job: h(crate::wire::X_REPLAY_JOB).and_then(|v| v.parse().ok()),
+            replay_of: h(crate::wire::X_REPLAY_OF).and_then(|v| v.parse().ok()),
         }
     }
 }
@@ -524,6 +531,21 @@ impl Dlq {
             .map(|r| r.get(0))
             .collect();
         let n = inserted.len() as u64;
+        // Comebacks: a letter that is a replayed record failing again, matched to its job's
+        // item (by the replay's headers, else by message id), also after the job ended.
+        if !inserted.is_empty() {
+            let back = tx
+                .query(&self.sql(sql::replay_jobs::MATCH_COMEBACKS), &[&inserted])
+                .await?;
+            for r in &back {
+                let (job, topic, running): (i64, String, bool) = (r.get(0), r.get(1), r.get(2));
+                metrics::counter!(crate::metrics::DLQ_REPLAY_CAME_BACK, "topic" => topic.clone())
+                    .increment(1);
+                if !running {
+                    tracing::warn!(job, %topic, "a letter of a finished replay job came back to the DLQ: the fix did not hold for it");
+                }
+            }
+        }
         // Metrics: letters archived per topic, and letters whose cause is new to the archive.
         if !inserted.is_empty() {
             for r in tx
@@ -534,8 +556,12 @@ impl Dlq {
                 let (all, fresh): (i64, i64) = (r.get(1), r.get(2));
                 metrics::counter!(crate::metrics::DLQ_ARCHIVED, "topic" => topic.clone())
                     .increment(all as u64);
-                metrics::counter!(crate::metrics::DLQ_NEW_ERROR_GROUPS, "topic" => topic)
+                metrics::counter!(crate::metrics::DLQ_NEW_ERROR_GROUPS, "topic" => topic.clone())
                     .increment(fresh as u64);
+                // The comeback series of the topic exists from its first letter on (at 0), so
+                // the alert's increase() sees its first comeback.
+                metrics::counter!(crate::metrics::DLQ_REPLAY_CAME_BACK, "topic" => topic)
+                    .increment(0);
             }
         }
         tx.commit().await?;

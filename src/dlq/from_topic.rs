@@ -224,6 +224,8 @@ pub async fn replay_from_topic(
                 i64::from(row.dlq_retries),
                 row.first_failed_at.map(rfc3339).as_deref(),
                 &rfc3339(SystemTime::now()),
+                // No archive job or letter to name: a comeback is matched by message id.
+                None,
             );
             let mut rec: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(&target).headers(headers);
             if let Some(k) = &row.key {

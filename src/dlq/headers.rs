@@ -6,19 +6,22 @@ use rdkafka::message::{Header, OwnedHeaders};
 
 pub(crate) use crate::wire::{find, from_json, no_nul, to_json};
 pub use crate::wire::{HeaderValue, X_REPLAYED_AT};
-use crate::wire::{SERVICE_HEADERS, X_DLQ_RETRIES, X_FIRST_FAILED_AT};
+use crate::wire::{SERVICE_HEADERS, X_DLQ_RETRIES, X_FIRST_FAILED_AT, X_REPLAY_JOB, X_REPLAY_OF};
 
 /// The headers of a replayed record: the originals without framework headers, then the
-/// carried envelope and `x-replayed-at`.
+/// carried envelope, `x-replayed-at`, and what replays it (`x-replay-job`, `x-replay-of`: job
+/// id and letter id) so a comeback is matched to both.
 pub(crate) fn for_replay(
     original: &[(String, HeaderValue)],
     dlq_retries: i64,
     first_failed_at: Option<&str>,
     replayed_at: &str,
+    replay: Option<(i64, i64)>,
 ) -> OwnedHeaders {
-    let mut h = OwnedHeaders::new_with_capacity(original.len() + 3);
+    let mut h = OwnedHeaders::new_with_capacity(original.len() + 5);
     for (k, v) in original {
-        if SERVICE_HEADERS.contains(&k.as_str()) || k == X_REPLAYED_AT || k.starts_with('\u{0}') {
+        let ours = [X_REPLAYED_AT, X_REPLAY_JOB, X_REPLAY_OF].contains(&k.as_str());
+        if SERVICE_HEADERS.contains(&k.as_str()) || ours || k.starts_with('\u{0}') {
             continue;
         }
         h = h.insert(Header {
@@ -40,9 +43,21 @@ pub(crate) fn for_replay(
             value: Some(f.as_bytes()),
         });
     }
-    h.insert(Header {
+    h = h.insert(Header {
         key: X_REPLAYED_AT,
         value: Some(replayed_at.as_bytes()),
+    });
+    let Some((job, of)) = replay else {
+        return h;
+    };
+    let (job, of) = (job.to_string(), of.to_string());
+    h.insert(Header {
+        key: X_REPLAY_JOB,
+        value: Some(job.as_bytes()),
+    })
+    .insert(Header {
+        key: X_REPLAY_OF,
+        value: Some(of.as_bytes()),
     })
 }
 
@@ -76,8 +91,11 @@ mod tests {
                 "x-replayed-at".to_owned(),
                 HeaderValue::Bytes(b"old".to_vec()),
             ),
+            // An earlier replay's marks are replaced, never carried.
+            ("x-replay-job".to_owned(), HeaderValue::Bytes(b"3".to_vec())),
+            ("x-replay-of".to_owned(), HeaderValue::Bytes(b"9".to_vec())),
         ];
-        let h = for_replay(&orig, 1, Some("2026-01-01T00:00:00Z"), "now");
+        let h = for_replay(&orig, 1, Some("2026-01-01T00:00:00Z"), "now", Some((7, 42)));
         let names: Vec<(String, Vec<u8>)> = h
             .iter()
             .map(|h| (h.key.to_owned(), h.value.unwrap_or_default().to_vec()))
@@ -90,6 +108,8 @@ mod tests {
                 ("x-dlq-retries".into(), b"1".to_vec()),
                 ("x-first-failed-at".into(), b"2026-01-01T00:00:00Z".to_vec()),
                 ("x-replayed-at".into(), b"now".to_vec()),
+                ("x-replay-job".into(), b"7".to_vec()),
+                ("x-replay-of".into(), b"42".to_vec()),
             ]
         );
     }

@@ -135,11 +135,7 @@ impl Dlq {
 
 /// The actor recorded when none is given: the OS user.
 pub fn default_actor() -> String {
-    std::env::var("USER")
-        .or_else(|_| std::env::var("LOGNAME"))
-        .ok()
-        .filter(|u| !u.trim().is_empty())
-        .unwrap_or_else(|| "unknown".into())
+    crate::config::os_user()
 }
 
 /// Checks an operator name for the audit log: printable, at most 200 characters.

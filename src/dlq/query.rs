@@ -221,6 +221,9 @@ pub struct AuditEntry {
     pub dead_letter_ids: Vec<i64>,
     /// The reason given (drop), or the job (replay).
     pub reason: Option<String>,
+    /// Where it came from: `outbox-cli`, `outbox-admin` (the API), or the library caller's
+    /// `application_name`.
+    pub via: String,
 }
 
 pub(crate) fn ts(row: &Row, col: &str) -> String {
@@ -418,6 +421,7 @@ impl Dlq {
                 count: r.get("count"),
                 dead_letter_ids: r.get("dead_letter_ids"),
                 reason: r.get("reason"),
+                via: r.get("via"),
             })
             .collect())
     }

@@ -73,7 +73,8 @@ pub const DLQ_ARCHIVED: &str = "outbox_dlq_archived_total";
 pub const DLQ_NEW_ERROR_GROUPS: &str = "outbox_dlq_new_error_groups_total";
 /// Letters replayed (acknowledged on the target topic).
 pub const DLQ_REPLAYED: &str = "outbox_dlq_replayed_total";
-/// Replayed letters seen back in the DLQ.
+/// `{topic}`: replayed letters seen back in the DLQ, counted by the archiver as it archives
+/// them (during the job or within its watch window after it).
 pub const DLQ_REPLAY_CAME_BACK: &str = "outbox_dlq_replay_came_back_total";
 /// `{reason}`: letters dropped (`operator`, or a drain policy's reason).
 pub const DLQ_DROPPED: &str = "outbox_dlq_dropped_total";

@@ -6,9 +6,10 @@
 pub(crate) const UPSERT_SETTLED: &str = "INSERT INTO {s}.dead_letters (dlq_topic, \"partition\", \"offset\", original_topic,
                      original_partition, original_offset, consumer_group, message_key, body,
                      headers, message_type, message_id, error, error_group, error_kind, attempts,
-                     dlq_retries, first_failed_at, failed_at, status, status_at, status_reason)
+                     dlq_retries, first_failed_at, failed_at, replay_job, replay_of,
+                     status, status_at, status_reason)
                  VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16,
-                         $17, $18, $19, $20, now(), $21)
+                         $17, $18, $19, $20, $21, $22, now(), $23)
                  ON CONFLICT (dlq_topic, \"partition\", \"offset\") DO UPDATE
                    SET status = EXCLUDED.status, status_at = now(), status_reason = EXCLUDED.status_reason";
 
@@ -18,9 +19,9 @@ pub(crate) const ARCHIVE: &str =
     "INSERT INTO {s}.dead_letters (dlq_topic, \"partition\", \"offset\", original_topic,
                      original_partition, original_offset, consumer_group, message_key, body,
                      headers, message_type, message_id, error, error_group, error_kind, attempts,
-                     dlq_retries, first_failed_at, failed_at)
+                     dlq_retries, first_failed_at, failed_at, replay_job, replay_of)
                  VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16,
-                         $17, $18, $19)
+                         $17, $18, $19, $20, $21)
                  ON CONFLICT (dlq_topic, \"partition\", \"offset\") DO NOTHING RETURNING id";
 
 /// For letters just archived, per original topic: how many, and how many start a new cause

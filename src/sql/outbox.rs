@@ -164,15 +164,20 @@ SELECT coalesce(last_error, '(none)'), count(*)::bigint, min(id), max(id)
   FROM {s}.outbox WHERE status = 'failed'
  GROUP BY last_error ORDER BY count(*) DESC, min(id) LIMIT $1";
 
-/// Put every failed row back to pending (the operator's repair).
+/// Put every failed row back to pending (the operator's repair). Returns the ids.
 pub(super) const REQUEUE_FAILED: &str = "\
 UPDATE {s}.outbox SET status = 'pending', attempts = 0, available_at = now()
- WHERE status = 'failed'";
+ WHERE status = 'failed' RETURNING id";
 
-/// Put one failed row back to pending. `$1` = id.
+/// Put one failed row back to pending. `$1` = id. Returns it.
 pub(super) const REQUEUE_ID: &str = "\
 UPDATE {s}.outbox SET status = 'pending', attempts = 0, available_at = now()
- WHERE status = 'failed' AND id = $1";
+ WHERE status = 'failed' AND id = $1 RETURNING id";
+
+/// The audit row of a requeue of failed rows, in its transaction.
+pub(crate) const AUDIT_REQUEUE: &str = "\
+INSERT INTO {s}.dlq_audit (actor, action, filter, count, dead_letter_ids, reason)
+     VALUES ($1, 'requeue', $2, $3, $4, 'outbox rows (ids) put back to pending') RETURNING id";
 
 /// Sent rows of topic `$1` created in `[$2, $3)` (NULL = unbounded), with ids up to `$4`: what
 /// a re-publish would put back to pending.

@@ -22,8 +22,8 @@ pub(crate) const SET_STATUS: &str =
 /// A new job with its options.
 pub(crate) const INSERT_JOB: &str =
     "INSERT INTO {s}.dlq_replay_jobs (created_by, audit_id, filter, to_topic, rate, canary,
-                                     canary_wait_ms, max_refail)
-                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8) RETURNING id";
+                                     canary_wait_ms, max_refail, watch_ms)
+                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) RETURNING id";
 
 /// The job's frozen selection, in send order: letters dead-lettered later are never part of it.
 pub(crate) const INSERT_ITEMS: &str = "INSERT INTO {s}.dlq_replay_items (job_id, dead_letter_id, seq, state, error)
@@ -72,7 +72,8 @@ pub(crate) const SELECTION: &str = "SELECT d.id, coalesce({to}::text, d.original
            AND d2.message_id = d.message_id))) AS times_replayed,
    -- How long ago the message first failed: the groups reading the topic handled it then, and
    -- their processed marks age from about that moment.
-   extract(epoch FROM now() - least(d.first_failed_at, d.failed_at, d.archived_at))::float8 AS age_secs
+   extract(epoch FROM now() - least(d.first_failed_at, d.failed_at, d.archived_at))::float8 AS age_secs,
+   d.error_kind
  FROM {s}.dead_letters d
  WHERE {where} AND d.status <> 'dropped'
    AND NOT EXISTS (SELECT 1 FROM {s}.dlq_replay_items i JOIN {s}.dlq_replay_jobs j ON j.id = i.job_id
@@ -80,19 +81,29 @@ pub(crate) const SELECTION: &str = "SELECT d.id, coalesce({to}::text, d.original
                      AND j.status IN ('pending', 'running', 'paused'))
  ORDER BY d.id LIMIT {limit}";
 
-/// Records which sent letters of job `$1` came back: a later letter with the same message id,
-/// dead-lettered after the send (a second of clock slack). Returns how many were new.
-pub(crate) const MATCH_CAME_BACK: &str = "UPDATE {s}.dlq_replay_items i
-    SET came_back_id = x.back_id, came_back_at = now()
-   FROM (SELECT i2.dead_letter_id, min(d2.id) AS back_id
-           FROM {s}.dlq_replay_items i2
-           JOIN {s}.dead_letters d ON d.id = i2.dead_letter_id
-           JOIN {s}.dead_letters d2 ON d2.message_id = d.message_id AND d2.id > d.id
-                      AND d2.failed_at >= i2.sent_at - interval '1 second'
-          WHERE i2.job_id = $1 AND i2.state = 'sent' AND i2.came_back_id IS NULL
-            AND d.message_id IS NOT NULL
-          GROUP BY 1) x
-  WHERE i.job_id = $1 AND i.dead_letter_id = x.dead_letter_id";
+/// Marks the comebacks among the letters just archived (`$1`): a sent item of a job whose
+/// record failed again — matched by the replay's headers (`replay_job`, `replay_of`), or, for
+/// a letter without them, by original topic and message id after the send (a second of clock
+/// slack) — while the job runs or within its watch window after it. Returns one row per
+/// comeback: job, original topic, whether the job is still unfinished.
+pub(crate) const MATCH_COMEBACKS: &str = "WITH back AS (
+    SELECT DISTINCT ON (i.job_id, i.dead_letter_id) i.job_id, i.dead_letter_id, d.id AS back_id,
+           d.original_topic, j.status IN ('pending', 'running', 'paused') AS running
+      FROM {s}.dead_letters d
+      JOIN {s}.dlq_replay_items i ON i.state = 'sent' AND i.came_back_id IS NULL
+      JOIN {s}.dead_letters o ON o.id = i.dead_letter_id
+      JOIN {s}.dlq_replay_jobs j ON j.id = i.job_id
+     WHERE d.id = ANY($1)
+       AND ((d.replay_job IS NOT NULL AND i.job_id = d.replay_job AND i.dead_letter_id = d.replay_of)
+         OR (d.replay_job IS NULL AND d.message_id IS NOT NULL AND o.message_id = d.message_id
+             AND o.original_topic = d.original_topic AND o.id < d.id
+             AND d.failed_at >= i.sent_at - interval '1 second'))
+       AND (j.status IN ('pending', 'running', 'paused')
+            OR j.updated_at + make_interval(secs => j.watch_ms / 1000.0) > now())
+     ORDER BY i.job_id, i.dead_letter_id, d.id)
+UPDATE {s}.dlq_replay_items it SET came_back_id = back.back_id, came_back_at = now()
+  FROM back WHERE it.job_id = back.job_id AND it.dead_letter_id = back.dead_letter_id
+RETURNING it.job_id, back.original_topic, back.running";
 
 /// Sent and came-back counts of job `$1`, over its first `$2` items when set (the canary).
 pub(crate) const SENT_AND_CAME_BACK: &str = "SELECT count(*) FILTER (WHERE state = 'sent'),

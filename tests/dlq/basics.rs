@@ -169,6 +169,8 @@ fn opts(actor: &str) -> ReplayOptions {
         let mut c = ReplayOptions::default();
         c.canary = 0;
         c.rate = 1000.0;
+        // The test letters are permanent ones whose fix is "deployed".
+        c.confirm_kinds = true;
         c.actor = actor.into();
         c
     }
@@ -243,6 +245,7 @@ async fn archive_twice_is_a_no_op_and_odd_bytes_survive_archive_and_replay_byte_
     let o = run(outbox_command(&db).args([
         "dlq",
         "replay",
+        "--confirm-kinds",
         "--id",
         &id.to_string(),
         "--canary",
@@ -444,7 +447,17 @@ async fn replay_of_1000_at_rate_200_takes_5s_and_the_billing_consumer_charges_ea
     archive_once(&db, &topic, &group);
 
     let o = run(outbox_command(&db).args([
-        "dlq", "replay", "--topic", &topic, "--rate", "200", "--canary", "0", "--actor", "ops",
+        "dlq",
+        "replay",
+        "--confirm-kinds",
+        "--topic",
+        &topic,
+        "--rate",
+        "200",
+        "--canary",
+        "0",
+        "--actor",
+        "ops",
     ]));
     assert!(o.status.success(), "{}", text(&o));
     let l = last_line(&o);
@@ -485,8 +498,19 @@ async fn replay_of_1000_at_rate_200_takes_5s_and_the_billing_consumer_charges_ea
     }
     // The same letters replayed a second time: the consumer still charges each order once.
     let o = run(outbox_command(&db).args([
-        "dlq", "replay", "--topic", &topic, "--status", "replayed", "--rate", "2000", "--canary",
-        "0", "--actor", "ops",
+        "dlq",
+        "replay",
+        "--confirm-kinds",
+        "--topic",
+        &topic,
+        "--status",
+        "replayed",
+        "--rate",
+        "2000",
+        "--canary",
+        "0",
+        "--actor",
+        "ops",
     ]));
     assert!(o.status.success(), "{}", text(&o));
     assert_eq!(topic_len(&topic).await, 2000);
@@ -566,7 +590,15 @@ async fn sigkill_during_a_replay_marks_nothing_unsent_and_the_job_resumes_where_
     archive_once(&db, &topic, &group);
     let mut replay: Child = outbox_command(&db)
         .args([
-            "dlq", "replay", "--topic", &topic, "--rate", "50", "--canary", "0",
+            "dlq",
+            "replay",
+            "--confirm-kinds",
+            "--topic",
+            &topic,
+            "--rate",
+            "50",
+            "--canary",
+            "0",
         ])
         .env("RUST_LOG", "warn")
         .stdin(Stdio::null())
@@ -890,8 +922,15 @@ async fn the_loop_guard_skips_a_letter_replayed_three_times_unless_forced() {
     }
     assert_eq!(topic_len(&topic).await, 3);
     assert_eq!(dlq.show(id).await.unwrap().times_replayed, 3);
-    let o =
-        run(outbox_command(&db).args(["dlq", "replay", "--id", &id.to_string(), "--canary", "0"]));
+    let o = run(outbox_command(&db).args([
+        "dlq",
+        "replay",
+        "--confirm-kinds",
+        "--id",
+        &id.to_string(),
+        "--canary",
+        "0",
+    ]));
     let l = last_line(&o);
     assert_eq!(
         (field(&l, "replayed"), field(&l, "skipped")),
@@ -903,6 +942,7 @@ async fn the_loop_guard_skips_a_letter_replayed_three_times_unless_forced() {
     let o = run(outbox_command(&db).args([
         "dlq",
         "replay",
+        "--confirm-kinds",
         "--id",
         &id.to_string(),
         "--canary",
@@ -923,6 +963,7 @@ async fn from_topic_replay_commits_only_after_acks_and_a_rerun_after_a_kill_lose
     let args = [
         "dlq",
         "replay",
+        "--confirm-kinds",
         "--from-topic",
         &format!("{topic}.dlq"),
         "--replay-group",
@@ -987,6 +1028,7 @@ async fn from_topic_replay_commits_only_after_acks_and_a_rerun_after_a_kill_lose
     let o = run(outbox_command(&db).args([
         "dlq",
         "replay",
+        "--confirm-kinds",
         "--from-topic",
         &format!("{topic}.dlq"),
         "--replay-group",
@@ -1011,7 +1053,7 @@ async fn drop_needs_a_reason_empty_filters_are_refused_dry_run_changes_nothing_b
 
     // Empty filters are refused for replay and drop.
     for args in [
-        vec!["dlq", "replay", "--canary", "0"],
+        vec!["dlq", "replay", "--confirm-kinds", "--canary", "0"],
         vec!["dlq", "drop", "--reason", "x"],
     ] {
         let o = run(outbox_command(&db).args(&args));
@@ -1022,6 +1064,7 @@ async fn drop_needs_a_reason_empty_filters_are_refused_dry_run_changes_nothing_b
     let o = run(outbox_command(&db).args([
         "dlq",
         "replay",
+        "--confirm-kinds",
         "--error-contains",
         "SCHEMA V1",
         "--dry-run",
@@ -1045,17 +1088,36 @@ async fn drop_needs_a_reason_empty_filters_are_refused_dry_run_changes_nothing_b
             vec!["dlq", "drop", "--id", "999999", "--reason", "x"],
             "no dead letter with id 999999",
         ),
-        (vec!["dlq", "replay", "--id=-3"], "not a dead letter id"),
+        (
+            vec!["dlq", "replay", "--confirm-kinds", "--id=-3"],
+            "not a dead letter id",
+        ),
         (vec!["dlq", "list", "--since", "last tuesday"], "--since"),
         (vec!["dlq", "list", "--status", "lost"], "invalid status"),
         (vec!["dlq", "list", "--kind", "oops"], "invalid kind"),
         (vec!["dlq", "list", "--limit", "0"], "invalid limit"),
         (
-            vec!["dlq", "replay", "--topic", &topic, "--rate", "0"],
+            vec![
+                "dlq",
+                "replay",
+                "--confirm-kinds",
+                "--topic",
+                &topic,
+                "--rate",
+                "0",
+            ],
             "out of range",
         ),
         (
-            vec!["dlq", "replay", "--topic", &topic, "--max-refail", "150%"],
+            vec![
+                "dlq",
+                "replay",
+                "--confirm-kinds",
+                "--topic",
+                &topic,
+                "--max-refail",
+                "150%",
+            ],
             "out of range",
         ),
         (vec!["dlq", "drop", "--topic", &topic], "--reason"),
@@ -1095,7 +1157,15 @@ async fn drop_needs_a_reason_empty_filters_are_refused_dry_run_changes_nothing_b
     assert_eq!(a[0]["filter"]["filter"]["error_contains"], "schema v1");
     // Dropped letters cannot be replayed or dropped again by id.
     let id = a[0]["dead_letter_ids"][0].as_i64().unwrap().to_string();
-    let o = run(outbox_command(&db).args(["dlq", "replay", "--id", &id, "--canary", "0"]));
+    let o = run(outbox_command(&db).args([
+        "dlq",
+        "replay",
+        "--confirm-kinds",
+        "--id",
+        &id,
+        "--canary",
+        "0",
+    ]));
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
     let o = run(outbox_command(&db).args(["dlq", "list", "--status", "new", "--json"]));
     let rows: Vec<serde_json::Value> = serde_json::from_slice(&o.stdout).unwrap();
@@ -1151,8 +1221,16 @@ async fn drop_needs_a_reason_empty_filters_are_refused_dry_run_changes_nothing_b
         ),
         (Some("restore"), Some("dave"), Some(10))
     );
-    let o =
-        run(outbox_command(&db).args(["dlq", "replay", "--id", &id, "--canary", "0", "--dry-run"]));
+    let o = run(outbox_command(&db).args([
+        "dlq",
+        "replay",
+        "--confirm-kinds",
+        "--id",
+        &id,
+        "--canary",
+        "0",
+        "--dry-run",
+    ]));
     assert!(
         o.status.success(),
         "a restored letter can be replayed: {}",
@@ -1216,7 +1294,17 @@ async fn long_work_shows_a_progress_bar_on_a_terminal_and_plain_lines_otherwise(
     );
     assert_eq!(field(&last_line(&o), "archived"), 60);
     let o = run(outbox_command(&db).args([
-        "dlq", "replay", "--topic", &topic, "--limit", "30", "--rate", "30", "--canary", "0",
+        "dlq",
+        "replay",
+        "--confirm-kinds",
+        "--topic",
+        &topic,
+        "--limit",
+        "30",
+        "--rate",
+        "30",
+        "--canary",
+        "0",
     ]));
     assert!(o.status.success(), "{}", text(&o));
     let err = String::from_utf8_lossy(&o.stderr);
@@ -1234,7 +1322,7 @@ async fn long_work_shows_a_progress_bar_on_a_terminal_and_plain_lines_otherwise(
     );
     // A terminal (script(1) gives the command a pseudo-terminal): a drawn progress bar.
     let cmd = format!(
-        "{} dlq replay --topic {topic} --limit 30 --rate 15 --canary 0",
+        "{} dlq replay --topic {topic} --limit 30 --rate 15 --canary 0 --confirm-kinds",
         outbox_testkit::outbox_bin().display()
     );
     let o = run(Command::new("script")
@@ -1261,7 +1349,15 @@ async fn ctrl_c_pauses_a_replay_and_a_letter_that_cannot_be_sent_exits_1() {
     archive_once(&db, &topic, &group);
     let child = outbox_command(&db)
         .args([
-            "dlq", "replay", "--topic", &topic, "--rate", "10", "--canary", "0",
+            "dlq",
+            "replay",
+            "--confirm-kinds",
+            "--topic",
+            &topic,
+            "--rate",
+            "10",
+            "--canary",
+            "0",
         ])
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -1317,6 +1413,7 @@ async fn ctrl_c_pauses_a_replay_and_a_letter_that_cannot_be_sent_exits_1() {
     let o = run(outbox_command(&db).args([
         "dlq",
         "replay",
+        "--confirm-kinds",
         "--id",
         &id.to_string(),
         "--to",
@@ -1360,7 +1457,17 @@ async fn a_replay_older_than_the_processed_marks_is_refused_unless_accepted_and_
     )
     .await
     .unwrap();
+    // The dry run says what the replay would need; the replay itself refuses.
     let o = run(outbox_command(&db).args(["dlq", "replay", "--topic", &topic, "--dry-run"]));
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        text(&o).contains(
+            "1 of them older than the marks retention: the replay needs --accept-duplicates"
+        ),
+        "{}",
+        text(&o)
+    );
+    let o = run(outbox_command(&db).args(["dlq", "replay", "--topic", &topic, "--canary", "0"]));
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
     assert!(
         text(&o).contains(
@@ -1369,7 +1476,12 @@ async fn a_replay_older_than_the_processed_marks_is_refused_unless_accepted_and_
         "{}",
         text(&o)
     );
-    // Newer letters only: fine.
+    assert_eq!(
+        count(&c, "SELECT count(*) FROM dlq_replay_jobs").await,
+        0,
+        "no job made"
+    );
+    // Newer letters only: nothing to accept.
     let o = run(outbox_command(&db).args([
         "dlq",
         "replay",
@@ -1381,11 +1493,11 @@ async fn a_replay_older_than_the_processed_marks_is_refused_unless_accepted_and_
     ]));
     assert!(o.status.success(), "{}", text(&o));
     assert!(
-        text(&o).contains("2 letter(s) would be replayed"),
+        text(&o).contains("2 letter(s) would be replayed") && !text(&o).contains("needs"),
         "{}",
         text(&o)
     );
-    // A shorter retention the operator knows of refuses more.
+    // A shorter retention the operator knows of flags those too.
     let o = run(outbox_command(&db).args([
         "dlq",
         "replay",
@@ -1397,8 +1509,12 @@ async fn a_replay_older_than_the_processed_marks_is_refused_unless_accepted_and_
         "4d",
         "--dry-run",
     ]));
-    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
-    // Accepted: proceeds, and the audit says what was accepted.
+    assert!(
+        text(&o).contains("1 of them older than the marks retention"),
+        "{}",
+        text(&o)
+    );
+    // Accepted: the dry run says so.
     let o = run(outbox_command(&db).args([
         "dlq",
         "replay",
@@ -1409,7 +1525,7 @@ async fn a_replay_older_than_the_processed_marks_is_refused_unless_accepted_and_
     ]));
     assert!(o.status.success(), "{}", text(&o));
     assert!(
-        text(&o).contains("1 of them older than the marks retention"),
+        text(&o).contains("1 of them older than the marks retention (accepted"),
         "{}",
         text(&o)
     );

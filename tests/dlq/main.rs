@@ -1,3 +1,4 @@
 //! The dead-letter tools: archive, summary, replay jobs, drop, audit.
 
 mod basics;
+mod comebacks;

@@ -273,7 +273,7 @@ async fn viewers_never_see_bodies_bad_bodies_get_4xx_and_api_replays_are_audited
         ("/api/dlq/drop", big.as_str(), 413),
         ("/api/dlq/drop", "{not json", 400),
         ("/api/dlq/replay", "[1,2]", 422),
-        ("/api/outbox/requeue", "{\"id\":1,\"bogus\":true}", 422),
+        ("/api/outbox/requeue", "{\"id\":1,\"bogus\":true}", 400),
         (
             "/api/dlq/replay",
             "{\"since\":\"whenever\",\"topic\":\"a.b\"}",
@@ -288,6 +288,45 @@ async fn viewers_never_see_bodies_bad_bodies_get_4xx_and_api_replays_are_audited
             serde_json::from_str(&b).unwrap_or_else(|_| panic!("not JSON: {b}"));
         assert!(e["error"].is_string(), "{b}");
     }
+    // A typo never widens a selection: every body refuses an unknown field with 400 naming
+    // it, on every mutating route that takes a body (the others are the job actions).
+    let with_body = [
+        (
+            "/api/outbox/requeue",
+            "{\"failed\":true,\"eror_group\":\"x\"}",
+        ),
+        (
+            "/api/dlq/replay",
+            "{\"topic\":\"a.b\",\"eror_group\":\"x\",\"dry_run\":true}",
+        ),
+        (
+            "/api/dlq/drop",
+            "{\"topic\":\"a.b\",\"eror_group\":\"x\",\"reason\":\"r\"}",
+        ),
+        (
+            "/api/dlq/restore",
+            "{\"topic\":\"a.b\",\"eror_group\":\"x\",\"reason\":\"r\"}",
+        ),
+        (
+            "/api/dlq/purge",
+            "{\"retention_secs\":60,\"eror_group\":\"x\"}",
+        ),
+    ];
+    for r in ROUTES.iter().filter(|r| r.method == "POST") {
+        assert!(
+            with_body.iter().any(|(p, _)| *p == r.path) || r.path.starts_with("/api/dlq/jobs/"),
+            "{} is not covered by the unknown-field check",
+            r.path
+        );
+    }
+    for (path, body) in with_body {
+        let (code, b) = http(s.port, "POST", path, Some(ADMIN), Some(body)).await;
+        assert_eq!(code, 400, "{path}: {b}");
+        assert!(
+            b.contains("unknown field \\\"eror_group\\\""),
+            "{path}: {b}"
+        );
+    }
     assert_eq!(
         http(s.port, "GET", "/api/dlq/messages/abc", Some(VIEWER), None)
             .await
@@ -301,7 +340,9 @@ async fn viewers_never_see_bodies_bad_bodies_get_4xx_and_api_replays_are_audited
         "POST",
         "/api/dlq/replay",
         Some(OPERATOR),
-        Some(&format!("{{\"ids\":[{id}],\"canary\":0,\"rate\":50}}")),
+        Some(&format!(
+            "{{\"ids\":[{id}],\"canary\":0,\"rate\":50,\"confirm_kinds\":true}}"
+        )),
     )
     .await;
     assert_eq!(code, 202, "{b}");
@@ -321,6 +362,7 @@ async fn viewers_never_see_bodies_bad_bodies_get_4xx_and_api_replays_are_audited
     let audit: serde_json::Value = serde_json::from_str(&b).unwrap();
     assert_eq!(audit[0]["actor"], "olga");
     assert_eq!(audit[0]["action"], "replay");
+    assert_eq!(audit[0]["via"], "outbox-admin", "an API action says so");
     assert_eq!(audit[0]["dead_letter_ids"][0].as_i64(), Some(id));
     wait_until(Duration::from_secs(30), "the job completes", || async {
         let (_, b) = http(

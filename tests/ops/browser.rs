@@ -193,7 +193,27 @@ async fn an_operator_finds_a_dead_letter_group_opens_a_message_and_replays_it() 
             .await
             .unwrap();
         wait_text(&c, "#replay-count", "1 letter(s) will be sent back").await;
+        // A permanent letter: the dialog says why it is risky and wants it confirmed.
+        wait_text(&c, "#replay-risk-kinds", "1 permanent letter(s)").await;
         shot(&c, "replay-confirmation").await;
+        c.find(Locator::Id("modal-confirm"))
+            .await
+            .unwrap()
+            .click()
+            .await
+            .unwrap();
+        wait_text(
+            &c,
+            "#modal-error",
+            "confirm that the fix for these letters is deployed",
+        )
+        .await;
+        c.find(Locator::Id("replay-confirm-kinds"))
+            .await
+            .unwrap()
+            .click()
+            .await
+            .unwrap();
         c.find(Locator::Id("modal-confirm"))
             .await
             .unwrap()

@@ -166,6 +166,23 @@ async fn status_requeue_and_their_errors() {
         count(&c, "SELECT count(*) FROM outbox WHERE status = 'sent'").await,
         1
     );
+    // Each requeue that changed rows is audited, marked as coming from the CLI, with the ids;
+    // the refused one is not.
+    assert_eq!(
+        texts(
+            &c,
+            "SELECT via || ' ' || count || ' ' || array_length(dead_letter_ids, 1) FROM dlq_audit
+              WHERE action = 'requeue' ORDER BY id"
+        )
+        .await,
+        ["outbox-cli 1 1", "outbox-cli 2 2"]
+    );
+    let o = run(outbox_cmd(&db).args(["dlq", "audit"]));
+    assert!(
+        text(&o).contains(" cli ") && text(&o).contains("requeue"),
+        "{}",
+        text(&o)
+    );
 
     let o = run(outbox_cmd(&db).arg("requeue"));
     assert_eq!(
@@ -840,4 +857,79 @@ async fn requeue_sent_republishes_one_topic_in_audited_batches_after_a_count() {
         let o = run(outbox_cmd(&db).args(&bad));
         assert_eq!(o.status.code(), Some(2), "{bad:?}: {}", text(&o));
     }
+}
+
+#[tokio::test]
+async fn message_data_never_drives_the_terminal_and_head_1_ends_the_listing_quietly() {
+    let db = fresh_db().await;
+    let c = client(&db).await;
+    // A hostile producer's letter: escape sequences in key, header, error and body, and enough
+    // letters that `dlq list` writes more than `head -1` reads.
+    c.execute(
+        "INSERT INTO dead_letters (dlq_topic, \"partition\", \"offset\", original_topic, message_key,
+                                   body, headers, error, failed_at)
+         SELECT 'a.b.dlq', 0, g, 'a.b', convert_to(E'k\\x1b[2J', 'UTF8'),
+                convert_to(E'{\"x\":\"\\x1b]0;owned\\x07\"}', 'UTF8'),
+                jsonb_build_array(jsonb_build_object('name', 'x-evil', 'value', E'\\x1b[31mred')),
+                E'boom \\x1b[2J here', now()
+           FROM generate_series(1, 3000) g",
+        &[],
+    )
+    .await
+    .unwrap();
+    let id: i64 = c
+        .query_one("SELECT min(id) FROM dead_letters", &[])
+        .await
+        .unwrap()
+        .get(0);
+    for args in [
+        vec!["dlq".to_owned(), "show".to_owned(), id.to_string()],
+        vec![
+            "dlq".to_owned(),
+            "list".to_owned(),
+            "--limit".to_owned(),
+            "5".to_owned(),
+        ],
+        vec!["dlq".to_owned(), "summary".to_owned()],
+    ] {
+        let o = run(outbox_cmd(&db).args(&args));
+        assert!(o.status.success(), "{args:?}: {}", text(&o));
+        assert!(
+            !o.stdout.contains(&0x1b) && !o.stdout.contains(&0x07),
+            "{args:?} printed raw control characters"
+        );
+        if args[1] == "show" {
+            let out = String::from_utf8_lossy(&o.stdout);
+            assert!(
+                out.contains("\\x1b[2J") && out.contains("\\x1b[31mred"),
+                "{out}"
+            );
+        }
+    }
+    // `outbox dlq list --limit 3000 | head -1`: the reader leaves mid-listing.
+    let mut child = outbox_cmd(&db)
+        .args(["dlq", "list", "--limit", "3000"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    {
+        use std::io::Read;
+        let mut first = [0u8; 64];
+        child
+            .stdout
+            .as_mut()
+            .unwrap()
+            .read_exact(&mut first)
+            .unwrap();
+    }
+    drop(child.stdout.take());
+    let o = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        matches!(o.status.code(), Some(0) | Some(141)) && !err.contains("panicked"),
+        "{:?}: {err}",
+        o.status
+    );
 }

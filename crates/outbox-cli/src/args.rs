@@ -63,7 +63,11 @@ pub(crate) fn parse_interval(s: &str) -> Result<Interval, String> {
 pub(crate) struct UsageError(pub(crate) String);
 
 pub(crate) fn db_config(a: &DbArgs) -> Result<DbConfig, UsageError> {
-    DbConfig::new(&a.database_url, &a.schema).map_err(|e| UsageError(e.to_string()))
+    let mut db =
+        DbConfig::new(&a.database_url, &a.schema).map_err(|e| UsageError(e.to_string()))?;
+    // Audit rows written by the CLI say so (`dlq_audit.via`); the admin server names its own.
+    db.set_application_name("outbox-cli");
+    Ok(db)
 }
 
 pub(crate) fn kafka_config(a: &KafkaArgs) -> Result<KafkaConfig, UsageError> {

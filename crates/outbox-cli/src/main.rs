@@ -126,17 +126,48 @@ struct Output {
     closed: bool,
 }
 
+/// `buf` with every control character but newline and tab shown as an escape (`\x1b`,
+/// `\u{9b}`): message data (keys, headers, bodies, errors) printed for a person must never
+/// drive their terminal (clear it, retitle it, recolour it). JSON output is unaffected: its
+/// encoder already escapes control characters.
+fn terminal_safe(buf: &[u8]) -> std::borrow::Cow<'_, [u8]> {
+    let c1 = |i: usize| buf[i] == 0xC2 && buf.get(i + 1).is_some_and(|b| (0x80..=0x9F).contains(b));
+    let bad = |i: usize| {
+        let b = buf[i];
+        (b < 0x20 && b != b'\n' && b != b'\t') || b == 0x7F || c1(i)
+    };
+    if !(0..buf.len()).any(bad) {
+        return std::borrow::Cow::Borrowed(buf);
+    }
+    let mut out = Vec::with_capacity(buf.len() + 16);
+    let mut i = 0;
+    while i < buf.len() {
+        if c1(i) {
+            out.extend_from_slice(format!("\\u{{{:x}}}", buf[i + 1]).as_bytes());
+            i += 2;
+        } else if bad(i) {
+            out.extend_from_slice(format!("\\x{:02x}", buf[i]).as_bytes());
+            i += 1;
+        } else {
+            out.push(buf[i]);
+            i += 1;
+        }
+    }
+    std::borrow::Cow::Owned(out)
+}
+
 impl std::io::Write for Output {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
         if self.closed {
             return Ok(buf.len());
         }
-        match std::io::stdout().write(buf) {
+        match std::io::stdout().write_all(&terminal_safe(buf)) {
+            Ok(()) => Ok(buf.len()),
             Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {
                 self.closed = true;
                 Ok(buf.len())
             }
-            other => other,
+            Err(e) => Err(e),
         }
     }
 
@@ -151,5 +182,21 @@ impl std::io::Write for Output {
             }
             other => other,
         }
+    }
+}
+
+#[cfg(test)]
+mod terminal_tests {
+    #[test]
+    fn control_characters_from_message_data_are_shown_not_obeyed() {
+        let shown = super::terminal_safe(b"key \x1b[2J \x1b]0;owned\x07 \xc2\x9b31m ok\tend\n");
+        assert_eq!(
+            String::from_utf8(shown.into_owned()).unwrap(),
+            "key \\x1b[2J \\x1b]0;owned\\x07 \\u{9b}31m ok\tend\n"
+        );
+        assert!(matches!(
+            super::terminal_safe(b"plain \xc3\xa9t\xc3\xa9\n"),
+            std::borrow::Cow::Borrowed(_)
+        ));
     }
 }

@@ -8,6 +8,8 @@ const el = (tag, attrs = {}, ...kids) => {
   const e = document.createElement(tag);
   for (const [k, v] of Object.entries(attrs)) {
     if (k.startsWith("on")) e.addEventListener(k.slice(2), v);
+    // Through the CSSOM: the server's Content-Security-Policy refuses inline style attributes.
+    else if (k === "style") e.style.cssText = v;
     else if (v !== undefined && v !== null && v !== false) e.setAttribute(k, v === true ? "" : v);
   }
   for (const k of kids.flat()) e.append(k instanceof Node ? k : document.createTextNode(k ?? ""));
@@ -67,8 +69,17 @@ async function start() {
     return;
   }
   $("#login").hidden = true;
-  $("#who").textContent = me.holder + " (" + me.role + ")";
+  $("#who").replaceChildren(me.holder + " (" + me.role + ") ",
+    el("button", { id: "sign-out", onclick: signOut }, "Sign out"));
   route();
+}
+
+function signOut() {
+  sessionStorage.removeItem("outbox-token");
+  me = null;
+  $("#who").replaceChildren();
+  $("#token").value = "";
+  showLogin("Signed out.");
 }
 
 // ---- modal: confirmation with inputs ----
@@ -90,9 +101,25 @@ const field = (label, input) => el("div", { class: "row" }, el("label", {}, labe
 async function replayDialog(selection, label) {
   const dry = await api("/api/dlq/replay", { method: "POST", body: Object.assign({ dry_run: true }, selection) });
   const rate = el("input", { id: "replay-rate", type: "number", value: "100", min: "1" });
-  const canary = el("input", { id: "replay-canary", type: "number", value: dry.count > 20 ? "10" : "0", min: "0" });
+  // Every selection of more than one letter sends a canary first: a small group is where
+  // "replay before the fix" is likeliest and cheapest to catch.
+  const canary = el("input", { id: "replay-canary", type: "number", min: "0",
+    value: String(dry.count > 1 ? Math.min(10, Math.max(1, Math.ceil(dry.count / 10))) : 0) });
   const targets = dry.by_topic.map(([t, n]) => n + " → " + t).join(", ");
+  // What a replay alone cannot fix is confirmed explicitly, with the reason.
+  const kinds = (dry.risky_kinds || []).map(([k, n]) => n + " " + k).join(", ");
+  const confirmKinds = el("input", { id: "replay-confirm-kinds", type: "checkbox" });
+  const confirmOld = el("input", { id: "replay-accept-duplicates", type: "checkbox" });
+  const risks = [];
+  if (kinds) risks.push(el("p", { class: "warn", id: "replay-risk-kinds" },
+    el("label", {}, confirmKinds, " This selection holds " + kinds + " letter(s). A decode letter's bytes fail the same way " +
+      "again unless the consumer changed; a permanent or panic letter succeeds only once its fix is deployed. " +
+      "Tick to confirm the fix is deployed.")));
+  if (dry.older_than_marks) risks.push(el("p", { class: "warn", id: "replay-risk-old" },
+    el("label", {}, confirmOld, " " + dry.older_than_marks + " letter(s) are older than the consumers keep processed marks: " +
+      "a group that already handled them would handle them again. Tick to accept that (it is audited).")));
   modal("Replay " + label, [
+    ...risks,
     el("p", { id: "replay-count" }, dry.count + " letter(s) will be sent back to their original topic" +
       (targets ? " (" + targets + ")" : "") + "." +
       (dry.skipped_loop_guard ? " " + dry.skipped_loop_guard + " skipped: already replayed 3 times." : "")),
@@ -101,8 +128,11 @@ async function replayDialog(selection, label) {
     field("Canary", canary),
   ], "Replay " + dry.count, async () => {
     if (dry.count === 0) throw new Error("nothing to replay");
+    if (kinds && !confirmKinds.checked) throw new Error("confirm that the fix for these letters is deployed");
+    if (dry.older_than_marks && !confirmOld.checked) throw new Error("accept that old letters may be handled twice");
     const job = await api("/api/dlq/replay", { method: "POST", body: Object.assign({
-      rate: Number(rate.value), canary: Number(canary.value), canary_wait_secs: 30 }, selection) });
+      rate: Number(rate.value), canary: Number(canary.value), canary_wait_secs: 30,
+      confirm_kinds: confirmKinds.checked, accept_duplicates: confirmOld.checked }, selection) });
     flash("Replay job " + job.id + " started (" + job.pending + " letters).");
     location.hash = "#/jobs";
   });
@@ -241,7 +271,8 @@ async function viewMessage(id) {
     ["Times replayed", m.times_replayed]];
   const headers = el("table", { id: "headers" }, el("tr", {}, el("th", {}, "Header"), el("th", {}, "Value")),
     m.headers.map(h => el("tr", {}, el("td", {}, h.name),
-      el("td", { class: "err" }, h.value == null ? "(null)" : (h.value.text != null ? h.value.text : "(base64) " + h.value.base64)))));
+      el("td", { class: "err" }, h.value == null ? "(null)" : h.value.redacted ? el("span", { class: "muted" }, "(redacted for your role)")
+        : (h.value.text != null ? h.value.text : "(base64) " + h.value.base64)))));
   const sel = { ids: [m.id] };
   return [
     el("h2", { id: "message-title" }, "Dead letter #" + m.id),

@@ -46,6 +46,8 @@ pub const DEFAULT_CANARY_WAIT: Duration = Duration::from_secs(30);
 pub const DEFAULT_MAX_REFAIL: f64 = 0.10;
 /// Default replay-loop guard: letters already replayed this often are skipped.
 pub const DEFAULT_LOOP_GUARD: u32 = 3;
+/// Default [`ReplayOptions::watch`]: comebacks are counted for an hour after a job ends.
+pub const DEFAULT_WATCH: Duration = Duration::from_secs(3600);
 /// How often a running job looks for letters that came back.
 const REFAIL_CHECK: Duration = Duration::from_secs(1);
 
@@ -74,6 +76,11 @@ pub struct ReplayOptions {
     /// How long the groups reading the target topics keep processed marks (default 35 days,
     /// the cleanup default). Letters that first failed longer ago are refused.
     pub marks_retention: Duration,
+    /// Replay decode, permanent and panic letters (the fix is deployed). Recorded in the audit.
+    pub confirm_kinds: bool,
+    /// How long after the job ends a letter coming back to the DLQ still counts as its
+    /// comeback (default [`DEFAULT_WATCH`]).
+    pub watch: Duration,
     /// Replay letters older than `marks_retention` anyway: a group whose mark expired handles
     /// them again. Recorded in the audit row.
     pub accept_duplicates: bool,
@@ -95,6 +102,8 @@ impl Default for ReplayOptions {
             all: false,
             marks_retention: crate::cleanup::DEFAULT_PROCESSED_RETENTION,
             accept_duplicates: false,
+            watch: DEFAULT_WATCH,
+            confirm_kinds: false,
             actor: super::default_actor(),
         }
     }
@@ -135,9 +144,11 @@ pub struct DryRun {
     pub count: i64,
     /// Letters the loop guard would skip.
     pub skipped_loop_guard: i64,
-    /// Letters sent although older than the marks retention (only with `accept_duplicates`;
-    /// without it the dry run is refused like the job).
+    /// Letters older than the marks retention: the job needs `accept_duplicates`.
     pub older_than_marks: i64,
+    /// Letters per kind a replay alone does not fix (decode, permanent, panic): the job needs
+    /// `confirm_kinds`.
+    pub risky_kinds: Vec<(String, i64)>,
     /// Letters per target topic.
     pub by_topic: Vec<(String, i64)>,
     /// The first letters, oldest first (at most 20).

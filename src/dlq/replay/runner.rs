@@ -279,6 +279,7 @@ impl Dlq {
                 i64::from(it.dlq_retries),
                 it.first_failed_at.as_deref(),
                 &rfc3339(now),
+                Some((job, it.id)),
             );
             let mut rec: FutureRecord<'_, [u8], [u8]> =
                 FutureRecord::to(&it.topic).headers(headers);

@@ -17,6 +17,19 @@ pub(super) struct Selected {
     pub(super) target: String,
     /// How long ago it first failed.
     pub(super) age: std::time::Duration,
+    /// Its `x-error-kind`.
+    pub(super) kind: Option<String>,
+}
+
+/// Kinds of letters a replay alone does not fix.
+const RISKY_KINDS: [&str; 3] = ["decode", "permanent", "panic"];
+
+/// What needs confirming before a replay.
+struct Risks {
+    older_than_marks: i64,
+    oldest: Option<std::time::Duration>,
+    stale_topics: Vec<String>,
+    kinds: Vec<(String, i64)>,
 }
 
 impl Dlq {
@@ -55,35 +68,59 @@ impl Dlq {
                 times_replayed: r.get(2),
                 target: r.get(1),
                 age: std::time::Duration::from_secs_f64(r.get::<_, f64>(3).max(0.0)),
+                kind: r.get(4),
             })
             .collect())
     }
 
-    /// Refuses a replay of letters older than the processed marks are kept, unless the
-    /// operator accepts that a group whose mark expired handles them again. Returns how many
-    /// selected letters are that old.
-    fn check_retention(go: &[&Selected], opts: &ReplayOptions) -> Result<i64, DlqError> {
+    /// What is risky about replaying `go`: letters older than the processed marks are kept
+    /// (a group whose mark expired handles them again), and letters of kinds a replay alone
+    /// cannot fix (`decode`: the same bytes fail the same way; `permanent`, `panic`: only after
+    /// the fix is deployed). Each needs its own explicit confirmation.
+    fn risks(go: &[&Selected], opts: &ReplayOptions) -> Risks {
         let stale: Vec<&&Selected> = go.iter().filter(|s| s.age > opts.marks_retention).collect();
-        let Some(oldest) = stale.iter().map(|s| s.age).max() else {
-            return Ok(0);
-        };
-        if !opts.accept_duplicates {
-            let mut topics: Vec<&str> = stale.iter().map(|s| s.target.as_str()).collect();
-            topics.sort_unstable();
-            topics.dedup();
+        let mut kinds: std::collections::BTreeMap<String, i64> = Default::default();
+        for s in go {
+            if let Some(k) = s.kind.as_deref().filter(|k| RISKY_KINDS.contains(k)) {
+                *kinds.entry(k.to_owned()).or_default() += 1;
+            }
+        }
+        let mut topics: Vec<String> = stale.iter().map(|s| s.target.clone()).collect();
+        topics.sort_unstable();
+        topics.dedup();
+        Risks {
+            older_than_marks: stale.len() as i64,
+            oldest: stale.iter().map(|s| s.age).max(),
+            stale_topics: topics,
+            kinds: kinds.into_iter().collect(),
+        }
+    }
+
+    /// Refuses what [`Self::risks`] found unless the options confirm it, saying why.
+    fn refuse_unconfirmed(r: &Risks, opts: &ReplayOptions) -> Result<(), DlqError> {
+        if let (Some(oldest), false) = (r.oldest, opts.accept_duplicates) {
             let days = |d: std::time::Duration| format!("{:.1} days", d.as_secs_f64() / 86_400.0);
             return invalid(format!(
                 "{} of the selected letters first failed longer ago than processed marks are kept \
                  (oldest {}, marks kept {}): every group reading {} whose mark has expired would \
                  handle them a second time. Replay only newer letters (--since), or give \
                  --accept-duplicates to replay anyway (audited)",
-                stale.len(),
+                r.older_than_marks,
                 days(oldest),
                 days(opts.marks_retention),
-                topics.join(", ")
+                r.stale_topics.join(", ")
             ));
         }
-        Ok(stale.len() as i64)
+        if !r.kinds.is_empty() && !opts.confirm_kinds {
+            let what: Vec<String> = r.kinds.iter().map(|(k, n)| format!("{n} {k}")).collect();
+            return invalid(format!(
+                "the selection holds {} letter(s): a decode letter's bytes fail the same way \
+                 again unless the consumer changed, and a permanent or panic letter only \
+                 succeeds once its fix is deployed. Give --confirm-kinds once that is so",
+                what.join(", ")
+            ));
+        }
+        Ok(())
     }
 
     pub(super) fn prepare(filter: &Filter, opts: &ReplayOptions) -> Result<Filter, DlqError> {
@@ -115,7 +152,8 @@ impl Dlq {
             .iter()
             .filter(|s| opts.force || s.times_replayed < guard)
             .collect();
-        let older_than_marks = Self::check_retention(&go, opts)?;
+        // A dry run reports the risks (the dashboard asks to confirm them); the job refuses them.
+        let risks = Self::risks(&go, opts);
         let mut by_topic: HashMap<String, i64> = HashMap::new();
         for s in &go {
             *by_topic.entry(s.target.clone()).or_default() += 1;
@@ -140,7 +178,8 @@ impl Dlq {
         Ok(DryRun {
             count: go.len() as i64,
             skipped_loop_guard: (sel.len() - go.len()) as i64,
-            older_than_marks,
+            older_than_marks: risks.older_than_marks,
+            risky_kinds: risks.kinds,
             by_topic,
             sample,
         })
@@ -170,7 +209,9 @@ impl Dlq {
             .iter()
             .filter(|s| opts.force || s.times_replayed < guard)
             .collect();
-        let older_than_marks = Self::check_retention(&go, opts)?;
+        let risks = Self::risks(&go, opts);
+        Self::refuse_unconfirmed(&risks, opts)?;
+        let older_than_marks = risks.older_than_marks;
         let mut ids = Vec::with_capacity(sel.len());
         let mut states = Vec::with_capacity(sel.len());
         let mut errors: Vec<Option<String>> = Vec::with_capacity(sel.len());
@@ -207,6 +248,8 @@ impl Dlq {
             // The risk the operator accepted, on the record.
             "accept_duplicates": opts.accept_duplicates,
             "older_than_marks": older_than_marks,
+            "confirm_kinds": opts.confirm_kinds,
+            "risky_kinds": risks.kinds,
             "marks_retention_secs": opts.marks_retention.as_secs(),
         });
         let audit_id: i64 = tx
@@ -228,6 +271,7 @@ impl Dlq {
                     &(i32::try_from(opts.canary).unwrap_or(i32::MAX)),
                     &(opts.canary_wait.as_millis() as i64),
                     &opts.max_refail,
+                    &(i64::try_from(opts.watch.as_millis()).unwrap_or(i64::MAX)),
                 ],
             )
             .await?

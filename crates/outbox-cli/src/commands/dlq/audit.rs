@@ -31,16 +31,23 @@ pub async fn run(args: Args, out: &mut dyn Write) -> anyhow::Result<()> {
     }
     writeln!(
         out,
-        "{:>7}  {:<24} {:<16} {:<14} {:>8}  REASON / FILTER",
-        "ID", "AT", "ACTOR", "ACTION", "COUNT"
+        "{:>7}  {:<24} {:<16} {:<13} {:<14} {:>8}  REASON / FILTER",
+        "ID", "AT", "ACTOR", "VIA", "ACTION", "COUNT"
     )?;
     for a in &rows {
+        // The API's holders and the CLI's --actor can share a name; `via` tells them apart.
+        let via = match a.via.as_str() {
+            "outbox-cli" => "cli",
+            outbox::admin::API_APPLICATION_NAME => "api",
+            other => other,
+        };
         writeln!(
             out,
-            "{:>7}  {:<24} {:<16} {:<14} {:>8}  {} {}",
+            "{:>7}  {:<24} {:<16} {:<13} {:<14} {:>8}  {} {}",
             a.id,
             a.at,
             cut(&a.actor, 16),
+            cut(via, 13),
             a.action,
             a.count,
             a.reason.as_deref().unwrap_or(""),

@@ -65,6 +65,12 @@ pub struct Args {
     /// Replay letters older than --marks-retention anyway (recorded in the audit).
     #[arg(long)]
     accept_duplicates: bool,
+    /// Replay decode, permanent and panic letters: their fix is deployed (recorded in the audit).
+    #[arg(long)]
+    confirm_kinds: bool,
+    /// How long after the job ends a letter coming back to the DLQ still counts as its comeback.
+    #[arg(long, default_value = "1h", value_parser = humantime::parse_duration)]
+    watch: std::time::Duration,
     /// Who is replaying (audit); default the OS user.
     #[arg(long)]
     actor: Option<String>,
@@ -90,6 +96,8 @@ pub async fn run(args: Args, out: &mut dyn Write) -> anyhow::Result<()> {
         all,
         marks_retention,
         accept_duplicates,
+        watch,
+        confirm_kinds,
         actor,
     } = args;
     let db = db_config(&db)?;
@@ -154,6 +162,8 @@ pub async fn run(args: Args, out: &mut dyn Write) -> anyhow::Result<()> {
         c.all = all;
         c.marks_retention = marks_retention;
         c.accept_duplicates = accept_duplicates;
+        c.watch = watch;
+        c.confirm_kinds = confirm_kinds;
         c.actor = actor_or_default(actor);
         c
     };
@@ -164,7 +174,14 @@ pub async fn run(args: Args, out: &mut dyn Write) -> anyhow::Result<()> {
             "dry run: {} letter(s) would be replayed, {} skipped by the loop guard; nothing changed",
             d.count, d.skipped_loop_guard
         )?;
-        if d.older_than_marks > 0 {
+        for (kind, n) in &d.risky_kinds {
+            if !opts.confirm_kinds {
+                writeln!(out, "  {n} {kind} letter(s): the replay needs --confirm-kinds (their fix must be deployed)")?;
+            }
+        }
+        if d.older_than_marks > 0 && !opts.accept_duplicates {
+            writeln!(out, "  {} of them older than the marks retention: the replay needs --accept-duplicates (a group whose mark expired handles them twice)", d.older_than_marks)?;
+        } else if d.older_than_marks > 0 {
             writeln!(
                 out,
                 "  {} of them older than the marks retention (accepted: they may be handled twice)",
