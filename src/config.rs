@@ -382,6 +382,15 @@ impl fmt::Debug for KafkaConfig {
     }
 }
 
+/// The operator's name for audit rows when none is given: `$USER`, `$LOGNAME`, or `unknown`.
+pub(crate) fn os_user() -> String {
+    std::env::var("USER")
+        .or_else(|_| std::env::var("LOGNAME"))
+        .ok()
+        .filter(|u| !u.trim().is_empty())
+        .unwrap_or_else(|| "unknown".into())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -463,11 +472,3 @@ mod tests {
     }
 }
 
-/// The operator's name for audit rows when none is given: `$USER`, `$LOGNAME`, or `unknown`.
-pub(crate) fn os_user() -> String {
-    std::env::var("USER")
-        .or_else(|_| std::env::var("LOGNAME"))
-        .ok()
-        .filter(|u| !u.trim().is_empty())
-        .unwrap_or_else(|| "unknown".into())
-}

@@ -54,6 +54,7 @@
 //! | `config` | core | [`DbConfig`], [`KafkaConfig`] (plain settings; the Kafka client comes with `kafka`) |
 //! | `cleanup` | core | [`cleanup()`], [`CleanupConfig`]: retention deletes in bounded batches |
 //! | `status` | core | [`status()`] and [`requeue`]: operator views and repair |
+//! | `journey` | core | [`journey::trace`]: one message's journey (outbox row, each group's outcome, replays, audit) |
 //! | `republish` | core | [`requeue_sent`]: publish sent rows again (a topic lost by the broker) |
 //! | `metrics` | core / `prometheus` | metric names; the recorder and `/metrics` with `prometheus` |
 //! | `trace` | core | W3C `traceparent`: carried to Kafka, parent of the consumer's handler span |
@@ -90,6 +91,7 @@ mod db;
 #[cfg(feature = "dlq")]
 pub mod dlq;
 mod enqueue;
+pub mod journey;
 #[cfg(feature = "kafka")]
 mod kafka;
 mod message;

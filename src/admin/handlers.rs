@@ -175,6 +175,24 @@ pub(super) async fn outbox_requeue(
     ok(json!({"requeued": n}))
 }
 
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct TraceQuery {
+    q: String,
+}
+
+/// A message's journey (viewers included: ids, statuses and errors, never bodies).
+pub(super) async fn trace(
+    State(s): State<AppState>,
+    q: Result<Query<TraceQuery>, QueryRejection>,
+) -> ApiResult {
+    let Query(q) = q.map_err(|e| ApiError(StatusCode::BAD_REQUEST, e.body_text()))?;
+    let found = crate::journey::trace(&s.db, &q.q)
+        .await
+        .map_err(|e| ApiError(StatusCode::SERVICE_UNAVAILABLE, e.to_string()))?;
+    ok(json!({ "query": q.q, "messages": found }))
+}
+
 pub(super) async fn dlq_summary(State(s): State<AppState>) -> ApiResult {
     ok(s.dlq.summary().await?)
 }

@@ -74,6 +74,7 @@ pub const ROUTES: &[RouteSpec] = &[
     r("GET", "/api/whoami", At(Role::Viewer)),
     r("GET", "/api/outbox/status", At(Role::Viewer)),
     r("POST", "/api/outbox/requeue", At(Role::Operator)),
+    r("GET", "/api/trace", At(Role::Viewer)),
     r("GET", "/api/dlq/summary", At(Role::Viewer)),
     r("GET", "/api/dlq/messages", At(Role::Viewer)),
     r("GET", "/api/dlq/messages/{id}", At(Role::Viewer)),
@@ -216,6 +217,7 @@ pub fn app(db: &DbConfig, kafka: &KafkaConfig, auth: Auth, stop: CancellationTok
         .route("/api/whoami", get(h::whoami))
         .route("/api/outbox/status", get(h::outbox_status))
         .route("/api/outbox/requeue", post(h::outbox_requeue))
+        .route("/api/trace", get(h::trace))
         .route("/api/dlq/summary", get(h::dlq_summary))
         .route("/api/dlq/messages", get(h::dlq_messages))
         .route("/api/dlq/messages/{id}", get(h::dlq_message))

@@ -136,3 +136,15 @@ pub(crate) const PURGE: &str = "WITH victims AS (
    SELECT $3, 'archive-purge', $4, count(*), array_agg(id ORDER BY id)
    FROM del HAVING count(*) > 0)
  SELECT count(*) FROM del";
+
+/// Dead letters of message ids `$1`, or with key `$2` (bytes), or with archive id `$3`.
+pub(crate) const JOURNEY_LETTERS: &str = "SELECT id, message_id, consumer_group, error_kind, error,
+        attempts, dlq_retries, status, status_reason, failed_at, dlq_topic, \"partition\", \"offset\",
+        original_topic, original_partition, original_offset, replay_job, replay_of
+   FROM {s}.dead_letters
+  WHERE message_id = ANY($1) OR ($2::bytea IS NOT NULL AND message_key = $2) OR id = $3
+  ORDER BY id LIMIT 200";
+
+/// Audit rows naming any of dead letters `$1` (drops, restores, replays).
+pub(crate) const JOURNEY_AUDIT: &str = "SELECT id, at, actor, via, action, count, reason
+   FROM {s}.dlq_audit WHERE dead_letter_ids && $1::bigint[] ORDER BY id";

@@ -69,3 +69,7 @@ pub(crate) const OVERDUE: &str = "\
 SELECT consumer_group, count(*)::bigint FROM {s}.processed_messages
  WHERE processed_at < now() - make_interval(secs => $1)
  GROUP BY consumer_group ORDER BY consumer_group";
+
+/// Which groups handled message `$1` (any topic), and when: a journey's consumer side.
+pub(crate) const JOURNEY_MARKS: &str = "SELECT consumer_group, topic, message_id, processed_at
+   FROM {s}.processed_messages WHERE message_id = ANY($1) ORDER BY processed_at";

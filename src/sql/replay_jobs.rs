@@ -109,3 +109,9 @@ RETURNING it.job_id, back.original_topic, back.running";
 pub(crate) const SENT_AND_CAME_BACK: &str = "SELECT count(*) FILTER (WHERE state = 'sent'),
         count(*) FILTER (WHERE came_back_id IS NOT NULL)
    FROM {s}.dlq_replay_items WHERE job_id = $1 AND ($2::bigint IS NULL OR seq <= $2)";
+
+/// Replay items of dead letters `$1`: which job sent which letter, and whether it came back.
+pub(crate) const JOURNEY_REPLAYS: &str = "SELECT i.job_id, i.dead_letter_id, i.state, i.sent_at,
+        i.came_back_id, j.status, j.created_by
+   FROM {s}.dlq_replay_items i JOIN {s}.dlq_replay_jobs j ON j.id = i.job_id
+  WHERE i.dead_letter_id = ANY($1) ORDER BY i.job_id, i.seq";

@@ -12,6 +12,7 @@ use fantoccini::{Client, ClientBuilder, Locator};
 use outbox_testkit::*;
 
 const TOKEN: &str = "browser-test-token-0123456789";
+const VIEWER_TOKEN: &str = "browser-viewer-token-987654321";
 
 struct Kill(Child);
 impl Drop for Kill {
@@ -91,10 +92,21 @@ async fn an_operator_finds_a_dead_letter_group_opens_a_message_and_replays_it() 
         .unwrap();
 
     let port = free_port();
+    let tokens = std::env::temp_dir().join(format!("browser-tokens-{}", hex(6)));
+    std::fs::write(
+        &tokens,
+        format!(
+            "admin admin {}\nvera viewer {}\n",
+            outbox::admin::token_hash(TOKEN),
+            outbox::admin::token_hash(VIEWER_TOKEN)
+        ),
+    )
+    .unwrap();
     let _admin = Kill(
         outbox_command(&db)
             .args(["admin", "--listen", &format!("127.0.0.1:{port}")])
-            .env("OUTBOX_ADMIN_TOKEN", TOKEN)
+            .arg("--tokens-file")
+            .arg(&tokens)
             .env("RUST_LOG", "warn")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -293,6 +305,74 @@ async fn an_operator_finds_a_dead_letter_group_opens_a_message_and_replays_it() 
         c.goto(&format!("{base}/#/outbox")).await.unwrap();
         wait_text(&c, "h2", "Outbox").await;
         shot(&c, "outbox").await;
+
+        // The journey of the replayed message: its dead letter, the replay, the audit row.
+        let message_id = outbox::journey::trace(&db, &format!("#{id}"))
+            .await
+            .unwrap()[0]
+            .message_id
+            .clone()
+            .unwrap();
+        c.goto(&format!("{base}/#/trace")).await.unwrap();
+        let q = c.wait().for_element(Locator::Id("trace-q")).await.unwrap();
+        q.send_keys(&message_id).await.unwrap();
+        c.find(Locator::Css("#trace-form button"))
+            .await
+            .unwrap()
+            .click()
+            .await
+            .unwrap();
+        wait_text(&c, ".journey h3", &message_id).await;
+        wait_text(&c, ".journey td", "customer 100 not found").await;
+        wait_text(&c, ".journey td", "replay by admin via outbox-admin").await;
+        wait_text(&c, ".journey td", "sent letter #").await;
+        shot(&c, "trace").await;
+        // At phone width the page fits the screen (wide tables scroll inside their card).
+        c.set_window_size(390, 844).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let overflow = c
+            .execute(
+                "return document.documentElement.scrollWidth - window.innerWidth;",
+                vec![],
+            )
+            .await
+            .unwrap();
+        assert!(
+            overflow.as_i64().unwrap_or(99) <= 1,
+            "page wider than a phone: {overflow}"
+        );
+        shot(&c, "trace-phone").await;
+        c.set_window_size(1400, 1000).await.unwrap();
+
+        // Sign out; a viewer sees where and why, never contents — and says so.
+        c.find(Locator::Id("sign-out"))
+            .await
+            .unwrap()
+            .click()
+            .await
+            .unwrap();
+        wait_text(&c, "#login-error", "Signed out.").await;
+        let token = c.find(Locator::Id("token")).await.unwrap();
+        token.send_keys(VIEWER_TOKEN).await.unwrap();
+        c.find(Locator::Id("sign-in"))
+            .await
+            .unwrap()
+            .click()
+            .await
+            .unwrap();
+        wait_text(&c, "#who", "vera (viewer)").await;
+        c.goto(&format!("{base}/#/message/{id}")).await.unwrap();
+        wait_text(&c, "#headers td", "(redacted for your role)").await;
+        let page = c.source().await.unwrap();
+        assert!(
+            !page.contains("undefined"),
+            "a viewer's page shows 'undefined'"
+        );
+        assert!(
+            c.find(Locator::Id("replay-one")).await.is_err(),
+            "no replay button for a viewer"
+        );
+        shot(&c, "message-viewer").await;
         id
     }
     .await;

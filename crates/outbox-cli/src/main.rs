@@ -53,6 +53,8 @@ enum Command {
     Topics(commands::topics::Args),
     /// Delete sent rows and processed_messages past retention, in bounded batches.
     Cleanup(commands::cleanup::Args),
+    /// One message's journey: outbox row, each group's outcome, dead letters, replays, audit.
+    Trace(commands::trace::Args),
     /// Dead letters: archive, summary by cause, list, show, replay jobs, drop, audit.
     Dlq {
         #[command(subcommand)]
@@ -71,6 +73,7 @@ async fn run(cli: Cli, out: &mut dyn std::io::Write) -> anyhow::Result<()> {
         Command::Requeue(a) => commands::requeue::run(a, out).await,
         Command::Topics(a) => commands::topics::run(a, out).await,
         Command::Cleanup(a) => commands::cleanup::run(a, out).await,
+        Command::Trace(a) => commands::trace::run(a, out).await,
         Command::Dlq { action } => commands::dlq::run(action, out).await,
     }
 }

@@ -288,6 +288,36 @@ async function viewMessage(id) {
   ];
 }
 
+// ---- one message's journey: outbox → each group → dead letters → replays → audit ----
+async function viewTrace(q) {
+  const input = el("input", { id: "trace-q", size: "40", value: q, placeholder: "message id, key, #letter or an order number" });
+  const form = el("form", { id: "trace-form", onsubmit: (ev) => { ev.preventDefault();
+    location.hash = "#/trace?q=" + encodeURIComponent(input.value.trim()); } },
+    input, " ", el("button", { class: "primary", type: "submit" }, "Trace"));
+  const head = [el("h2", {}, "Trace a message"), form];
+  if (!q) return head;
+  const r = await api("/api/trace?q=" + encodeURIComponent(q));
+  if (!r.messages.length) return [...head, el("p", { id: "trace-none" }, "Nothing found for " + q + ".")];
+  const or = (v) => v == null ? "–" : String(v);
+  const journeys = r.messages.map(m => {
+    const steps = [];
+    for (const o of m.outbox) steps.push(["outbox", "#" + o.id + " " + o.status + " → " + o.topic + " (key " + or(o.key) +
+      ", " + o.attempts + " attempt(s), committed " + o.created_at + ", sent " + or(o.sent_at) + ")" + (o.last_error ? " — " + o.last_error : "")]);
+    if (!m.outbox.length) steps.push(["outbox", "no row (cleaned up, or not published through the outbox)"]);
+    for (const h of m.handled) steps.push(["handled", h.group + " from " + h.topic + " at " + h.at]);
+    for (const l of m.dead_letters) steps.push(["dead letter", el("span", {},
+      el("a", { href: "#/message/" + l.id }, "#" + l.id), " by " + or(l.group) + " (" + or(l.kind) + ") at " + l.failed_at + ": " +
+      or(l.error) + " — now " + l.status + (l.status_reason ? " (" + l.status_reason + ")" : "") +
+      (l.comeback_of ? " — came back from job " + l.comeback_of[0] : ""))]);
+    for (const p of m.replays) steps.push(["replay", "job " + p.job + " (" + p.job_status + ", by " + p.by + ") sent letter #" + p.letter +
+      " " + p.state + (p.came_back_as ? " — came back as #" + p.came_back_as : "")]);
+    for (const a of m.audit) steps.push(["audit", a.at + " " + a.action + " by " + a.actor + " via " + a.via + (a.reason ? " — " + a.reason : "")]);
+    return el("div", { class: "card journey" }, el("h3", {}, "Message " + or(m.message_id)),
+      el("table", { class: "steps" }, steps.map(([k, v]) => el("tr", {}, el("th", {}, k), el("td", { class: "err" }, v)))));
+  });
+  return [...head, el("p", { id: "trace-count" }, r.messages.length + " message(s)"), ...journeys];
+}
+
 let jobsTimer = null;
 async function viewJobs() {
   const jobs = await api("/api/dlq/jobs");
@@ -341,9 +371,12 @@ async function viewAudit() {
       el("td", { class: "num" }, String(a.count)), el("td", {}, a.reason || ""), el("td", { class: "err muted" }, JSON.stringify(a.filter)))))];
 }
 
+let routeSeq = 0;
 async function route() {
   clearTimeout(jobsTimer);
   if (!me) return;
+  // A slow view must not overwrite the one the operator navigated to meanwhile.
+  const seq = ++routeSeq;
   const h = location.hash.replace(/^#/, "") || "/";
   const [path, query] = h.split("?");
   const params = new URLSearchParams(query || "");
@@ -353,14 +386,16 @@ async function route() {
   else if (path === "/jobs") { name = "jobs"; render = viewJobs; }
   else if (path === "/outbox") { name = "outbox"; render = viewOutbox; }
   else if (path === "/audit") { name = "audit"; render = viewAudit; }
+  else if (path === "/trace") { name = "trace"; render = () => viewTrace(params.get("q") || ""); }
   else render = viewGroups;
   for (const a of document.querySelectorAll("nav a")) a.classList.toggle("active", a.dataset.view === name);
   try {
     const nodes = await render();
+    if (seq !== routeSeq) return;
     $("#view").replaceChildren(...nodes.flat().filter(n => n !== ""));
     document.body.dataset.ready = name;
   } catch (e) {
-    if (e.message !== "unauthorized") $("#view").replaceChildren(el("p", { class: "error", id: "view-error" }, e.message));
+    if (seq === routeSeq && e.message !== "unauthorized") $("#view").replaceChildren(el("p", { class: "error", id: "view-error" }, e.message));
   }
 }
 

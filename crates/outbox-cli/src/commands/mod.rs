@@ -9,3 +9,4 @@ pub mod relay;
 pub mod requeue;
 pub mod status;
 pub mod topics;
+pub mod trace;
