@@ -471,4 +471,3 @@ mod tests {
         KafkaConfig::new("a:1, b:2").unwrap();
     }
 }
-

@@ -54,6 +54,7 @@
 //! | `config` | core | [`DbConfig`], [`KafkaConfig`] (plain settings; the Kafka client comes with `kafka`) |
 //! | `cleanup` | core | [`cleanup()`], [`CleanupConfig`]: retention deletes in bounded batches |
 //! | `status` | core | [`status()`] and [`requeue`]: operator views and repair |
+//! | `instances` | core | [`instances::overview`]: heartbeats of every relay, consumer and archiver; breakers opened or closed by hand |
 //! | `journey` | core | [`journey::trace`]: one message's journey (outbox row, each group's outcome, replays, audit) |
 //! | `republish` | core | [`requeue_sent`]: publish sent rows again (a topic lost by the broker) |
 //! | `metrics` | core / `prometheus` | metric names; the recorder and `/metrics` with `prometheus` |
@@ -91,6 +92,7 @@ mod db;
 #[cfg(feature = "dlq")]
 pub mod dlq;
 mod enqueue;
+pub mod instances;
 pub mod journey;
 #[cfg(feature = "kafka")]
 mod kafka;

@@ -17,7 +17,7 @@ use crate::db;
 
 /// The embedded migrations, in version order. A file in `migrations/` missing here fails the
 /// unit test `every_file_is_embedded`.
-const MIGRATIONS: [(i32, &str, &str); 14] = [
+const MIGRATIONS: [(i32, &str, &str); 15] = [
     (1, "outbox", include_str!("../migrations/V1__outbox.sql")),
     (
         2,
@@ -79,6 +79,11 @@ const MIGRATIONS: [(i32, &str, &str); 14] = [
         14,
         "replay_comebacks",
         include_str!("../migrations/V14__replay_comebacks.sql"),
+    ),
+    (
+        15,
+        "instances",
+        include_str!("../migrations/V15__instances.sql"),
     ),
 ];
 

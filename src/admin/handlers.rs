@@ -112,7 +112,16 @@ pub(super) async fn readyz(State(s): State<AppState>) -> Response {
         .await
         .unwrap_or_else(|e| Err(e.to_string()))
     };
-    let ready = pg.is_ok() && kafka.is_ok();
+    // A DLQ nobody archives is a black hole: without a live archiver, not ready.
+    let archiver = match crate::instances::overview(&s.db).await {
+        Ok(o) if !o.archiver.late => Ok(()),
+        Ok(o) => Err(match o.archiver.last_seen_secs {
+            Some(secs) => format!("late: last seen {secs:.0} s ago"),
+            None => "missing: no archiver seen in the last hour (run `outbox dlq archive`)".into(),
+        }),
+        Err(e) => Err(e.to_string()),
+    };
+    let ready = pg.is_ok() && kafka.is_ok() && archiver.is_ok();
     let show = |r: &Result<(), String>| match r {
         Ok(()) => json!("ok"),
         Err(e) => json!(e),
@@ -123,7 +132,7 @@ pub(super) async fn readyz(State(s): State<AppState>) -> Response {
         } else {
             StatusCode::SERVICE_UNAVAILABLE
         },
-        Json(json!({"ready": ready, "postgres": show(&pg), "kafka": show(&kafka)})),
+        Json(json!({"ready": ready, "postgres": show(&pg), "kafka": show(&kafka), "archiver": show(&archiver)})),
     )
         .into_response()
 }
@@ -173,6 +182,72 @@ pub(super) async fn outbox_requeue(
         ));
     }
     ok(json!({"requeued": n}))
+}
+
+/// The whole system at a glance: outbox, relays, consumer replicas (mode, paused, lag),
+/// breakers, the archiver.
+pub(super) async fn overview(State(s): State<AppState>) -> ApiResult {
+    let o = crate::instances::overview(&s.db)
+        .await
+        .map_err(|e| ApiError(StatusCode::SERVICE_UNAVAILABLE, e.to_string()))?;
+    ok(o)
+}
+
+#[derive(Deserialize)]
+pub(super) struct BreakerBody {
+    group: String,
+    dependency: String,
+    reason: Option<String>,
+    open_for_secs: Option<u64>,
+}
+
+fn breaker_error(e: crate::instances::BreakerActionError) -> ApiError {
+    use crate::instances::BreakerActionError as E;
+    match e {
+        E::Invalid(m) => ApiError(StatusCode::BAD_REQUEST, m),
+        e @ E::NotFound(..) => ApiError(StatusCode::NOT_FOUND, e.to_string()),
+        e => ApiError(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
+    }
+}
+
+/// Opens a breaker by hand (the API is known to be down), audited with the holder.
+pub(super) async fn breaker_open(
+    State(s): State<AppState>,
+    Extension(c): Extension<Caller>,
+    b: Result<Json<Value>, JsonRejection>,
+) -> ApiResult {
+    let b: BreakerBody = exact(b, &[&["group", "dependency", "reason", "open_for_secs"]])?;
+    let open_for = Duration::from_secs(b.open_for_secs.unwrap_or(300));
+    let generation = crate::instances::open_breaker(
+        &s.db,
+        &b.group,
+        &b.dependency,
+        open_for,
+        b.reason.as_deref().unwrap_or(""),
+        &c.holder,
+    )
+    .await
+    .map_err(breaker_error)?;
+    ok(json!({"opened": true, "generation": generation}))
+}
+
+/// Closes a breaker by hand (the API is known to be back): replicas drain and resume.
+pub(super) async fn breaker_close(
+    State(s): State<AppState>,
+    Extension(c): Extension<Caller>,
+    b: Result<Json<Value>, JsonRejection>,
+) -> ApiResult {
+    let b: BreakerBody = exact(b, &[&["group", "dependency", "reason"]])?;
+    crate::instances::close_breaker(
+        &s.db,
+        &b.group,
+        &b.dependency,
+        b.reason.as_deref().unwrap_or(""),
+        &c.holder,
+    )
+    .await
+    .map_err(breaker_error)?;
+    ok(json!({"closed": true}))
 }
 
 #[derive(Deserialize)]

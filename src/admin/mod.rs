@@ -75,6 +75,9 @@ pub const ROUTES: &[RouteSpec] = &[
     r("GET", "/api/outbox/status", At(Role::Viewer)),
     r("POST", "/api/outbox/requeue", At(Role::Operator)),
     r("GET", "/api/trace", At(Role::Viewer)),
+    r("GET", "/api/overview", At(Role::Viewer)),
+    r("POST", "/api/breakers/open", At(Role::Operator)),
+    r("POST", "/api/breakers/close", At(Role::Operator)),
     r("GET", "/api/dlq/summary", At(Role::Viewer)),
     r("GET", "/api/dlq/messages", At(Role::Viewer)),
     r("GET", "/api/dlq/messages/{id}", At(Role::Viewer)),
@@ -218,6 +221,9 @@ pub fn app(db: &DbConfig, kafka: &KafkaConfig, auth: Auth, stop: CancellationTok
         .route("/api/outbox/status", get(h::outbox_status))
         .route("/api/outbox/requeue", post(h::outbox_requeue))
         .route("/api/trace", get(h::trace))
+        .route("/api/overview", get(h::overview))
+        .route("/api/breakers/open", post(h::breaker_open))
+        .route("/api/breakers/close", post(h::breaker_close))
         .route("/api/dlq/summary", get(h::dlq_summary))
         .route("/api/dlq/messages", get(h::dlq_messages))
         .route("/api/dlq/messages/{id}", get(h::dlq_message))

@@ -41,6 +41,8 @@ pub(super) struct Ctx {
     pub(super) assigned: Arc<std::sync::atomic::AtomicBool>,
     /// One log line per Kafka outage (librdkafka's callbacks and poll errors).
     pub(super) kafka_outage: Arc<crate::outage::Outage>,
+    /// The last lag per `topic/partition` librdkafka reported, for the heartbeat.
+    pub(super) lag: Arc<Mutex<std::collections::BTreeMap<String, i64>>>,
 }
 
 /// Whether partitions of a topic flow in `mode`: DLQ topics only while draining or probing,
@@ -88,6 +90,10 @@ impl ClientContext for Ctx {
                 ];
                 metrics::gauge!(crate::metrics::CONSUMER_LAG, &labels)
                     .set(part.consumer_lag as f64);
+                self.lag
+                    .lock()
+                    .expect("lag lock")
+                    .insert(format!("{topic}/{p}"), part.consumer_lag);
                 let secs = if part.consumer_lag == 0 {
                     0.0
                 } else {

@@ -291,7 +291,9 @@ impl Consumer {
         let backpressure = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let assigned = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let kafka_outage = Arc::new(crate::outage::Outage::new("kafka", "consumer"));
+        let lag = Arc::new(Mutex::new(std::collections::BTreeMap::new()));
         let consumer: StreamConsumer<Ctx> = cc.create_with_context(Ctx {
+            lag: lag.clone(),
             kafka_outage: kafka_outage.clone(),
             assigned: assigned.clone(),
             breakers: self.config.breaker.as_ref().map(|_| self.breakers.clone()),
@@ -411,6 +413,41 @@ impl Consumer {
             self.stats.clone(),
             cancel.clone(),
         ));
+        {
+            // The heartbeat the admin server's overview reads: mode, paused partitions,
+            // messages in flight, lag per partition.
+            let beat = crate::instances::Heartbeat::new(
+                pool.clone(),
+                &self.db.schema,
+                "consumer",
+                &self.config.group,
+            );
+            let (stats, breakers, c) = (self.stats.clone(), self.breakers.clone(), cancel.clone());
+            let with_breaker = self.config.breaker.is_some();
+            tokio::spawn(async move {
+                loop {
+                    let mode = if with_breaker {
+                        breakers.mode()
+                    } else {
+                        Mode::Normal
+                    };
+                    let lag = lag.lock().expect("lag lock").clone();
+                    beat.beat(serde_json::json!({
+                        "mode": mode,
+                        "paused_partitions": ConsumerStats::get(&stats.paused_partitions),
+                        "in_flight": ConsumerStats::get(&stats.in_flight),
+                        "handled": ConsumerStats::get(&stats.handled),
+                        "dead_lettered": ConsumerStats::get(&stats.dead_lettered),
+                        "lag": lag,
+                    }))
+                    .await;
+                    tokio::select! {
+                        () = c.cancelled() => return,
+                        () = tokio::time::sleep(crate::instances::HEARTBEAT_EVERY) => {}
+                    }
+                }
+            });
+        }
         let dlq = crate::dlq::Dlq::with_pool(pool.clone(), self.db.schema.clone());
         if self.config.breaker.is_some() {
             // Every replica re-reads the shared breaker rows on its own clock.

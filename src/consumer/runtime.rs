@@ -168,6 +168,13 @@ impl Runtime<'_> {
                 };
                 metrics::gauge!(crate::metrics::CONSUMER_PAUSED, "group" => group.clone())
                     .set(paused as f64);
+                let stats = &self.shared.stats;
+                stats
+                    .paused_partitions
+                    .store(paused as u64, Ordering::Relaxed);
+                stats
+                    .in_flight
+                    .store(self.buffered as u64, Ordering::Relaxed);
                 metrics::gauge!(crate::metrics::CONSUMER_IN_FLIGHT, "group" => group)
                     .set(self.buffered as f64);
             }

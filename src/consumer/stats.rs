@@ -31,6 +31,10 @@ pub struct ConsumerStats {
     pub tombstones_handled: AtomicU64,
     /// Old processed marks and dead-letter records deleted by the consumer's own cleanup.
     pub marks_deleted: AtomicU64,
+    /// Partitions paused now (backpressure, retry delays, breaker modes), for the heartbeat.
+    pub paused_partitions: AtomicU64,
+    /// Messages accepted and not yet final, now.
+    pub in_flight: AtomicU64,
     /// Retry records of another consumer group met on our retry topics, ignored.
     pub foreign_retries: AtomicU64,
     /// Waits for the consumer's database to come back (no retry budget spent).

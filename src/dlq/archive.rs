@@ -398,6 +398,14 @@ impl Archiver {
         let mut batch: Vec<Row> = Vec::new();
         let mut next_purge = tokio::time::Instant::now() + Duration::from_secs(60);
         let mut next_gauges = tokio::time::Instant::now();
+        let mut next_beat = tokio::time::Instant::now();
+        // The overview shows this archiver alive (and a banner when none is).
+        let beat = crate::instances::Heartbeat::new(
+            self.dlq.pool.clone(),
+            &self.dlq.schema,
+            "archiver",
+            &self.group,
+        );
         tokio::pin!(shutdown);
         let mut flush_at = tokio::time::Instant::now() + LINGER;
         loop {
@@ -419,6 +427,15 @@ impl Archiver {
                 },
             }
             self.flush(&c, &mut batch, &mut report).await?;
+            if tokio::time::Instant::now() >= next_beat {
+                next_beat = tokio::time::Instant::now() + crate::instances::HEARTBEAT_EVERY;
+                beat.beat(serde_json::json!({
+                    "archived": report.archived,
+                    "duplicates": report.duplicates,
+                    "topics": self.topics,
+                }))
+                .await;
+            }
             if tokio::time::Instant::now() >= next_gauges {
                 next_gauges = tokio::time::Instant::now() + Duration::from_secs(15);
                 if let Err(e) = self.dlq.refresh_gauges().await {

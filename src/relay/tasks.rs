@@ -239,6 +239,27 @@ impl Relay {
             self.stmts.clone(),
             cancel.clone(),
         ));
+        {
+            // The heartbeat the admin server's overview reads: this relay is alive, and where
+            // its next claim starts.
+            let beat = crate::instances::Heartbeat::new(
+                self.pool.clone(),
+                &self.db.schema,
+                "relay",
+                "relay",
+            );
+            let (floor, c) = (self.floor_probe(), cancel.clone());
+            tracker.spawn(async move {
+                loop {
+                    beat.beat(serde_json::json!({ "claim_floor": floor() }))
+                        .await;
+                    tokio::select! {
+                        () = c.cancelled() => return,
+                        () = tokio::time::sleep(crate::instances::HEARTBEAT_EVERY) => {}
+                    }
+                }
+            });
+        }
         info!(schema = %self.db.schema, batch_size = self.config.batch_size, "relay started");
 
         let mut backoff = Backoff::default();

@@ -7,6 +7,30 @@ pub(crate) const OPEN_ALL: &str = "SELECT consumer_group, name,
         extract(epoch FROM open_until - now())::float8, reason, generation
    FROM {s}.circuit_breakers WHERE open_until > now() ORDER BY 1, 2";
 
+/// An operator opens dependency `$2`'s breaker of group `$1` for `$3` seconds (reason `$4`, by
+/// `$5`): every replica pauses within a check. Returns the row's generation.
+pub(crate) const OPEN_BY_HAND: &str = "INSERT INTO {s}.circuit_breakers AS b
+        (consumer_group, name, open_until, opened_by, reason)
+ VALUES ($1, $2, now() + make_interval(secs => $3), $5, $4)
+ ON CONFLICT (consumer_group, name) DO UPDATE
+   SET open_until = now() + make_interval(secs => $3), opened_at = now(), opened_by = $5,
+       reason = $4, generation = b.generation + 1, streak = b.streak + 1,
+       probe_by = NULL, probe_until = NULL
+ RETURNING generation";
+
+/// An operator closes dependency `$2`'s breaker of group `$1` and trusts it again (the
+/// dependency is known to be back): replicas drain and resume. Returns the row if there was one.
+pub(crate) const CLOSE_BY_HAND: &str = "UPDATE {s}.circuit_breakers
+    SET open_until = least(open_until, now()), confirmed_at = now() + interval '1 millisecond',
+        streak = 0, probe_by = NULL, probe_until = NULL
+  WHERE consumer_group = $1 AND name = $2 RETURNING generation";
+
+/// Expired breakers not yet trusted again (a probe is pending), for the overview.
+pub(crate) const UNTRUSTED_ALL: &str = "SELECT consumer_group, name, probe_by
+   FROM {s}.circuit_breakers
+  WHERE open_until <= now() AND streak > 0 AND (confirmed_at IS NULL OR confirmed_at < opened_at)
+  ORDER BY 1, 2";
+
 /// The group's open breakers, read by every replica on each check: one row opens them all.
 pub(crate) const OPEN_OF_GROUP: &str =
     "SELECT name, extract(epoch FROM open_until - now())::float8,

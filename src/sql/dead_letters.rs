@@ -148,3 +148,8 @@ pub(crate) const JOURNEY_LETTERS: &str = "SELECT id, message_id, consumer_group,
 /// Audit rows naming any of dead letters `$1` (drops, restores, replays).
 pub(crate) const JOURNEY_AUDIT: &str = "SELECT id, at, actor, via, action, count, reason
    FROM {s}.dlq_audit WHERE dead_letter_ids && $1::bigint[] ORDER BY id";
+
+/// An audited breaker action (`$2` = breaker-open | breaker-close) by `$1` on `$3`.
+pub(crate) const AUDIT_BREAKER: &str =
+    "INSERT INTO {s}.dlq_audit (actor, action, filter, count, reason)
+ VALUES ($1, $2, $3, 1, $4) RETURNING id";

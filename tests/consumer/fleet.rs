@@ -359,3 +359,127 @@ async fn a_consumer_whose_marks_die_before_its_dead_letters_is_refused_at_start(
         .await
         .unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn relays_consumers_and_the_archiver_report_in_and_the_overview_shows_them() {
+    let db = fresh_db().await;
+    let topic = topic_name();
+    create_topic_family(&topic, 2, &[]).await;
+    let relay = spawn_relay(outbox::Relay::new(&db, &kafka(), relay_config()).unwrap());
+    let group = format!("svc-{}", hex(6));
+    let mut cfg = ConsumerConfig::new(&group, [&topic]);
+    cfg.breaker = Some(outbox::consumer::BreakerConfig::default());
+    let consumer = Consumer::new(&db, &kafka(), cfg).unwrap().handler(
+        "it_event",
+        Service {
+            group: group.clone(),
+            fail_every: None,
+            tries: Arc::default(),
+        },
+    );
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(consumer.run(async move {
+        let _ = stopped.await;
+    }));
+    let archiver = outbox::dlq::Archiver::new(&db, &kafka(), vec![format!("{topic}.dlq")])
+        .unwrap()
+        .group(&format!("it-arch-{}", hex(6)));
+    let arch_stop = tokio_util::sync::CancellationToken::new();
+    let s = arch_stop.clone();
+    let arch = tokio::spawn(async move { archiver.run(async move { s.cancelled().await }).await });
+    let c = client(&db).await;
+    c.batch_execute(
+        "CREATE TABLE handled (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, grp text NOT NULL,
+                               message_id text NOT NULL, k text NOT NULL, seq bigint NOT NULL,
+                               source_topic text NOT NULL)",
+    )
+    .await
+    .unwrap();
+    enqueue_n(&db, &topic, 20, 4, 10).await;
+    wait_until(Duration::from_secs(60), "everyone reports in", || async {
+        let o = outbox::instances::overview(&db).await.unwrap();
+        let alive = |k: &str| {
+            o.instances
+                .iter()
+                .filter(|i| i.kind == k && i.alive)
+                .count()
+        };
+        let consumer = o
+            .instances
+            .iter()
+            .find(|i| i.kind == "consumer" && i.name == group);
+        alive("relay") == 1
+            && alive("archiver") == 1
+            && !o.archiver.late
+            && consumer.is_some_and(|i| {
+                i.state["mode"] == "normal"
+                    && i.state["handled"] == 20
+                    && i.state["lag"]
+                        .as_object()
+                        .is_some_and(|l| l.keys().any(|k| k.starts_with(&format!("{topic}/"))))
+            })
+    })
+    .await;
+    // An operator opens the group's breaker by hand: the replica pauses; closes it: it resumes.
+    outbox::instances::open_breaker(
+        &db,
+        &group,
+        "loyalty-api",
+        Duration::from_secs(600),
+        "API maintenance",
+        "ops",
+    )
+    .await
+    .unwrap();
+    wait_until(
+        Duration::from_secs(30),
+        "the replica reports paused",
+        || async {
+            let o = outbox::instances::overview(&db).await.unwrap();
+            o.instances
+                .iter()
+                .any(|i| i.name == group && i.state["mode"] == "paused")
+                && o.outbox.open_breakers.len() == 1
+        },
+    )
+    .await;
+    outbox::instances::close_breaker(&db, &group, "loyalty-api", "maintenance over", "ops")
+        .await
+        .unwrap();
+    wait_until(
+        Duration::from_secs(30),
+        "the replica reports normal",
+        || async {
+            let o = outbox::instances::overview(&db).await.unwrap();
+            o.instances
+                .iter()
+                .any(|i| i.name == group && i.state["mode"] == "normal")
+                && o.outbox.open_breakers.is_empty()
+                && o.untrusted.is_empty()
+        },
+    )
+    .await;
+    assert_eq!(
+        texts(
+            &c,
+            "SELECT action || ' by ' || actor FROM dlq_audit ORDER BY id"
+        )
+        .await,
+        ["breaker-open by ops", "breaker-close by ops"]
+    );
+    // Bad input is refused with a reason, and closing what does not exist is not found.
+    assert!(matches!(
+        outbox::instances::close_breaker(&db, &group, "nope", "x", "ops").await,
+        Err(outbox::instances::BreakerActionError::NotFound(..))
+    ));
+    assert!(matches!(
+        outbox::instances::open_breaker(&db, &group, "api", Duration::from_secs(5), " ", "ops")
+            .await,
+        Err(outbox::instances::BreakerActionError::Invalid(_))
+    ));
+    stop.send(()).unwrap();
+    task.await.unwrap().unwrap();
+    arch_stop.cancel();
+    arch.await.unwrap().unwrap();
+    relay.stop().await;
+}

@@ -311,6 +311,14 @@ async fn viewers_never_see_bodies_bad_bodies_get_4xx_and_api_replays_are_audited
             "/api/dlq/purge",
             "{\"retention_secs\":60,\"eror_group\":\"x\"}",
         ),
+        (
+            "/api/breakers/open",
+            "{\"group\":\"g\",\"dependency\":\"d\",\"reason\":\"r\",\"eror_group\":\"x\"}",
+        ),
+        (
+            "/api/breakers/close",
+            "{\"group\":\"g\",\"dependency\":\"d\",\"reason\":\"r\",\"eror_group\":\"x\"}",
+        ),
     ];
     for r in ROUTES.iter().filter(|r| r.method == "POST") {
         assert!(
@@ -426,13 +434,41 @@ async fn viewers_never_see_bodies_bad_bodies_get_4xx_and_api_replays_are_audited
         ),
         (Some("omar"), Some("drop"), Some("obsolete"))
     );
-    // Readiness reports both dependencies.
+    // Readiness reports both dependencies and the archiver: none running is not ready (the
+    // DLQ would be a black hole); once one checks in, ready.
     let (code, b) = http(s.port, "GET", "/readyz", None, None).await;
-    assert_eq!(code, 200, "{b}");
+    assert_eq!(code, 503, "{b}");
     assert!(
-        b.contains("\"postgres\":\"ok\"") && b.contains("\"kafka\":\"ok\""),
+        b.contains("\"postgres\":\"ok\"")
+            && b.contains("\"kafka\":\"ok\"")
+            && b.contains("\"archiver\":\"missing"),
         "{b}"
     );
+    let c = client(&db).await;
+    c.execute(
+        "INSERT INTO outbox_instances (kind, name, instance) VALUES ('archiver', 'outbox-dlq-archive', 'h:1')",
+        &[],
+    )
+    .await
+    .unwrap();
+    let (code, b) = http(s.port, "GET", "/readyz", None, None).await;
+    assert_eq!(code, 200, "{b}");
+    assert!(b.contains("\"archiver\":\"ok\""), "{b}");
+    // Security headers on every answer; API answers are never stored; HEAD works.
+    let r = reqwest::Client::new()
+        .head(format!("http://127.0.0.1:{}/api/dlq/summary", s.port))
+        .bearer_auth(VIEWER)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let h = r.headers();
+    assert!(h["content-security-policy"]
+        .to_str()
+        .unwrap()
+        .contains("frame-ancestors 'none'"));
+    assert_eq!(h["x-frame-options"], "DENY");
+    assert_eq!(h["cache-control"], "no-store");
 }
 
 #[test]

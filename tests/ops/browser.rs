@@ -150,6 +150,28 @@ async fn an_operator_finds_a_dead_letter_group_opens_a_message_and_replays_it() 
     let c = client.expect("a chromedriver session");
     let base = format!("http://127.0.0.1:{port}");
 
+    // The rest of the system, as its heartbeats and breaker rows say: two billing replicas,
+    // paused by an open breaker, 7 messages behind; no archiver has checked in.
+    let pg = outbox_testkit::client(&db).await;
+    pg.execute(
+        "INSERT INTO outbox_instances (kind, name, instance, state) VALUES
+           ('consumer', 'billing', 'pod-a:1', jsonb_build_object('mode', 'paused', 'paused_partitions', 2,
+              'lag', jsonb_build_object($1::text || '/0', 4))),
+           ('consumer', 'billing', 'pod-b:1', jsonb_build_object('mode', 'paused', 'paused_partitions', 1,
+              'lag', jsonb_build_object($1::text || '/1', 3))),
+           ('relay', 'relay', 'relay-0:1', '{}')",
+        &[&topic],
+    )
+    .await
+    .unwrap();
+    pg.execute(
+        "INSERT INTO circuit_breakers (consumer_group, name, open_until, opened_by, reason)
+         VALUES ('billing', 'payments-api', now() + interval '10 minutes', 'pod-a:1', 'HTTP 503')",
+        &[],
+    )
+    .await
+    .unwrap();
+
     let result = async {
         // Sign in once.
         c.goto(&format!("{base}/")).await.unwrap();
@@ -176,7 +198,45 @@ async fn an_operator_finds_a_dead_letter_group_opens_a_message_and_replays_it() 
         );
         wait_text(&c, "#groups tr", "schema v1 not supported").await;
         wait_text(&c, "#topics tr", &topic).await;
+        // The overview on the same page: the missing archiver, the paused group, the breaker.
+        wait_text(&c, "#archiver-banner", "No DLQ archiver is running").await;
+        let billing = wait_text(&c, "#consumers tr", "billing").await;
+        let line = billing.text().await.unwrap();
+        assert!(line.contains("2") && line.contains("paused") && line.contains("7"), "{line}");
+        wait_text(&c, "#tile-relays", "1 alive").await;
         shot(&c, "dead-letters-by-cause").await;
+        // The dependency is back: an operator closes the breaker, with a reason.
+        c.find(Locator::Css("#breakers .close-breaker"))
+            .await
+            .unwrap()
+            .click()
+            .await
+            .unwrap();
+        c.find(Locator::Id("breaker-reason"))
+            .await
+            .unwrap()
+            .send_keys("payments team confirms the API is back")
+            .await
+            .unwrap();
+        c.find(Locator::Id("modal-confirm"))
+            .await
+            .unwrap()
+            .click()
+            .await
+            .unwrap();
+        wait_text(&c, "#flash-msg", "Breaker of payments-api for billing closed.").await;
+        wait_text(&c, "#tile-breakers", "all closed").await;
+        let audit: String = pg
+            .query_one(
+                "SELECT action || ' by ' || actor || ' via ' || via FROM dlq_audit WHERE action LIKE 'breaker%'",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(audit, "breaker-close by admin via outbox-admin");
+        // The page was drawn again: find the group's row anew.
+        let row = wait_text(&c, "#groups tr", "customer <n> not found").await;
 
         // Open the group's sample message.
         row.find(Locator::Css("a.sample"))

@@ -165,7 +165,61 @@ function dropDialog(selection, label, count) {
 }
 
 // ---- views ----
+// ---- the system at a glance: outbox, relays, consumers, breakers, archiver ----
+async function overviewStrip() {
+  const o = await api("/api/overview");
+  const alive = (kind) => o.instances.filter(i => i.kind === kind && i.alive);
+  const count = (st) => (o.outbox.counts.find(c => c.status === st) || { count: 0 }).count;
+  const secs = (v) => v == null ? "–" : (v < 90 ? Math.round(v) + " s" : v < 5400 ? Math.round(v / 60) + " min" : Math.round(v / 3600) + " h");
+  const card = (id, title, ...body) => el("div", { class: "card tile", id }, el("h3", {}, title), ...body);
+  const groups = {};
+  for (const i of alive("consumer")) (groups[i.name] = groups[i.name] || []).push(i);
+  const consumerRows = Object.entries(groups).map(([g, members]) => {
+    const lag = members.reduce((n, m) => n + Object.values(m.state.lag || {}).reduce((a, b) => a + b, 0), 0);
+    const modes = [...new Set(members.map(m => m.state.mode))].join(", ");
+    const paused = members.reduce((n, m) => n + (m.state.paused_partitions || 0), 0);
+    const parts = members.flatMap(m => Object.entries(m.state.lag || {}).map(([p, l]) => p + ": " + l)).join(", ");
+    return el("tr", { "data-consumer": g }, el("td", {}, g), el("td", { class: "num" }, String(members.length)),
+      el("td", { class: "mode" }, modes), el("td", { class: "num" }, String(paused)),
+      el("td", { class: "num", title: parts }, String(lag)));
+  });
+  const breakerRows = o.outbox.open_breakers.map(b => el("tr", { "data-breaker": b.consumer_group + "/" + b.dependency },
+    el("td", {}, b.consumer_group), el("td", {}, b.dependency), el("td", {}, "open, closes in " + secs(b.closes_in_secs)),
+    el("td", {}, can("operator") ? el("button", { class: "close-breaker", onclick: () => closeBreakerDialog(b.consumer_group, b.dependency) }, "Close") : "")));
+  for (const u of o.untrusted) breakerRows.push(el("tr", {}, el("td", {}, u.consumer_group), el("td", {}, u.dependency),
+    el("td", {}, "expired, probing" + (u.probe_by ? " (" + u.probe_by + ")" : "")), el("td", {}, "")));
+  const banner = o.archiver.late ? el("p", { class: "error", id: "archiver-banner" },
+    o.archiver.last_seen_secs == null ? "No DLQ archiver is running: new dead letters are not archived, nothing here shows them. Start `outbox dlq archive`."
+      : "The DLQ archiver last checked in " + secs(o.archiver.last_seen_secs) + " ago: new dead letters are not being archived.") : "";
+  return el("div", { id: "overview" }, banner, el("div", { class: "tiles" },
+    card("tile-outbox", "Outbox", el("p", {}, count("pending") + " pending, " + count("failed") + " failed"),
+      el("p", { class: "muted" }, "oldest pending " + secs(o.outbox.oldest_pending_age_secs)),
+      el("a", { href: "#/outbox" }, "details")),
+    card("tile-relays", "Relays", el("p", {}, alive("relay").length + " alive")),
+    card("tile-consumers", "Consumers", consumerRows.length ? el("table", { id: "consumers" },
+      el("tr", {}, el("th", {}, "Group"), el("th", { class: "num" }, "Replicas"), el("th", {}, "Mode"),
+        el("th", { class: "num" }, "Paused"), el("th", { class: "num" }, "Lag")), consumerRows) : el("p", { class: "muted" }, "none running")),
+    card("tile-breakers", "Circuit breakers", breakerRows.length ? el("table", { id: "breakers" }, breakerRows) : el("p", { class: "muted" }, "all closed")),
+    card("tile-archiver", "DLQ archiver", el("p", {}, o.archiver.alive + " alive"),
+      el("p", { class: "muted" }, o.archiver.last_seen_secs == null ? "never seen in the last hour"
+        : "last seen " + secs(o.archiver.last_seen_secs) + " ago"))));
+}
+
+function closeBreakerDialog(group, dependency) {
+  const reason = el("input", { id: "breaker-reason", size: "50", placeholder: "why (required, audited)" });
+  modal("Close the breaker of " + dependency + " for " + group, [
+    el("p", {}, "Every replica of " + group + " trusts " + dependency + " again at once (no probe): it drains its parked letters, then resumes."),
+    el("label", {}, "Reason ", reason),
+  ], "Close breaker", async () => {
+    if (!reason.value.trim()) throw new Error("a reason is required");
+    await api("/api/breakers/close", { method: "POST", body: { group, dependency, reason: reason.value } });
+    flash("Breaker of " + dependency + " for " + group + " closed.");
+    route();
+  });
+}
+
 async function viewGroups() {
+  const strip = await overviewStrip();
   const s = await api("/api/dlq/summary");
   const topics = el("table", { id: "topics" },
     el("tr", {}, el("th", {}, "Topic"), el("th", {}, "Group"), el("th", { class: "num" }, "New"),
@@ -197,6 +251,7 @@ async function viewGroups() {
           can("operator") ? el("button", { class: "danger drop-group", onclick: () => dropDialog(sel, "this group", g.count) }, "Drop group") : ""));
     }));
   return [
+    strip,
     el("h2", {}, "Dead letters by topic"),
     s.topics.length ? topics : el("p", { class: "muted" }, "The archive is empty. Is `outbox dlq archive` running?"),
     el("h2", {}, "New dead letters grouped by cause"),

@@ -1,0 +1,17 @@
+//! `outbox_instances`: the heartbeats of relays, consumer replicas and archivers. `{s}` stands
+//! for the quoted schema.
+
+/// One heartbeat: (`$1` kind, `$2` name, `$3` instance) is alive now with state `$4`.
+pub(crate) const BEAT: &str = "INSERT INTO {s}.outbox_instances (kind, name, instance, state)
+ VALUES ($1, $2, $3, $4)
+ ON CONFLICT (kind, name, instance) DO UPDATE SET seen_at = now(), state = excluded.state";
+
+/// Rows of processes gone for a day.
+pub(crate) const FORGET: &str =
+    "DELETE FROM {s}.outbox_instances WHERE seen_at < now() - interval '1 day'";
+
+/// Every instance seen in the last hour, with how long ago: the overview.
+pub(crate) const RECENT: &str = "SELECT kind, name, instance, state,
+        extract(epoch FROM now() - seen_at)::float8, started_at
+   FROM {s}.outbox_instances WHERE seen_at > now() - interval '1 hour'
+  ORDER BY kind, name, instance";
