@@ -599,11 +599,18 @@ pub(super) async fn dlq_job_resume(
             .to_lowercase(),
         ));
     }
-    if !spawn_job(&s, id).await {
-        return Err(ApiError(
-            StatusCode::CONFLICT,
-            format!("job {id} is already running here"),
-        ));
+    // Right after a pause, this server's runner may still be waiting for its pacer (up to
+    // 1/rate s) before it sees the pause and ends: a paused job waits for it, briefly, rather
+    // than answering "already running".
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    while !spawn_job(&s, id).await {
+        if j.status != J::Paused || tokio::time::Instant::now() >= deadline {
+            return Err(ApiError(
+                StatusCode::CONFLICT,
+                format!("job {id} is already running here"),
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
     Ok((StatusCode::ACCEPTED, Json(s.dlq.job(id).await?)).into_response())
 }

@@ -115,12 +115,34 @@ impl IntoResponse for ApiError {
     }
 }
 
+/// The library's messages name the CLI's flags (`--accept-duplicates`); an API caller sends
+/// fields (`accept_duplicates`): say it in their words.
+fn api_words(msg: &str) -> String {
+    let mut out = String::with_capacity(msg.len());
+    let mut rest = msg;
+    while let Some(i) = rest.find("--") {
+        out.push_str(&rest[..i]);
+        let flag = &rest[i + 2..];
+        let end = flag
+            .find(|c: char| !(c.is_ascii_lowercase() || c == '-'))
+            .unwrap_or(flag.len());
+        if end == 0 {
+            out.push_str("--");
+        } else {
+            out.push_str(&flag[..end].replace('-', "_"));
+        }
+        rest = &flag[end..];
+    }
+    out.push_str(rest);
+    out
+}
+
 impl From<crate::dlq::DlqError> for ApiError {
     fn from(e: crate::dlq::DlqError) -> Self {
         if e.is_not_found() {
-            Self(StatusCode::NOT_FOUND, e.to_string())
+            Self(StatusCode::NOT_FOUND, api_words(&e.to_string()))
         } else if e.is_invalid() {
-            Self(StatusCode::BAD_REQUEST, e.to_string())
+            Self(StatusCode::BAD_REQUEST, api_words(&e.to_string()))
         } else {
             tracing::warn!(error = %e, "admin request failed");
             Self(StatusCode::SERVICE_UNAVAILABLE, e.to_string())
@@ -329,4 +351,16 @@ pub async fn serve(
             s2.cancel();
         })
         .await
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn api_errors_name_fields_not_flags() {
+        assert_eq!(
+            super::api_words("give --accept-duplicates or --since, not --"),
+            "give accept_duplicates or since, not --"
+        );
+        assert_eq!(super::api_words("no flags here"), "no flags here");
+    }
 }

@@ -40,15 +40,16 @@ pub(crate) const SUMMARY_BY_TOPIC: &str = "SELECT original_topic, consumer_group
                             count(*) FILTER (WHERE status = 'new') AS new,
                             count(*) FILTER (WHERE status = 'replayed') AS replayed,
                             count(*) FILTER (WHERE status = 'dropped') AS dropped,
-                            min(failed_at) FILTER (WHERE status = 'new') AS oldest,
-                            extract(epoch FROM now() - min(failed_at) FILTER (WHERE status = 'new'))::float8 AS age
+                            min(coalesce(first_failed_at, failed_at)) FILTER (WHERE status = 'new') AS oldest,
+                            extract(epoch FROM now() - min(coalesce(first_failed_at, failed_at)) FILTER (WHERE status = 'new'))::float8 AS age
                      FROM {s}.dead_letters GROUP BY 1, 2 ORDER BY 3 DESC, 1, 2";
 
 /// New letters grouped by cause (topic, group, kind, normalised error) with an example: one
-/// defect on a hundred messages is one row.
+/// defect on a hundred messages is one row. "First seen" counts from each letter's first failure
+/// (`x-first-failed-at`), so a replay that failed again does not make a cause look new.
 pub(crate) const CAUSE_GROUPS: &str = "SELECT g.*, d.error AS example_error FROM (
                        SELECT original_topic, consumer_group, error_kind, error_group,
-                              count(*) AS n, min(failed_at) AS first_seen,
+                              count(*) AS n, min(coalesce(first_failed_at, failed_at)) AS first_seen,
                               max(failed_at) AS last_seen, min(id) AS example_id
                        FROM {s}.dead_letters WHERE status = 'new' GROUP BY 1, 2, 3, 4) g
                      JOIN {s}.dead_letters d ON d.id = g.example_id
@@ -58,7 +59,7 @@ pub(crate) const CAUSE_GROUPS: &str = "SELECT g.*, d.error AS example_error FROM
 pub(crate) const GAUGES: &str =
     "SELECT original_topic, coalesce(consumer_group, ''), coalesce(error_kind, ''),
                             status, count(*),
-                            extract(epoch FROM now() - min(failed_at))::float8
+                            extract(epoch FROM now() - min(coalesce(first_failed_at, failed_at)))::float8
                      FROM {s}.dead_letters GROUP BY 1, 2, 3, 4";
 
 /// The audit log, newest first.

@@ -494,3 +494,57 @@ fn the_admin_server_refuses_to_start_without_authentication_unless_told() {
         .unwrap();
     assert!(String::from_utf8_lossy(&help.stdout).contains("[default: 127.0.0.1:8080]"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_paused_through_the_api_resumes_at_once() {
+    let db = fresh_db().await;
+    let topic = topic_name();
+    create_topic_family(&topic, 1, &[]).await;
+    for i in 0..3 {
+        produce(
+            &format!("{topic}.dlq"),
+            Some(format!("key-{i}").as_bytes()),
+            &[
+                ("message_type", b"order_created"),
+                ("message_id", format!("p-{i}-{}", hex(6)).as_bytes()),
+                ("x-original-topic", topic.as_bytes()),
+                ("x-error-kind", b"transient-exhausted"),
+            ],
+            Some(b"{}"),
+        )
+        .await;
+    }
+    outbox::dlq::Archiver::new(&db, &kafka(), vec![format!("{topic}.dlq")])
+        .unwrap()
+        .group(&format!("it-a-{}", hex(6)))
+        .run_once(&mut |_, _| {})
+        .await
+        .unwrap();
+    let s = start(&db).await;
+    // 3 letters at 0.2/s: the runner spends most of its time waiting for the pacer.
+    let body = format!("{{\"topic\":\"{topic}\",\"rate\":0.2,\"canary\":0}}");
+    let (code, b) = http(
+        s.port,
+        "POST",
+        "/api/dlq/replay",
+        Some(OPERATOR),
+        Some(&body),
+    )
+    .await;
+    assert_eq!(code, 202, "{b}");
+    let job: serde_json::Value = serde_json::from_str(&b).unwrap();
+    let path = |what: &str| format!("/api/dlq/jobs/{}/{what}", job["id"]);
+    wait_until(Duration::from_secs(30), "the first letter sent", || async {
+        topic_len(&topic).await == 1
+    })
+    .await;
+    let (code, b) = http(s.port, "POST", &path("pause"), Some(OPERATOR), None).await;
+    assert_eq!(code, 200, "{b}");
+    // Before, this answered 409 "already running here" until the runner noticed the pause.
+    let (code, b) = http(s.port, "POST", &path("resume"), Some(OPERATOR), None).await;
+    assert_eq!(code, 202, "{b}");
+    wait_until(Duration::from_secs(30), "all three sent", || async {
+        topic_len(&topic).await == 3
+    })
+    .await;
+}

@@ -245,8 +245,10 @@ async function viewGroups() {
         el("td", { title: g.last_seen }, ago(g.last_seen)),
         el("td", {}, el("a", { href: "#/message/" + g.example_id, class: "sample" }, "#" + g.example_id)),
         el("td", {},
-          el("a", { href: "#/messages?" + new URLSearchParams(Object.entries(sel).filter(([, v]) => v)) }, "list"), " ",
-          can("operator") ? el("button", { class: "primary replay-group", onclick: () => replayDialog(sel, "this group") }, "Replay group") : "",
+          el("a", { href: "#/messages?" + new URLSearchParams(Object.entries(Object.assign({ status: "new" }, sel)).filter(([, v]) => v)) }, "list"), " ",
+          // A decode letter's bytes fail the same way again: replaying is not the main action.
+          can("operator") ? el("button", { class: g.error_kind === "decode" ? "replay-group" : "primary replay-group",
+            onclick: () => replayDialog(sel, "this group") }, g.error_kind === "decode" ? "Replay (needs a consumer fix)" : "Replay group") : "",
           " ",
           can("operator") ? el("button", { class: "danger drop-group", onclick: () => dropDialog(sel, "this group", g.count) }, "Drop group") : ""));
     }));
@@ -263,11 +265,18 @@ async function viewMessages(params) {
   const form = el("form", { class: "filters", id: "filters" });
   const inputs = {};
   for (const [name, ph] of [["topic", "topic"], ["group", "group"], ["error_contains", "error contains"],
-    ["kind", "kind"], ["status", "status (new, replayed, dropped)"], ["since", "since (2h, RFC 3339)"]]) {
+    ["kind", "kind"], ["status", "status (new, replayed, dropped)"], ["since", "since (2h, RFC 3339)"],
+    ["until", "until (1h, RFC 3339)"]]) {
     inputs[name] = el("input", { name, placeholder: ph, value: params.get(name) || "" });
     form.append(inputs[name]);
   }
   form.append(el("button", { class: "primary", type: "submit" }, "Filter"));
+  // The cause a group's "list" link filters by is shown, and can be removed.
+  if (params.get("error_group")) {
+    const rest = new URLSearchParams(params); rest.delete("error_group"); rest.delete("before_id");
+    form.append(" ", el("span", { class: "chip", id: "cause-filter" }, "cause: " + params.get("error_group") + " ",
+      el("a", { href: "#/messages?" + rest, id: "remove-cause", title: "remove this filter" }, "✕")));
+  }
   form.addEventListener("submit", (ev) => {
     ev.preventDefault();
     const q = new URLSearchParams();
@@ -279,7 +288,7 @@ async function viewMessages(params) {
   if (!q.get("limit")) q.set("limit", "50");
   const page = await api("/api/dlq/messages?" + q);
   const sel = {};
-  for (const k of ["topic", "group", "error_contains", "error_group", "kind", "since"]) if (params.get(k)) sel[k] = params.get(k);
+  for (const k of ["topic", "group", "error_contains", "error_group", "kind", "since", "until"]) if (params.get(k)) sel[k] = params.get(k);
   // Listing dropped letters offers their restore; every other action works on new letters.
   if (params.get("status") === "dropped") sel.status = "dropped";
   const rows = el("table", { id: "messages" },
@@ -393,7 +402,9 @@ async function viewJobs() {
         el("td", { class: "num" }, String(j.came_back)), el("td", {}, j.created_by), el("td", { title: j.created_at }, ago(j.created_at)),
         el("td", {}, can("operator") && ["running", "pending"].includes(j.status) ? el("button", { onclick: act(j, "pause") }, "Pause") : "",
           " ", can("operator") && ["paused", "pending"].includes(j.status) ? el("button", { onclick: act(j, "resume") }, "Resume") : "",
-          " ", can("operator") && ["running", "pending", "paused"].includes(j.status) ? el("button", { class: "danger", onclick: act(j, "cancel") }, "Cancel") : ""));
+          " ", can("operator") && ["running", "pending", "paused"].includes(j.status) ? el("button", { class: "danger", onclick: () => modal("Cancel replay job " + j.id, [
+            el("p", {}, "Letters not sent yet stay new; what was sent stays sent. A cancelled job cannot be resumed.")],
+            "Cancel the job", async () => { await act(j, "cancel")(); }) }, "Cancel") : ""));
     }));
   if (jobs.some(j => j.status === "running")) jobsTimer = setTimeout(route, 1000);
   return [el("h2", {}, "Replay jobs"), jobs.length ? t : el("p", { class: "muted" }, "No replay jobs yet.")];
