@@ -317,7 +317,9 @@ pub(super) async fn dlq_messages(
     let next = (rows.len() as i64 == limit)
         .then(|| rows.last().map(|r| r.id))
         .flatten();
-    ok(json!({"messages": rows, "next_before_id": next}))
+    // How many match the filter in all (up to 10,001: "more than 10,000" beyond).
+    let total = s.dlq.count_matching(&f).await?;
+    ok(json!({"messages": rows, "next_before_id": next, "total": total}))
 }
 
 pub(super) async fn dlq_message(

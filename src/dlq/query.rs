@@ -274,6 +274,24 @@ impl Dlq {
         Ok(Summary { topics, groups })
     }
 
+    /// How many letters match `filter`, counted up to 10,001 (beyond: "more than 10,000").
+    ///
+    /// # Errors
+    /// [`DlqError::Invalid`] for a bad filter.
+    pub async fn count_matching(&self, filter: &Filter) -> Result<i64, DlqError> {
+        let filter = filter.clone().normalized()?;
+        let w = filter.to_where("d", None);
+        let c = self.pool.get().await?;
+        Ok(c.query_one(
+            &self
+                .sql(sql::dead_letters::COUNT_MATCHING)
+                .replace("{where}", &w.sql),
+            &w.refs(),
+        )
+        .await?
+        .get(0))
+    }
+
     /// Letters matching `filter`, newest first, at most `limit`; `before_id` continues a
     /// previous page (keyset pagination: pass the last id you saw).
     ///

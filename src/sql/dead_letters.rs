@@ -108,14 +108,19 @@ pub(crate) const LIST: &str = "SELECT d.id, d.original_topic, d.consumer_group, 
         left(d.error, 200) AS error, d.message_id, d.failed_at, d.status, d.dlq_retries
    FROM {s}.dead_letters d WHERE {where} ORDER BY d.id DESC LIMIT {limit}";
 
-/// Drops the new letters a filter selects, with the reason parameter `{reason}`; the ids come
-/// back for the audit row written in the same transaction.
+/// How many letters `{where}` selects, counted up to 10,001 (the list says "more than 10,000"
+/// rather than scan a huge archive for a number).
+pub(crate) const COUNT_MATCHING: &str = "SELECT count(*) FROM (
+   SELECT 1 FROM {s}.dead_letters d WHERE {where} LIMIT 10001) x";
+
 /// Puts the dropped letters `{where}` selects back to `new`; the drop's reason is kept in the
 /// audit log, the letter's own reason says it was restored (`{reason}`).
 pub(crate) const RESTORE: &str = "UPDATE {s}.dead_letters d
     SET status = 'new', status_at = now(), status_reason = {reason}
   WHERE {where} RETURNING d.id";
 
+/// Drops the new letters a filter selects, with the reason parameter `{reason}`; the ids come
+/// back for the audit row written in the same transaction.
 pub(crate) const DROP: &str = "UPDATE {s}.dead_letters d
     SET status = 'dropped', status_at = now(), status_reason = {reason}
   WHERE {where} RETURNING d.id";

@@ -84,12 +84,35 @@ async fn an_operator_finds_a_dead_letter_group_opens_a_message_and_replays_it() 
         )
         .await;
     }
-    outbox::dlq::Archiver::new(&db, &kafka(), vec![format!("{topic}.dlq")])
-        .unwrap()
-        .group(&format!("it-a-{}", hex(6)))
-        .run_once(&mut |_, _| {})
-        .await
-        .unwrap();
+    // And 2 letters another producer broke: they do not decode.
+    let topic2 = topic_name();
+    create_topic_family(&topic2, 1, &[]).await;
+    for i in 0..2 {
+        produce(
+            &format!("{topic2}.dlq"),
+            Some(format!("bad-{i}").as_bytes()),
+            &[
+                ("message_id", format!("bad-{i}-{}", hex(6)).as_bytes()),
+                ("x-original-topic", topic2.as_bytes()),
+                ("x-consumer-group", b"billing"),
+                ("x-error", b"body is not valid JSON: EOF while parsing"),
+                ("x-error-kind", b"decode"),
+                ("x-failed-at", b"2026-11-30T09:00:00Z"),
+            ],
+            Some(b"{\"order\":"),
+        )
+        .await;
+    }
+    outbox::dlq::Archiver::new(
+        &db,
+        &kafka(),
+        vec![format!("{topic}.dlq"), format!("{topic2}.dlq")],
+    )
+    .unwrap()
+    .group(&format!("it-a-{}", hex(6)))
+    .run_once(&mut |_, _| {})
+    .await
+    .unwrap();
 
     let port = free_port();
     let tokens = std::env::temp_dir().join(format!("browser-tokens-{}", hex(6)));
@@ -321,6 +344,7 @@ async fn an_operator_finds_a_dead_letter_group_opens_a_message_and_replays_it() 
         .await
         .unwrap();
         wait_text(&c, "#messages tr", "schema v1 not supported").await;
+        wait_text(&c, "#match-count", "3 letter(s) match").await;
         c.wait()
             .for_element(Locator::Id("restore-these"))
             .await
@@ -402,6 +426,46 @@ async fn an_operator_finds_a_dead_letter_group_opens_a_message_and_replays_it() 
             "page wider than a phone: {overflow}"
         );
         shot(&c, "trace-phone").await;
+        c.set_window_size(1400, 1000).await.unwrap();
+
+        // The decode group: replay is not its main button, and the dialog says why it would
+        // fail again and refuses without the confirmation.
+        c.goto(&format!("{base}/#/")).await.unwrap();
+        let decode = wait_text(&c, "#groups tr", "body is not valid JSON").await;
+        decode
+            .find(Locator::Css("button.replay-group"))
+            .await
+            .unwrap()
+            .click()
+            .await
+            .unwrap();
+        wait_text(&c, "#replay-risk-kinds", "2 decode letter(s)").await;
+        c.find(Locator::Id("modal-confirm"))
+            .await
+            .unwrap()
+            .click()
+            .await
+            .unwrap();
+        wait_text(&c, "#modal-error", "confirm that the fix for these letters is deployed").await;
+        shot(&c, "replay-decode-refused").await;
+        c.find(Locator::Id("modal-cancel"))
+            .await
+            .unwrap()
+            .click()
+            .await
+            .unwrap();
+        // The home view and a message at phone width fit the screen.
+        c.set_window_size(390, 844).await.unwrap();
+        for (view, name) in [("#/", "overview-phone"), (&*format!("#/message/{id}"), "message-phone")] {
+            c.goto(&format!("{base}/{view}")).await.unwrap();
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            let overflow = c
+                .execute("return document.documentElement.scrollWidth - window.innerWidth;", vec![])
+                .await
+                .unwrap();
+            assert!(overflow.as_i64().unwrap_or(99) <= 1, "{name} wider than a phone: {overflow}");
+            shot(&c, name).await;
+        }
         c.set_window_size(1400, 1000).await.unwrap();
 
         // Sign out; a viewer sees where and why, never contents — and says so.

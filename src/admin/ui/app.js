@@ -314,7 +314,9 @@ async function viewMessages(params) {
     : el("p", {},
       el("button", { class: "primary", onclick: () => replayDialog(sel, "the filtered letters") }, "Replay these (new only)"), " ",
       el("button", { class: "danger", onclick: () => dropDialog(sel, "the filtered letters") }, "Drop these"));
-  return [el("h2", {}, "Dead letters"), form, actions, rows, el("p", {}, more)];
+  const total = el("p", { id: "match-count", class: "muted" }, page.total > 10000 ? "More than 10,000 letters match."
+    : page.total + " letter(s) match" + (page.total > page.messages.length ? "; showing " + page.messages.length + " per page, newest first." : "."));
+  return [el("h2", {}, "Dead letters"), form, total, actions, rows, el("p", {}, more)];
 }
 
 function bytesView(v) {
