@@ -447,12 +447,14 @@ async fn permanent_decode_and_panic_go_to_the_dlq_with_byte_identical_key_body_a
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn retry_topic_chain_waits_each_hop_then_dead_letters_while_others_flow() {
     let s = setup(2, &[]).await;
-    for hop in ["retry-1s", "retry-2s"] {
+    // The first hop waits 3 s: long enough that the 40 other messages are all produced and
+    // handled before it, also on a loaded machine.
+    for hop in ["retry-3s", "retry-2s"] {
         create_topic(&format!("{}.{}.{hop}", s.topic, s.group), 2).await;
     }
     let mut cfg = ConsumerConfig::new(&s.group, [&s.topic]);
     cfg.retry = RetryStrategy::Topics {
-        delays: vec![Duration::from_secs(1), Duration::from_secs(2)],
+        delays: vec![Duration::from_secs(3), Duration::from_secs(2)],
     };
     let r = start(&s, cfg, Probe::new(&s).await);
     produce_event(
@@ -503,14 +505,14 @@ async fn retry_topic_chain_waits_each_hop_then_dead_letters_while_others_flow() 
         topics,
         [
             s.topic.clone(),
-            format!("{}.{}.retry-1s", s.topic, s.group),
+            format!("{}.{}.retry-3s", s.topic, s.group),
             format!("{}.{}.retry-2s", s.topic, s.group)
         ]
     );
     let at: Vec<f64> = rows.iter().map(|r| r.get(1)).collect();
     let (hop1, hop2) = (at[1] - at[0], at[2] - at[1]);
-    eprintln!("measured hop delays: {hop1:.3}s (>= 1s), {hop2:.3}s (>= 2s)");
-    assert!(hop1 >= 1.0, "first hop waited {hop1}");
+    eprintln!("measured hop delays: {hop1:.3}s (>= 3s), {hop2:.3}s (>= 2s)");
+    assert!(hop1 >= 3.0, "first hop waited {hop1}");
     assert!(hop2 >= 2.0, "second hop waited {hop2}");
     // The others flowed meanwhile: all 40 were handled before the bad message's last attempt.
     let last_ok: f64 = s.c.query_one("SELECT extract(epoch FROM max(a.at))::float8 FROM attempts a WHERE message_id LIKE 'ok-%'", &[]).await.unwrap().get(0);
@@ -529,7 +531,7 @@ async fn retry_topic_chain_waits_each_hop_then_dead_letters_while_others_flow() 
         !d.headers.contains_key("x-retry-attempt"),
         "retry headers replaced in the DLQ"
     );
-    let retry1 = read_all(&format!("{}.{}.retry-1s", s.topic, s.group)).await;
+    let retry1 = read_all(&format!("{}.{}.retry-3s", s.topic, s.group)).await;
     let hop = retry1
         .iter()
         .find(|r| r.message_id() == "always-fails")
