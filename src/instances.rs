@@ -135,8 +135,44 @@ pub struct Overview {
 pub async fn overview(db: &DbConfig) -> Result<Overview, tokio_postgres::Error> {
     let outbox = crate::status(db).await?;
     let c = crate::db::connect(db).await?;
-    let instances: Vec<Instance> = c
-        .query(&render(instances::RECENT, &db.schema), &[])
+    let instances = recent(&c, db).await?;
+    let untrusted = c
+        .query(&render(breakers::UNTRUSTED_ALL, &db.schema), &[])
+        .await?
+        .iter()
+        .map(|r| Untrusted {
+            consumer_group: r.get(0),
+            dependency: r.get(1),
+            probe_by: r.get(2),
+        })
+        .collect();
+    let archiver = archiver_of(&instances);
+    Ok(Overview {
+        outbox,
+        instances,
+        untrusted,
+        archiver,
+    })
+}
+
+fn archiver_of(instances: &[Instance]) -> ArchiverHealth {
+    let archivers: Vec<&Instance> = instances.iter().filter(|i| i.kind == "archiver").collect();
+    let last = archivers
+        .iter()
+        .map(|i| i.seen_secs_ago)
+        .min_by(f64::total_cmp);
+    ArchiverHealth {
+        alive: archivers.iter().filter(|i| i.alive).count(),
+        last_seen_secs: last,
+        late: last.is_none_or(|s| s > ARCHIVER_LATE.as_secs_f64()),
+    }
+}
+
+async fn recent(
+    c: &tokio_postgres::Client,
+    db: &DbConfig,
+) -> Result<Vec<Instance>, tokio_postgres::Error> {
+    Ok(c.query(&render(instances::RECENT, &db.schema), &[])
         .await?
         .iter()
         .map(|r| {
@@ -150,33 +186,16 @@ pub async fn overview(db: &DbConfig) -> Result<Overview, tokio_postgres::Error> 
                 alive: ago <= ALIVE_WITHIN.as_secs_f64(),
             }
         })
-        .collect();
-    let untrusted = c
-        .query(&render(breakers::UNTRUSTED_ALL, &db.schema), &[])
-        .await?
-        .iter()
-        .map(|r| Untrusted {
-            consumer_group: r.get(0),
-            dependency: r.get(1),
-            probe_by: r.get(2),
-        })
-        .collect();
-    let archivers: Vec<&Instance> = instances.iter().filter(|i| i.kind == "archiver").collect();
-    let last = archivers
-        .iter()
-        .map(|i| i.seen_secs_ago)
-        .min_by(f64::total_cmp);
-    let archiver = ArchiverHealth {
-        alive: archivers.iter().filter(|i| i.alive).count(),
-        last_seen_secs: last,
-        late: last.is_none_or(|s| s > ARCHIVER_LATE.as_secs_f64()),
-    };
-    Ok(Overview {
-        outbox,
-        instances,
-        untrusted,
-        archiver,
-    })
+        .collect())
+}
+
+/// The archiver's health alone (for `/readyz`: one query, not the whole overview).
+///
+/// # Errors
+/// The Postgres error.
+pub async fn archiver_health(db: &DbConfig) -> Result<ArchiverHealth, tokio_postgres::Error> {
+    let c = crate::db::connect(db).await?;
+    Ok(archiver_of(&recent(&c, db).await?))
 }
 
 /// Why a breaker action was refused.

@@ -113,9 +113,9 @@ pub(super) async fn readyz(State(s): State<AppState>) -> Response {
         .unwrap_or_else(|e| Err(e.to_string()))
     };
     // A DLQ nobody archives is a black hole: without a live archiver, not ready.
-    let archiver = match crate::instances::overview(&s.db).await {
-        Ok(o) if !o.archiver.late => Ok(()),
-        Ok(o) => Err(match o.archiver.last_seen_secs {
+    let archiver = match crate::instances::archiver_health(&s.db).await {
+        Ok(a) if !a.late => Ok(()),
+        Ok(a) => Err(match a.last_seen_secs {
             Some(secs) => format!("late: last seen {secs:.0} s ago"),
             None => "missing: no archiver seen in the last hour (run `outbox dlq archive`)".into(),
         }),
@@ -489,18 +489,20 @@ pub(super) struct DropBody {
     all: bool,
 }
 
+/// A drop's or a restore's body: the selection, `all`, and the reason.
+fn drop_args(b: Result<Json<Value>, JsonRejection>) -> Result<(Filter, bool, String), ApiError> {
+    let b: DropBody = exact(b, &[&FILTER_FIELDS, &["reason", "all"]])?;
+    let f = filter_of(&b.filter.query(), b.ids)?;
+    Ok((f, b.all, b.reason.unwrap_or_default()))
+}
+
 pub(super) async fn dlq_drop(
     State(s): State<AppState>,
     Extension(c): Extension<Caller>,
     b: Result<Json<Value>, JsonRejection>,
 ) -> ApiResult {
-    let b: DropBody = exact(b, &[&FILTER_FIELDS, &["reason", "all"]])?;
-    let f = filter_of(&b.filter.query(), b.ids.clone())?;
-    let r = s
-        .dlq
-        .drop_letters(&f, b.all, b.reason.as_deref().unwrap_or(""), &c.holder)
-        .await?;
-    ok(r)
+    let (f, all, reason) = drop_args(b)?;
+    ok(s.dlq.drop_letters(&f, all, &reason, &c.holder).await?)
 }
 
 /// Undoes a drop: the same body as a drop, for `dropped` letters.
@@ -509,13 +511,8 @@ pub(super) async fn dlq_restore(
     Extension(c): Extension<Caller>,
     b: Result<Json<Value>, JsonRejection>,
 ) -> ApiResult {
-    let b: DropBody = exact(b, &[&FILTER_FIELDS, &["reason", "all"]])?;
-    let f = filter_of(&b.filter.query(), b.ids.clone())?;
-    let r = s
-        .dlq
-        .restore_letters(&f, b.all, b.reason.as_deref().unwrap_or(""), &c.holder)
-        .await?;
-    ok(r)
+    let (f, all, reason) = drop_args(b)?;
+    ok(s.dlq.restore_letters(&f, all, &reason, &c.holder).await?)
 }
 
 #[derive(Deserialize)]

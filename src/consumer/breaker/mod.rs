@@ -246,13 +246,12 @@ impl StateHandle {
 
 impl Breakers {
     pub fn new(pool: Pool, schema: Schema, group: String, config: BreakerConfig) -> Self {
-        let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "local".into());
         Self {
             pool,
             schema,
             group,
             config,
-            me: format!("{host}:{}", std::process::id()),
+            me: crate::instances::instance_name(),
             open: Mutex::default(),
             mode: AtomicU8::new(Mode::Normal.as_u8()),
             mode_since: Mutex::new(Instant::now()),
