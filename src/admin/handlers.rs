@@ -11,7 +11,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::{ApiError, AppState, Caller, Role};
-use crate::dlq::{Filter, ReplayOptions, Status};
+use crate::dlq::{Filter, Order, ReplayOptions, Status};
 
 type ApiResult = Result<Response, ApiError>;
 
@@ -285,7 +285,12 @@ pub(super) struct FilterQuery {
     since: Option<String>,
     until: Option<String>,
     limit: Option<i64>,
+    /// `newest` (the default) or `oldest`.
+    order: Option<String>,
+    /// The next page newest first: the last id seen.
     before_id: Option<i64>,
+    /// The next page oldest first: the last id seen.
+    after_id: Option<i64>,
 }
 
 fn filter_of(q: &FilterQuery, ids: Vec<i64>) -> Result<Filter, ApiError> {
@@ -313,13 +318,38 @@ pub(super) async fn dlq_messages(
     let Query(q) = q.map_err(|e| ApiError(StatusCode::BAD_REQUEST, e.body_text()))?;
     let f = filter_of(&q, Vec::new())?;
     let limit = q.limit.unwrap_or(50);
-    let rows = s.dlq.list(&f, limit, q.before_id).await?;
+    let order: Order = q
+        .order
+        .as_deref()
+        .unwrap_or("newest")
+        .parse()
+        .map_err(|e: crate::dlq::DlqError| ApiError(StatusCode::BAD_REQUEST, e.to_string()))?;
+    // Each order has its own cursor, so a link can never page one order with the other's.
+    let (past, next_name, wrong) = match order {
+        Order::NewestFirst => (
+            q.before_id,
+            "next_before_id",
+            q.after_id.map(|_| "after_id"),
+        ),
+        Order::OldestFirst => (
+            q.after_id,
+            "next_after_id",
+            q.before_id.map(|_| "before_id"),
+        ),
+    };
+    if let Some(field) = wrong {
+        return Err(ApiError(
+            StatusCode::BAD_REQUEST,
+            format!("{field} does not page this order: newest first pages with before_id, oldest first with after_id"),
+        ));
+    }
+    let rows = s.dlq.list(&f, limit, order, past).await?;
     let next = (rows.len() as i64 == limit)
         .then(|| rows.last().map(|r| r.id))
         .flatten();
     // How many match the filter in all (up to 10,001: "more than 10,000" beyond).
     let total = s.dlq.count_matching(&f).await?;
-    ok(json!({"messages": rows, "next_before_id": next, "total": total}))
+    ok(json!({"messages": rows, next_name: next, "total": total}))
 }
 
 pub(super) async fn dlq_message(

@@ -31,7 +31,7 @@ pub use filter::{Filter, Status};
 pub use from_topic::{replay_from_topic, FromTopicOptions, FromTopicReport, REPLAY_GROUP};
 pub use headers::{HeaderValue, X_REPLAYED_AT};
 pub use normalize::normalize_error;
-pub use query::{AuditEntry, CauseGroup, DeadLetter, LetterRow, Summary, TopicSummary};
+pub use query::{AuditEntry, CauseGroup, DeadLetter, LetterRow, Order, Summary, TopicSummary};
 pub use replay::{
     DryRun, Job, JobStatus, Progress, ReplayOptions, RunOutcome, DEFAULT_CANARY,
     DEFAULT_CANARY_WAIT, DEFAULT_LOOP_GUARD, DEFAULT_MAX_REFAIL, DEFAULT_RATE, DEFAULT_WATCH,

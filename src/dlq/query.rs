@@ -66,6 +66,29 @@ pub struct Summary {
     pub groups: Vec<CauseGroup>,
 }
 
+/// The order of a letter list: by archive id, which follows the order letters failed in.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Order {
+    /// The latest letters first (the default: what is failing now).
+    #[default]
+    NewestFirst,
+    /// The earliest first (what has waited longest).
+    OldestFirst,
+}
+
+impl std::str::FromStr for Order {
+    type Err = DlqError;
+    fn from_str(s: &str) -> Result<Self, DlqError> {
+        match s {
+            "newest" => Ok(Order::NewestFirst),
+            "oldest" => Ok(Order::OldestFirst),
+            _ => Err(DlqError::Invalid(format!(
+                "unknown order {s:?}: give newest or oldest"
+            ))),
+        }
+    }
+}
+
 /// One line of a list.
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct LetterRow {
@@ -292,8 +315,8 @@ impl Dlq {
         .get(0))
     }
 
-    /// Letters matching `filter`, newest first, at most `limit`; `before_id` continues a
-    /// previous page (keyset pagination: pass the last id you saw).
+    /// Letters matching `filter` in `order`, at most `limit`; `past` continues a previous page
+    /// (keyset pagination: pass the last id you saw, and the same order).
     ///
     /// # Errors
     /// [`DlqError::Invalid`] for a bad filter or limit.
@@ -301,16 +324,21 @@ impl Dlq {
         &self,
         filter: &Filter,
         limit: i64,
-        before_id: Option<i64>,
+        order: Order,
+        past: Option<i64>,
     ) -> Result<Vec<LetterRow>, DlqError> {
         if !(1..=10_000).contains(&limit) {
             return invalid(format!("invalid limit {limit}: give 1 to 10000"));
         }
         let filter = filter.clone().normalized()?;
         let mut w = filter.to_where("d", None);
-        if let Some(b) = before_id {
+        let (cmp, dir) = match order {
+            Order::NewestFirst => ("<", "DESC"),
+            Order::OldestFirst => (">", "ASC"),
+        };
+        if let Some(b) = past {
             let p = w.push(b);
-            w.sql = format!("{} AND d.id < {p}", w.sql);
+            w.sql = format!("{} AND d.id {cmp} {p}", w.sql);
         }
         let lim = w.push(limit);
         let c = self.pool.get().await?;
@@ -319,6 +347,7 @@ impl Dlq {
                 &self
                     .sql(sql::dead_letters::LIST)
                     .replace("{where}", &w.sql)
+                    .replace("{dir}", dir)
                     .replace("{limit}", &lim),
                 &w.refs(),
             )

@@ -101,12 +101,12 @@ pub(crate) const LETTER: &str = "SELECT d.*, (SELECT count(*) FROM {s}.dlq_repla
                                         AND d2.message_id = d.message_id))) AS times_replayed
                      FROM {s}.dead_letters d WHERE d.id = $1";
 
-/// A page of letters matching a filter, newest first. `{where}` is the filter's condition on
-/// `d` and `{limit}` its limit parameter (both rendered by `Filter::to_where` with numbered
-/// parameters, never with values).
+/// A page of letters matching a filter, in `{dir}` (`DESC` newest first, `ASC` oldest first)
+/// of id. `{where}` is the filter's condition on `d` and `{limit}` its limit parameter (both
+/// rendered by `Filter::to_where` with numbered parameters, never with values).
 pub(crate) const LIST: &str = "SELECT d.id, d.original_topic, d.consumer_group, d.error_kind,
         left(d.error, 200) AS error, d.message_id, d.failed_at, d.status, d.dlq_retries
-   FROM {s}.dead_letters d WHERE {where} ORDER BY d.id DESC LIMIT {limit}";
+   FROM {s}.dead_letters d WHERE {where} ORDER BY d.id {dir} LIMIT {limit}";
 
 /// How many letters `{where}` selects, counted up to 10,001 (the list says "more than 10,000"
 /// rather than scan a huge archive for a number).

@@ -909,7 +909,11 @@ async fn the_loop_guard_skips_a_letter_replayed_three_times_unless_forced() {
     dead_letter(&topic, "billing", &[Letter::order(1, "boom")]).await;
     archive_once(&db, &topic, &group);
     let dlq = Dlq::new(&db);
-    let id = dlq.list(&Filter::default(), 1, None).await.unwrap()[0].id;
+    let id = dlq
+        .list(&Filter::default(), 1, Default::default(), None)
+        .await
+        .unwrap()[0]
+        .id;
     let f = Filter {
         ids: vec![id],
         ..Filter::default()

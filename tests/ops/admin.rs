@@ -266,6 +266,52 @@ async fn viewers_never_see_bodies_bad_bodies_get_4xx_and_api_replays_are_audited
         Some(id),
         "keyset pagination"
     );
+    // Oldest first pages the other way, with its own cursor; a wrong order or cursor is a 400.
+    let (_, b) = http(
+        s.port,
+        "GET",
+        "/api/dlq/messages?limit=1&order=oldest",
+        Some(VIEWER),
+        None,
+    )
+    .await;
+    let oldest: serde_json::Value = serde_json::from_str(&b).unwrap();
+    assert_eq!(oldest["messages"][0]["id"].as_i64(), Some(id), "{b}");
+    let after = oldest["next_after_id"]
+        .as_i64()
+        .expect("a next page oldest first");
+    let (_, b) = http(
+        s.port,
+        "GET",
+        &format!("/api/dlq/messages?limit=1&order=oldest&after_id={after}"),
+        Some(VIEWER),
+        None,
+    )
+    .await;
+    let second: serde_json::Value = serde_json::from_str(&b).unwrap();
+    assert_eq!(
+        second["messages"][0]["id"], page["messages"][0]["id"],
+        "{b}"
+    );
+    for (q, says) in [
+        ("order=sideways", "unknown order"),
+        (
+            "order=oldest&before_id=1",
+            "before_id does not page this order",
+        ),
+        ("after_id=1", "after_id does not page this order"),
+    ] {
+        let (code, b) = http(
+            s.port,
+            "GET",
+            &format!("/api/dlq/messages?{q}"),
+            Some(VIEWER),
+            None,
+        )
+        .await;
+        assert_eq!(code, 400, "{q}: {b}");
+        assert!(b.contains(says), "{q}: {b}");
+    }
 
     // Oversize, malformed, wrong type, unknown field, bad filter: 4xx with a JSON error.
     let big = format!("{{\"reason\":\"{}\"}}", "x".repeat(70 * 1024));

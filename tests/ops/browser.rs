@@ -56,6 +56,95 @@ async fn wait_text(c: &Client, css: &str, text: &str) -> fantoccini::elements::E
     }
 }
 
+/// The admin server with an admin and a viewer token, and a headless Chromium session.
+struct Console {
+    c: Client,
+    base: String,
+    _admin: Kill,
+    _driver: Kill,
+}
+
+async fn open_console(db: &outbox::DbConfig) -> Console {
+    let port = free_port();
+    let tokens = std::env::temp_dir().join(format!("browser-tokens-{}", hex(6)));
+    std::fs::write(
+        &tokens,
+        format!(
+            "admin admin {}\nvera viewer {}\n",
+            outbox::admin::token_hash(TOKEN),
+            outbox::admin::token_hash(VIEWER_TOKEN)
+        ),
+    )
+    .unwrap();
+    let admin = Kill(
+        outbox_command(db)
+            .args(["admin", "--listen", &format!("127.0.0.1:{port}")])
+            .arg("--tokens-file")
+            .arg(&tokens)
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let driver_port = free_port();
+    let driver = Kill(
+        Command::new("chromedriver")
+            .arg(format!("--port={driver_port}"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("chromedriver (Debian's chromium-driver; dev/up.sh installs it)"),
+    );
+    let mut caps = serde_json::Map::new();
+    caps.insert(
+        "goog:chromeOptions".into(),
+        serde_json::json!({
+            "binary": "/usr/bin/chromium",
+            "args": ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                     "--window-size=1400,1000"]
+        }),
+    );
+    let mut client = None;
+    for _ in 0..100 {
+        match ClientBuilder::native()
+            .capabilities(caps.clone())
+            .connect(&format!("http://127.0.0.1:{driver_port}"))
+            .await
+        {
+            Ok(c) => {
+                client = Some(c);
+                break;
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+        }
+    }
+    let c = client.expect("a chromedriver session");
+    let base = format!("http://127.0.0.1:{port}");
+    Console {
+        c,
+        base,
+        _admin: admin,
+        _driver: driver,
+    }
+}
+
+/// Signs in with `token` on a fresh page.
+async fn sign_in(console: &Console, token: &str) {
+    let c = &console.c;
+    c.goto(&format!("{}/", console.base)).await.unwrap();
+    let field = c.wait().for_element(Locator::Id("token")).await.unwrap();
+    field.send_keys(token).await.unwrap();
+    c.find(Locator::Id("sign-in"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_operator_finds_a_dead_letter_group_opens_a_message_and_replays_it() {
     let db = fresh_db().await;
@@ -114,64 +203,8 @@ async fn an_operator_finds_a_dead_letter_group_opens_a_message_and_replays_it() 
     .await
     .unwrap();
 
-    let port = free_port();
-    let tokens = std::env::temp_dir().join(format!("browser-tokens-{}", hex(6)));
-    std::fs::write(
-        &tokens,
-        format!(
-            "admin admin {}\nvera viewer {}\n",
-            outbox::admin::token_hash(TOKEN),
-            outbox::admin::token_hash(VIEWER_TOKEN)
-        ),
-    )
-    .unwrap();
-    let _admin = Kill(
-        outbox_command(&db)
-            .args(["admin", "--listen", &format!("127.0.0.1:{port}")])
-            .arg("--tokens-file")
-            .arg(&tokens)
-            .env("RUST_LOG", "warn")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
-    let driver_port = free_port();
-    let _driver = Kill(
-        Command::new("chromedriver")
-            .arg(format!("--port={driver_port}"))
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("chromedriver (Debian's chromium-driver; dev/up.sh installs it)"),
-    );
-    let mut caps = serde_json::Map::new();
-    caps.insert(
-        "goog:chromeOptions".into(),
-        serde_json::json!({
-            "binary": "/usr/bin/chromium",
-            "args": ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                     "--window-size=1400,1000"]
-        }),
-    );
-    let mut client = None;
-    for _ in 0..100 {
-        match ClientBuilder::native()
-            .capabilities(caps.clone())
-            .connect(&format!("http://127.0.0.1:{driver_port}"))
-            .await
-        {
-            Ok(c) => {
-                client = Some(c);
-                break;
-            }
-            Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
-        }
-    }
-    let c = client.expect("a chromedriver session");
-    let base = format!("http://127.0.0.1:{port}");
+    let console = open_console(&db).await;
+    let (c, base) = (&console.c, console.base.clone());
 
     // The rest of the system, as its heartbeats and breaker rows say: two billing replicas,
     // paused by an open breaker, 7 messages behind; no archiver has checked in.
@@ -374,6 +407,7 @@ async fn an_operator_finds_a_dead_letter_group_opens_a_message_and_replays_it() 
                     f
                 },
                 10,
+                Default::default(),
                 None,
             )
             .await
@@ -500,6 +534,161 @@ async fn an_operator_finds_a_dead_letter_group_opens_a_message_and_replays_it() 
         id
     }
     .await;
-    c.close().await.unwrap();
+    console.c.clone().close().await.unwrap();
     assert!(result > 0);
+}
+
+/// The tiles' details as an on-call engineer follows them: each relay and archiver with its
+/// heartbeat, a consumer group's replicas and per-partition lag, a breaker opened and closed
+/// from the page (audited); the message list sorted both ways and paged; the replay dialog at
+/// phone width.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_tiles_lead_to_every_process_partition_and_breaker_and_the_list_sorts() {
+    let db = fresh_db().await;
+    let topic = topic_name();
+    create_topic_family(&topic, 1, &[]).await;
+    for i in 0..3 {
+        produce(
+            &format!("{topic}.dlq"),
+            Some(format!("order-{i}").as_bytes()),
+            &[
+                ("message_id", format!("sort-{i}-{}", hex(6)).as_bytes()),
+                ("x-original-topic", topic.as_bytes()),
+                ("x-consumer-group", b"billing"),
+                ("x-error", format!("letter number {i}").as_bytes()),
+                ("x-error-kind", b"transient"),
+            ],
+            Some(b"{}"),
+        )
+        .await;
+    }
+    outbox::dlq::Archiver::new(&db, &kafka(), vec![format!("{topic}.dlq")])
+        .unwrap()
+        .group(&format!("it-a-{}", hex(6)))
+        .run_once(&mut |_, _| {})
+        .await
+        .unwrap();
+    let pg = outbox_testkit::client(&db).await;
+    pg.execute(
+        "INSERT INTO outbox_instances (kind, name, instance, state, seen_at) VALUES
+           ('consumer', 'billing', 'pod-a:1', jsonb_build_object('mode', 'normal', 'in_flight', 5,
+              'lag', jsonb_build_object($1::text || '/0', 4, $1::text || '/2', 9)), now()),
+           ('consumer', 'billing', 'pod-b:1', jsonb_build_object('mode', 'normal',
+              'lag', jsonb_build_object($1::text || '/1', 3)), now()),
+           ('relay', 'relay', 'relay-0:1', '{\"claim_floor\": 42}', now()),
+           ('archiver', 'dlq', 'arch-0:1', '{}', now() - interval '10 minutes')",
+        &[&topic],
+    )
+    .await
+    .unwrap();
+    let console = open_console(&db).await;
+    let (c, base) = (&console.c, console.base.clone());
+    let result = async {
+        sign_in(&console, TOKEN).await;
+        // From the home strip into each tile's details.
+        let relays = wait_text(c, "#tile-relays", "1 alive").await;
+        relays.find(Locator::LinkText("details")).await.unwrap().click().await.unwrap();
+        let relay = wait_text(c, "#relay-list tr", "relay-0:1").await;
+        assert!(relay.text().await.unwrap().contains("claim_floor: 42"));
+        let gone = wait_text(c, "#archiver-list tr", "arch-0:1").await;
+        assert!(gone.text().await.unwrap().contains("gone, seen 10 min ago"));
+        c.goto(&format!("{base}/#/")).await.unwrap();
+        let row = wait_text(c, "#consumers tr", "billing").await;
+        row.find(Locator::LinkText("billing")).await.unwrap().click().await.unwrap();
+        let p2 = wait_text(c, "[data-group=billing] .lag tr", &format!("{topic}/2")).await;
+        let line = p2.text().await.unwrap();
+        assert!(line.contains('9') && line.contains("pod-a:1"), "{line}");
+        let members = wait_text(c, "[data-group=billing] .members tr", "pod-a:1").await;
+        assert!(members.text().await.unwrap().contains('5'), "in flight shown");
+        // The partitions are listed in order, each once.
+        let parts = c.find_all(Locator::Css("[data-group=billing] .lag tr")).await.unwrap();
+        assert_eq!(parts.len(), 4, "a header and three partitions");
+        shot(c, "system-consumers").await;
+
+        // Open a breaker by hand from the breakers' details, then close it.
+        c.goto(&format!("{base}/#/system?show=breakers")).await.unwrap();
+        wait_text(c, "#no-breakers", "All closed.").await;
+        c.find(Locator::Id("open-breaker")).await.unwrap().click().await.unwrap();
+        for (id, v) in [("open-group", "billing"), ("open-dependency", "payments-api"),
+                        ("open-reason", "payments team asked for a pause")] {
+            c.find(Locator::Id(id)).await.unwrap().send_keys(v).await.unwrap();
+        }
+        c.find(Locator::Id("modal-confirm")).await.unwrap().click().await.unwrap();
+        wait_text(c, "#flash-msg", "Breaker of payments-api for billing opened.").await;
+        let b = wait_text(c, "#breaker-list tr", "payments-api").await;
+        assert!(b.text().await.unwrap().contains("payments team asked for a pause"));
+        shot(c, "system-breakers").await;
+        b.find(Locator::Css(".close-breaker")).await.unwrap().click().await.unwrap();
+        c.find(Locator::Id("breaker-reason")).await.unwrap().send_keys("back").await.unwrap();
+        c.find(Locator::Id("modal-confirm")).await.unwrap().click().await.unwrap();
+        wait_text(c, "#no-breakers", "All closed.").await;
+        let actions: Vec<String> = pg
+            .query("SELECT action || ' by ' || actor || ' via ' || via FROM dlq_audit ORDER BY id", &[])
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        assert_eq!(actions, ["breaker-open by admin via outbox-admin", "breaker-close by admin via outbox-admin"]);
+
+        // The message list, newest first, then sorted the other way and paged.
+        let first_cell = |c: &Client| {
+            let c = c.clone();
+            async move {
+                c.find(Locator::Css("#messages tr:nth-child(2) td")).await.unwrap().text().await.unwrap()
+            }
+        };
+        let ids: Vec<i64> = pg
+            .query("SELECT id FROM dead_letters ORDER BY id", &[])
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        c.goto(&format!("{base}/#/messages?topic={topic}&limit=2")).await.unwrap();
+        wait_text(c, "#match-count", "3 letter(s) match; showing 2 per page, newest first.").await;
+        assert_eq!(first_cell(c).await, format!("#{}", ids[2]));
+        c.find(Locator::Id("sort-toggle")).await.unwrap().click().await.unwrap();
+        wait_text(c, "#match-count", "oldest first").await;
+        assert_eq!(first_cell(c).await, format!("#{}", ids[0]));
+        c.find(Locator::Id("next-page")).await.unwrap().click().await.unwrap();
+        wait_text(c, "#messages tr", &format!("#{}", ids[2])).await;
+        let rows = c.find_all(Locator::Css("#messages tr")).await.unwrap();
+        assert_eq!(rows.len(), 2, "the last page holds the newest letter alone");
+        shot(c, "messages-oldest-first").await;
+
+        // The replay dialog at phone width fits the screen, its buttons within reach.
+        c.set_window_size(390, 844).await.unwrap();
+        c.goto(&format!("{base}/#/messages?topic={topic}")).await.unwrap();
+        wait_text(c, "#match-count", "3 letter(s) match").await;
+        wait_text(c, "button", "Replay these").await.click().await.unwrap();
+        wait_text(c, "#replay-count", "3 letter(s) will be sent back").await;
+        let fit = c
+            .execute(
+                "const b = document.querySelector('#modal .box').getBoundingClientRect();
+                 const go = document.getElementById('modal-confirm').getBoundingClientRect();
+                 return [b.left, b.right, window.innerWidth, go.right, go.bottom, window.innerHeight,
+                         document.documentElement.scrollWidth - window.innerWidth];",
+                vec![],
+            )
+            .await
+            .unwrap();
+        let f: Vec<f64> = fit.as_array().unwrap().iter().map(|v| v.as_f64().unwrap()).collect();
+        assert!(f[0] >= 0.0 && f[1] <= f[2] && f[3] <= f[2] && f[4] <= f[5] && f[6] <= 1.0,
+            "the replay dialog does not fit a phone: {f:?}");
+        shot(c, "replay-dialog-phone").await;
+        c.find(Locator::Id("modal-cancel")).await.unwrap().click().await.unwrap();
+        c.goto(&format!("{base}/#/system")).await.unwrap();
+        wait_text(c, "#relay-list tr", "relay-0:1").await;
+        let overflow = c
+            .execute("return document.documentElement.scrollWidth - window.innerWidth;", vec![])
+            .await
+            .unwrap();
+        assert!(overflow.as_i64().unwrap_or(99) <= 1, "system view wider than a phone: {overflow}");
+        shot(c, "system-phone").await;
+        ids.len()
+    }
+    .await;
+    console.c.clone().close().await.unwrap();
+    assert_eq!(result, 3);
 }

@@ -906,6 +906,23 @@ async fn message_data_never_drives_the_terminal_and_head_1_ends_the_listing_quie
             );
         }
     }
+    // Sorted both ways, each paged with --past-id (the hint on stderr says which).
+    let ids_of = |o: &std::process::Output| -> Vec<i64> {
+        String::from_utf8_lossy(&o.stdout)
+            .lines()
+            .skip(1)
+            .map(|l| l.split_whitespace().next().unwrap().parse().unwrap())
+            .collect()
+    };
+    let newest = run(outbox_cmd(&db).args(["dlq", "list", "--limit", "2"]));
+    let oldest = run(outbox_cmd(&db).args(["dlq", "list", "--limit", "2", "--oldest-first"]));
+    assert_eq!(ids_of(&oldest), [id, id + 1], "{}", text(&oldest));
+    assert_eq!(ids_of(&newest), [id + 2999, id + 2998], "{}", text(&newest));
+    assert!(text(&oldest).contains(&format!("more: add --past-id {}", id + 1)));
+    let next = run(outbox_cmd(&db)
+        .args(["dlq", "list", "--limit", "2", "--oldest-first", "--past-id"])
+        .arg((id + 1).to_string()));
+    assert_eq!(ids_of(&next), [id + 2, id + 3], "{}", text(&next));
     // `outbox dlq list --limit 3000 | head -1`: the reader leaves mid-listing.
     let mut child = outbox_cmd(&db)
         .args(["dlq", "list", "--limit", "3000"])

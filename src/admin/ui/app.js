@@ -166,11 +166,14 @@ function dropDialog(selection, label, count) {
 
 // ---- views ----
 // ---- the system at a glance: outbox, relays, consumers, breakers, archiver ----
+const secsText = (v) => v == null ? "–" : (v < 90 ? Math.round(v) + " s" : v < 5400 ? Math.round(v / 60) + " min" : Math.round(v / 3600) + " h");
+const stateText = (st) => Object.entries(st || {}).filter(([k]) => k !== "lag")
+  .map(([k, v]) => k + ": " + (typeof v === "object" ? JSON.stringify(v) : String(v))).join(", ");
 async function overviewStrip() {
   const o = await api("/api/overview");
   const alive = (kind) => o.instances.filter(i => i.kind === kind && i.alive);
   const count = (st) => (o.outbox.counts.find(c => c.status === st) || { count: 0 }).count;
-  const secs = (v) => v == null ? "–" : (v < 90 ? Math.round(v) + " s" : v < 5400 ? Math.round(v / 60) + " min" : Math.round(v / 3600) + " h");
+  const secs = secsText;
   const card = (id, title, ...body) => el("div", { class: "card tile", id }, el("h3", {}, title), ...body);
   const groups = {};
   for (const i of alive("consumer")) (groups[i.name] = groups[i.name] || []).push(i);
@@ -179,7 +182,7 @@ async function overviewStrip() {
     const modes = [...new Set(members.map(m => m.state.mode))].join(", ");
     const paused = members.reduce((n, m) => n + (m.state.paused_partitions || 0), 0);
     const parts = members.flatMap(m => Object.entries(m.state.lag || {}).map(([p, l]) => p + ": " + l)).join(", ");
-    return el("tr", { "data-consumer": g }, el("td", {}, g), el("td", { class: "num" }, String(members.length)),
+    return el("tr", { "data-consumer": g }, el("td", {}, el("a", { href: "#/system?show=consumers&group=" + encodeURIComponent(g) }, g)), el("td", { class: "num" }, String(members.length)),
       el("td", { class: "mode" }, modes), el("td", { class: "num" }, String(paused)),
       el("td", { class: "num", title: parts }, String(lag)));
   });
@@ -195,14 +198,83 @@ async function overviewStrip() {
     card("tile-outbox", "Outbox", el("p", {}, count("pending") + " pending, " + count("failed") + " failed"),
       el("p", { class: "muted" }, "oldest pending " + secs(o.outbox.oldest_pending_age_secs)),
       el("a", { href: "#/outbox" }, "details")),
-    card("tile-relays", "Relays", el("p", {}, alive("relay").length + " alive")),
+    card("tile-relays", "Relays", el("p", {}, alive("relay").length + " alive"), el("a", { href: "#/system?show=relays" }, "details")),
     card("tile-consumers", "Consumers", consumerRows.length ? el("table", { id: "consumers" },
       el("tr", {}, el("th", {}, "Group"), el("th", { class: "num" }, "Replicas"), el("th", {}, "Mode"),
-        el("th", { class: "num" }, "Paused"), el("th", { class: "num" }, "Lag")), consumerRows) : el("p", { class: "muted" }, "none running")),
-    card("tile-breakers", "Circuit breakers", breakerRows.length ? el("table", { id: "breakers" }, breakerRows) : el("p", { class: "muted" }, "all closed")),
+        el("th", { class: "num" }, "Paused"), el("th", { class: "num" }, "Lag")), consumerRows) : el("p", { class: "muted" }, "none running"),
+      el("a", { href: "#/system?show=consumers" }, "details")),
+    card("tile-breakers", "Circuit breakers", breakerRows.length ? el("table", { id: "breakers" }, breakerRows) : el("p", { class: "muted" }, "all closed"),
+      el("a", { href: "#/system?show=breakers" }, "details")),
     card("tile-archiver", "DLQ archiver", el("p", {}, o.archiver.alive + " alive"),
       el("p", { class: "muted" }, o.archiver.last_seen_secs == null ? "never seen in the last hour"
-        : "last seen " + secs(o.archiver.last_seen_secs) + " ago"))));
+        : "last seen " + secs(o.archiver.last_seen_secs) + " ago"), el("a", { href: "#/system?show=archivers" }, "details"))));
+}
+
+// ---- the tiles' details: every process, every partition's lag, every breaker ----
+
+async function viewSystem(params) {
+  const o = await api("/api/overview");
+  const seen = (i) => el("td", { class: i.alive ? "" : "error" }, (i.alive ? "alive, " : "gone, ") + "seen " + secsText(i.seen_secs_ago) + " ago");
+  const processes = (kind, id, empty) => {
+    const rows = o.instances.filter(i => i.kind === kind);
+    return rows.length ? el("table", { id }, el("tr", {}, el("th", {}, "Instance"), el("th", {}, "Name"), el("th", {}, "Heartbeat"), el("th", {}, "State")),
+      rows.map(i => el("tr", { "data-instance": i.instance }, el("td", {}, i.instance), el("td", {}, i.name), seen(i), el("td", { class: "err" }, stateText(i.state)))))
+      : el("p", { class: "muted" }, empty);
+  };
+  // One card per consumer group: its replicas, then each partition's lag and who reads it.
+  const names = [...new Set(o.instances.filter(i => i.kind === "consumer").map(i => i.name))]
+    .filter(g => !params.get("group") || g === params.get("group"));
+  const groups = names.map(g => {
+    const members = o.instances.filter(i => i.kind === "consumer" && i.name === g);
+    const lag = members.filter(m => m.alive).flatMap(m => Object.entries(m.state.lag || {}).map(([p, l]) => [p, l, m.instance]))
+      .sort((a, b) => a[0].localeCompare(b[0], undefined, { numeric: true }));
+    return el("div", { class: "card", "data-group": g }, el("h3", {}, g),
+      el("table", { class: "members" }, el("tr", {}, el("th", {}, "Replica"), el("th", {}, "Mode"), el("th", { class: "num" }, "Paused partitions"),
+        el("th", { class: "num" }, "In flight"), el("th", { class: "num" }, "Handled"), el("th", { class: "num" }, "Dead-lettered"), el("th", {}, "Heartbeat")),
+        members.map(m => el("tr", {}, el("td", {}, m.instance), el("td", { class: "mode" }, String(m.state.mode ?? "–")),
+          el("td", { class: "num" }, String(m.state.paused_partitions ?? "–")), el("td", { class: "num" }, String(m.state.in_flight ?? "–")),
+          el("td", { class: "num" }, String(m.state.handled ?? "–")), el("td", { class: "num" }, String(m.state.dead_lettered ?? "–")), seen(m)))),
+      lag.length ? el("table", { class: "lag" }, el("tr", {}, el("th", {}, "Partition"), el("th", { class: "num" }, "Lag"), el("th", {}, "Read by")),
+        lag.map(([p, l, who]) => el("tr", {}, el("td", {}, p), el("td", { class: "num" }, String(l)), el("td", {}, who))))
+        : el("p", { class: "muted" }, "no partitions assigned"));
+  });
+  const breakers = el("table", { id: "breaker-list" },
+    el("tr", {}, el("th", {}, "Group"), el("th", {}, "Dependency"), el("th", {}, "State"), el("th", {}, "Why"), el("th", { class: "num" }, "Opens"), el("th", {}, "")),
+    o.outbox.open_breakers.map(b => el("tr", { "data-breaker": b.consumer_group + "/" + b.dependency },
+      el("td", {}, b.consumer_group), el("td", {}, b.dependency), el("td", {}, "open, closes in " + secsText(b.closes_in_secs)),
+      el("td", { class: "err" }, b.reason || "–"), el("td", { class: "num" }, String(b.generation)),
+      el("td", {}, can("operator") ? el("button", { class: "close-breaker", onclick: () => closeBreakerDialog(b.consumer_group, b.dependency) }, "Close") : ""))),
+    o.untrusted.map(u => el("tr", {}, el("td", {}, u.consumer_group), el("td", {}, u.dependency),
+      el("td", {}, "expired, probing" + (u.probe_by ? " (" + u.probe_by + ")" : "")), el("td", {}, "–"), el("td", {}, ""), el("td", {}, ""))));
+  const sections = [
+    el("section", { id: "sys-relays" }, el("h2", {}, "Relays"), processes("relay", "relay-list", "No relay has checked in within the hour: nothing publishes the outbox.")),
+    el("section", { id: "sys-consumers" }, el("h2", {}, "Consumer groups"), groups.length ? groups : el("p", { class: "muted" }, "No consumer has checked in within the hour.")),
+    el("section", { id: "sys-breakers" }, el("h2", {}, "Circuit breakers"),
+      o.outbox.open_breakers.length + o.untrusted.length ? breakers : el("p", { class: "muted", id: "no-breakers" }, "All closed."),
+      can("operator") ? el("p", {}, el("button", { id: "open-breaker", onclick: openBreakerDialog }, "Open a breaker…")) : ""),
+    el("section", { id: "sys-archivers" }, el("h2", {}, "DLQ archivers"), processes("archiver", "archiver-list", "No archiver has checked in within the hour.")),
+  ];
+  const show = params.get("show");
+  if (show) setTimeout(() => { const s = document.getElementById("sys-" + show); if (s) s.scrollIntoView(); }, 0);
+  return [el("h2", {}, "System"), ...sections];
+}
+
+function openBreakerDialog() {
+  const group = el("input", { id: "open-group", placeholder: "consumer group" });
+  const dependency = el("input", { id: "open-dependency", placeholder: "dependency (e.g. payments-api)" });
+  const minutes = el("input", { id: "open-minutes", type: "number", value: "5", min: "1" });
+  const reason = el("input", { id: "open-reason", size: "50", placeholder: "why (required, audited)" });
+  modal("Open a circuit breaker", [
+    el("p", {}, "Every replica of the group stops calling the dependency: new messages wait parked (not retried, not dead-lettered) until it closes or you close it."),
+    field("Group", group), field("Dependency", dependency), field("Minutes", minutes), field("Reason", reason),
+  ], "Open breaker", async () => {
+    if (!group.value.trim() || !dependency.value.trim()) throw new Error("give the group and the dependency");
+    if (!reason.value.trim()) throw new Error("a reason is required");
+    await api("/api/breakers/open", { method: "POST", body: { group: group.value.trim(), dependency: dependency.value.trim(),
+      reason: reason.value, open_for_secs: Math.round(Number(minutes.value) * 60) } });
+    flash("Breaker of " + dependency.value.trim() + " for " + group.value.trim() + " opened.");
+    route();
+  });
 }
 
 function closeBreakerDialog(group, dependency) {
@@ -282,6 +354,7 @@ async function viewMessages(params) {
     const q = new URLSearchParams();
     for (const [k, i] of Object.entries(inputs)) if (i.value.trim()) q.set(k, i.value.trim());
     if (params.get("error_group")) q.set("error_group", params.get("error_group"));
+    if (params.get("order")) q.set("order", params.get("order"));
     location.hash = "#/messages?" + q;
   });
   const q = new URLSearchParams(params);
@@ -291,23 +364,31 @@ async function viewMessages(params) {
   for (const k of ["topic", "group", "error_contains", "error_group", "kind", "since", "until"]) if (params.get(k)) sel[k] = params.get(k);
   // Listing dropped letters offers their restore; every other action works on new letters.
   if (params.get("status") === "dropped") sel.status = "dropped";
+  // Sorting by failure order, either way; each order pages with its own cursor.
+  const oldest = params.get("order") === "oldest";
+  const cursor = oldest ? "after_id" : "before_id";
+  const more = [];
+  if (page["next_" + cursor]) {
+    const n = new URLSearchParams(params); n.set(cursor, page["next_" + cursor]);
+    more.push(el("a", { href: "#/messages?" + n, id: "next-page" }, oldest ? "Newer →" : "Older →"));
+  }
+  if (params.get(cursor)) {
+    const n = new URLSearchParams(params); n.delete(cursor);
+    more.push(" ", el("a", { href: "#/messages?" + n }, oldest ? "↑ Oldest" : "↑ Newest"));
+  }
+  const flipped = new URLSearchParams(params);
+  flipped.delete("before_id"); flipped.delete("after_id");
+  if (oldest) flipped.delete("order"); else flipped.set("order", "oldest");
+  const sortLink = el("a", { href: "#/messages?" + flipped, id: "sort-toggle", title: "change the order" },
+    oldest ? "Failed ▲ (oldest first)" : "Failed ▼ (newest first)");
   const rows = el("table", { id: "messages" },
-    el("tr", {}, el("th", {}, "Id"), el("th", {}, "Failed"), el("th", {}, "Status"), el("th", {}, "Kind"),
+    el("tr", {}, el("th", {}, "Id"), el("th", {}, sortLink), el("th", {}, "Status"), el("th", {}, "Kind"),
       el("th", {}, "Topic"), el("th", {}, "Group"), el("th", {}, "Error")),
     page.messages.map(m => el("tr", {},
       el("td", {}, el("a", { href: "#/message/" + m.id }, "#" + m.id)),
       el("td", { title: m.failed_at }, ago(m.failed_at)), el("td", {}, m.status),
       el("td", {}, m.error_kind || "–"), el("td", {}, m.original_topic), el("td", {}, m.consumer_group || "–"),
       el("td", { class: "err" }, m.error || ""))));
-  const more = [];
-  if (page.next_before_id) {
-    const n = new URLSearchParams(params); n.set("before_id", page.next_before_id);
-    more.push(el("a", { href: "#/messages?" + n, id: "next-page" }, "Older →"));
-  }
-  if (params.get("before_id")) {
-    const n = new URLSearchParams(params); n.delete("before_id");
-    more.push(" ", el("a", { href: "#/messages?" + n }, "↑ Newest"));
-  }
   // Actions need a narrowing filter: never "every letter" from one click.
   const actions = !Object.keys(sel).some(k => k !== "status") || !can("operator") ? "" : sel.status === "dropped"
     ? el("p", {}, el("button", { class: "primary", id: "restore-these", onclick: () => restoreDialog(sel, "the filtered letters") }, "Restore these (undo the drop)"))
@@ -315,7 +396,7 @@ async function viewMessages(params) {
       el("button", { class: "primary", onclick: () => replayDialog(sel, "the filtered letters") }, "Replay these (new only)"), " ",
       el("button", { class: "danger", onclick: () => dropDialog(sel, "the filtered letters") }, "Drop these"));
   const total = el("p", { id: "match-count", class: "muted" }, page.total > 10000 ? "More than 10,000 letters match."
-    : page.total + " letter(s) match" + (page.total > page.messages.length ? "; showing " + page.messages.length + " per page, newest first." : "."));
+    : page.total + " letter(s) match" + (page.total > page.messages.length ? "; showing " + page.messages.length + " per page, " + (oldest ? "oldest" : "newest") + " first." : "."));
   return [el("h2", {}, "Dead letters"), form, total, actions, rows, el("p", {}, more)];
 }
 
@@ -454,6 +535,7 @@ async function route() {
   else if (path === "/jobs") { name = "jobs"; render = viewJobs; }
   else if (path === "/outbox") { name = "outbox"; render = viewOutbox; }
   else if (path === "/audit") { name = "audit"; render = viewAudit; }
+  else if (path === "/system") { name = "system"; render = () => viewSystem(params); }
   else if (path === "/trace") { name = "trace"; render = () => viewTrace(params.get("q") || ""); }
   else render = viewGroups;
   for (const a of document.querySelectorAll("nav a")) a.classList.toggle("active", a.dataset.view === name);

@@ -161,7 +161,7 @@ impl Dlq {
         let mut by_topic: Vec<(String, i64)> = by_topic.into_iter().collect();
         by_topic.sort();
         let sample_ids: Vec<i64> = go.iter().take(20).map(|s| s.id).collect();
-        let mut sample = if sample_ids.is_empty() {
+        let sample = if sample_ids.is_empty() {
             Vec::new()
         } else {
             self.list(
@@ -170,11 +170,11 @@ impl Dlq {
                     ..Filter::default()
                 },
                 20,
+                crate::dlq::Order::OldestFirst,
                 None,
             )
             .await?
         };
-        sample.reverse();
         Ok(DryRun {
             count: go.len() as i64,
             skipped_loop_guard: (sel.len() - go.len()) as i64,

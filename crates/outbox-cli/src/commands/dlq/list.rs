@@ -1,14 +1,14 @@
-//! `outbox dlq list`: Letters matching filters, newest first.
+//! `outbox dlq list`: Letters matching filters, newest (or oldest) first.
 
 use std::io::Write;
 
 use clap::Args as ClapArgs;
-use outbox::dlq::Dlq;
+use outbox::dlq::{Dlq, Order};
 
 use super::*;
 use crate::args::*;
 
-/// Letters matching filters, newest first.
+/// Letters matching filters, newest first (`--oldest-first`: what waited longest).
 #[derive(ClapArgs)]
 pub struct Args {
     #[command(flatten)]
@@ -18,9 +18,12 @@ pub struct Args {
     /// At most this many.
     #[arg(long, default_value_t = 50)]
     limit: i64,
-    /// Next page: letters with ids below this.
+    /// The earliest letters first.
     #[arg(long)]
-    before_id: Option<i64>,
+    oldest_first: bool,
+    /// Next page: letters past this id (below it newest first, above it oldest first).
+    #[arg(long, alias = "before-id")]
+    past_id: Option<i64>,
     /// JSON array instead of a table.
     #[arg(long)]
     json: bool,
@@ -31,12 +34,18 @@ pub async fn run(args: Args, out: &mut dyn Write) -> anyhow::Result<()> {
         db,
         filter,
         limit,
-        before_id,
+        oldest_first,
+        past_id,
         json,
     } = args;
+    let order = if oldest_first {
+        Order::OldestFirst
+    } else {
+        Order::NewestFirst
+    };
     let dlq = Dlq::new(&db_config(&db)?);
     let rows = dlq
-        .list(&filter.to_filter(&[])?, limit, before_id)
+        .list(&filter.to_filter(&[])?, limit, order, past_id)
         .await
         .map_err(lift)?;
     if json {
@@ -63,7 +72,7 @@ pub async fn run(args: Args, out: &mut dyn Write) -> anyhow::Result<()> {
     }
     if rows.len() as i64 == limit {
         if let Some(last) = rows.last() {
-            eprintln!("more: add --before-id {}", last.id);
+            eprintln!("more: add --past-id {}", last.id);
         }
     }
 
