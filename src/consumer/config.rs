@@ -10,8 +10,13 @@ use super::retry::RetryStrategy;
 use super::runtime::DEFAULT_PAUSE_AFTER;
 use crate::wire::retry_topic;
 
-/// Default handler concurrency.
-pub const DEFAULT_CONCURRENCY: usize = 16;
+/// Default handler concurrency: messages in work at once. Call handlers (an external API,
+/// ~100 ms) reach 64 / RTT ≈ 640 msg/s with it; handlers holding a transaction are bounded by
+/// [`DEFAULT_TRANSACTIONS`] as well.
+pub const DEFAULT_CONCURRENCY: usize = 64;
+/// Default bound on handlers holding a Postgres transaction at once (per-message and batch
+/// handlers, commit groups): each holds a pooled connection for as long as it runs.
+pub const DEFAULT_TRANSACTIONS: usize = 16;
 /// Default bound on accepted-but-unfinished messages before partitions are paused.
 pub const DEFAULT_MAX_BUFFERED: usize = 4096;
 pub use crate::wire::DEFAULT_DLQ_SUFFIX;
@@ -25,8 +30,15 @@ pub struct ConsumerConfig {
     pub group: String,
     /// Topics to consume (their retry topics are added for [`RetryStrategy::Topics`]).
     pub topics: Vec<String>,
-    /// Handlers running at once (default [`DEFAULT_CONCURRENCY`]).
+    /// Messages in work at once, whatever their handler (default [`DEFAULT_CONCURRENCY`]).
     pub concurrency: usize,
+    /// Of those, handlers that hold a Postgres transaction while they run ([`super::Handler`],
+    /// [`super::BatchHandler`], commit groups; default [`DEFAULT_TRANSACTIONS`], never more
+    /// than `concurrency`). [`super::CallHandler`]s hold none during their call and are bounded
+    /// by `concurrency` alone. The consumer's pool is sized from both: `transactions` when a
+    /// transaction-holding handler is registered, plus the call handlers' mark writers (2, or
+    /// one per 64 of `concurrency`), plus 2.
+    pub transactions: usize,
     /// Accepted-but-unfinished messages before partitions are paused (default
     /// [`DEFAULT_MAX_BUFFERED`]).
     pub max_buffered: usize,
@@ -91,6 +103,7 @@ impl ConsumerConfig {
             group: group.into(),
             topics: topics.into_iter().map(Into::into).collect(),
             concurrency: DEFAULT_CONCURRENCY,
+            transactions: DEFAULT_TRANSACTIONS,
             max_buffered: DEFAULT_MAX_BUFFERED,
             retry: RetryStrategy::default(),
             dlq_suffix: DEFAULT_DLQ_SUFFIX.into(),
@@ -148,8 +161,8 @@ impl ConsumerConfig {
                 "commit_group must be between 1 and {MAX_COMMIT_GROUP}"
             ));
         }
-        if self.concurrency == 0 || self.max_buffered == 0 {
-            return bad("concurrency and max_buffered must be at least 1".into());
+        if self.concurrency == 0 || self.max_buffered == 0 || self.transactions == 0 {
+            return bad("concurrency, transactions and max_buffered must be at least 1".into());
         }
         match &self.retry {
             RetryStrategy::InPlace { attempts, .. } if *attempts == 0 => {
@@ -165,6 +178,11 @@ impl ConsumerConfig {
             }
             _ => Ok(()),
         }
+    }
+
+    /// Handlers holding a transaction at once: `transactions`, never above `concurrency`.
+    pub(super) fn transaction_slots(&self) -> usize {
+        self.transactions.min(self.concurrency)
     }
 
     pub(crate) fn dlq_topic(&self, topic: &str) -> String {

@@ -96,7 +96,7 @@ async fn run_group(envs: &[&Envelope], shared: &Shared) -> Result<Vec<InGroup>, 
             let d = env.decoded.as_ref().ok()?;
             match shared.handlers.get(d.route())? {
                 HandlerRef::Single(h) => Some((d, h)),
-                HandlerRef::Batch(..) => None,
+                HandlerRef::Batch(..) | HandlerRef::Call(_) => None,
             }
         })
         .collect();

@@ -286,6 +286,12 @@ impl Delivered {
             .and_then(|v| std::str::from_utf8(v).ok())
     }
 
+    /// The key to send with an external call so that a repeated call is applied once: the
+    /// message id, the same on every redelivery and replay of this message.
+    pub fn idempotency_key(&self) -> &str {
+        &self.message_id
+    }
+
     /// The key as UTF-8, if any.
     pub fn key_str(&self) -> Option<&str> {
         self.key

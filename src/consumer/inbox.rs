@@ -24,6 +24,7 @@ use crate::schema::Schema;
 #[derive(Debug, Clone)]
 pub struct Inbox {
     insert: String,
+    seen: String,
     insert_many: String,
     delete: String,
     group: String,
@@ -43,6 +44,7 @@ impl Inbox {
     pub fn new(schema: &Schema, group: impl Into<String>) -> Self {
         Self {
             insert: crate::sql::render(crate::sql::marks::MARK, schema),
+            seen: crate::sql::render(crate::sql::marks::SEEN, schema),
             insert_many: crate::sql::render(crate::sql::marks::MARK_MANY, schema),
             delete: crate::sql::render(crate::sql::marks::UNMARK, schema),
             group: group.into(),
@@ -66,6 +68,11 @@ impl Inbox {
     /// first delivery), for callers that prepare it once per connection.
     pub(crate) fn insert_sql(&self) -> &str {
         &self.insert
+    }
+
+    /// The mark lookup (`$1` group, `$2` topics, `$3` message ids; the pairs processed back).
+    pub(crate) fn seen_sql(&self) -> &str {
+        &self.seen
     }
 
     /// The consumer group this inbox records for.

@@ -25,6 +25,7 @@
 //! backlog is down to half the bound. Memory stays bounded either way.
 
 mod breaker;
+mod call;
 mod config;
 mod context;
 mod dead_letter;
@@ -43,9 +44,10 @@ pub use breaker::{
     BreakerConfig, ConsumerState, FailureRate, Mode, OpenBreaker, StateHandle,
     DEFAULT_BREAKER_CHECK_INTERVAL, DEFAULT_OPEN_FOR,
 };
+pub use call::CallHandler;
 pub use config::{
     ConsumerConfig, ConsumerError, DEFAULT_COMMIT_GROUP, DEFAULT_CONCURRENCY, DEFAULT_DLQ_SUFFIX,
-    DEFAULT_MAX_BUFFERED, DEFAULT_SESSION_TIMEOUT, MAX_COMMIT_GROUP,
+    DEFAULT_MAX_BUFFERED, DEFAULT_SESSION_TIMEOUT, DEFAULT_TRANSACTIONS, MAX_COMMIT_GROUP,
 };
 pub use dead_letter::*;
 pub use handler::{
@@ -82,6 +84,15 @@ use runtime::{Ctx, Partitions, Runtime};
 enum HandlerRef {
     Single(Arc<dyn Handler>),
     Batch(Arc<dyn BatchHandler>, usize),
+    /// A call handler: no transaction during its call (`call.rs`).
+    Call(Arc<dyn call::ErasedCall>),
+}
+
+impl HandlerRef {
+    /// Holds a pooled connection (and a transaction) for as long as the handler runs.
+    fn holds_transaction(&self) -> bool {
+        !matches!(self, HandlerRef::Call(_))
+    }
 }
 
 struct Shared {
@@ -103,6 +114,8 @@ struct Shared {
     dead_lettered: DeadLetterLog,
     /// One log line per outage of the consumer's database.
     pg_outage: crate::outage::Outage,
+    /// Answered calls of call handlers waiting for their marks.
+    marks: call::Marks,
 }
 
 impl Shared {
@@ -166,6 +179,22 @@ impl Consumer {
     pub fn handler(mut self, message_type: impl Into<String>, handler: impl Handler) -> Self {
         self.handlers
             .insert(message_type.into(), HandlerRef::Single(Arc::new(handler)));
+        self
+    }
+
+    /// Registers a [`CallHandler`] for `message_type` (replacing any earlier handler): its
+    /// call runs outside any transaction, then one short transaction records the mark with
+    /// its writes. For handlers that wait on an external API.
+    #[must_use]
+    pub fn call_handler(
+        mut self,
+        message_type: impl Into<String>,
+        handler: impl CallHandler,
+    ) -> Self {
+        self.handlers.insert(
+            message_type.into(),
+            HandlerRef::Call(Arc::new(call::Erased(handler))),
+        );
         self
     }
 
@@ -361,7 +390,21 @@ impl Consumer {
         consumer.subscribe(&subscribe.iter().map(String::as_str).collect::<Vec<_>>())?;
 
         let mut db = self.db.clone();
-        db.pool_size = self.config.concurrency + 2;
+        // Connections for what holds them: a transaction per running in-transaction handler,
+        // one per mark writer of call handlers (a few: each writes the marks of every call
+        // answered meanwhile in one transaction), and two for upkeep, heartbeats and dead
+        // letters.
+        let holds = self.handlers.values().any(HandlerRef::holds_transaction);
+        let calls = self.handlers.values().any(|h| !h.holds_transaction());
+        db.pool_size = if holds {
+            self.config.transaction_slots()
+        } else {
+            0
+        } + if calls {
+            call::writers(self.config.concurrency)
+        } else {
+            0
+        } + 2;
         // Handlers see the consumer's schema first, so their business tables (which live next
         // to processed_messages) resolve without qualification.
         let opts = format!(
@@ -488,7 +531,18 @@ impl Consumer {
             dlq,
             dead_lettered,
             pg_outage: crate::outage::Outage::new("postgres", "consumer"),
+            marks: call::Marks::default(),
         });
+        // The mark writers of call handlers, one connection each; they outlive the runtime's
+        // shutdown so messages finishing meanwhile still get their marks.
+        let writers_stop = CancellationToken::new();
+        let writers: Vec<_> = if shared.handlers.values().any(|h| !h.holds_transaction()) {
+            (0..call::writers(shared.config.concurrency))
+                .map(|_| tokio::spawn(call::write_marks(shared.clone(), writers_stop.clone())))
+                .collect()
+        } else {
+            Vec::new()
+        };
         info!(group = %shared.config.group, topics = ?subscribe, concurrency = shared.config.concurrency, "consumer started");
         if shared.breaker().is_some() {
             // A first drain at startup picks up letters parked before a restart.
@@ -506,6 +560,10 @@ impl Consumer {
             kafka_outage,
         );
         rt.run(cancel).await;
+        writers_stop.cancel();
+        for w in writers {
+            let _ = w.await;
+        }
         Ok(())
     }
 }

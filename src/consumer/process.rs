@@ -1,4 +1,5 @@
-//! Processing one message (or a batch): the handler's transaction with the inbox mark,
+//! Processing one message (or a batch): the handler's transaction with the inbox mark (or a
+//! call handler's call, then its mark),
 //! in-place retries, forwarding to retry topics, dead letters written until acknowledged.
 
 use std::panic::AssertUnwindSafe;
@@ -45,6 +46,10 @@ pub(super) async fn run_in_tx(
     handler: &HandlerRef,
     d: &Delivered,
 ) -> Result<InboxOutcome, HandlerError> {
+    if let HandlerRef::Call(h) = handler {
+        // Its call runs outside any transaction; only the mark is one (`call.rs`).
+        return super::call::run_call(shared, h, d).await;
+    }
     let mut conn = connection(shared).await?;
     // The inbox insert is prepared once per connection: one round trip per message instead of
     // a parse round trip and an execute round trip.
@@ -61,6 +66,7 @@ pub(super) async fn run_in_tx(
     match handler {
         HandlerRef::Single(h) => h.handle(d, &tx).await?,
         HandlerRef::Batch(h, _) => h.handle_batch(&[d], &tx).await?,
+        HandlerRef::Call(_) => unreachable!("call handlers returned above"),
     }
     tx.commit().await?;
     Ok(InboxOutcome::Processed)

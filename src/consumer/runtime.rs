@@ -59,6 +59,8 @@ pub(super) struct Lane {
 /// The outcome of one task (one message, or a batch of messages from different lanes).
 pub(super) struct Done {
     pub(super) items: Vec<DoneItem>,
+    /// The task held a transaction slot.
+    pub(super) tx: bool,
 }
 
 pub(super) struct DoneItem {
@@ -78,6 +80,11 @@ pub(super) struct Runtime<'c> {
     pub(super) lanes: HashMap<LaneKey, Lane>,
     pub(super) ready: VecDeque<LaneKey>,
     pub(super) running: usize,
+    /// Running tasks that hold a transaction (in-transaction handlers, batches, groups).
+    pub(super) running_tx: usize,
+    /// Lanes whose head needs a transaction slot while all are taken (only when call handlers
+    /// could use the free slots meanwhile); back to the front of `ready` when one frees.
+    pub(super) waiting_tx: VecDeque<LaneKey>,
     pub(super) buffered: usize,
     pub(super) delayed: HashMap<Tp, VecDeque<Envelope>>,
     pub(super) bp_paused: bool,
@@ -131,6 +138,8 @@ impl<'c> Runtime<'c> {
             lanes: HashMap::new(),
             ready: VecDeque::new(),
             running: 0,
+            running_tx: 0,
+            waiting_tx: VecDeque::new(),
             buffered: 0,
             delayed: HashMap::new(),
             bp_paused: false,
@@ -473,8 +482,18 @@ impl Runtime<'_> {
         let d = env.decoded.as_ref().ok()?;
         match self.shared.handlers.get(d.route())? {
             HandlerRef::Batch(_, max) => Some((d.message_type.clone(), *max)),
-            HandlerRef::Single(_) => None,
+            HandlerRef::Single(_) | HandlerRef::Call(_) => None,
         }
+    }
+
+    /// True when handling `env` holds a transaction for the handler's whole run.
+    fn needs_tx(&self, env: &Envelope) -> bool {
+        env.decoded.as_ref().is_ok_and(|d| {
+            self.shared
+                .handlers
+                .get(d.route())
+                .is_some_and(HandlerRef::holds_transaction)
+        })
     }
 
     fn dispatch(&mut self, done_tx: &mpsc::UnboundedSender<Done>) {
@@ -488,6 +507,12 @@ impl Runtime<'_> {
             (Mode::Probe, Some(_)) => 1,
             _ => self.shared.config.concurrency,
         };
+        let tx_limit = self.shared.config.transaction_slots().min(limit);
+        let any_calls = self
+            .shared
+            .handlers
+            .values()
+            .any(|h| !h.holds_transaction());
         while self.running < limit {
             // Heads the mode does not allow wait in `held`.
             while let Some(key) = self.ready.front().cloned() {
@@ -518,6 +543,20 @@ impl Runtime<'_> {
                 self.held.push_back(key);
                 continue;
             }
+            let tx = self.needs_tx(&env);
+            if tx && self.running_tx >= tx_limit {
+                // Every transaction slot is taken: this lane waits for one. Free slots still
+                // serve call handlers' lanes behind it (other keys: order is per key).
+                let lane = self.lanes.get_mut(&key).expect("lane");
+                lane.queue.push_front(env);
+                lane.busy = false;
+                if any_calls {
+                    self.waiting_tx.push_back(key);
+                    continue;
+                }
+                self.ready.push_front(key);
+                return;
+            }
             let drain = env.drain;
             let mut batch = vec![(key, env)];
             // A probe is one message: no batch, no commit group.
@@ -532,7 +571,7 @@ impl Runtime<'_> {
             } else if !drain && !probe && self.single(&batch[0].1) {
                 // A commit group (`group.rs`), only when more heads wait than slots are free:
                 // the waiting heads are spread over the free slots, so no slot idles.
-                let free = limit - self.running;
+                let free = (limit - self.running).min(tx_limit - self.running_tx);
                 let waiting = self.ready.len() + 1;
                 let size = waiting.div_ceil(free).min(self.shared.config.commit_group);
                 if size > 1 {
@@ -543,8 +582,9 @@ impl Runtime<'_> {
             }
             let single = self.single(&batch[0].1);
             self.running += 1;
+            self.running_tx += usize::from(tx);
             let shared = self.shared.clone();
-            let tx = done_tx.clone();
+            let done = done_tx.clone();
             tokio::spawn(async move {
                 let envs: Vec<&Envelope> = batch.iter().map(|(_, e)| e).collect();
                 let work = async {
@@ -579,13 +619,20 @@ impl Runtime<'_> {
                         timestamp_ms: env.raw.timestamp_ms,
                     })
                     .collect();
-                let _ = tx.send(Done { items });
+                let _ = done.send(Done { items, tx });
             });
         }
     }
 
     fn on_done(&mut self, done: Done) {
         self.running -= 1;
+        if done.tx {
+            self.running_tx -= 1;
+            // A transaction slot is free: the lanes waiting for one go first.
+            while let Some(k) = self.waiting_tx.pop_back() {
+                self.ready.push_front(k);
+            }
+        }
         self.last_progress = Instant::now();
         self.settle(done.items);
     }

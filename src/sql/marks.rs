@@ -8,6 +8,12 @@ pub(crate) const MARK: &str =
     "INSERT INTO {s}.processed_messages (consumer_group, topic, message_id)
  VALUES ($1, $2, $3) ON CONFLICT DO NOTHING RETURNING 1";
 
+/// Which of the (`$2` topics, `$3` message ids) group `$1` already processed: the check call
+/// handlers make before their calls, outside any transaction, many at once.
+pub(crate) const SEEN: &str = "SELECT p.topic, p.message_id FROM {s}.processed_messages p
+ JOIN unnest($2::text[], $3::text[]) AS u(t, m) ON p.topic = u.t AND p.message_id = u.m
+ WHERE p.consumer_group = $1";
+
 /// [`MARK`] for a batch in one statement; the rows back are the first deliveries.
 pub(crate) const MARK_MANY: &str =
     "INSERT INTO {s}.processed_messages (consumer_group, topic, message_id)
