@@ -47,8 +47,8 @@ use crate::backoff::Backoff;
 /// with the inbox mark. Register it with [`super::Consumer::call_handler`].
 ///
 /// Use it when the handler waits on something other than its own database (HTTP, gRPC, a
-/// payment provider, another queue): Postgres sessions are then bounded by the marks (about
-/// a few mark writers, see the module docs), not by calls in flight, and a slow dependency never holds a transaction
+/// payment provider, another queue): its Postgres sessions are a few mark writers (see the
+/// module docs), not one per call in flight, and a slow dependency never holds a transaction
 /// open. Use [`super::Handler`] when the work *is* in the database: its changes and the mark
 /// commit together, with nothing outside to repeat.
 ///

@@ -3,6 +3,7 @@
 
 mod basics;
 mod breaker;
+mod call;
 mod classify;
 mod compacted;
 mod fleet;
