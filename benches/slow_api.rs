@@ -159,6 +159,8 @@ fn peak_rss_kb() -> u64 {
 
 struct Run {
     secs: f64,
+    /// Most messages accepted but unfinished (the runtime's buffer, bounded by `max_buffered`).
+    peak_in_flight: u64,
     peaks: Peaks,
     rows: i64,
     distinct: i64,
@@ -212,7 +214,9 @@ async fn run(
     let deadline = Instant::now() + Duration::from_secs(900);
     let mut started = None;
     let mut first = 0;
+    let mut peak_in_flight = 0;
     while ConsumerStats::get(&stats.handled) < n as u64 {
+        peak_in_flight = peak_in_flight.max(ConsumerStats::get(&stats.in_flight));
         assert!(Instant::now() < deadline, "slow_api bench timed out");
         let h = ConsumerStats::get(&stats.handled);
         if started.is_none() && h > 0 {
@@ -239,6 +243,7 @@ async fn run(
         .unwrap();
     Run {
         secs,
+        peak_in_flight,
         peaks,
         rows: r.get(0),
         distinct: r.get(1),
@@ -316,6 +321,7 @@ async fn main() {
         serde_json::json!({"seconds": round2(r.secs), "lost": lost, "doubled": r.rows - r.distinct,
             "peak_rss_mb": round2(peak_rss_kb() as f64 / 1024.0), "rss_before_mb": round2(rss_before as f64 / 1024.0),
             "backpressure_pauses": ConsumerStats::get(&r.stats.backpressure_pauses),
+            "peak_in_flight": r.peak_in_flight, "max_buffered": outbox::consumer::DEFAULT_MAX_BUFFERED,
             "peak_sessions": r.peaks.sessions, "peak_idle_in_tx": r.peaks.idle_in_tx,
             "idle_in_tx_over_half_rtt": r.peaks.idle_in_tx_over_call,
             "longest_tx_ms": r.peaks.longest_tx_ms.round(), "slow_call_ms": slow_ms}),
