@@ -11,11 +11,17 @@
 //!
 //! Then the degradation run (`scenario: degradation`, call handlers at the default
 //! concurrency): the API slows from RTT to 2 s for 20 s and comes back; every message must be
-//! written exactly once, memory (peak RSS) stays bounded, and no transaction lasts longer than
-//! a mark.
+//! written exactly once, memory (peak RSS, messages in flight against `max_buffered`) stays
+//! bounded, and no transaction lasts longer than a mark. And a stall (`scenario: stall`): calls
+//! of 6 s, longer than the 2 s after which a consumer whose handlers all stopped finishing
+//! pauses its partitions.
+//!
+//! A short backlog (`scenario: short_backlog`, 3,000 messages at the highest concurrency, the
+//! issue's own run) shows what capped the in-transaction shape: a session per handler slot,
+//! opened while the backlog drains.
 //!
 //! `cargo bench --bench slow_api` (env: RTT_MS=100, CONCURRENCY=16,64,256, ROUNDS=40,
-//! SLOW_MS=2000, SLOW_SECS=20, DEGRADE_MESSAGES=20000).
+//! SHORT_MESSAGES=3000, SLOW_MS=2000, SLOW_SECS=20, DEGRADE_MESSAGES=20000, STALL_MS=6000).
 
 #[path = "support/mod.rs"]
 mod support;
@@ -264,7 +270,7 @@ async fn main() {
     let slow_ms = param("SLOW_MS", if full() { 2000 } else { 200 }) as u64;
     let slow_secs = param("SLOW_SECS", if full() { 20 } else { 1 }) as u64;
     let max_c = concurrencies.iter().copied().max().unwrap_or(16);
-    let total = (max_c * rounds).max(degrade_n);
+    let total = (max_c * rounds).max(degrade_n).max(param("SHORT_MESSAGES", 3000));
 
     let db = fresh_db().await;
     let topic = format!("bench.{}.created", rand_name(8));
@@ -296,7 +302,53 @@ async fn main() {
         }
     }
 
-    // Degradation: the API slows to `slow_ms` for `slow_secs`, then recovers.
+    // The issue's own run: a short backlog (3,000 messages) at the highest concurrency. The
+    // in-transaction shape opens a session per handler slot while it runs, and at 256 those
+    // connections cost more than the messages (the ~550 msg/s cap seen before call handlers).
+    let short = param("SHORT_MESSAGES", if full() { 3000 } else { 50 });
+    for call in [true, false] {
+        let api = Api(Arc::new(AtomicU64::new(rtt_ms)));
+        let r = run(&db, &topic, short, call, max_c, api, rtt_ms as f64 / 2.0).await;
+        assert_eq!(r.rows, r.distinct, "a message written twice");
+        let rate = short as f64 / r.secs;
+        let limit = max_c as f64 * 1000.0 / rtt_ms as f64;
+        emit(
+            "slow_api",
+            serde_json::json!({"scenario": "short_backlog", "handler": if call { "call" } else { "in_tx" },
+                "concurrency": max_c, "rtt_ms": rtt_ms, "messages": short, "partitions": 6, "keys": 1000}),
+            serde_json::json!({"seconds": round2(r.secs), "msgs_per_sec": rate.round(),
+                "limit_msgs_per_sec": limit, "ratio_to_limit": round2(rate / limit),
+                "peak_sessions": r.peaks.sessions, "peak_idle_in_tx": r.peaks.idle_in_tx,
+                "longest_tx_ms": r.peaks.longest_tx_ms.round()}),
+        );
+    }
+
+    // Degradation: the API slows to `slow_ms` for `slow_secs`, then recovers; then a stall:
+    // calls take longer than the runtime's `pause_after` (2 s), so no handler finishes for
+    // that long and every partition is paused until the backlog halves.
+    let stall_ms = param("STALL_MS", if full() { 6000 } else { 2500 }) as u64;
+    for (scenario, slow, secs, n) in [
+        ("degradation", slow_ms, slow_secs, degrade_n),
+        ("stall", stall_ms, stall_ms / 1000, degrade_n / 4),
+    ] {
+        degrade(&db, &topic, scenario, rtt_ms, slow, secs, n).await;
+    }
+    drop_schema(&db).await;
+    delete_topic(&topic).await;
+    delete_topic(&format!("{topic}.dlq")).await;
+}
+
+/// One degradation run of call handlers at the default concurrency: latency `rtt_ms`, then
+/// `slow_ms` for `slow_secs`, then `rtt_ms` again, over the first `n` messages.
+async fn degrade(
+    db: &outbox::DbConfig,
+    topic: &str,
+    scenario: &str,
+    rtt_ms: u64,
+    slow_ms: u64,
+    slow_secs: u64,
+    n: usize,
+) {
     let conc = outbox::consumer::DEFAULT_CONCURRENCY;
     let api = Api(Arc::new(AtomicU64::new(rtt_ms)));
     let clock = {
@@ -304,29 +356,26 @@ async fn main() {
         tokio::spawn(async move {
             tokio::time::sleep(Duration::from_secs(if full() { 3 } else { 1 })).await;
             lat.store(slow_ms, Ordering::Relaxed);
-            tokio::time::sleep(Duration::from_secs(slow_secs)).await;
+            tokio::time::sleep(Duration::from_secs(slow_secs.max(1))).await;
             lat.store(rtt_ms, Ordering::Relaxed);
         })
     };
     let rss_before = peak_rss_kb();
-    let r = run(&db, &topic, degrade_n, true, conc, api, rtt_ms as f64 / 2.0).await;
+    let r = run(db, topic, n, true, conc, api, rtt_ms as f64 / 2.0).await;
     clock.abort();
-    let lost = degrade_n as i64 - r.distinct.min(degrade_n as i64);
+    let lost = n as i64 - r.distinct.min(n as i64);
     assert_eq!(r.rows, r.distinct, "a message written twice");
-    assert!(r.distinct >= degrade_n as i64, "messages lost");
+    assert!(r.distinct >= n as i64, "messages lost");
     emit(
         "slow_api",
-        serde_json::json!({"scenario": "degradation", "handler": "call", "concurrency": conc,
-            "rtt_ms": rtt_ms, "slow_ms": slow_ms, "slow_secs": slow_secs, "messages": degrade_n}),
+        serde_json::json!({"scenario": scenario, "handler": "call", "concurrency": conc,
+            "rtt_ms": rtt_ms, "slow_ms": slow_ms, "slow_secs": slow_secs, "messages": n}),
         serde_json::json!({"seconds": round2(r.secs), "lost": lost, "doubled": r.rows - r.distinct,
             "peak_rss_mb": round2(peak_rss_kb() as f64 / 1024.0), "rss_before_mb": round2(rss_before as f64 / 1024.0),
             "backpressure_pauses": ConsumerStats::get(&r.stats.backpressure_pauses),
             "peak_in_flight": r.peak_in_flight, "max_buffered": outbox::consumer::DEFAULT_MAX_BUFFERED,
             "peak_sessions": r.peaks.sessions, "peak_idle_in_tx": r.peaks.idle_in_tx,
             "idle_in_tx_over_half_rtt": r.peaks.idle_in_tx_over_call,
-            "longest_tx_ms": r.peaks.longest_tx_ms.round(), "slow_call_ms": slow_ms}),
+            "longest_tx_ms": r.peaks.longest_tx_ms.round()}),
     );
-    drop_schema(&db).await;
-    delete_topic(&topic).await;
-    delete_topic(&format!("{topic}.dlq")).await;
 }
