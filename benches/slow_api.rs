@@ -270,7 +270,9 @@ async fn main() {
     let slow_ms = param("SLOW_MS", if full() { 2000 } else { 200 }) as u64;
     let slow_secs = param("SLOW_SECS", if full() { 20 } else { 1 }) as u64;
     let max_c = concurrencies.iter().copied().max().unwrap_or(16);
-    let total = (max_c * rounds).max(degrade_n).max(param("SHORT_MESSAGES", 3000));
+    let total = (max_c * rounds)
+        .max(degrade_n)
+        .max(param("SHORT_MESSAGES", 3000));
 
     let db = fresh_db().await;
     let topic = format!("bench.{}.created", rand_name(8));

@@ -64,7 +64,7 @@
 //! | `kafka` | `kafka` | the idempotent producer preset, librdkafka callbacks, typed refusal reasons (private) |
 //! | `topics` | `kafka` | [`topics::apply_file`]: topics as code (main, retry chain, DLQ) |
 //! | `relay` | `relay` | [`Relay`]: take → send → mark (`mod.rs`); `batch.rs` claimed rows and their fates, `producer.rs` its settings and error meanings, `reports.rs` delivery reports, `pipeline.rs` batches overlapped, `tasks.rs` `run` and the background loops, `lanes.rs`, `floor.rs`, `config.rs`, `error.rs` |
-//! | `consumer` | `consumer` | [`consumer::Consumer`]: handlers, offsets, retries, dead letters, commit groups; `call.rs` call handlers (the call outside any transaction) and their mark writers; `runtime.rs` the poll loop, `context.rs` librdkafka callbacks; `consumer/breaker/` the shared breaker: its row (`mod.rs`), the runtime steering by it (`steer.rs`), parked letters and the drain (`drain.rs`) |
+//! | `consumer` | `consumer` | [`consumer::Consumer`]: handlers, offsets, retries, dead letters, commit groups; `call.rs` call handlers (the call outside any transaction) and their mark writers; `runtime.rs` the poll loop, `dispatch.rs` lanes to handler tasks, `context.rs` librdkafka callbacks; `consumer/breaker/` the shared breaker: its row (`mod.rs`), the runtime steering by it (`steer.rs`), parked letters and the drain (`drain.rs`) |
 //! | `dlq` | `dlq` | [`dlq::Dlq`]: archive, summary by cause, replay jobs, drop, audit; [`dlq::Archiver`] |
 //! | `admin` | `admin` | the HTTP admin API with bearer tokens and roles, the dashboard, `/metrics` |
 //!

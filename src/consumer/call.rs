@@ -160,11 +160,11 @@ pub(super) async fn run_call(
     d: &Delivered,
 ) -> Result<InboxOutcome, HandlerError> {
     let (done, seen) = oneshot::channel();
-    shared.marks.push(Work::Check {
+    shared.marks.push(Work::Check(Check {
         topic: d.topic.clone(),
         message_id: d.message_id.clone(),
         done,
-    });
+    }));
     match seen.await {
         Ok(Ok(true)) => return Ok(InboxOutcome::Duplicate),
         Ok(Ok(false)) => {}
@@ -177,12 +177,12 @@ pub(super) async fn run_call(
     let mut outage = Backoff::default();
     loop {
         let (done, back) = oneshot::channel();
-        shared.marks.push(Work::Write(Pending {
+        shared.marks.push(Work::Write(Box::new(Pending {
             d: d.clone(),
             handler: handler.clone(),
             reply,
             done,
-        }));
+        })));
         let Ok((result, r)) = back.await else {
             // The writers stopped: the consumer is shutting down.
             return Err(HandlerError::database_unavailable("consumer stopping"));
@@ -223,16 +223,18 @@ struct Pending {
     done: oneshot::Sender<(Result<InboxOutcome, Written>, Reply)>,
 }
 
+/// Step 1 for one message: is it marked?
+struct Check {
+    topic: String,
+    message_id: String,
+    done: oneshot::Sender<Result<bool, HandlerError>>,
+}
+
 /// What the mark writers do for call handlers.
 enum Work {
-    /// Step 1: is this message marked?
-    Check {
-        topic: String,
-        message_id: String,
-        done: oneshot::Sender<Result<bool, HandlerError>>,
-    },
+    Check(Check),
     /// Step 3: its mark and record.
-    Write(Pending),
+    Write(Box<Pending>),
 }
 
 /// Checks and writes waiting for a mark writer.
@@ -249,25 +251,13 @@ impl Marks {
     }
 
     /// Up to [`MAX_COMMIT_GROUP`] checks and as many writes, and whether more wait.
-    fn take(
-        &self,
-    ) -> (
-        Vec<(String, String, oneshot::Sender<Result<bool, HandlerError>>)>,
-        Vec<Pending>,
-        bool,
-    ) {
+    fn take(&self) -> (Vec<Check>, Vec<Pending>, bool) {
         let mut q = self.queue.lock().expect("marks lock");
         let (mut checks, mut writes, mut rest) = (Vec::new(), Vec::new(), VecDeque::new());
         while let Some(w) = q.0.pop_front() {
             match w {
-                Work::Check {
-                    topic,
-                    message_id,
-                    done,
-                } if checks.len() < MAX_COMMIT_GROUP => {
-                    checks.push((topic, message_id, done));
-                }
-                Work::Write(p) if writes.len() < MAX_COMMIT_GROUP => writes.push(p),
+                Work::Check(c) if checks.len() < MAX_COMMIT_GROUP => checks.push(c),
+                Work::Write(p) if writes.len() < MAX_COMMIT_GROUP => writes.push(*p),
                 other => rest.push_back(other),
             }
             if checks.len() == MAX_COMMIT_GROUP && writes.len() == MAX_COMMIT_GROUP {
@@ -319,15 +309,12 @@ pub(super) async fn write_marks(shared: Arc<Shared>, stop: CancellationToken) {
 }
 
 /// Step 1 for many messages: one lookup.
-async fn check(
-    shared: &Shared,
-    checks: Vec<(String, String, oneshot::Sender<Result<bool, HandlerError>>)>,
-) {
+async fn check(shared: &Shared, checks: Vec<Check>) {
     let found = async {
         let conn = connection(shared).await?;
         let seen = conn.prepare_cached(shared.inbox.seen_sql()).await?;
-        let topics: Vec<&str> = checks.iter().map(|c| c.0.as_str()).collect();
-        let ids: Vec<&str> = checks.iter().map(|c| c.1.as_str()).collect();
+        let topics: Vec<&str> = checks.iter().map(|c| c.topic.as_str()).collect();
+        let ids: Vec<&str> = checks.iter().map(|c| c.message_id.as_str()).collect();
         let rows = conn
             .query(&seen, &[&shared.inbox.group(), &topics, &ids])
             .await?;
@@ -338,9 +325,9 @@ async fn check(
         )
     }
     .await;
-    for (topic, id, done) in checks {
-        let _ = done.send(match &found {
-            Ok(set) => Ok(set.contains(&(topic, id))),
+    for c in checks {
+        let _ = c.done.send(match &found {
+            Ok(set) => Ok(set.contains(&(c.topic, c.message_id))),
             Err(e) => Err(same_error(e)),
         });
     }

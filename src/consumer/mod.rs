@@ -29,6 +29,7 @@ mod call;
 mod config;
 mod context;
 mod dead_letter;
+mod dispatch;
 mod group;
 mod handler;
 mod inbox;

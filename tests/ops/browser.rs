@@ -232,7 +232,7 @@ async fn an_operator_finds_a_dead_letter_group_opens_a_message_and_replays_it() 
         // Sign in once.
         c.goto(&format!("{base}/")).await.unwrap();
         let token = c.wait().for_element(Locator::Id("token")).await.unwrap();
-        shot(&c, "login").await;
+        shot(c, "login").await;
         token.send_keys(TOKEN).await.unwrap();
         c.find(Locator::Id("sign-in"))
             .await
@@ -242,7 +242,7 @@ async fn an_operator_finds_a_dead_letter_group_opens_a_message_and_replays_it() 
             .unwrap();
 
         // The home view: dead letters grouped by cause, with their counts.
-        let row = wait_text(&c, "#groups tr", "customer <n> not found").await;
+        let row = wait_text(c, "#groups tr", "customer <n> not found").await;
         assert_eq!(
             row.find(Locator::Css(".count"))
                 .await
@@ -252,15 +252,15 @@ async fn an_operator_finds_a_dead_letter_group_opens_a_message_and_replays_it() 
                 .unwrap(),
             "12"
         );
-        wait_text(&c, "#groups tr", "schema v1 not supported").await;
-        wait_text(&c, "#topics tr", &topic).await;
+        wait_text(c, "#groups tr", "schema v1 not supported").await;
+        wait_text(c, "#topics tr", &topic).await;
         // The overview on the same page: the missing archiver, the paused group, the breaker.
-        wait_text(&c, "#archiver-banner", "No DLQ archiver is running").await;
-        let billing = wait_text(&c, "#consumers tr", "billing").await;
+        wait_text(c, "#archiver-banner", "No DLQ archiver is running").await;
+        let billing = wait_text(c, "#consumers tr", "billing").await;
         let line = billing.text().await.unwrap();
         assert!(line.contains("2") && line.contains("paused") && line.contains("7"), "{line}");
-        wait_text(&c, "#tile-relays", "1 alive").await;
-        shot(&c, "dead-letters-by-cause").await;
+        wait_text(c, "#tile-relays", "1 alive").await;
+        shot(c, "dead-letters-by-cause").await;
         // The dependency is back: an operator closes the breaker, with a reason.
         c.find(Locator::Css("#breakers .close-breaker"))
             .await
@@ -280,8 +280,8 @@ async fn an_operator_finds_a_dead_letter_group_opens_a_message_and_replays_it() 
             .click()
             .await
             .unwrap();
-        wait_text(&c, "#flash-msg", "Breaker of payments-api for billing closed.").await;
-        wait_text(&c, "#tile-breakers", "all closed").await;
+        wait_text(c, "#flash-msg", "Breaker of payments-api for billing closed.").await;
+        wait_text(c, "#tile-breakers", "all closed").await;
         let audit: String = pg
             .query_one(
                 "SELECT action || ' by ' || actor || ' via ' || via FROM dlq_audit WHERE action LIKE 'breaker%'",
@@ -292,7 +292,7 @@ async fn an_operator_finds_a_dead_letter_group_opens_a_message_and_replays_it() 
             .get(0);
         assert_eq!(audit, "breaker-close by admin via outbox-admin");
         // The page was drawn again: find the group's row anew.
-        let row = wait_text(&c, "#groups tr", "customer <n> not found").await;
+        let row = wait_text(c, "#groups tr", "customer <n> not found").await;
 
         // Open the group's sample message.
         row.find(Locator::Css("a.sample"))
@@ -301,7 +301,7 @@ async fn an_operator_finds_a_dead_letter_group_opens_a_message_and_replays_it() 
             .click()
             .await
             .unwrap();
-        let title = wait_text(&c, "#message-title", "Dead letter #").await;
+        let title = wait_text(c, "#message-title", "Dead letter #").await;
         let id: i64 = title
             .text()
             .await
@@ -309,9 +309,9 @@ async fn an_operator_finds_a_dead_letter_group_opens_a_message_and_replays_it() 
             .trim_start_matches("Dead letter #")
             .parse()
             .unwrap();
-        wait_text(&c, "#facts td", "customer 100 not found").await;
-        wait_text(&c, "pre", "\"order\":\"A-0\"").await;
-        shot(&c, "message").await;
+        wait_text(c, "#facts td", "customer 100 not found").await;
+        wait_text(c, "pre", "\"order\":\"A-0\"").await;
+        shot(c, "message").await;
 
         // Replay it: the confirmation shows the dry-run count; no canary for one letter.
         c.find(Locator::Id("replay-one"))
@@ -320,10 +320,10 @@ async fn an_operator_finds_a_dead_letter_group_opens_a_message_and_replays_it() 
             .click()
             .await
             .unwrap();
-        wait_text(&c, "#replay-count", "1 letter(s) will be sent back").await;
+        wait_text(c, "#replay-count", "1 letter(s) will be sent back").await;
         // A permanent letter: the dialog says why it is risky and wants it confirmed.
-        wait_text(&c, "#replay-risk-kinds", "1 permanent letter(s)").await;
-        shot(&c, "replay-confirmation").await;
+        wait_text(c, "#replay-risk-kinds", "1 permanent letter(s)").await;
+        shot(c, "replay-confirmation").await;
         c.find(Locator::Id("modal-confirm"))
             .await
             .unwrap()
@@ -331,7 +331,7 @@ async fn an_operator_finds_a_dead_letter_group_opens_a_message_and_replays_it() 
             .await
             .unwrap();
         wait_text(
-            &c,
+            c,
             "#modal-error",
             "confirm that the fix for these letters is deployed",
         )
@@ -349,9 +349,9 @@ async fn an_operator_finds_a_dead_letter_group_opens_a_message_and_replays_it() 
             .await
             .unwrap();
         // The jobs view follows the job to its end.
-        wait_text(&c, "#jobs .job-status", "completed").await;
-        wait_text(&c, "#flash-msg", "started").await;
-        shot(&c, "replay-jobs").await;
+        wait_text(c, "#jobs .job-status", "completed").await;
+        wait_text(c, "#flash-msg", "started").await;
+        shot(c, "replay-jobs").await;
 
         // The message reached its original topic, byte for byte.
         let back = read_all(&topic).await;
@@ -376,8 +376,8 @@ async fn an_operator_finds_a_dead_letter_group_opens_a_message_and_replays_it() 
         ))
         .await
         .unwrap();
-        wait_text(&c, "#messages tr", "schema v1 not supported").await;
-        wait_text(&c, "#match-count", "3 letter(s) match").await;
+        wait_text(c, "#messages tr", "schema v1 not supported").await;
+        wait_text(c, "#match-count", "3 letter(s) match").await;
         c.wait()
             .for_element(Locator::Id("restore-these"))
             .await
@@ -391,14 +391,14 @@ async fn an_operator_finds_a_dead_letter_group_opens_a_message_and_replays_it() 
             .send_keys("dropped by mistake; the v2 decoder ships today")
             .await
             .unwrap();
-        shot(&c, "restore-confirmation").await;
+        shot(c, "restore-confirmation").await;
         c.find(Locator::Id("modal-confirm"))
             .await
             .unwrap()
             .click()
             .await
             .unwrap();
-        wait_text(&c, "#flash-msg", "3 letter(s) restored to new.").await;
+        wait_text(c, "#flash-msg", "3 letter(s) restored to new.").await;
         let back_to_new = dlq
             .list(
                 &{
@@ -416,13 +416,13 @@ async fn an_operator_finds_a_dead_letter_group_opens_a_message_and_replays_it() 
 
         // The audit view names the token holder.
         c.goto(&format!("{base}/#/audit")).await.unwrap();
-        wait_text(&c, "#audit tr", "restore").await;
-        let a = wait_text(&c, "#audit tr", "replay").await;
+        wait_text(c, "#audit tr", "restore").await;
+        let a = wait_text(c, "#audit tr", "replay").await;
         assert!(a.text().await.unwrap().contains("admin"));
-        shot(&c, "audit").await;
+        shot(c, "audit").await;
         c.goto(&format!("{base}/#/outbox")).await.unwrap();
-        wait_text(&c, "h2", "Outbox").await;
-        shot(&c, "outbox").await;
+        wait_text(c, "h2", "Outbox").await;
+        shot(c, "outbox").await;
 
         // The journey of the replayed message: its dead letter, the replay, the audit row.
         let message_id = outbox::journey::trace(&db, &format!("#{id}"))
@@ -440,11 +440,11 @@ async fn an_operator_finds_a_dead_letter_group_opens_a_message_and_replays_it() 
             .click()
             .await
             .unwrap();
-        wait_text(&c, ".journey h3", &message_id).await;
-        wait_text(&c, ".journey td", "customer 100 not found").await;
-        wait_text(&c, ".journey td", "replay by admin via outbox-admin").await;
-        wait_text(&c, ".journey td", "sent letter #").await;
-        shot(&c, "trace").await;
+        wait_text(c, ".journey h3", &message_id).await;
+        wait_text(c, ".journey td", "customer 100 not found").await;
+        wait_text(c, ".journey td", "replay by admin via outbox-admin").await;
+        wait_text(c, ".journey td", "sent letter #").await;
+        shot(c, "trace").await;
         // At phone width the page fits the screen (wide tables scroll inside their card).
         c.set_window_size(390, 844).await.unwrap();
         tokio::time::sleep(Duration::from_millis(300)).await;
@@ -459,13 +459,13 @@ async fn an_operator_finds_a_dead_letter_group_opens_a_message_and_replays_it() 
             overflow.as_i64().unwrap_or(99) <= 1,
             "page wider than a phone: {overflow}"
         );
-        shot(&c, "trace-phone").await;
+        shot(c, "trace-phone").await;
         c.set_window_size(1400, 1000).await.unwrap();
 
         // The decode group: replay is not its main button, and the dialog says why it would
         // fail again and refuses without the confirmation.
         c.goto(&format!("{base}/#/")).await.unwrap();
-        let decode = wait_text(&c, "#groups tr", "body is not valid JSON").await;
+        let decode = wait_text(c, "#groups tr", "body is not valid JSON").await;
         decode
             .find(Locator::Css("button.replay-group"))
             .await
@@ -473,15 +473,15 @@ async fn an_operator_finds_a_dead_letter_group_opens_a_message_and_replays_it() 
             .click()
             .await
             .unwrap();
-        wait_text(&c, "#replay-risk-kinds", "2 decode letter(s)").await;
+        wait_text(c, "#replay-risk-kinds", "2 decode letter(s)").await;
         c.find(Locator::Id("modal-confirm"))
             .await
             .unwrap()
             .click()
             .await
             .unwrap();
-        wait_text(&c, "#modal-error", "confirm that the fix for these letters is deployed").await;
-        shot(&c, "replay-decode-refused").await;
+        wait_text(c, "#modal-error", "confirm that the fix for these letters is deployed").await;
+        shot(c, "replay-decode-refused").await;
         c.find(Locator::Id("modal-cancel"))
             .await
             .unwrap()
@@ -498,7 +498,7 @@ async fn an_operator_finds_a_dead_letter_group_opens_a_message_and_replays_it() 
                 .await
                 .unwrap();
             assert!(overflow.as_i64().unwrap_or(99) <= 1, "{name} wider than a phone: {overflow}");
-            shot(&c, name).await;
+            shot(c, name).await;
         }
         c.set_window_size(1400, 1000).await.unwrap();
 
@@ -509,7 +509,7 @@ async fn an_operator_finds_a_dead_letter_group_opens_a_message_and_replays_it() 
             .click()
             .await
             .unwrap();
-        wait_text(&c, "#login-error", "Signed out.").await;
+        wait_text(c, "#login-error", "Signed out.").await;
         let token = c.find(Locator::Id("token")).await.unwrap();
         token.send_keys(VIEWER_TOKEN).await.unwrap();
         c.find(Locator::Id("sign-in"))
@@ -518,9 +518,9 @@ async fn an_operator_finds_a_dead_letter_group_opens_a_message_and_replays_it() 
             .click()
             .await
             .unwrap();
-        wait_text(&c, "#who", "vera (viewer)").await;
+        wait_text(c, "#who", "vera (viewer)").await;
         c.goto(&format!("{base}/#/message/{id}")).await.unwrap();
-        wait_text(&c, "#headers td", "(redacted for your role)").await;
+        wait_text(c, "#headers td", "(redacted for your role)").await;
         let page = c.source().await.unwrap();
         assert!(
             !page.contains("undefined"),
@@ -530,7 +530,7 @@ async fn an_operator_finds_a_dead_letter_group_opens_a_message_and_replays_it() 
             c.find(Locator::Id("replay-one")).await.is_err(),
             "no replay button for a viewer"
         );
-        shot(&c, "message-viewer").await;
+        shot(c, "message-viewer").await;
         id
     }
     .await;
