@@ -1,38 +1,111 @@
 #!/usr/bin/env bash
-# The main job, end to end, on a fresh machine:
-#   services up → migrate → topics → the example order service enqueues in its transactions →
-#   the relay publishes → the messages are read back from Kafka with their key and headers.
+# The whole job, end to end, on a fresh machine, one line per step:
+#   services up → migrate → topics → the order service writes orders and their events in one
+#   transaction each (one rolled back, two poison) → the relay publishes → billing_consumer
+#   charges every good order once and dead-letters the poison ones → the archiver archives them
+#   → the summary by cause → the admin dashboard left running on loopback with a fresh token.
+#
+#   dev/demo.sh          run it (again: each run has its own schema and topic)
+#   dev/demo.sh stop     stop what it left running (dashboard, consumer, archiver)
+#
+# Env: DEMO_ORDERS (10), DEMO_POISON (2), DEMO_ADMIN_PORT (8080), DEMO_SKIP_BUILD (unset: build).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-dev/up.sh
+state=dev/.state/demo
+pids=$state/pids
+
+stop() {
+  [ -f "$pids" ] || return 0
+  while read -r pid; do kill -TERM "$pid" 2>/dev/null || true; done <"$pids"
+  # Each ends on SIGTERM (the consumer commits its offsets first); wait up to 15 s for it.
+  local deadline=$((SECONDS + 15))
+  while read -r pid; do
+    while kill -0 "$pid" 2>/dev/null && [ $SECONDS -lt $deadline ]; do sleep 0.2; done
+    kill -KILL "$pid" 2>/dev/null || true
+  done <"$pids"
+  rm -f "$pids"
+}
+if [ "${1:-}" = stop ]; then
+  stop
+  echo "demo stopped"
+  exit 0
+fi
+stop
+mkdir -p "$state"
+
+step() { printf '\n== %s\n' "$*"; }
+# Waits up to $1 s for the command after it to succeed.
+wait_for() {
+  local secs=$1; shift
+  local deadline=$((SECONDS + secs))
+  until "$@" >/dev/null 2>&1; do
+    [ $SECONDS -lt $deadline ] || return 1
+    sleep 0.3
+  done
+}
+
+step "services: Postgres and Kafka on loopback"
+dev/up.sh >"$state/up.log" 2>&1 || { cat "$state/up.log"; exit 1; }
 . dev/env.sh
-cargo build --locked --bin outbox --example order_service
+echo "Postgres $DATABASE_URL, Kafka $KAFKA_BOOTSTRAP_SERVERS"
+if [ -z "${DEMO_SKIP_BUILD:-}" ]; then
+  cargo build --locked --quiet --bin outbox --example order_service --example billing_consumer
+fi
 OUTBOX=target/debug/outbox
+ORDERS=${DEMO_ORDERS:-10}
+POISON=${DEMO_POISON:-2}
+PORT=${DEMO_ADMIN_PORT:-8080}
+run=$(date +%s)
+export OUTBOX_SCHEMA="demo_$run"
+topic="demo.$run.orders"
+sql() { psql "$DATABASE_URL" -qtAc "$1"; }
 
-$OUTBOX migrate
-$OUTBOX topics apply topics.toml
-target/debug/examples/order_service 5
+step "schema $OUTBOX_SCHEMA and topic $topic"
+$OUTBOX migrate >"$state/migrate.log" 2>&1 || { cat "$state/migrate.log"; exit 1; }
+cat >"$state/topics.toml" <<EOF
+[defaults]
+partitions = 3
+replication_factor = 1
+retention = "7d"
+groups = ["billing-service"]
 
-echo "--- relay: publishing"
-$OUTBOX relay --cleanup-interval off &
+[[topic]]
+name = "$topic"
+EOF
+$OUTBOX topics apply "$state/topics.toml" | sed 's/^/  /'
+
+step "order service: $ORDERS orders (every fifth rolled back) and $POISON from an old version"
+ORDER_TOPIC=$topic ORDER_POISON=$POISON target/debug/examples/order_service "$ORDERS" |
+  sed -E 's/  message_id=.*//; s/^/  /'
+good=$((ORDERS - ORDERS / 5))
+
+step "relay: publishing the outbox"
+$OUTBOX relay --cleanup-interval off >"$state/relay.log" 2>&1 &
 relay=$!
-trap 'kill -TERM $relay 2>/dev/null || true' EXIT
-deadline=$((SECONDS + 60))
-until $OUTBOX status --json | python3 -c 'import json,sys; s=json.load(sys.stdin); sys.exit(0 if not any(c["status"]=="pending" for c in s["counts"]) else 1)'; do
-  [ $SECONDS -lt $deadline ] || { echo "relay did not drain the outbox in 60 s" >&2; exit 1; }
-  sleep 0.2
-done
-kill -TERM $relay; wait $relay; trap - EXIT
+pending() { [ "$(sql "SELECT count(*) FROM $OUTBOX_SCHEMA.outbox WHERE status = 'pending'")" = 0 ]; }
+wait_for 60 pending || { echo "the relay did not drain the outbox in 60 s"; tail "$state/relay.log"; exit 1; }
+kill -TERM $relay; wait $relay || true
+echo "  $(sql "SELECT count(*) FROM $OUTBOX_SCHEMA.outbox WHERE status = 'sent'") events sent, none pending; the rolled-back orders left no event"
 
-echo "--- outbox status"
-$OUTBOX status
+step "billing_consumer: charging each order once"
+BILLING_TOPIC=$topic RUST_LOG=warn target/debug/examples/billing_consumer >"$state/billing.log" 2>&1 &
+echo $! >>"$pids"
+$OUTBOX dlq archive --topic "$topic.dlq" >"$state/archiver.log" 2>&1 &
+echo $! >>"$pids"
+charged() { [ "$(sql "SELECT count(DISTINCT message_id) FROM $OUTBOX_SCHEMA.charges")" = "$good" ]; }
+archived() { [ "$(sql "SELECT count(*) FROM $OUTBOX_SCHEMA.dead_letters")" = "$POISON" ]; }
+wait_for 90 charged || { echo "not every order was charged in 90 s"; tail "$state/billing.log"; exit 1; }
+echo "  $(sql "SELECT count(*) || ' charges for ' || count(DISTINCT message_id) || ' orders' FROM $OUTBOX_SCHEMA.charges") (no order twice)"
 
-echo "--- orders.created, read back from Kafka (key, headers, body)"
-# The console consumer needs Kafka's jars in this checkout, also when the broker was already
-# started from another checkout (then `dev/up.sh` did not fetch them here).
-dev/kafka.sh fetch
-java -Dlog4j2.configurationFile=dev/kafka/log4j2.yaml -Dkafka.logs.dir=dev/.state \
-  -cp "dev/.state/kafka-lib/*" org.apache.kafka.tools.consumer.ConsoleConsumer \
-  --bootstrap-server "$KAFKA_BOOTSTRAP_SERVERS" --topic orders.created --from-beginning \
-  --timeout-ms 5000 --property print.key=true --property print.headers=true \
-  --property print.partition=true 2>/dev/null || true
+step "dead letters: the poison orders, archived and grouped by cause"
+wait_for 60 archived || { echo "the $POISON dead letters were not archived in 60 s"; tail "$state/archiver.log"; exit 1; }
+$OUTBOX dlq summary | sed 's/^/  /'
+
+step "dashboard"
+token=$(python3 -c 'import secrets; print(secrets.token_hex(16))')
+OUTBOX_ADMIN_TOKEN=$token $OUTBOX admin --listen "127.0.0.1:$PORT" >"$state/admin.log" 2>&1 &
+echo $! >>"$pids"
+wait_for 30 curl -fsS "http://127.0.0.1:$PORT/healthz" || { echo "the admin server did not start"; tail "$state/admin.log"; exit 1; }
+echo "  open http://127.0.0.1:$PORT/ and sign in with the token $token"
+echo "  (the consumer and the archiver keep running; logs in $state/)"
+echo "  stop everything with: dev/demo.sh stop"

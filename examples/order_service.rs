@@ -13,7 +13,10 @@
 //!
 //! Each order carries a W3C `traceparent` header (a fresh trace per order here; a real service
 //! passes its current request's trace), which the consumer's handler span takes as its parent.
-//! Environment: `OUTBOX_SCHEMA` (default `public`), `ORDER_TOPIC` (`orders.created`).
+//! Environment: `OUTBOX_SCHEMA` (default `public`), `ORDER_TOPIC` (`orders.created`),
+//! `ORDER_POISON` (0): that many more orders whose event carries its total as text
+//! (`"total": "12.50"`, an old producer's format) — what a consumer rejects as permanent and
+//! dead-letters (the demo shows them arriving in the DLQ and grouped by cause).
 
 use outbox::{Enqueuer, Message, Schema};
 
@@ -76,6 +79,29 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 event.message_id()
             );
         }
+    }
+    // Poison: events an old version of this service would have written (a total as text).
+    let poison: usize = std::env::var("ORDER_POISON").map_or(Ok(0), |s| s.parse())?;
+    for i in 1..=poison {
+        let number = format!("P-{}-{i}", &run[20..]);
+        let tx = client.transaction().await?;
+        tx.execute(
+            "INSERT INTO orders (order_number, customer, total_cents) VALUES ($1, 'customer-old', 0)",
+            &[&number],
+        )
+        .await?;
+        let event = Message::new(
+            &topic,
+            "order_created",
+            &number,
+            serde_json::json!({ "order_number": number, "customer": "customer-old", "total": "12.50" }),
+        );
+        outbox.enqueue(&tx, &event).await?;
+        tx.commit().await?;
+        println!(
+            "created {number}  (poison: total as text)  message_id={}",
+            event.message_id()
+        );
     }
     Ok(())
 }

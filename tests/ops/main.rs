@@ -7,5 +7,6 @@ mod admin;
 mod browser;
 mod cli;
 mod compose;
+mod demo;
 mod layout;
 mod observability;
