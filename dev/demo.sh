@@ -8,20 +8,23 @@
 #   dev/demo.sh          run it (again: each run has its own schema and topic)
 #   dev/demo.sh stop     stop what it left running (dashboard, consumer, archiver)
 #
-# Env: DEMO_ORDERS (10), DEMO_POISON (2), DEMO_ADMIN_PORT (8080), DEMO_SKIP_BUILD (unset: build).
+# Env: DEMO_ORDERS (10), DEMO_POISON (2), DEMO_ADMIN_PORT (8080), DEMO_SKIP_BUILD (unset: build),
+# DEMO_STATE (dev/.state/demo: logs and the pids `stop` ends).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-state=dev/.state/demo
+state=${DEMO_STATE:-dev/.state/demo}
 pids=$state/pids
 
+# Only our own processes: a pid left in a stale file may belong to something else by now.
+ours() { ps -p "$1" -o args= 2>/dev/null | grep -qE 'target/debug/(outbox|examples/billing_consumer)'; }
 stop() {
   [ -f "$pids" ] || return 0
-  while read -r pid; do kill -TERM "$pid" 2>/dev/null || true; done <"$pids"
+  while read -r pid; do ours "$pid" && kill -TERM "$pid" 2>/dev/null || true; done <"$pids"
   # Each ends on SIGTERM (the consumer commits its offsets first); wait up to 15 s for it.
   local deadline=$((SECONDS + 15))
   while read -r pid; do
-    while kill -0 "$pid" 2>/dev/null && [ $SECONDS -lt $deadline ]; do sleep 0.2; done
-    kill -KILL "$pid" 2>/dev/null || true
+    while ours "$pid" && [ $SECONDS -lt $deadline ]; do sleep 0.2; done
+    ours "$pid" && kill -KILL "$pid" 2>/dev/null || true
   done <"$pids"
   rm -f "$pids"
 }
@@ -32,6 +35,9 @@ if [ "${1:-}" = stop ]; then
 fi
 stop
 mkdir -p "$state"
+# A step that fails (or Ctrl-C) stops what the demo started so far.
+trap 'stop; exit 130' INT TERM
+trap 'status=$?; [ $status -eq 0 ] || stop' EXIT
 
 step() { printf '\n== %s\n' "$*"; }
 # Waits up to $1 s for the command after it to succeed.
@@ -82,9 +88,11 @@ good=$((ORDERS - ORDERS / 5))
 step "relay: publishing the outbox"
 $OUTBOX relay --cleanup-interval off >"$state/relay.log" 2>&1 &
 relay=$!
+echo $relay >>"$pids"
 pending() { [ "$(sql "SELECT count(*) FROM $OUTBOX_SCHEMA.outbox WHERE status = 'pending'")" = 0 ]; }
 wait_for 60 pending || { echo "the relay did not drain the outbox in 60 s"; tail "$state/relay.log"; exit 1; }
-kill -TERM $relay; wait $relay || true
+kill -TERM $relay 2>/dev/null || true
+wait $relay || true
 echo "  $(sql "SELECT count(*) FROM $OUTBOX_SCHEMA.outbox WHERE status = 'sent'") events sent, none pending; the rolled-back orders left no event"
 
 step "billing_consumer: charging each order once"

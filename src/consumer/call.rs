@@ -19,12 +19,18 @@
 //! messages is written alone in its own transaction, so one bad record never costs the others
 //! and each message still gets its own outcome.
 //!
-//! The one window where a call repeats: a crash (or a lost connection that never comes back
-//! before shutdown) after the call answered and before step 3 committed. The message is then
-//! redelivered, finds no mark and is called again **with the same idempotency key**, so an API
-//! that dedupes by it (`Idempotency-Key` header, Stripe-style) applies it once. A crash after
-//! step 3 committed finds the mark at step 1 and never calls. A database outage between 2 and
-//! 3 waits for the database with the answer in hand instead of calling again.
+//! A call repeats — always **with the same idempotency key**, so an API that dedupes by it
+//! (`Idempotency-Key` header, Stripe-style) applies it once — only when its mark did not
+//! commit after it answered:
+//! - a crash (or a shutdown past `shutdown_timeout`) between the answer and step 3's commit:
+//!   the message is redelivered, finds no mark and is called again;
+//! - a rebalance that moves the partition while the call is in flight: the new owner finds no
+//!   mark yet and calls too (an in-transaction handler would wait on the mark's row lock);
+//! - a `record` that fails with a transient error (a deadlock, a lock timeout): the message is
+//!   retried from its call.
+//!
+//! A crash after step 3 committed finds the mark at step 1 and never calls. A database outage
+//! between 2 and 3 waits for the database with the answer in hand instead of calling again.
 
 use std::any::Any;
 use std::collections::VecDeque;
@@ -159,17 +165,20 @@ pub(super) async fn run_call(
     handler: &Arc<dyn ErasedCall>,
     d: &Delivered,
 ) -> Result<InboxOutcome, HandlerError> {
+    let stopping = || HandlerError::database_unavailable("consumer stopping");
     let (done, seen) = oneshot::channel();
-    shared.marks.push(Work::Check(Check {
+    if !shared.marks.push(Work::Check(Check {
         topic: d.topic.clone(),
         message_id: d.message_id.clone(),
         done,
-    }));
+    })) {
+        return Err(stopping());
+    }
     match seen.await {
         Ok(Ok(true)) => return Ok(InboxOutcome::Duplicate),
         Ok(Ok(false)) => {}
         Ok(Err(e)) => return Err(e),
-        Err(_) => return Err(HandlerError::database_unavailable("consumer stopping")),
+        Err(_) => return Err(stopping()),
     }
     let mut reply = handler.call(d).await?;
     // The answer is in hand: a database outage now is waited out, not answered by calling
@@ -177,15 +186,17 @@ pub(super) async fn run_call(
     let mut outage = Backoff::default();
     loop {
         let (done, back) = oneshot::channel();
-        shared.marks.push(Work::Write(Box::new(Pending {
+        if !shared.marks.push(Work::Write(Box::new(Pending {
             d: d.clone(),
             handler: handler.clone(),
             reply,
             done,
-        })));
+        }))) {
+            return Err(stopping());
+        }
         let Ok((result, r)) = back.await else {
             // The writers stopped: the consumer is shutting down.
-            return Err(HandlerError::database_unavailable("consumer stopping"));
+            return Err(stopping());
         };
         reply = r;
         match result {
@@ -242,12 +253,29 @@ enum Work {
 pub(super) struct Marks {
     queue: Mutex<(VecDeque<Work>, usize)>,
     ready: Notify,
+    /// The writers stopped: nothing is taken any more.
+    closed: std::sync::atomic::AtomicBool,
 }
 
 impl Marks {
-    fn push(&self, w: Work) {
-        self.queue.lock().expect("marks lock").0.push_back(w);
+    /// Queues `w`; `false` once the writers stopped (the consumer is shutting down).
+    fn push(&self, w: Work) -> bool {
+        let mut q = self.queue.lock().expect("marks lock");
+        if self.closed.load(std::sync::atomic::Ordering::SeqCst) {
+            return false;
+        }
+        q.0.push_back(w);
+        drop(q);
         self.ready.notify_one();
+        true
+    }
+
+    /// After the runtime ended and the writers stopped: what is still queued is dropped, so
+    /// every message waiting on it hears "stopping" at once, and nothing is queued again.
+    pub(super) fn close(&self) {
+        let mut q = self.queue.lock().expect("marks lock");
+        self.closed.store(true, std::sync::atomic::Ordering::SeqCst);
+        q.0.clear();
     }
 
     /// Up to [`MAX_COMMIT_GROUP`] checks and as many writes, and whether more wait.
@@ -292,6 +320,12 @@ pub(super) async fn write_marks(shared: Arc<Shared>, stop: CancellationToken) {
         if !writes.is_empty() {
             let outcomes = match write_group(&shared, &writes).await {
                 Ok(o) => o,
+                // The database is down: every message waits it out with its answer in hand;
+                // writing them one by one would only wait for the pool once per message.
+                Err(e) if e.is_database_unavailable() => writes
+                    .iter()
+                    .map(|_| Err(Written::Failed(same_error(&e))))
+                    .collect(),
                 // The group did not commit: each message alone, each with its own outcome.
                 Err(_) => {
                     let mut o = Vec::with_capacity(writes.len());
@@ -375,6 +409,10 @@ async fn write_group(
             Err(_panic) => return Err(HandlerError::transient("a record panicked")),
         }
     }
+    // A record that caught its own statement's error and returned `Ok` left the transaction
+    // aborted, and `COMMIT` would then roll back without an error: every message of the group
+    // would be reported done with nothing written. A statement fails in an aborted transaction.
+    live(&tx).await?;
     tx.commit().await?;
     shared.pg_outage.ok();
     Ok(new
@@ -387,6 +425,16 @@ async fn write_group(
             })
         })
         .collect())
+}
+
+/// Fails when `tx` is aborted (a statement failed and its error was swallowed): its `COMMIT`
+/// would silently roll back.
+pub(super) async fn live(tx: &tokio_postgres::Transaction<'_>) -> Result<(), HandlerError> {
+    tx.batch_execute("SELECT 1").await.map_err(|e| {
+        HandlerError::transient(format!(
+            "the transaction was aborted by a statement whose error was not returned: {e}"
+        ))
+    })
 }
 
 /// Step 3 for one message in its own transaction (after its group failed).
@@ -410,6 +458,7 @@ async fn write_one(shared: &Shared, p: &Pending) -> Result<InboxOutcome, Written
             Ok(Err(e)) => return Err(e),
             Err(panic) => return Ok(Err(panic)),
         }
+        live(&tx).await?;
         tx.commit().await?;
         Ok::<_, HandlerError>(Ok(InboxOutcome::Processed))
     };

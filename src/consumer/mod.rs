@@ -397,6 +397,15 @@ impl Consumer {
         // letters.
         let holds = self.handlers.values().any(HandlerRef::holds_transaction);
         let calls = self.handlers.values().any(|h| !h.holds_transaction());
+        if holds && self.config.concurrency > self.config.transaction_slots() {
+            // Said once at start: a service that raised `concurrency` for in-transaction
+            // handlers (before `transactions` existed) gets `transactions` of them at once.
+            info!(
+                concurrency = self.config.concurrency,
+                transactions = self.config.transaction_slots(),
+                "in-transaction handlers run at most `transactions` at once; raise ConsumerConfig::transactions for more"
+            );
+        }
         db.pool_size = if holds {
             self.config.transaction_slots()
         } else {
@@ -537,6 +546,7 @@ impl Consumer {
         // The mark writers of call handlers, one connection each; they outlive the runtime's
         // shutdown so messages finishing meanwhile still get their marks.
         let writers_stop = CancellationToken::new();
+        let shared_marks = shared.clone();
         let writers: Vec<_> = if shared.handlers.values().any(|h| !h.holds_transaction()) {
             (0..call::writers(shared.config.concurrency))
                 .map(|_| tokio::spawn(call::write_marks(shared.clone(), writers_stop.clone())))
@@ -561,10 +571,23 @@ impl Consumer {
             kafka_outage,
         );
         rt.run(cancel).await;
+        // The runtime waited for its handlers (bounded by `shutdown_timeout`); the writers
+        // finish the group they are writing, bounded too, and then nothing waits on them.
         writers_stop.cancel();
-        for w in writers {
-            let _ = w.await;
+        let aborts: Vec<_> = writers
+            .iter()
+            .map(tokio::task::JoinHandle::abort_handle)
+            .collect();
+        if tokio::time::timeout(Duration::from_secs(10), futures::future::join_all(writers))
+            .await
+            .is_err()
+        {
+            tracing::warn!("mark writers still busy 10 s after shutdown: their messages stay uncommitted and are redelivered");
+            for a in aborts {
+                a.abort();
+            }
         }
+        shared_marks.marks.close();
         Ok(())
     }
 }

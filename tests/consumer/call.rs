@@ -69,14 +69,19 @@ impl CallHandler for Service {
             if act == "panic" {
                 panic!("the client library blew up");
             }
-            tokio::time::sleep(Duration::from_millis(150)).await;
+            tokio::time::sleep(Duration::from_millis(if self.watch.is_some() {
+                400
+            } else {
+                150
+            }))
+            .await;
             if let Some(w) = &self.watch {
                 // While this call waits: does any session of the consumer sit in a
                 // transaction that began before the call?
                 let r = w
                     .pg
                     .query_one(
-                        "SELECT count(*) FILTER (WHERE xact_start < clock_timestamp() - interval '100 ms'),
+                        "SELECT count(*) FILTER (WHERE xact_start < clock_timestamp() - interval '300 ms'),
                                 count(*)
                            FROM pg_stat_activity WHERE application_name = $1",
                         &[&w.app],
@@ -108,6 +113,17 @@ impl CallHandler for Service {
         tx: &'a tokio_postgres::Transaction<'a>,
     ) -> BoxFuture<'a, Result<(), HandlerError>> {
         Box::pin(async move {
+            if m.json()["act"] == "record_panic" {
+                panic!("the record blew up");
+            }
+            if m.json()["act"] == "swallow" {
+                // A record that catches its statement's error and says all is well: the
+                // transaction is aborted, and its COMMIT would roll back without a word.
+                let _ = tx
+                    .execute("INSERT INTO no_such_table VALUES (1)", &[])
+                    .await;
+                return Ok(());
+            }
             tx.execute(
                 "INSERT INTO notified (message_id, points) VALUES ($1, $2)",
                 &[&m.message_id, points],
@@ -218,9 +234,9 @@ async fn calls_wait_with_no_transaction_open_keep_key_order_and_a_processed_mess
         0,
         "a session of the consumer sat in a transaction during a call"
     );
-    // Two mark writers and the runtime's own: bounded by the marks, not by the 32 calls.
+    // Two mark writers and the runtime's own two: bounded by the marks, not by the 32 calls.
     let peak = sessions.load(Ordering::SeqCst);
-    assert!(peak <= 32 / 8 + 2, "{peak} sessions for 32 calls in flight");
+    assert!(peak <= 4, "{peak} sessions for 32 calls in flight");
     let calls = api.calls();
     assert_eq!(calls.len(), 60);
     // Every call carried its message id as the idempotency key; each key's calls in order.
@@ -389,6 +405,8 @@ async fn failed_calls_and_records_are_retried_or_dead_lettered_and_never_marked(
     let refused = send(&topic, &["b"], 1, "refused").await;
     let negative = send(&topic, &["c"], 1, "negative").await;
     let panicked = send(&topic, &["d"], 1, "panic").await;
+    let record_panicked = send(&topic, &["h"], 1, "record_panic").await;
+    let swallowed = send(&topic, &["i"], 1, "swallow").await;
     let fine = send(&topic, &["e", "f", "g"], 1, "ok").await;
     let mut cfg = ConsumerConfig::new(format!("g-{}", hex(6)), [topic.clone()]);
     cfg.retry = RetryStrategy::InPlace {
@@ -397,8 +415,8 @@ async fn failed_calls_and_records_are_retried_or_dead_lettered_and_never_marked(
         max: Duration::from_millis(100),
     };
     let r = start(&db, cfg, s);
-    wait_until(Duration::from_secs(60), "3 dead letters", || async {
-        topic_len(&format!("{topic}.dlq")).await == 3
+    wait_until(Duration::from_secs(60), "5 dead letters", || async {
+        topic_len(&format!("{topic}.dlq")).await == 5
     })
     .await;
     wait_until(Duration::from_secs(60), "4 notified", || async {
@@ -417,8 +435,10 @@ async fn failed_calls_and_records_are_retried_or_dead_lettered_and_never_marked(
         1,
         "only the answered call reaches the API log"
     );
-    assert_eq!(ConsumerStats::get(&r.stats.in_place_retries), 2);
-    // A refused call, a record that breaks a CHECK, a panic: one dead letter each, the right kind.
+    // Two for the transient call, four for the swallowed record (5 attempts).
+    assert_eq!(ConsumerStats::get(&r.stats.in_place_retries), 2 + 4);
+    // A refused call, a record that breaks a CHECK, a panic in the call and one in the record:
+    // one dead letter each, the right kind.
     let letters = read_all(&format!("{topic}.dlq")).await;
     let kind_of = |id: &str| {
         letters
@@ -429,6 +449,14 @@ async fn failed_calls_and_records_are_retried_or_dead_lettered_and_never_marked(
     assert_eq!(kind_of(&refused[0]).as_deref(), Some("permanent"));
     assert_eq!(kind_of(&negative[0]).as_deref(), Some("permanent"));
     assert_eq!(kind_of(&panicked[0]).as_deref(), Some("panic"));
+    // A panic in `record` (in the mark writer) is the message's own panic letter.
+    assert_eq!(kind_of(&record_panicked[0]).as_deref(), Some("panic"));
+    // The swallowed error is caught before COMMIT: retried, then dead-lettered, never
+    // reported done with nothing written.
+    assert_eq!(
+        kind_of(&swallowed[0]).as_deref(),
+        Some("transient-exhausted")
+    );
     // Nothing dead-lettered is marked: a fixed consumer can take a replay of them.
     assert_eq!(
         count(&c, "SELECT count(*) FROM processed_messages").await,

@@ -14,34 +14,49 @@ fn free_port() -> u16 {
         .port()
 }
 
+/// `dev/demo.sh stop` for this test's own state directory.
+fn stop(state: &str) -> String {
+    let s = Command::new("bash")
+        .arg(format!("{}/dev/demo.sh", env!("CARGO_MANIFEST_DIR")))
+        .arg("stop")
+        .env("DEMO_STATE", state)
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&s.stdout).into_owned()
+}
+
+/// Stops what the demo left running however the test ends.
+struct Stop(String);
+impl Drop for Stop {
+    fn drop(&mut self) {
+        stop(&self.0);
+    }
+}
+
 #[test]
 fn the_demo_shows_the_whole_job_and_leaves_a_dashboard_that_answers_its_token() {
     let root = env!("CARGO_MANIFEST_DIR");
     let port = free_port();
+    // Its own state directory: a developer's own demo keeps running.
+    let state = std::env::temp_dir()
+        .join(format!("outbox-demo-{port}"))
+        .display()
+        .to_string();
+    let _stop = Stop(state.clone());
     let out = Command::new("bash")
         .arg(format!("{root}/dev/demo.sh"))
         // dev/test.sh built the binaries already; the demo builds them itself otherwise.
         .env("DEMO_SKIP_BUILD", "1")
         .env("DEMO_ADMIN_PORT", port.to_string())
+        .env("DEMO_STATE", &state)
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    let stop = || {
-        let s = Command::new("bash")
-            .arg(format!("{root}/dev/demo.sh"))
-            .arg("stop")
-            .output()
-            .unwrap();
-        assert!(s.status.success());
-        String::from_utf8_lossy(&s.stdout).into_owned()
-    };
-    if !out.status.success() {
-        stop();
-        panic!(
-            "demo failed: {text}{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
+    assert!(
+        out.status.success(),
+        "demo failed: {text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     for line in [
         "rolled back",
         "(poison: total as text)",
@@ -79,7 +94,7 @@ fn the_demo_shows_the_whole_job_and_leaves_a_dashboard_that_answers_its_token() 
     };
     let with = curl(Some(&token));
     let without = curl(None);
-    assert!(stop().contains("demo stopped"));
+    assert!(stop(&state).contains("demo stopped"));
     assert_eq!((with.as_str(), without.as_str()), ("200", "401"));
     // Stopped: nothing answers on the port any more.
     assert_eq!(curl(Some(&token)), "000");
