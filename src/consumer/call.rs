@@ -412,7 +412,7 @@ async fn write_group(
     // A record that caught its own statement's error and returned `Ok` left the transaction
     // aborted, and `COMMIT` would then roll back without an error: every message of the group
     // would be reported done with nothing written. A statement fails in an aborted transaction.
-    live(&tx).await?;
+    super::process::live(&tx).await?;
     tx.commit().await?;
     shared.pg_outage.ok();
     Ok(new
@@ -425,16 +425,6 @@ async fn write_group(
             })
         })
         .collect())
-}
-
-/// Fails when `tx` is aborted (a statement failed and its error was swallowed): its `COMMIT`
-/// would silently roll back.
-pub(super) async fn live(tx: &tokio_postgres::Transaction<'_>) -> Result<(), HandlerError> {
-    tx.batch_execute("SELECT 1").await.map_err(|e| {
-        HandlerError::transient(format!(
-            "the transaction was aborted by a statement whose error was not returned: {e}"
-        ))
-    })
 }
 
 /// Step 3 for one message in its own transaction (after its group failed).
@@ -458,7 +448,7 @@ async fn write_one(shared: &Shared, p: &Pending) -> Result<InboxOutcome, Written
             Ok(Err(e)) => return Err(e),
             Err(panic) => return Ok(Err(panic)),
         }
-        live(&tx).await?;
+        super::process::live(&tx).await?;
         tx.commit().await?;
         Ok::<_, HandlerError>(Ok(InboxOutcome::Processed))
     };

@@ -142,7 +142,7 @@ async fn run_group(envs: &[&Envelope], shared: &Shared) -> Result<Vec<InGroup>, 
     }
     // A handler that swallowed its statement's error left the transaction aborted; `COMMIT`
     // would roll back without an error and every member would count as handled.
-    super::call::live(&tx).await?;
+    super::process::live(&tx).await?;
     tx.commit().await?;
     shared.pg_outage.ok();
     Ok(outcomes)

@@ -40,6 +40,16 @@ pub(super) async fn connection(shared: &Shared) -> Result<deadpool_postgres::Obj
         .map_err(|e| HandlerError::database_unavailable(format!("postgres pool: {e}")))
 }
 
+/// Fails when `tx` is aborted (a statement failed and its error was swallowed): its `COMMIT`
+/// would silently roll back.
+pub(super) async fn live(tx: &tokio_postgres::Transaction<'_>) -> Result<(), HandlerError> {
+    tx.batch_execute("SELECT 1").await.map_err(|e| {
+        HandlerError::transient(format!(
+            "the transaction was aborted by a statement whose error was not returned: {e}"
+        ))
+    })
+}
+
 /// The handler's transaction: mark first, then the handler; both commit or neither.
 pub(super) async fn run_in_tx(
     shared: &Shared,
@@ -68,6 +78,10 @@ pub(super) async fn run_in_tx(
         HandlerRef::Batch(h, _) => h.handle_batch(&[d], &tx).await?,
         HandlerRef::Call(_) => unreachable!("call handlers returned above"),
     }
+    // A handler that swallowed its statement's error left the transaction aborted: `COMMIT`
+    // would roll back without an error and the message would count as handled with nothing
+    // written. One cheap statement first tells.
+    live(&tx).await?;
     tx.commit().await?;
     Ok(InboxOutcome::Processed)
 }
@@ -95,6 +109,7 @@ pub(super) async fn run_batch_in_tx(
     if !first.is_empty() {
         handler.handle_batch(&first, &tx).await?;
     }
+    live(&tx).await?;
     tx.commit().await?;
     Ok((first.len(), ds.len() - first.len()))
 }

@@ -1333,3 +1333,74 @@ async fn an_intent_left_by_a_crash_mid_write_is_resolved_from_the_dead_letter_pa
         "not found after the intent: written, not lost"
     );
 }
+
+/// A handler that catches its own statement's error and returns `Ok` leaves its transaction
+/// aborted; `COMMIT` would then roll back without an error. Alone and in a commit group, the
+/// message must not count as handled with nothing written: it is retried, then dead-lettered,
+/// and the others of its group still commit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handler_that_swallows_its_own_error_is_not_reported_done() {
+    async fn swallow(
+        m: &outbox::consumer::Delivered,
+        tx: &tokio_postgres::Transaction<'_>,
+    ) -> Result<(), HandlerError> {
+        if m.json()["bad"] == true {
+            let _ = tx
+                .execute("INSERT INTO no_such_table VALUES (1)", &[])
+                .await;
+            return Ok(());
+        }
+        tx.execute(
+            "INSERT INTO effects (message_id) VALUES ($1)",
+            &[&m.message_id],
+        )
+        .await?;
+        Ok(())
+    }
+    let s = setup(1, &[]).await;
+    let mut ids = Vec::new();
+    for i in 0..20 {
+        let id = format!("m{i}-{}", hex(6));
+        produce_event(
+            &s.topic,
+            &format!("k{i}"),
+            "it_event",
+            &id,
+            &serde_json::json!({ "bad": i == 7 }),
+        )
+        .await;
+        ids.push(id);
+    }
+    let mut cfg = ConsumerConfig::new(s.group.clone(), [s.topic.clone()]);
+    cfg.retry = in_place(3, 20);
+    // One slot: the backlog forms commit groups, so the bad one is tried in a group first.
+    cfg.concurrency = 1;
+    let consumer = Consumer::new(&s.db, &kafka(), cfg)
+        .unwrap()
+        .handler("it_event", swallow);
+    let stats = consumer.stats();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(consumer.run(async move {
+        let _ = stopped.await;
+    }));
+    wait_until(
+        Duration::from_secs(60),
+        "19 handled, 1 dead letter",
+        || async { get(&stats.handled) == 19 && get(&stats.dead_lettered) == 1 },
+    )
+    .await;
+    assert_eq!(count(&s.c, "SELECT count(*) FROM effects").await, 19);
+    assert_eq!(
+        count(&s.c, "SELECT count(*) FROM processed_messages").await,
+        19
+    );
+    let letters = read_all(&format!("{}.dlq", s.topic)).await;
+    assert_eq!(letters.len(), 1);
+    assert_eq!(letters[0].headers.get("message_id"), Some(&ids[7]));
+    assert_eq!(
+        letters[0].headers.get("x-error-kind").map(String::as_str),
+        Some("transient-exhausted")
+    );
+    stop.send(()).unwrap();
+    task.await.unwrap().unwrap();
+}
