@@ -284,45 +284,14 @@ async fn main() {
 
     for &conc in &concurrencies {
         for call in [true, false] {
-            let n = conc * rounds;
-            let api = Api(Arc::new(AtomicU64::new(rtt_ms)));
-            let r = run(&db, &topic, n, call, conc, api, rtt_ms as f64 / 2.0).await;
-            assert_eq!(r.rows, r.distinct, "a message written twice");
-            let rate = n as f64 / r.secs;
-            let limit = conc as f64 * 1000.0 / rtt_ms as f64;
-            emit(
-                "slow_api",
-                serde_json::json!({"scenario": "steady", "handler": if call { "call" } else { "in_tx" },
-                    "concurrency": conc, "rtt_ms": rtt_ms, "messages": n, "partitions": 6, "keys": 1000}),
-                serde_json::json!({"seconds": round2(r.secs), "msgs_per_sec": rate.round(),
-                    "limit_msgs_per_sec": limit, "ratio_to_limit": round2(rate / limit),
-                    "peak_sessions": r.peaks.sessions, "peak_idle_in_tx": r.peaks.idle_in_tx,
-                    "idle_in_tx_over_half_rtt": r.peaks.idle_in_tx_over_call,
-                    "longest_tx_ms": r.peaks.longest_tx_ms.round(),
-                    "sessions_bound": conc / 8 + 2}),
-            );
+            steady(&db, &topic, "steady", call, conc, conc * rounds, rtt_ms).await;
         }
     }
-
-    // The issue's own run: a short backlog (3,000 messages) at the highest concurrency. The
-    // in-transaction shape opens a session per handler slot while it runs, and at 256 those
-    // connections cost more than the messages (the ~550 msg/s cap seen before call handlers).
+    // The issue's own run: a short backlog (3,000 messages) at the highest concurrency, where
+    // the in-transaction shape opens a session per handler slot while the backlog drains.
     let short = param("SHORT_MESSAGES", if full() { 3000 } else { 50 });
     for call in [true, false] {
-        let api = Api(Arc::new(AtomicU64::new(rtt_ms)));
-        let r = run(&db, &topic, short, call, max_c, api, rtt_ms as f64 / 2.0).await;
-        assert_eq!(r.rows, r.distinct, "a message written twice");
-        let rate = short as f64 / r.secs;
-        let limit = max_c as f64 * 1000.0 / rtt_ms as f64;
-        emit(
-            "slow_api",
-            serde_json::json!({"scenario": "short_backlog", "handler": if call { "call" } else { "in_tx" },
-                "concurrency": max_c, "rtt_ms": rtt_ms, "messages": short, "partitions": 6, "keys": 1000}),
-            serde_json::json!({"seconds": round2(r.secs), "msgs_per_sec": rate.round(),
-                "limit_msgs_per_sec": limit, "ratio_to_limit": round2(rate / limit),
-                "peak_sessions": r.peaks.sessions, "peak_idle_in_tx": r.peaks.idle_in_tx,
-                "longest_tx_ms": r.peaks.longest_tx_ms.round()}),
-        );
+        steady(&db, &topic, "short_backlog", call, max_c, short, rtt_ms).await;
     }
 
     // Degradation: the API slows to `slow_ms` for `slow_secs`, then recovers; then a stall:
@@ -338,6 +307,35 @@ async fn main() {
     drop_schema(&db).await;
     delete_topic(&topic).await;
     delete_topic(&format!("{topic}.dlq")).await;
+}
+
+/// One run at a steady latency of `rtt_ms` over the first `n` messages, printed against the
+/// limit concurrency / RTT.
+async fn steady(
+    db: &outbox::DbConfig,
+    topic: &str,
+    scenario: &str,
+    call: bool,
+    conc: usize,
+    n: usize,
+    rtt_ms: u64,
+) {
+    let api = Api(Arc::new(AtomicU64::new(rtt_ms)));
+    let r = run(db, topic, n, call, conc, api, rtt_ms as f64 / 2.0).await;
+    assert_eq!(r.rows, r.distinct, "a message written twice");
+    let rate = n as f64 / r.secs;
+    let limit = conc as f64 * 1000.0 / rtt_ms as f64;
+    emit(
+        "slow_api",
+        serde_json::json!({"scenario": scenario, "handler": if call { "call" } else { "in_tx" },
+            "concurrency": conc, "rtt_ms": rtt_ms, "messages": n, "partitions": 6, "keys": 1000}),
+        serde_json::json!({"seconds": round2(r.secs), "msgs_per_sec": rate.round(),
+            "limit_msgs_per_sec": limit, "ratio_to_limit": round2(rate / limit),
+            "peak_sessions": r.peaks.sessions, "peak_idle_in_tx": r.peaks.idle_in_tx,
+            "idle_in_tx_over_half_rtt": r.peaks.idle_in_tx_over_call,
+            "longest_tx_ms": r.peaks.longest_tx_ms.round(),
+            "sessions_bound": conc / 8 + 2}),
+    );
 }
 
 /// One degradation run of call handlers at the default concurrency: latency `rtt_ms`, then

@@ -251,7 +251,7 @@ enum Work {
 /// Checks and writes waiting for a mark writer.
 #[derive(Default)]
 pub(super) struct Marks {
-    queue: Mutex<(VecDeque<Work>, usize)>,
+    queue: Mutex<VecDeque<Work>>,
     ready: Notify,
     /// The writers stopped: nothing is taken any more.
     closed: std::sync::atomic::AtomicBool,
@@ -264,7 +264,7 @@ impl Marks {
         if self.closed.load(std::sync::atomic::Ordering::SeqCst) {
             return false;
         }
-        q.0.push_back(w);
+        q.push_back(w);
         drop(q);
         self.ready.notify_one();
         true
@@ -275,14 +275,14 @@ impl Marks {
     pub(super) fn close(&self) {
         let mut q = self.queue.lock().expect("marks lock");
         self.closed.store(true, std::sync::atomic::Ordering::SeqCst);
-        q.0.clear();
+        q.clear();
     }
 
     /// Up to [`MAX_COMMIT_GROUP`] checks and as many writes, and whether more wait.
     fn take(&self) -> (Vec<Check>, Vec<Pending>, bool) {
         let mut q = self.queue.lock().expect("marks lock");
         let (mut checks, mut writes, mut rest) = (Vec::new(), Vec::new(), VecDeque::new());
-        while let Some(w) = q.0.pop_front() {
+        while let Some(w) = q.pop_front() {
             match w {
                 Work::Check(c) if checks.len() < MAX_COMMIT_GROUP => checks.push(c),
                 Work::Write(p) if writes.len() < MAX_COMMIT_GROUP => writes.push(*p),
@@ -292,9 +292,9 @@ impl Marks {
                 break;
             }
         }
-        rest.extend(q.0.drain(..));
-        q.0 = rest;
-        let more = !q.0.is_empty();
+        rest.extend(q.drain(..));
+        *q = rest;
+        let more = !q.is_empty();
         (checks, writes, more)
     }
 }

@@ -116,11 +116,6 @@ impl Runtime<'_> {
             _ => self.shared.config.concurrency,
         };
         let tx_limit = self.shared.config.transaction_slots().min(limit);
-        let any_calls = self
-            .shared
-            .handlers
-            .values()
-            .any(|h| !h.holds_transaction());
         while self.running < limit {
             // Heads the mode does not allow wait in `held`.
             while let Some(key) = self.ready.front().cloned() {
@@ -158,7 +153,7 @@ impl Runtime<'_> {
                 let lane = self.lanes.get_mut(&key).expect("lane");
                 lane.queue.push_front(env);
                 lane.busy = false;
-                if any_calls {
+                if self.shared.has_calls {
                     self.waiting_tx.push_back(key);
                     continue;
                 }

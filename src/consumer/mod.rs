@@ -117,6 +117,9 @@ struct Shared {
     pg_outage: crate::outage::Outage,
     /// Answered calls of call handlers waiting for their marks.
     marks: call::Marks,
+    /// A call handler is registered (fixed at start: it sizes the pool, starts the mark
+    /// writers, and lets call lanes pass in-transaction ones waiting for a slot).
+    has_calls: bool,
 }
 
 impl Shared {
@@ -542,12 +545,13 @@ impl Consumer {
             dead_lettered,
             pg_outage: crate::outage::Outage::new("postgres", "consumer"),
             marks: call::Marks::default(),
+            has_calls: calls,
         });
         // The mark writers of call handlers, one connection each; they outlive the runtime's
         // shutdown so messages finishing meanwhile still get their marks.
         let writers_stop = CancellationToken::new();
         let shared_marks = shared.clone();
-        let writers: Vec<_> = if shared.handlers.values().any(|h| !h.holds_transaction()) {
+        let writers: Vec<_> = if shared.has_calls {
             (0..call::writers(shared.config.concurrency))
                 .map(|_| tokio::spawn(call::write_marks(shared.clone(), writers_stop.clone())))
                 .collect()

@@ -5,7 +5,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
-use std::process::{Child, Stdio};
+use std::process::Stdio;
 use std::sync::atomic::{AtomicI64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
@@ -634,14 +634,6 @@ async fn envelope_policies_drop_with_a_reason_and_only_this_groups_outage_letter
     let s = r.state.get();
     assert_eq!((s.drained, s.dropped), (2, 3), "{s:?}");
     r.stop().await;
-}
-
-struct Kill(Child);
-impl Drop for Kill {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 fn notifier(w: &World) -> Kill {

@@ -1,29 +1,12 @@
 //! Replay's safety net: a replayed letter that fails again is seen — whatever its headers, for
 //! every selection size, also after the job ended — and the alert on it fires.
 
-use std::net::TcpListener;
-use std::process::{Child, Output, Stdio};
+use std::process::{Output, Stdio};
 use std::time::Duration;
 
 use outbox::consumer::{Consumer, ConsumerConfig, Delivered, HandlerError, RetryStrategy};
 use outbox::dlq::Dlq;
 use outbox_testkit::*;
-
-struct Kill(Child);
-impl Drop for Kill {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 fn text(o: &Output) -> String {
     format!(

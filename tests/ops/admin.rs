@@ -1,7 +1,6 @@
 //! The admin API as a client sees it: a real `outbox admin` process with a tokens file, curl
 //! requests, real Postgres and Kafka behind it.
 
-use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
@@ -22,14 +21,6 @@ impl Drop for Server {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 async fn start(db: &outbox::DbConfig) -> Server {
@@ -192,12 +183,7 @@ async fn viewers_never_see_bodies_bad_bodies_get_4xx_and_api_replays_are_audited
         )
         .await;
     }
-    outbox::dlq::Archiver::new(&db, &kafka(), vec![format!("{topic}.dlq")])
-        .unwrap()
-        .group(&format!("it-a-{}", hex(6)))
-        .run_once(&mut |_, _| {})
-        .await
-        .unwrap();
+    archive_once(&db, vec![format!("{topic}.dlq")]).await;
     let id: i64 = c
         .query_one("SELECT min(id) FROM dead_letters", &[])
         .await
@@ -560,12 +546,7 @@ async fn a_job_paused_through_the_api_resumes_at_once() {
         )
         .await;
     }
-    outbox::dlq::Archiver::new(&db, &kafka(), vec![format!("{topic}.dlq")])
-        .unwrap()
-        .group(&format!("it-a-{}", hex(6)))
-        .run_once(&mut |_, _| {})
-        .await
-        .unwrap();
+    archive_once(&db, vec![format!("{topic}.dlq")]).await;
     let s = start(&db).await;
     // 3 letters at 0.2/s: the runner spends most of its time waiting for the pacer.
     let body = format!("{{\"topic\":\"{topic}\",\"rate\":0.2,\"canary\":0}}");

@@ -4,8 +4,7 @@
 //! message is on its original topic. Screenshots of the main views go to
 //! `target/screenshots/` (`docs/dashboard.png` in the README is one of them).
 
-use std::net::TcpListener;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use fantoccini::{Client, ClientBuilder, Locator};
@@ -14,27 +13,16 @@ use outbox_testkit::*;
 const TOKEN: &str = "browser-test-token-0123456789";
 const VIEWER_TOKEN: &str = "browser-viewer-token-987654321";
 
-struct Kill(Child);
-impl Drop for Kill {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 async fn shot(c: &Client, name: &str) {
     let dir = format!("{}/target/screenshots", env!("CARGO_MANIFEST_DIR"));
     std::fs::create_dir_all(&dir).unwrap();
     let png = c.screenshot().await.unwrap();
     std::fs::write(format!("{dir}/{name}.png"), png).unwrap();
+}
+
+/// Clicks the element `at` finds now.
+async fn click(c: &Client, at: Locator<'_>) {
+    c.find(at).await.unwrap().click().await.unwrap();
 }
 
 /// Waits until `css` matches an element whose text contains `text`.
@@ -137,12 +125,7 @@ async fn sign_in(console: &Console, token: &str) {
     c.goto(&format!("{}/", console.base)).await.unwrap();
     let field = c.wait().for_element(Locator::Id("token")).await.unwrap();
     field.send_keys(token).await.unwrap();
-    c.find(Locator::Id("sign-in"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    click(c, Locator::Id("sign-in")).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -192,16 +175,7 @@ async fn an_operator_finds_a_dead_letter_group_opens_a_message_and_replays_it() 
         )
         .await;
     }
-    outbox::dlq::Archiver::new(
-        &db,
-        &kafka(),
-        vec![format!("{topic}.dlq"), format!("{topic2}.dlq")],
-    )
-    .unwrap()
-    .group(&format!("it-a-{}", hex(6)))
-    .run_once(&mut |_, _| {})
-    .await
-    .unwrap();
+    archive_once(&db, vec![format!("{topic}.dlq"), format!("{topic2}.dlq")]).await;
 
     let console = open_console(&db).await;
     let (c, base) = (&console.c, console.base.clone());
@@ -234,12 +208,7 @@ async fn an_operator_finds_a_dead_letter_group_opens_a_message_and_replays_it() 
         let token = c.wait().for_element(Locator::Id("token")).await.unwrap();
         shot(c, "login").await;
         token.send_keys(TOKEN).await.unwrap();
-        c.find(Locator::Id("sign-in"))
-            .await
-            .unwrap()
-            .click()
-            .await
-            .unwrap();
+        click(c, Locator::Id("sign-in")).await;
 
         // The home view: dead letters grouped by cause, with their counts.
         let row = wait_text(c, "#groups tr", "customer <n> not found").await;
@@ -262,24 +231,14 @@ async fn an_operator_finds_a_dead_letter_group_opens_a_message_and_replays_it() 
         wait_text(c, "#tile-relays", "1 alive").await;
         shot(c, "dead-letters-by-cause").await;
         // The dependency is back: an operator closes the breaker, with a reason.
-        c.find(Locator::Css("#breakers .close-breaker"))
-            .await
-            .unwrap()
-            .click()
-            .await
-            .unwrap();
+        click(c, Locator::Css("#breakers .close-breaker")).await;
         c.find(Locator::Id("breaker-reason"))
             .await
             .unwrap()
             .send_keys("payments team confirms the API is back")
             .await
             .unwrap();
-        c.find(Locator::Id("modal-confirm"))
-            .await
-            .unwrap()
-            .click()
-            .await
-            .unwrap();
+        click(c, Locator::Id("modal-confirm")).await;
         wait_text(c, "#flash-msg", "Breaker of payments-api for billing closed.").await;
         wait_text(c, "#tile-breakers", "all closed").await;
         let audit: String = pg
@@ -314,40 +273,20 @@ async fn an_operator_finds_a_dead_letter_group_opens_a_message_and_replays_it() 
         shot(c, "message").await;
 
         // Replay it: the confirmation shows the dry-run count; no canary for one letter.
-        c.find(Locator::Id("replay-one"))
-            .await
-            .unwrap()
-            .click()
-            .await
-            .unwrap();
+        click(c, Locator::Id("replay-one")).await;
         wait_text(c, "#replay-count", "1 letter(s) will be sent back").await;
         // A permanent letter: the dialog says why it is risky and wants it confirmed.
         wait_text(c, "#replay-risk-kinds", "1 permanent letter(s)").await;
         shot(c, "replay-confirmation").await;
-        c.find(Locator::Id("modal-confirm"))
-            .await
-            .unwrap()
-            .click()
-            .await
-            .unwrap();
+        click(c, Locator::Id("modal-confirm")).await;
         wait_text(
             c,
             "#modal-error",
             "confirm that the fix for these letters is deployed",
         )
         .await;
-        c.find(Locator::Id("replay-confirm-kinds"))
-            .await
-            .unwrap()
-            .click()
-            .await
-            .unwrap();
-        c.find(Locator::Id("modal-confirm"))
-            .await
-            .unwrap()
-            .click()
-            .await
-            .unwrap();
+        click(c, Locator::Id("replay-confirm-kinds")).await;
+        click(c, Locator::Id("modal-confirm")).await;
         // The jobs view follows the job to its end.
         wait_text(c, "#jobs .job-status", "completed").await;
         wait_text(c, "#flash-msg", "started").await;
@@ -392,12 +331,7 @@ async fn an_operator_finds_a_dead_letter_group_opens_a_message_and_replays_it() 
             .await
             .unwrap();
         shot(c, "restore-confirmation").await;
-        c.find(Locator::Id("modal-confirm"))
-            .await
-            .unwrap()
-            .click()
-            .await
-            .unwrap();
+        click(c, Locator::Id("modal-confirm")).await;
         wait_text(c, "#flash-msg", "3 letter(s) restored to new.").await;
         let back_to_new = dlq
             .list(
@@ -434,12 +368,7 @@ async fn an_operator_finds_a_dead_letter_group_opens_a_message_and_replays_it() 
         c.goto(&format!("{base}/#/trace")).await.unwrap();
         let q = c.wait().for_element(Locator::Id("trace-q")).await.unwrap();
         q.send_keys(&message_id).await.unwrap();
-        c.find(Locator::Css("#trace-form button"))
-            .await
-            .unwrap()
-            .click()
-            .await
-            .unwrap();
+        click(c, Locator::Css("#trace-form button")).await;
         wait_text(c, ".journey h3", &message_id).await;
         wait_text(c, ".journey td", "customer 100 not found").await;
         wait_text(c, ".journey td", "replay by admin via outbox-admin").await;
@@ -474,20 +403,10 @@ async fn an_operator_finds_a_dead_letter_group_opens_a_message_and_replays_it() 
             .await
             .unwrap();
         wait_text(c, "#replay-risk-kinds", "2 decode letter(s)").await;
-        c.find(Locator::Id("modal-confirm"))
-            .await
-            .unwrap()
-            .click()
-            .await
-            .unwrap();
+        click(c, Locator::Id("modal-confirm")).await;
         wait_text(c, "#modal-error", "confirm that the fix for these letters is deployed").await;
         shot(c, "replay-decode-refused").await;
-        c.find(Locator::Id("modal-cancel"))
-            .await
-            .unwrap()
-            .click()
-            .await
-            .unwrap();
+        click(c, Locator::Id("modal-cancel")).await;
         // The home view and a message at phone width fit the screen.
         c.set_window_size(390, 844).await.unwrap();
         for (view, name) in [("#/", "overview-phone"), (&*format!("#/message/{id}"), "message-phone")] {
@@ -503,21 +422,11 @@ async fn an_operator_finds_a_dead_letter_group_opens_a_message_and_replays_it() 
         c.set_window_size(1400, 1000).await.unwrap();
 
         // Sign out; a viewer sees where and why, never contents — and says so.
-        c.find(Locator::Id("sign-out"))
-            .await
-            .unwrap()
-            .click()
-            .await
-            .unwrap();
+        click(c, Locator::Id("sign-out")).await;
         wait_text(c, "#login-error", "Signed out.").await;
         let token = c.find(Locator::Id("token")).await.unwrap();
         token.send_keys(VIEWER_TOKEN).await.unwrap();
-        c.find(Locator::Id("sign-in"))
-            .await
-            .unwrap()
-            .click()
-            .await
-            .unwrap();
+        click(c, Locator::Id("sign-in")).await;
         wait_text(c, "#who", "vera (viewer)").await;
         c.goto(&format!("{base}/#/message/{id}")).await.unwrap();
         wait_text(c, "#headers td", "(redacted for your role)").await;
@@ -562,12 +471,7 @@ async fn the_tiles_lead_to_every_process_partition_and_breaker_and_the_list_sort
         )
         .await;
     }
-    outbox::dlq::Archiver::new(&db, &kafka(), vec![format!("{topic}.dlq")])
-        .unwrap()
-        .group(&format!("it-a-{}", hex(6)))
-        .run_once(&mut |_, _| {})
-        .await
-        .unwrap();
+    archive_once(&db, vec![format!("{topic}.dlq")]).await;
     let pg = outbox_testkit::client(&db).await;
     pg.execute(
         "INSERT INTO outbox_instances (kind, name, instance, state, seen_at) VALUES
@@ -608,19 +512,19 @@ async fn the_tiles_lead_to_every_process_partition_and_breaker_and_the_list_sort
         // Open a breaker by hand from the breakers' details, then close it.
         c.goto(&format!("{base}/#/system?show=breakers")).await.unwrap();
         wait_text(c, "#no-breakers", "All closed.").await;
-        c.find(Locator::Id("open-breaker")).await.unwrap().click().await.unwrap();
+        click(c, Locator::Id("open-breaker")).await;
         for (id, v) in [("open-group", "billing"), ("open-dependency", "payments-api"),
                         ("open-reason", "payments team asked for a pause")] {
             c.find(Locator::Id(id)).await.unwrap().send_keys(v).await.unwrap();
         }
-        c.find(Locator::Id("modal-confirm")).await.unwrap().click().await.unwrap();
+        click(c, Locator::Id("modal-confirm")).await;
         wait_text(c, "#flash-msg", "Breaker of payments-api for billing opened.").await;
         let b = wait_text(c, "#breaker-list tr", "payments-api").await;
         assert!(b.text().await.unwrap().contains("payments team asked for a pause"));
         shot(c, "system-breakers").await;
         b.find(Locator::Css(".close-breaker")).await.unwrap().click().await.unwrap();
         c.find(Locator::Id("breaker-reason")).await.unwrap().send_keys("back").await.unwrap();
-        c.find(Locator::Id("modal-confirm")).await.unwrap().click().await.unwrap();
+        click(c, Locator::Id("modal-confirm")).await;
         wait_text(c, "#no-breakers", "All closed.").await;
         let actions: Vec<String> = pg
             .query("SELECT action || ' by ' || actor || ' via ' || via FROM dlq_audit ORDER BY id", &[])
@@ -648,10 +552,10 @@ async fn the_tiles_lead_to_every_process_partition_and_breaker_and_the_list_sort
         c.goto(&format!("{base}/#/messages?topic={topic}&limit=2")).await.unwrap();
         wait_text(c, "#match-count", "3 letter(s) match; showing 2 per page, newest first.").await;
         assert_eq!(first_cell(c).await, format!("#{}", ids[2]));
-        c.find(Locator::Id("sort-toggle")).await.unwrap().click().await.unwrap();
+        click(c, Locator::Id("sort-toggle")).await;
         wait_text(c, "#match-count", "oldest first").await;
         assert_eq!(first_cell(c).await, format!("#{}", ids[0]));
-        c.find(Locator::Id("next-page")).await.unwrap().click().await.unwrap();
+        click(c, Locator::Id("next-page")).await;
         wait_text(c, "#messages tr", &format!("#{}", ids[2])).await;
         let rows = c.find_all(Locator::Css("#messages tr")).await.unwrap();
         assert_eq!(rows.len(), 2, "the last page holds the newest letter alone");
@@ -677,7 +581,7 @@ async fn the_tiles_lead_to_every_process_partition_and_breaker_and_the_list_sort
         assert!(f[0] >= 0.0 && f[1] <= f[2] && f[3] <= f[2] && f[4] <= f[5] && f[6] <= 1.0,
             "the replay dialog does not fit a phone: {f:?}");
         shot(c, "replay-dialog-phone").await;
-        c.find(Locator::Id("modal-cancel")).await.unwrap().click().await.unwrap();
+        click(c, Locator::Id("modal-cancel")).await;
         c.goto(&format!("{base}/#/system")).await.unwrap();
         wait_text(c, "#relay-list tr", "relay-0:1").await;
         let overflow = c

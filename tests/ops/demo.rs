@@ -3,16 +3,9 @@
 //! and the dashboard it leaves running answers with the token it printed; `dev/demo.sh stop`
 //! ends what it started.
 
-use std::net::TcpListener;
 use std::process::Command;
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+use outbox_testkit::free_port;
 
 /// `dev/demo.sh stop` for this test's own state directory.
 fn stop(state: &str) -> String {

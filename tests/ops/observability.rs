@@ -4,8 +4,7 @@
 //! rules name is one the code exports.
 
 use std::collections::{BTreeSet, HashMap};
-use std::net::TcpListener;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use outbox::consumer::{BoxFuture, Consumer, ConsumerConfig, Delivered, Handler, HandlerError};
@@ -13,14 +12,6 @@ use outbox_testkit::*;
 
 fn repo(path: &str) -> String {
     format!("{}/{path}", env!("CARGO_MANIFEST_DIR"))
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 #[test]
@@ -122,14 +113,6 @@ fn referenced(text: &str) -> BTreeSet<String> {
         // Dashboard uid and file names, not metrics.
         .filter(|n| n != "outbox_overview")
         .collect()
-}
-
-struct Kill(Child);
-impl Drop for Kill {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 fn spawn(db: &outbox::DbConfig, args: &[&str]) -> Kill {

@@ -495,3 +495,32 @@ pub fn outbox_bin() -> std::path::PathBuf {
     );
     bin
 }
+
+/// A child process killed (and reaped) when the test lets go of it, however the test ends.
+pub struct Kill(pub std::process::Child);
+
+impl Drop for Kill {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A loopback port free at the moment of asking (for a server a test starts).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Archives what the DLQ `topics` hold now, once, with a fresh archiver group.
+pub async fn archive_once(db: &DbConfig, topics: Vec<String>) -> outbox::dlq::ArchiveReport {
+    outbox::dlq::Archiver::new(db, &kafka(), topics)
+        .unwrap()
+        .group(&format!("it-a-{}", hex(6)))
+        .run_once(&mut |_, _| {})
+        .await
+        .unwrap()
+}
