@@ -41,6 +41,11 @@ pub enum EnqueueError {
     /// The INSERT failed; the caller's transaction is now aborted and must be rolled back.
     #[error("postgres: {0}")]
     Postgres(#[from] tokio_postgres::Error),
+    /// The INSERT failed through sqlx (`outbox::sqlx`); the caller's transaction is now
+    /// aborted and must be rolled back.
+    #[cfg(feature = "sqlx")]
+    #[error("postgres (sqlx): {0}")]
+    Sqlx(#[from] sqlx::Error),
 }
 
 impl EnqueueError {
@@ -49,12 +54,14 @@ impl EnqueueError {
     pub fn is_transient(&self) -> bool {
         match self {
             Self::Postgres(e) => crate::classify::postgres_is_transient(e),
+            #[cfg(feature = "sqlx")]
+            Self::Sqlx(e) => crate::classify::sqlx_is_transient(e),
             _ => false,
         }
     }
 }
 
-fn validate(msg: &Message) -> Result<(), EnqueueError> {
+pub(crate) fn validate(msg: &Message) -> Result<(), EnqueueError> {
     validate_topic(&msg.topic)?;
     if msg.message_type.is_empty() {
         return Err(EnqueueError::EmptyMessageType);
@@ -73,7 +80,7 @@ fn validate(msg: &Message) -> Result<(), EnqueueError> {
     Ok(())
 }
 
-fn headers_json(msg: &Message) -> serde_json::Value {
+pub(crate) fn headers_json(msg: &Message) -> serde_json::Value {
     serde_json::Value::Object(
         msg.all_headers()
             .into_iter()
@@ -149,6 +156,18 @@ impl Enqueuer {
         msgs: &[Message],
     ) -> Result<u64, EnqueueError> {
         insert_many(client, &self.batch, msgs).await
+    }
+
+    /// The single-message INSERT for this schema (also used by the sqlx path).
+    #[cfg_attr(not(feature = "sqlx"), allow(dead_code))]
+    pub(crate) fn single_sql(&self) -> &str {
+        &self.single
+    }
+
+    /// The batch INSERT for this schema.
+    #[cfg_attr(not(feature = "sqlx"), allow(dead_code))]
+    pub(crate) fn batch_sql(&self) -> &str {
+        &self.batch
     }
 }
 

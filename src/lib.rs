@@ -59,7 +59,8 @@
 //! | `republish` | core | [`requeue_sent`]: publish sent rows again (a topic lost by the broker) |
 //! | `metrics` | core / `prometheus` | metric names; the recorder and `/metrics` with `prometheus` |
 //! | `trace` | core | W3C `traceparent`: carried to Kafka, parent of the consumer's handler span |
-//! | `classify` | core | transient vs permanent Postgres errors |
+//! | `classify` | core | transient vs permanent Postgres errors (tokio-postgres and sqlx) |
+//! | `sqlx` | `sqlx` | [`sqlx::enqueue`](crate::sqlx) into an sqlx transaction or connection; the consumer's sqlx driver lives in `consumer/sqlx.rs` |
 //! | `db`, `backoff`, `outage` | core | connections; capped backoff; one log line per outage (private) |
 //! | `kafka` | `kafka` | the idempotent producer preset, librdkafka callbacks, typed refusal reasons (private) |
 //! | `topics` | `kafka` | [`topics::apply_file`]: topics as code (main, retry chain, DLQ) |
@@ -105,6 +106,8 @@ mod relay;
 mod republish;
 mod schema;
 mod sql;
+#[cfg(feature = "sqlx")]
+pub mod sqlx;
 mod status;
 mod topic;
 #[cfg(feature = "kafka")]

@@ -79,6 +79,39 @@ pub struct ConsumerConfig {
     /// (on by default: 35 days, batches of 5,000, hourly; `None` turns it off, e.g. when
     /// `outbox cleanup` runs from cron). The `outbox_marks_overdue` gauge is exported either way.
     pub cleanup: Option<super::MarksCleanup>,
+    /// Which driver runs the handlers' transactions (default [`Driver::TokioPostgres`]). One
+    /// choice for the whole consumer: every guarantee (the inbox mark in the handler's
+    /// transaction, commit groups, retries, dead letters, the breaker) is the runtime's, the
+    /// driver only opens, marks and commits.
+    pub driver: Driver,
+}
+
+/// The Postgres driver of a consumer's handler transactions.
+#[derive(Debug, Clone, Default)]
+#[non_exhaustive]
+pub enum Driver {
+    /// tokio-postgres, from the consumer's own pool (sized by
+    /// [`ConsumerConfig::transactions`]): [`super::Handler`] and [`super::BatchHandler`].
+    #[default]
+    TokioPostgres,
+    /// sqlx, from the service's own `PgPool`: [`super::SqlxHandler`] and
+    /// [`super::SqlxBatchHandler`] get the transaction's connection. The pool is the
+    /// service's: its `search_path` is what handlers see, and it needs a connection per
+    /// [`ConsumerConfig::transactions`]. The runtime's own bookkeeping (dead-letter records,
+    /// the breaker's row, heartbeats, marks cleanup) keeps two connections of its own.
+    #[cfg(feature = "sqlx")]
+    Sqlx(sqlx::PgPool),
+}
+
+impl Driver {
+    /// `"tokio-postgres"` or `"sqlx"`, for messages.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::TokioPostgres => "tokio-postgres",
+            #[cfg(feature = "sqlx")]
+            Self::Sqlx(_) => "sqlx",
+        }
+    }
 }
 
 /// Default [`ConsumerConfig::commit_group`].
@@ -116,6 +149,7 @@ impl ConsumerConfig {
             session_timeout: DEFAULT_SESSION_TIMEOUT,
             commit_group: DEFAULT_COMMIT_GROUP,
             cleanup: Some(super::MarksCleanup::default()),
+            driver: Driver::TokioPostgres,
         }
     }
 

@@ -78,20 +78,18 @@ impl Runtime<'_> {
     /// True for a decoded message whose type has a per-message handler.
     fn single(&self, env: &Envelope) -> bool {
         env.decoded.as_ref().is_ok_and(|d| {
-            matches!(
-                self.shared.handlers.get(d.route()),
-                Some(HandlerRef::Single(_))
-            )
+            self.shared
+                .handlers
+                .get(d.route())
+                .is_some_and(HandlerRef::is_single)
         })
     }
 
     /// The batch handler and bound for an envelope, if its type has one.
     fn batch_of(&self, env: &Envelope) -> Option<(String, usize)> {
         let d = env.decoded.as_ref().ok()?;
-        match self.shared.handlers.get(d.route())? {
-            HandlerRef::Batch(_, max) => Some((d.message_type.clone(), *max)),
-            HandlerRef::Single(_) | HandlerRef::Call(_) => None,
-        }
+        let max = self.shared.handlers.get(d.route())?.batch_bound()?;
+        Some((d.message_type.clone(), max))
     }
 
     /// True when handling `env` holds a transaction for the handler's whole run.

@@ -38,7 +38,7 @@ use super::stats::ConsumerStats;
 use super::{HandlerRef, Shared};
 
 /// How one message of a group ended inside the group's transaction.
-enum InGroup {
+pub(super) enum InGroup {
     Processed,
     Duplicate,
     /// Its handler failed or panicked: processed alone, this try counting as its first.
@@ -49,7 +49,14 @@ enum InGroup {
 
 /// Processes `envs` (heads of different lanes) as one commit group; returns each one's fate.
 pub(super) async fn process_group(envs: &[&Envelope], shared: &Shared) -> Vec<Fate> {
-    let outcomes = match run_group(envs, shared)
+    let run = async {
+        match &shared.config.driver {
+            super::Driver::TokioPostgres => run_group(envs, shared).await,
+            #[cfg(feature = "sqlx")]
+            super::Driver::Sqlx(pool) => super::sqlx::run_group(envs, shared, pool).await,
+        }
+    };
+    let outcomes = match run
         .instrument(tracing::debug_span!(
             "outbox.commit_group",
             size = envs.len()
@@ -96,7 +103,7 @@ async fn run_group(envs: &[&Envelope], shared: &Shared) -> Result<Vec<InGroup>, 
             let d = env.decoded.as_ref().ok()?;
             match shared.handlers.get(d.route())? {
                 HandlerRef::Single(h) => Some((d, h)),
-                HandlerRef::Batch(..) | HandlerRef::Call(_) => None,
+                _ => None,
             }
         })
         .collect();

@@ -182,6 +182,31 @@ impl From<tokio_postgres::Error> for HandlerError {
     }
 }
 
+#[cfg(feature = "sqlx")]
+impl From<sqlx::Error> for HandlerError {
+    /// The same rule as for tokio-postgres errors: the SQLSTATE decides, a transport failure
+    /// (I/O, a pool that timed out) means the database is unavailable, a row or column that
+    /// does not decode is permanent (a bug in the handler).
+    fn from(e: sqlx::Error) -> Self {
+        let text = match &e {
+            sqlx::Error::Database(db) => format!(
+                "postgres {}: {}",
+                db.code().as_deref().unwrap_or("?"),
+                db.message()
+            ),
+            other => format!("postgres: {other}"),
+        };
+        let h = if crate::classify::sqlx_is_unavailable(&e) {
+            Self::database_unavailable(text)
+        } else if crate::classify::sqlx_is_transient(&e) {
+            Self::transient(text)
+        } else {
+            Self::permanent(text)
+        };
+        h.with_source(e)
+    }
+}
+
 impl From<std::io::Error> for HandlerError {
     fn from(e: std::io::Error) -> Self {
         use std::io::ErrorKind as K;

@@ -114,4 +114,65 @@ impl Inbox {
             .await?;
         Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
     }
+
+    /// As [`Inbox::mark`], in an sqlx transaction (`&mut *tx`).
+    ///
+    /// # Errors
+    /// The sqlx error; the caller's transaction is then aborted.
+    #[cfg(feature = "sqlx")]
+    pub async fn mark_sqlx(
+        &self,
+        tx: &mut sqlx::PgConnection,
+        topic: &str,
+        message_id: &str,
+    ) -> Result<bool, sqlx::Error> {
+        Ok(sqlx::query(&self.insert)
+            .bind(&self.group)
+            .bind(topic)
+            .bind(message_id)
+            .fetch_optional(tx)
+            .await?
+            .is_some())
+    }
+
+    /// As [`Inbox::mark_many`], in an sqlx transaction.
+    ///
+    /// # Errors
+    /// The sqlx error; the caller's transaction is then aborted.
+    #[cfg(feature = "sqlx")]
+    pub async fn mark_many_sqlx(
+        &self,
+        tx: &mut sqlx::PgConnection,
+        items: &[(&str, &str)],
+    ) -> Result<std::collections::HashSet<(String, String)>, sqlx::Error> {
+        use sqlx::Row as _;
+        let topics: Vec<&str> = items.iter().map(|(t, _)| *t).collect();
+        let ids: Vec<&str> = items.iter().map(|(_, m)| *m).collect();
+        let rows = sqlx::query(&self.insert_many)
+            .bind(&self.group)
+            .bind(topics)
+            .bind(ids)
+            .fetch_all(tx)
+            .await?;
+        rows.iter()
+            .map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
+            .collect()
+    }
+
+    /// As `unmark`, in an sqlx transaction.
+    #[cfg(feature = "sqlx")]
+    pub(crate) async fn unmark_sqlx(
+        &self,
+        tx: &mut sqlx::PgConnection,
+        topic: &str,
+        message_id: &str,
+    ) -> Result<(), sqlx::Error> {
+        sqlx::query(&self.delete)
+            .bind(&self.group)
+            .bind(topic)
+            .bind(message_id)
+            .execute(tx)
+            .await?;
+        Ok(())
+    }
 }

@@ -38,6 +38,8 @@ mod process;
 mod record;
 mod retry;
 mod runtime;
+#[cfg(feature = "sqlx")]
+mod sqlx;
 mod stats;
 mod upkeep;
 
@@ -46,8 +48,10 @@ pub use breaker::{
     DEFAULT_BREAKER_CHECK_INTERVAL, DEFAULT_OPEN_FOR,
 };
 pub use call::CallHandler;
+#[cfg(feature = "sqlx")]
+pub use self::sqlx::{SqlxBatchHandler, SqlxBatchHandlerFn, SqlxHandler, SqlxHandlerFn};
 pub use config::{
-    ConsumerConfig, ConsumerError, DEFAULT_COMMIT_GROUP, DEFAULT_CONCURRENCY, DEFAULT_DLQ_SUFFIX,
+    ConsumerConfig, ConsumerError, Driver, DEFAULT_COMMIT_GROUP, DEFAULT_CONCURRENCY, DEFAULT_DLQ_SUFFIX,
     DEFAULT_MAX_BUFFERED, DEFAULT_SESSION_TIMEOUT, DEFAULT_TRANSACTIONS, MAX_COMMIT_GROUP,
 };
 pub use dead_letter::*;
@@ -87,9 +91,46 @@ enum HandlerRef {
     Batch(Arc<dyn BatchHandler>, usize),
     /// A call handler: no transaction during its call (`call.rs`).
     Call(Arc<dyn call::ErasedCall>),
+    /// A per-message handler in an sqlx transaction (`sqlx.rs`).
+    #[cfg(feature = "sqlx")]
+    SqlxSingle(Arc<dyn SqlxHandler>),
+    /// A batch handler in an sqlx transaction.
+    #[cfg(feature = "sqlx")]
+    SqlxBatch(Arc<dyn SqlxBatchHandler>, usize),
 }
 
 impl HandlerRef {
+    /// The driver whose transaction the handler takes (`None`: a call handler, which takes
+    /// none during its call and records through the runtime's own pool).
+    fn driver(&self) -> Option<&'static str> {
+        match self {
+            HandlerRef::Single(_) | HandlerRef::Batch(..) => Some("tokio-postgres"),
+            HandlerRef::Call(_) => None,
+            #[cfg(feature = "sqlx")]
+            HandlerRef::SqlxSingle(_) | HandlerRef::SqlxBatch(..) => Some("sqlx"),
+        }
+    }
+
+    /// A per-message handler (of either driver): a commit group may take it.
+    fn is_single(&self) -> bool {
+        match self {
+            HandlerRef::Single(_) => true,
+            #[cfg(feature = "sqlx")]
+            HandlerRef::SqlxSingle(_) => true,
+            _ => false,
+        }
+    }
+
+    /// A batch handler's bound.
+    fn batch_bound(&self) -> Option<usize> {
+        match self {
+            HandlerRef::Batch(_, max) => Some(*max),
+            #[cfg(feature = "sqlx")]
+            HandlerRef::SqlxBatch(_, max) => Some(*max),
+            _ => None,
+        }
+    }
+
     /// Holds a pooled connection (and a transaction) for as long as the handler runs.
     fn holds_transaction(&self) -> bool {
         !matches!(self, HandlerRef::Call(_))
@@ -232,6 +273,65 @@ impl Consumer {
         self
     }
 
+    /// Registers an [`SqlxHandler`] for `message_type` (replacing any earlier handler): it runs
+    /// in an sqlx transaction from the pool of [`Driver::Sqlx`], which the configuration
+    /// must name.
+    #[cfg(feature = "sqlx")]
+    #[must_use]
+    pub fn sqlx_handler(
+        mut self,
+        message_type: impl Into<String>,
+        handler: impl SqlxHandler,
+    ) -> Self {
+        self.handlers.insert(
+            message_type.into(),
+            HandlerRef::SqlxSingle(Arc::new(handler)),
+        );
+        self
+    }
+
+    /// Registers an [`SqlxBatchHandler`] for `message_type`: up to `max_batch` messages per
+    /// sqlx transaction (see [`Consumer::batch_handler`]).
+    #[cfg(feature = "sqlx")]
+    #[must_use]
+    pub fn sqlx_batch_handler(
+        mut self,
+        message_type: impl Into<String>,
+        max_batch: usize,
+        handler: impl SqlxBatchHandler,
+    ) -> Self {
+        self.handlers.insert(
+            message_type.into(),
+            HandlerRef::SqlxBatch(Arc::new(handler), max_batch.max(1)),
+        );
+        self
+    }
+
+    /// Refuses a handler whose transaction type is not the configured driver's.
+    fn check_drivers(&self) -> Result<(), ConsumerError> {
+        let driver = self.config.driver.name();
+        let mut wrong: Vec<String> = self
+            .handlers
+            .iter()
+            .filter(|(_, h)| h.driver().is_some_and(|d| d != driver))
+            .map(|(t, h)| {
+                format!(
+                    "{} ({} handler)",
+                    if t.is_empty() { "tombstones" } else { t },
+                    h.driver().unwrap_or_default()
+                )
+            })
+            .collect();
+        if wrong.is_empty() {
+            return Ok(());
+        }
+        wrong.sort();
+        Err(ConsumerError::Config(format!(
+            "the consumer's driver is {driver} (ConsumerConfig::driver), but these handlers take another driver's transaction: {}",
+            wrong.join(", ")
+        )))
+    }
+
     /// Counters, shared with the running consumer.
     pub fn stats(&self) -> Arc<ConsumerStats> {
         self.stats.clone()
@@ -318,6 +418,7 @@ impl Consumer {
         self,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> Result<(), ConsumerError> {
+        self.check_drivers()?;
         let partitions = Arc::new(Mutex::new(Partitions::default()));
         let cc = self.client_config();
         let last_final = Arc::new(Mutex::new(HashMap::new()));
@@ -409,7 +510,20 @@ impl Consumer {
                 "in-transaction handlers run at most `transactions` at once; raise ConsumerConfig::transactions for more"
             );
         }
-        db.pool_size = if holds {
+        // With sqlx the handlers' transactions come from the service's pool, not ours.
+        let own_tx = matches!(self.config.driver, Driver::TokioPostgres);
+        #[cfg(feature = "sqlx")]
+        if let Driver::Sqlx(p) = &self.config.driver {
+            let max = p.options().get_max_connections() as usize;
+            if holds && max < self.config.transaction_slots() {
+                info!(
+                    max_connections = max,
+                    transactions = self.config.transaction_slots(),
+                    "the sqlx pool has fewer connections than ConsumerConfig::transactions: handlers wait for its connections"
+                );
+            }
+        }
+        db.pool_size = if holds && own_tx {
             self.config.transaction_slots()
         } else {
             0

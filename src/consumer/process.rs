@@ -60,6 +60,10 @@ pub(super) async fn run_in_tx(
         // Its call runs outside any transaction; only the mark is one (`call.rs`).
         return super::call::run_call(shared, h, d).await;
     }
+    #[cfg(feature = "sqlx")]
+    if let super::Driver::Sqlx(pool) = &shared.config.driver {
+        return super::sqlx::run_in_tx(shared, pool, handler, d).await;
+    }
     let mut conn = connection(shared).await?;
     // The inbox insert is prepared once per connection: one round trip per message instead of
     // a parse round trip and an execute round trip.
@@ -77,6 +81,10 @@ pub(super) async fn run_in_tx(
         HandlerRef::Single(h) => h.handle(d, &tx).await?,
         HandlerRef::Batch(h, _) => h.handle_batch(&[d], &tx).await?,
         HandlerRef::Call(_) => unreachable!("call handlers returned above"),
+        #[cfg(feature = "sqlx")]
+        HandlerRef::SqlxSingle(_) | HandlerRef::SqlxBatch(..) => {
+            return Err(super::sqlx::wrong_driver());
+        }
     }
     // A handler that swallowed its statement's error left the transaction aborted: `COMMIT`
     // would roll back without an error and the message would count as handled with nothing
@@ -114,6 +122,13 @@ pub(super) async fn run_batch_in_tx(
     Ok((first.len(), ds.len() - first.len()))
 }
 
+/// A batch handler of either driver.
+enum Batched<'h> {
+    Pg(&'h dyn BatchHandler),
+    #[cfg(feature = "sqlx")]
+    Sqlx(&'h dyn super::SqlxBatchHandler),
+}
+
 /// A batch of heads of different lanes, all of one batch-handled type. On any failure the
 /// batch is replayed message by message so each gets its own outcome.
 pub(super) async fn process_batch(envs: &[&Envelope], shared: &Shared) -> Vec<Fate> {
@@ -123,7 +138,13 @@ pub(super) async fn process_batch(envs: &[&Envelope], shared: &Shared) -> Vec<Fa
         .collect();
     let handler = ds.first().and_then(|d| shared.handlers.get(d.route()));
     let uniform = ds.len() == envs.len() && ds.iter().all(|d| d.route() == ds[0].route());
-    let (Some(HandlerRef::Batch(h, _)), true) = (handler, uniform) else {
+    let batch = match (handler, uniform) {
+        (Some(HandlerRef::Batch(h, _)), true) => Some(Batched::Pg(h.as_ref())),
+        #[cfg(feature = "sqlx")]
+        (Some(HandlerRef::SqlxBatch(h, _)), true) => Some(Batched::Sqlx(h.as_ref())),
+        _ => None,
+    };
+    let Some(batch) = batch else {
         // Defensive: batches are formed only from one batch type; anything else goes one by one.
         let mut fates = Vec::with_capacity(envs.len());
         for env in envs {
@@ -132,7 +153,17 @@ pub(super) async fn process_batch(envs: &[&Envelope], shared: &Shared) -> Vec<Fa
         return fates;
     };
     let started = std::time::Instant::now();
-    let result = AssertUnwindSafe(run_batch_in_tx(shared, h.as_ref(), &ds))
+    let run = async {
+        match batch {
+            Batched::Pg(h) => run_batch_in_tx(shared, h, &ds).await,
+            #[cfg(feature = "sqlx")]
+            Batched::Sqlx(h) => match &shared.config.driver {
+                super::Driver::Sqlx(pool) => super::sqlx::run_batch_in_tx(shared, pool, h, &ds).await,
+                super::Driver::TokioPostgres => Err(super::sqlx::wrong_driver()),
+            },
+        }
+    };
+    let result = AssertUnwindSafe(run)
         .catch_unwind()
         .instrument(tracing::info_span!("outbox.handle_batch", size = ds.len(), group = %shared.config.group))
         .await;

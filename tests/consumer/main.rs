@@ -6,6 +6,7 @@ mod breaker;
 mod call;
 mod classify;
 mod compacted;
+mod drivers;
 mod fleet;
 mod hostile;
 mod recovery;

@@ -54,6 +54,20 @@ pub async fn client(db: &DbConfig) -> tokio_postgres::Client {
     c
 }
 
+/// An sqlx pool of at most `max` connections whose `search_path` is the test schema, then
+/// `public` (what a service's pool looks like when its tables live next to the outbox's).
+pub async fn sqlx_pool(db: &DbConfig, max: u32) -> sqlx::PgPool {
+    use std::str::FromStr as _;
+    let opts = sqlx::postgres::PgConnectOptions::from_str(&database_url())
+        .expect("DATABASE_URL")
+        .options([("search_path", format!("{},public", db.schema.quoted()))]);
+    sqlx::postgres::PgPoolOptions::new()
+        .max_connections(max)
+        .connect_with(opts)
+        .await
+        .expect("sqlx pool (is dev/postgres.sh start running?)")
+}
+
 /// Kafka settings for the dev broker.
 pub fn kafka() -> KafkaConfig {
     KafkaConfig::new(&bootstrap()).unwrap()
