@@ -6,3 +6,4 @@ mod crash;
 mod ordering;
 mod plans;
 mod security;
+mod sqlx;
