@@ -32,6 +32,7 @@ mod dead_letter;
 mod dispatch;
 mod group;
 mod handler;
+mod harness;
 mod inbox;
 mod offsets;
 mod process;
@@ -59,6 +60,7 @@ pub use handler::{
     BatchHandler, BatchHandlerFn, BoxFuture, Delivered, ErrorKind, Freshness, FreshnessCheck,
     FreshnessFn, Handler, HandlerError, HandlerFn,
 };
+pub use harness::{Harness, Outcome, Written};
 pub use inbox::{Inbox, InboxOutcome};
 pub use retry::{
     retry_suffix, RetryStrategy, DEFAULT_IN_PLACE_ATTEMPTS, DEFAULT_IN_PLACE_BASE,
@@ -139,7 +141,8 @@ impl HandlerRef {
 
 struct Shared {
     pool: Pool,
-    producer: FutureProducer<crate::kafka::KafkaQuiet>,
+    /// Where retry and dead-letter records go: the broker, or a test's record (`harness.rs`).
+    producer: Sink,
     handlers: HashMap<String, HandlerRef>,
     config: ConsumerConfig,
     retry_topics: HashMap<String, (String, usize)>,
@@ -161,6 +164,14 @@ struct Shared {
     /// A call handler is registered (fixed at start: it sizes the pool, starts the mark
     /// writers, and lets call lanes pass in-transaction ones waiting for a slot).
     has_calls: bool,
+}
+
+/// Where the runtime's own records (retry hops, dead letters) are written.
+enum Sink {
+    /// The broker.
+    Kafka(FutureProducer<crate::kafka::KafkaQuiet>),
+    /// A [`Harness`]'s list, in order of writing: nothing leaves the process.
+    Recorded(Mutex<Vec<Written>>),
 }
 
 impl Shared {
@@ -405,6 +416,87 @@ impl Consumer {
         cc
     }
 
+    /// The runtime's pool, sized for what holds connections, with handlers' `search_path`.
+    fn pool(&self) -> Result<Pool, ConsumerError> {
+        let mut db = self.db.clone();
+        // Connections for what holds them: a transaction per running in-transaction handler,
+        // one per mark writer of call handlers (a few: each writes the marks of every call
+        // answered meanwhile in one transaction), and two for upkeep, heartbeats and dead
+        // letters.
+        let holds = self.handlers.values().any(HandlerRef::holds_transaction);
+        let calls = self.handlers.values().any(|h| !h.holds_transaction());
+        if holds && self.config.concurrency > self.config.transaction_slots() {
+            // Said once at start: a service that raised `concurrency` for in-transaction
+            // handlers (before `transactions` existed) gets `transactions` of them at once.
+            info!(
+                concurrency = self.config.concurrency,
+                transactions = self.config.transaction_slots(),
+                "in-transaction handlers run at most `transactions` at once; raise ConsumerConfig::transactions for more"
+            );
+        }
+        // With sqlx the handlers' transactions come from the service's pool, not ours.
+        let own_tx = matches!(self.config.driver, Driver::TokioPostgres);
+        #[cfg(feature = "sqlx")]
+        if let Driver::Sqlx(p) = &self.config.driver {
+            let max = p.options().get_max_connections() as usize;
+            if holds && max < self.config.transaction_slots() {
+                info!(
+                    max_connections = max,
+                    transactions = self.config.transaction_slots(),
+                    "the sqlx pool has fewer connections than ConsumerConfig::transactions: handlers wait for its connections"
+                );
+            }
+        }
+        db.pool_size = if holds && own_tx {
+            self.config.transaction_slots()
+        } else {
+            0
+        } + if calls {
+            call::writers(self.config.concurrency)
+        } else {
+            0
+        } + 2;
+        // Handlers see the consumer's schema first, so their business tables (which live next
+        // to processed_messages) resolve without qualification.
+        let opts = format!(
+            "{} -c search_path={},public",
+            db.pg.get_options().unwrap_or(""),
+            db.schema.name()
+        );
+        db.pg.options(opts.trim());
+        crate::db::pool(&db).map_err(|e| ConsumerError::Config(format!("pool: {e}")))
+    }
+
+    /// What every handler task shares, from this consumer's parts.
+    fn into_shared(
+        self,
+        pool: Pool,
+        producer: Sink,
+        cancel: CancellationToken,
+        retry_topics: HashMap<String, (String, usize)>,
+        drain_topics: HashMap<String, String>,
+    ) -> Shared {
+        let has_calls = self.handlers.values().any(|h| !h.holds_transaction());
+        Shared {
+            dlq: crate::dlq::Dlq::with_pool(pool.clone(), self.db.schema.clone()),
+            dead_lettered: DeadLetterLog::new(&self.db.schema, &self.config.group, &self.kafka),
+            pool,
+            producer,
+            handlers: self.handlers,
+            inbox: Inbox::new(&self.db.schema, self.config.group.clone()),
+            retry_topics,
+            drain_topics,
+            config: self.config,
+            stats: self.stats,
+            cancel,
+            breakers: self.breakers,
+            freshness: self.freshness,
+            pg_outage: crate::outage::Outage::new("postgres", "consumer"),
+            marks: call::Marks::default(),
+            has_calls,
+        }
+    }
+
     /// Handler transactions run with `search_path` set to the outbox schema, then `public`.
     ///
     /// Consumes until `shutdown` resolves, then lets running handlers finish (bounded by
@@ -494,53 +586,7 @@ impl Consumer {
         subscribe.extend(drain_topics.keys().cloned());
         consumer.subscribe(&subscribe.iter().map(String::as_str).collect::<Vec<_>>())?;
 
-        let mut db = self.db.clone();
-        // Connections for what holds them: a transaction per running in-transaction handler,
-        // one per mark writer of call handlers (a few: each writes the marks of every call
-        // answered meanwhile in one transaction), and two for upkeep, heartbeats and dead
-        // letters.
-        let holds = self.handlers.values().any(HandlerRef::holds_transaction);
-        let calls = self.handlers.values().any(|h| !h.holds_transaction());
-        if holds && self.config.concurrency > self.config.transaction_slots() {
-            // Said once at start: a service that raised `concurrency` for in-transaction
-            // handlers (before `transactions` existed) gets `transactions` of them at once.
-            info!(
-                concurrency = self.config.concurrency,
-                transactions = self.config.transaction_slots(),
-                "in-transaction handlers run at most `transactions` at once; raise ConsumerConfig::transactions for more"
-            );
-        }
-        // With sqlx the handlers' transactions come from the service's pool, not ours.
-        let own_tx = matches!(self.config.driver, Driver::TokioPostgres);
-        #[cfg(feature = "sqlx")]
-        if let Driver::Sqlx(p) = &self.config.driver {
-            let max = p.options().get_max_connections() as usize;
-            if holds && max < self.config.transaction_slots() {
-                info!(
-                    max_connections = max,
-                    transactions = self.config.transaction_slots(),
-                    "the sqlx pool has fewer connections than ConsumerConfig::transactions: handlers wait for its connections"
-                );
-            }
-        }
-        db.pool_size = if holds && own_tx {
-            self.config.transaction_slots()
-        } else {
-            0
-        } + if calls {
-            call::writers(self.config.concurrency)
-        } else {
-            0
-        } + 2;
-        // Handlers see the consumer's schema first, so their business tables (which live next
-        // to processed_messages) resolve without qualification.
-        let opts = format!(
-            "{} -c search_path={},public",
-            db.pg.get_options().unwrap_or(""),
-            db.schema.name()
-        );
-        db.pg.options(opts.trim());
-        let pool = crate::db::pool(&db).map_err(|e| ConsumerError::Config(format!("pool: {e}")))?;
+        let pool = self.pool()?;
         let cancel = CancellationToken::new();
         if let Some(addr) = self.config.metrics_addr {
             #[cfg(feature = "prometheus")]
@@ -618,7 +664,6 @@ impl Consumer {
                 }
             });
         }
-        let dlq = crate::dlq::Dlq::with_pool(pool.clone(), self.db.schema.clone());
         if self.config.breaker.is_some() {
             // Every replica re-reads the shared breaker rows on its own clock.
             let (b, c, every) = (
@@ -642,25 +687,13 @@ impl Consumer {
                 }
             });
         }
-        let dead_lettered = DeadLetterLog::new(&self.db.schema, &self.config.group, &self.kafka);
-        let shared = Arc::new(Shared {
+        let shared = Arc::new(self.into_shared(
             pool,
-            producer,
-            handlers: self.handlers,
-            inbox: Inbox::new(&self.db.schema, self.config.group.clone()),
+            Sink::Kafka(producer),
+            cancel.clone(),
             retry_topics,
             drain_topics,
-            config: self.config,
-            stats: self.stats,
-            cancel: cancel.clone(),
-            breakers: self.breakers,
-            freshness: self.freshness,
-            dlq,
-            dead_lettered,
-            pg_outage: crate::outage::Outage::new("postgres", "consumer"),
-            marks: call::Marks::default(),
-            has_calls: calls,
-        });
+        ));
         // The mark writers of call handlers, one connection each; they outlive the runtime's
         // shutdown so messages finishing meanwhile still get their marks.
         let writers_stop = CancellationToken::new();

@@ -508,7 +508,11 @@ pub(super) async fn dead_letter(
         log.record(&shared.pool, raw, &shared.cancel).await;
         return Fate::Final;
     }
-    let target = log.target(&shared.producer, &topic, origin.partition).await;
+    let target = match &shared.producer {
+        super::Sink::Kafka(p) => log.target(p, &topic, origin.partition).await,
+        // A harness keeps its records in order; there is no partition to find.
+        super::Sink::Recorded(_) => None,
+    };
     if let Some((partition, from)) = target {
         if !log.intend(&shared.pool, raw, partition, from).await {
             debug!("cannot record the intent to dead-letter; writing anyway (a crash meanwhile may duplicate it)");
@@ -542,6 +546,23 @@ pub(super) async fn produce_until_acked(
             blocked.decrement(1.0);
         }
     };
+    let producer = match &shared.producer {
+        super::Sink::Kafka(p) => p,
+        super::Sink::Recorded(written) => {
+            use rdkafka::message::Headers as _;
+            let headers = headers
+                .iter()
+                .map(|h| (h.key.to_owned(), h.value.map(<[u8]>::to_vec)))
+                .collect();
+            written.lock().expect("written lock").push(super::Written {
+                topic: topic.to_owned(),
+                key: raw.key.clone(),
+                headers,
+                payload: raw.payload.clone(),
+            });
+            return true;
+        }
+    };
     loop {
         let mut rec: FutureRecord<'_, [u8], [u8]> =
             FutureRecord::to(topic).headers(headers.clone());
@@ -554,8 +575,7 @@ pub(super) async fn produce_until_acked(
         if let Some(p) = &raw.payload {
             rec = rec.payload(p.as_slice());
         }
-        match shared
-            .producer
+        match producer
             .send(rec, Timeout::After(shared.config.delivery_timeout))
             .await
         {

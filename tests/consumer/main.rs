@@ -8,5 +8,6 @@ mod classify;
 mod compacted;
 mod drivers;
 mod fleet;
+mod harness;
 mod hostile;
 mod recovery;

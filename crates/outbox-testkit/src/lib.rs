@@ -1,10 +1,4 @@
-//! Helpers for integration tests against the real local Postgres and Kafka (`dev/*.sh start`).
-//! Every test gets its own schema and random topic names, so tests run in parallel and reruns
-//! start clean.
-//!
-//! Unpublished: the project's own test kit, shared by every test binary (and the benches)
-//! instead of a copy per binary. A kit for users' own tests is the `testing` part of the
-//! roadmap; this one assumes the `dev/` services.
+#![doc = include_str!("../README.md")]
 #![warn(missing_docs)]
 
 use std::collections::BTreeMap;
@@ -17,6 +11,14 @@ use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{Headers, Message as _};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+
+mod enqueued;
+mod relayed;
+
+pub use enqueued::{enqueued, enqueued_sqlx, only, Enqueued};
+/// The handler harness (no broker): [`outbox::consumer::Consumer::harness`].
+pub use outbox::consumer::{Harness, Outcome, Written};
+pub use relayed::relay_once;
 
 /// `DATABASE_URL`, or the dev Postgres on loopback.
 pub fn database_url() -> String {
@@ -114,6 +116,8 @@ pub fn relay_config() -> RelayConfig {
 /// One record read back from Kafka.
 #[derive(Debug, Clone)]
 pub struct Record {
+    /// Topic read.
+    pub topic: String,
     /// Partition read.
     pub partition: i32,
     /// Offset read.
@@ -237,6 +241,7 @@ pub async fn read_all_from(servers: &str, topic: &str) -> Vec<Record> {
                 }
             }
             out.push(Record {
+                topic: m.topic().to_owned(),
                 partition: m.partition(),
                 offset: m.offset(),
                 key: m.key().map(<[u8]>::to_vec),

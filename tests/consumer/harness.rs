@@ -1,0 +1,227 @@
+//! The handler harness (`Consumer::harness`): a consumer's handlers run through the runtime's
+//! real path — inbox, classification, in-place retries, the retry-topic chain, dead letters,
+//! the breaker, call handlers, the sqlx driver — against real Postgres and no broker.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use outbox::consumer::{
+    BoxFuture, BreakerConfig, CallHandler, Consumer, ConsumerConfig, DeadLetterKind, Delivered,
+    Driver, HandlerError, RetryStrategy,
+};
+use outbox::Message;
+use outbox_testkit::*;
+
+fn order(topic: &str, body: serde_json::Value) -> Delivered {
+    Delivered::from_message(&Message::new(topic, "order_created", "A-1", body))
+}
+
+/// Writes a row per success; the body decides failures.
+async fn handler(msg: &Delivered, tx: &tokio_postgres::Transaction<'_>) -> Result<(), HandlerError> {
+    let b = msg.json();
+    if b["panic"] == true {
+        panic!("boom");
+    }
+    if b["timeout"] == true {
+        return Err(HandlerError::transient("gateway timed out"));
+    }
+    if b["down"] == true {
+        return Err(HandlerError::unavailable("loyalty-api", "connection refused"));
+    }
+    tx.execute("INSERT INTO effects (message_id) VALUES ($1)", &[&msg.message_id])
+        .await?;
+    Ok(())
+}
+
+async fn setup() -> (outbox::DbConfig, tokio_postgres::Client) {
+    let db = fresh_db().await;
+    let c = client(&db).await;
+    c.batch_execute("CREATE TABLE effects (message_id text NOT NULL)")
+        .await
+        .unwrap();
+    (db, c)
+}
+
+/// The retry-topic chain played hop by hop: each hop's record names its origin, the last
+/// one is dead-lettered as exhausted; a record that does not decode is a decode letter; a
+/// panic and an unknown type are what a running consumer makes of them.
+#[tokio::test]
+async fn the_retry_chain_decode_panic_and_skip_outcomes_are_the_runtimes() {
+    let (db, c) = setup().await;
+    let topic = "orders.created";
+    let mut config = ConsumerConfig::new("billing", [topic]);
+    config.retry = RetryStrategy::Topics {
+        delays: vec![Duration::from_secs(5), Duration::from_secs(30)],
+    };
+    let h = Consumer::new(&db, &kafka(), config)
+        .unwrap()
+        .handler("order_created", handler)
+        .harness()
+        .await
+        .unwrap();
+    let first = order(topic, serde_json::json!({"timeout": true}));
+    let Outcome::Retried { record: hop1 } = h.deliver(first.clone()).await else {
+        panic!("a transient failure goes to the first retry topic");
+    };
+    assert!(hop1.topic.starts_with("orders.created.billing.retry"), "{}", hop1.topic);
+    assert_eq!(hop1.header("x-retry-attempt"), Some("1"));
+    assert_eq!(hop1.header("x-original-topic"), Some(topic));
+    assert_eq!(hop1.header("message_id"), Some(first.message_id.as_str()));
+    let Outcome::Retried { record: hop2 } = h.redeliver(&hop1).await else {
+        panic!("the second hop");
+    };
+    assert_ne!(hop2.topic, hop1.topic);
+    assert_eq!(hop2.header("x-retry-attempt"), Some("2"));
+    match h.redeliver(&hop2).await {
+        Outcome::DeadLettered { kind, error, record, .. } => {
+            assert_eq!(kind, DeadLetterKind::TransientExhausted);
+            assert!(error.contains("gateway timed out"), "{error}");
+            assert_eq!(record.topic, "orders.created.dlq");
+            assert_eq!(record.payload, hop1.payload, "the body byte-identical");
+        }
+        other => panic!("{other:?}"),
+    }
+    // A record without a message id: a decode letter, no handler call.
+    let mut garbage = hop1.clone();
+    garbage.headers.retain(|(k, _)| k != "message_id");
+    match h.redeliver(&garbage).await {
+        Outcome::DeadLettered { kind, error, attempts, .. } => {
+            assert_eq!(kind, DeadLetterKind::Decode);
+            assert!(error.contains("message_id"), "{error}");
+            assert_eq!(attempts, 0);
+        }
+        other => panic!("{other:?}"),
+    }
+    match h.deliver(order(topic, serde_json::json!({"panic": true}))).await {
+        Outcome::DeadLettered { kind, error, .. } => {
+            assert_eq!(kind, DeadLetterKind::Panic);
+            assert!(error.contains("boom"), "{error}");
+        }
+        other => panic!("{other:?}"),
+    }
+    let unknown = Delivered::from_message(&Message::new(topic, "order_shipped", "A-1", serde_json::json!({})));
+    assert_eq!(h.deliver(unknown).await, Outcome::Skipped);
+    let good = order(topic, serde_json::json!({}));
+    assert_eq!(h.deliver(good.clone()).await, Outcome::Handled { attempts: 1 });
+    assert_eq!(h.deliver(good).await, Outcome::Duplicate);
+    assert_eq!(count(&c, "SELECT count(*) FROM effects").await, 1);
+    assert_eq!(h.written().len(), 5, "two hops and three letters, in order");
+    assert_eq!(
+        count(&c, "SELECT count(*) FROM processed_messages WHERE consumer_group = 'billing'").await,
+        1
+    );
+}
+
+/// A dependency outage with a breaker: the quick retries are spent, the group's breaker
+/// opens (its row in Postgres) and the message is parked as `unavailable`.
+#[tokio::test]
+async fn an_outage_opens_the_breaker_and_parks_the_message() {
+    let (db, c) = setup().await;
+    let mut config = ConsumerConfig::new("loyalty", ["orders.created"]);
+    let mut b = BreakerConfig::default();
+    b.attempts = 2;
+    b.retry_delay = Duration::from_millis(5);
+    config.breaker = Some(b);
+    let h = Consumer::new(&db, &kafka(), config)
+        .unwrap()
+        .handler("order_created", handler)
+        .harness()
+        .await
+        .unwrap();
+    match h.deliver(order("orders.created", serde_json::json!({"down": true}))).await {
+        Outcome::DeadLettered { kind, attempts, error, .. } => {
+            assert_eq!(kind, DeadLetterKind::Unavailable);
+            assert_eq!(attempts, 2);
+            assert!(error.contains("loyalty-api"), "{error}");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(
+        count(&c, "SELECT count(*) FROM circuit_breakers WHERE consumer_group = 'loyalty' AND name = 'loyalty-api' AND open_until > now()").await,
+        1,
+        "the shared breaker's row"
+    );
+}
+
+/// In-place retries count their attempts; a call handler's call is not repeated for a
+/// duplicate; an sqlx handler runs through the same path.
+#[tokio::test]
+async fn in_place_retries_call_handlers_and_the_sqlx_driver() {
+    let (db, c) = setup().await;
+    let tries = Arc::new(AtomicU32::new(0));
+    struct Flaky(Arc<AtomicU32>);
+    impl CallHandler for Flaky {
+        type Reply = String;
+        fn call<'a>(&'a self, _: &'a Delivered) -> BoxFuture<'a, Result<String, HandlerError>> {
+            Box::pin(async move {
+                if self.0.fetch_add(1, Ordering::SeqCst) < 2 {
+                    return Err(HandlerError::transient("503"));
+                }
+                Ok("receipt-7".into())
+            })
+        }
+        fn record<'a>(
+            &'a self,
+            msg: &'a Delivered,
+            reply: &'a String,
+            tx: &'a tokio_postgres::Transaction<'a>,
+        ) -> BoxFuture<'a, Result<(), HandlerError>> {
+            Box::pin(async move {
+                tx.execute(
+                    "INSERT INTO effects (message_id) VALUES ($1)",
+                    &[&format!("{}:{reply}", msg.message_id)],
+                )
+                .await?;
+                Ok(())
+            })
+        }
+    }
+    let mut config = ConsumerConfig::new("notify", ["orders.created"]);
+    config.retry = RetryStrategy::InPlace {
+        attempts: 5,
+        base: Duration::from_millis(1),
+        max: Duration::from_millis(5),
+    };
+    let h = Consumer::new(&db, &kafka(), config.clone())
+        .unwrap()
+        .call_handler("order_created", Flaky(tries.clone()))
+        .harness()
+        .await
+        .unwrap();
+    let m = order("orders.created", serde_json::json!({}));
+    assert_eq!(h.deliver(m.clone()).await, Outcome::Handled { attempts: 3 });
+    assert_eq!(h.deliver(m.clone()).await, Outcome::Duplicate);
+    assert_eq!(tries.load(Ordering::SeqCst), 3, "no call for the duplicate");
+    assert_eq!(
+        texts(&c, "SELECT message_id FROM effects").await,
+        [format!("{}:receipt-7", m.message_id)]
+    );
+
+    async fn sqlx_charge(msg: &Delivered, tx: &mut sqlx::PgConnection) -> Result<(), HandlerError> {
+        if msg.json()["total_cents"].as_i64().unwrap_or(0) <= 0 {
+            return Err(HandlerError::permanent("refusing to charge"));
+        }
+        sqlx::query("INSERT INTO effects (message_id) VALUES ($1)")
+            .bind(&msg.message_id)
+            .execute(&mut *tx)
+            .await?;
+        Ok(())
+    }
+    let mut config = ConsumerConfig::new("billing-sqlx", ["orders.created"]);
+    config.driver = Driver::Sqlx(sqlx_pool(&db, 2).await);
+    let h = Consumer::new(&db, &kafka(), config)
+        .unwrap()
+        .sqlx_handler("order_created", sqlx_charge)
+        .harness()
+        .await
+        .unwrap();
+    let good = order("orders.created", serde_json::json!({"total_cents": 5}));
+    assert_eq!(h.deliver(good.clone()).await, Outcome::Handled { attempts: 1 });
+    assert_eq!(h.deliver(good).await, Outcome::Duplicate);
+    assert!(matches!(
+        h.deliver(order("orders.created", serde_json::json!({"total_cents": -1}))).await,
+        Outcome::DeadLettered { kind: DeadLetterKind::Permanent, .. }
+    ));
+    assert_eq!(count(&c, "SELECT count(*) FROM effects").await, 2);
+}
