@@ -114,3 +114,83 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     );
     Ok(())
 }
+
+/// The service's own tests, with `outbox-testkit`: the handler through the consumer's real
+/// path (inbox, classification, dead letter) on a fresh schema, no broker needed.
+/// `cargo test --example billing_consumer` (Postgres from `DATABASE_URL`).
+#[cfg(test)]
+mod tests {
+    use super::charge;
+    use outbox::consumer::{Consumer, ConsumerConfig, DeadLetterKind, Delivered};
+    use outbox::Message;
+    use outbox_testkit::{client, count, fresh_db, kafka, Verdict};
+
+    fn order(body: serde_json::Value) -> Delivered {
+        Delivered::from_message(&Message::new(
+            "orders.created",
+            "order_created",
+            "A-1",
+            body,
+        ))
+    }
+
+    #[tokio::test]
+    async fn an_order_is_charged_once_and_a_bad_total_is_dead_lettered() {
+        let db = fresh_db().await;
+        let c = client(&db).await;
+        c.batch_execute(
+            "CREATE TABLE charges (order_number text, amount_cents bigint, message_id text)",
+        )
+        .await
+        .unwrap();
+        let billing = Consumer::new(
+            &db,
+            &kafka(),
+            ConsumerConfig::new("billing", ["orders.created"]),
+        )
+        .unwrap()
+        .handler("order_created", charge)
+        .harness()
+        .await
+        .unwrap();
+
+        let good = order(serde_json::json!({"order_number": "A-1", "total_cents": 1500}));
+        assert_eq!(
+            billing.deliver(good.clone()).await,
+            Verdict::Handled { attempts: 1 }
+        );
+        // Kafka redelivers it (a crash, a rebalance): not charged twice.
+        assert_eq!(billing.deliver(good).await, Verdict::Duplicate);
+        assert_eq!(count(&c, "SELECT count(*) FROM charges").await, 1);
+
+        for (body, reason) in [
+            (
+                serde_json::json!({"order_number": "A-2", "total_cents": -5}),
+                "refusing to charge -5 cents",
+            ),
+            (
+                serde_json::json!({"order_number": "A-3", "total": "12.50"}),
+                "total_cents missing",
+            ),
+        ] {
+            match billing.deliver(order(body)).await {
+                Verdict::DeadLettered {
+                    kind,
+                    error,
+                    record,
+                    ..
+                } => {
+                    assert_eq!(kind, DeadLetterKind::Permanent);
+                    assert_eq!(error, reason);
+                    assert_eq!(record.topic, "orders.created.dlq");
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+        assert_eq!(
+            count(&c, "SELECT count(*) FROM charges").await,
+            1,
+            "nothing charged for them"
+        );
+    }
+}

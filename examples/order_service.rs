@@ -20,6 +20,33 @@
 
 use outbox::{Enqueuer, Message, Schema};
 
+/// Writes the order and its `order_created` event in the caller's transaction; returns the
+/// event (its `message_id` is what consumers dedupe on).
+async fn place_order(
+    tx: &tokio_postgres::Transaction<'_>,
+    outbox: &Enqueuer,
+    topic: &str,
+    number: &str,
+    customer: &str,
+    total_cents: i64,
+    traceparent: &str,
+) -> Result<Message, Box<dyn std::error::Error>> {
+    tx.execute(
+        "INSERT INTO orders (order_number, customer, total_cents) VALUES ($1, $2, $3)",
+        &[&number, &customer, &total_cents],
+    )
+    .await?;
+    let event = Message::new(
+        topic,
+        "order_created",
+        number, // the entity id: the Kafka key, so one order's events stay in order
+        serde_json::json!({ "order_number": number, "customer": customer, "total_cents": total_cents }),
+    )
+    .with_header("traceparent", traceparent);
+    outbox.enqueue(tx, &event).await?;
+    Ok(event)
+}
+
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let count: usize = std::env::args().nth(1).map_or(Ok(5), |s| s.parse())?;
@@ -52,22 +79,19 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         let total_cents = 1000 + 250 * i as i64;
 
         let tx = client.transaction().await?;
-        tx.execute(
-            "INSERT INTO orders (order_number, customer, total_cents) VALUES ($1, $2, $3)",
-            &[&number, &customer, &total_cents],
-        )
-        .await?;
         let trace = uuid::Uuid::now_v7().simple().to_string();
         let span = &uuid::Uuid::now_v7().simple().to_string()[16..];
         let traceparent = format!("00-{trace}-{span}-01");
-        let event = Message::new(
+        let event = place_order(
+            &tx,
+            &outbox,
             &topic,
-            "order_created",
-            &number, // the entity id: the Kafka key, so one order's events stay in order
-            serde_json::json!({ "order_number": number, "customer": customer, "total_cents": total_cents }),
+            &number,
+            &customer,
+            total_cents,
+            &traceparent,
         )
-        .with_header("traceparent", &traceparent);
-        outbox.enqueue(&tx, &event).await?;
+        .await?;
 
         if i % 5 == 0 {
             tx.rollback().await?;
@@ -104,4 +128,61 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         );
     }
     Ok(())
+}
+
+/// The service's own tests, with `outbox-testkit`: "placing an order writes its
+/// `order_created` event in the same transaction", and the relay publishes it.
+/// `cargo test --example order_service` (Postgres and Kafka from `DATABASE_URL`,
+/// `KAFKA_BOOTSTRAP_SERVERS`).
+#[cfg(test)]
+mod tests {
+    use super::place_order;
+    use outbox::Enqueuer;
+    use outbox_testkit::{
+        client, create_topic, enqueued, fresh_db, kafka, only, relay_once, topic_name,
+    };
+
+    #[tokio::test]
+    async fn an_order_and_its_event_commit_together_and_the_relay_publishes_it() {
+        let db = fresh_db().await;
+        let topic = topic_name();
+        create_topic(&topic, 3).await;
+        let mut c = client(&db).await;
+        c.batch_execute(
+            "CREATE TABLE orders (order_number text PRIMARY KEY, customer text, total_cents bigint)",
+        )
+        .await
+        .unwrap();
+        let outbox = Enqueuer::new(&db.schema);
+        let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+
+        // Rolled back: neither the order nor its event.
+        let tx = c.transaction().await.unwrap();
+        place_order(&tx, &outbox, &topic, "A-0", "c-1", 900, tp)
+            .await
+            .unwrap();
+        assert_eq!(
+            enqueued(&tx, &db.schema).await.len(),
+            1,
+            "visible inside its transaction"
+        );
+        tx.rollback().await.unwrap();
+        assert!(enqueued(&c, &db.schema).await.is_empty());
+
+        let tx = c.transaction().await.unwrap();
+        let event = place_order(&tx, &outbox, &topic, "A-1", "c-1", 1500, tp)
+            .await
+            .unwrap();
+        tx.commit().await.unwrap();
+        let rows = enqueued(&c, &db.schema).await;
+        let row = only(&rows, &topic, "order_created");
+        assert_eq!(row.key.as_deref(), Some("A-1"));
+        assert_eq!(row.body.as_ref().unwrap()["total_cents"], 1500);
+        assert_eq!(row.headers["traceparent"], tp);
+
+        let sent = relay_once(&db, &kafka()).await;
+        assert_eq!(sent.len(), 1);
+        assert_eq!(sent[0].message_id(), event.message_id().to_string());
+        assert_eq!(sent[0].key.as_deref(), Some(&b"A-1"[..]));
+    }
 }

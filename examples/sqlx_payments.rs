@@ -54,9 +54,8 @@ async fn charge(msg: &Delivered, tx: &mut PgConnection) -> Result<(), HandlerErr
         order,
         serde_json::json!({"order_number": order, "amount_cents": cents}),
     );
-    outbox::sqlx::enqueue(&mut *tx, &event)
-        .await
-        .map_err(|e| HandlerError::permanent(e))?;
+    // A database error is classified like the handler's own; an invalid event is permanent.
+    outbox::sqlx::enqueue(&mut *tx, &event).await?;
     Ok(())
 }
 

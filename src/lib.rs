@@ -32,6 +32,7 @@
 //! | `dlq` | yes | [`dlq`]: the dead-letter archive, summary, replay jobs, drop, audit |
 //! | `prometheus` | yes (by `admin`) | [`metrics::install`], [`metrics::router`], [`metrics::serve`] |
 //! | `admin` | yes | [`admin`]: the HTTP admin API and the dashboard |
+//! | `sqlx` | no | `outbox::sqlx` (enqueue into an sqlx transaction), `Inbox::mark_sqlx`, and with `consumer` handler transactions on the service's `PgPool` (`consumer::Driver::Sqlx`) |
 //!
 //! A service that only writes events depends on
 //! `outbox = { version = "…", default-features = false }` (add `features = ["tls"]` for TLS):
@@ -60,12 +61,12 @@
 //! | `metrics` | core / `prometheus` | metric names; the recorder and `/metrics` with `prometheus` |
 //! | `trace` | core | W3C `traceparent`: carried to Kafka, parent of the consumer's handler span |
 //! | `classify` | core | transient vs permanent Postgres errors (tokio-postgres and sqlx) |
-//! | `sqlx` | `sqlx` | [`sqlx::enqueue`](crate::sqlx) into an sqlx transaction or connection; the consumer's sqlx driver lives in `consumer/sqlx.rs` |
+//! | `sqlx` | `sqlx` | `outbox::sqlx::enqueue` into an sqlx transaction or connection; the consumer's sqlx driver lives in `consumer/sqlx.rs` |
 //! | `db`, `backoff`, `outage` | core | connections; capped backoff; one log line per outage (private) |
 //! | `kafka` | `kafka` | the idempotent producer preset, librdkafka callbacks, typed refusal reasons (private) |
 //! | `topics` | `kafka` | [`topics::apply_file`]: topics as code (main, retry chain, DLQ) |
 //! | `relay` | `relay` | [`Relay`]: take → send → mark (`mod.rs`); `batch.rs` claimed rows and their fates, `producer.rs` its settings and error meanings, `reports.rs` delivery reports, `pipeline.rs` batches overlapped, `tasks.rs` `run` and the background loops, `lanes.rs`, `floor.rs`, `config.rs`, `error.rs` |
-//! | `consumer` | `consumer` | [`consumer::Consumer`]: handlers, offsets, retries, dead letters, commit groups; `call.rs` call handlers (the call outside any transaction) and their mark writers; `runtime.rs` the poll loop, `dispatch.rs` lanes to handler tasks, `context.rs` librdkafka callbacks; `consumer/breaker/` the shared breaker: its row (`mod.rs`), the runtime steering by it (`steer.rs`), parked letters and the drain (`drain.rs`) |
+//! | `consumer` | `consumer` | [`consumer::Consumer`]: handlers, offsets, retries, dead letters, commit groups; `call.rs` call handlers (the call outside any transaction) and their mark writers; `sqlx.rs` the sqlx driver of handler transactions; `harness.rs` handlers run through the real path without a broker (`Consumer::harness`); `runtime.rs` the poll loop, `dispatch.rs` lanes to handler tasks, `context.rs` librdkafka callbacks; `consumer/breaker/` the shared breaker: its row (`mod.rs`), the runtime steering by it (`steer.rs`), parked letters and the drain (`drain.rs`) |
 //! | `dlq` | `dlq` | [`dlq::Dlq`]: archive, summary by cause, replay jobs, drop, audit; [`dlq::Archiver`] |
 //! | `admin` | `admin` | the HTTP admin API with bearer tokens and roles, the dashboard, `/metrics` |
 //!

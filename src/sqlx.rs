@@ -108,10 +108,8 @@ where
     let topics: Vec<&str> = msgs.iter().map(|m| m.topic.as_str()).collect();
     let keys: Vec<Option<&str>> = msgs.iter().map(|m| m.key.as_deref()).collect();
     let headers: Vec<serde_json::Value> = msgs.iter().map(headers_json).collect();
-    let payloads: Vec<Option<serde_json::Value>> = msgs
-        .iter()
-        .map(|m| m.stored_payload().cloned())
-        .collect();
+    let payloads: Vec<Option<serde_json::Value>> =
+        msgs.iter().map(|m| m.stored_payload().cloned()).collect();
     Ok(sqlx::query(sql)
         .bind(topics)
         .bind(keys)

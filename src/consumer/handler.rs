@@ -207,6 +207,19 @@ impl From<sqlx::Error> for HandlerError {
     }
 }
 
+impl From<crate::EnqueueError> for HandlerError {
+    /// A handler that enqueues an event in its transaction: a database error is classified
+    /// like any other; an invalid message is permanent (the same message fails again).
+    fn from(e: crate::EnqueueError) -> Self {
+        match e {
+            crate::EnqueueError::Postgres(pg) => pg.into(),
+            #[cfg(feature = "sqlx")]
+            crate::EnqueueError::Sqlx(x) => x.into(),
+            invalid => Self::permanent(format!("enqueue: {invalid}")).with_source(invalid),
+        }
+    }
+}
+
 impl From<std::io::Error> for HandlerError {
     fn from(e: std::io::Error) -> Self {
         use std::io::ErrorKind as K;

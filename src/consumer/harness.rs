@@ -5,7 +5,7 @@
 //!
 //! ```no_run
 //! # async fn demo(db: outbox::DbConfig, kafka: outbox::KafkaConfig) -> Result<(), Box<dyn std::error::Error>> {
-//! use outbox::consumer::{Consumer, ConsumerConfig, Delivered, HandlerError, Outcome};
+//! use outbox::consumer::{Consumer, ConsumerConfig, Delivered, HandlerError, Verdict};
 //! use outbox::Message;
 //! async fn charge(msg: &Delivered, _tx: &tokio_postgres::Transaction<'_>) -> Result<(), HandlerError> {
 //!     match msg.json()["total_cents"].as_i64() {
@@ -19,7 +19,7 @@
 //!     .await?;
 //! let bad = Message::new("orders", "order_created", "A-1", serde_json::json!({"total_cents": -5}));
 //! match harness.deliver(Delivered::from_message(&bad)).await {
-//!     Outcome::DeadLettered { error, .. } => assert!(error.contains("refusing")),
+//!     Verdict::DeadLettered { error, .. } => assert!(error.contains("refusing")),
 //!     other => panic!("{other:?}"),
 //! }
 //! # Ok(()) }
@@ -66,7 +66,7 @@ impl Written {
 /// How the runtime ended with one delivery.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
-pub enum Outcome {
+pub enum Verdict {
     /// The handler's transaction committed with the message's mark, after `attempts` tries.
     Handled {
         /// Tries, the successful one included (in-place retries before it).
@@ -200,7 +200,7 @@ impl Harness {
     /// Runs `d` through the runtime as if read from `d.source_topic` (its own offset; its
     /// key, headers and body as given) and returns how it ended. In-place retries wait their
     /// configured delays.
-    pub async fn deliver(&self, d: Delivered) -> Outcome {
+    pub async fn deliver(&self, d: Delivered) -> Verdict {
         let raw = Raw {
             topic: d.source_topic.clone(),
             partition: d.partition,
@@ -214,9 +214,9 @@ impl Harness {
         self.run(raw, origin, Ok(d)).await
     }
 
-    /// Runs a record the runtime wrote — a retry hop from [`Outcome::Retried`] — as the
+    /// Runs a record the runtime wrote — a retry hop from [`Verdict::Retried`] — as the
     /// consumer would read it from that topic: decoded again, its origin from its headers.
-    pub async fn redeliver(&self, record: &Written) -> Outcome {
+    pub async fn redeliver(&self, record: &Written) -> Verdict {
         let raw = Raw {
             topic: record.topic.clone(),
             partition: 0,
@@ -249,7 +249,7 @@ impl Harness {
         raw: Raw,
         origin: super::record::Origin,
         decoded: Result<Delivered, String>,
-    ) -> Outcome {
+    ) -> Verdict {
         let _turn = self.turn.lock().await;
         let before = self.written().len();
         let stats = &self.shared.stats;
@@ -268,32 +268,35 @@ impl Harness {
             drain: false,
         };
         if let Fate::Abandoned = process(&env, &self.shared).await {
-            return Outcome::Abandoned;
+            return Verdict::Abandoned;
         }
         if let Some(w) = self.written().get(before..).and_then(|w| w.last()).cloned() {
             let kind = w.header(crate::wire::X_ERROR_KIND).and_then(kind_of);
             return match kind {
-                Some(kind) => Outcome::DeadLettered {
+                Some(kind) => Verdict::DeadLettered {
                     kind,
-                    error: w.header(crate::wire::X_ERROR).unwrap_or_default().to_owned(),
+                    error: w
+                        .header(crate::wire::X_ERROR)
+                        .unwrap_or_default()
+                        .to_owned(),
                     attempts: w
                         .header(crate::wire::X_ATTEMPTS)
                         .and_then(|a| a.parse().ok())
                         .unwrap_or(0),
                     record: w,
                 },
-                None => Outcome::Retried { record: w },
+                None => Verdict::Retried { record: w },
             };
         }
         if seen(&stats.handled) > handled {
             let retried = seen(&stats.in_place_retries) - retries;
-            Outcome::Handled {
+            Verdict::Handled {
                 attempts: u32::try_from(retried).unwrap_or(u32::MAX).saturating_add(1),
             }
         } else if seen(&stats.duplicates) > dups {
-            Outcome::Duplicate
+            Verdict::Duplicate
         } else {
-            Outcome::Skipped
+            Verdict::Skipped
         }
     }
 }

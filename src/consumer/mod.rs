@@ -39,28 +39,30 @@ mod process;
 mod record;
 mod retry;
 mod runtime;
+mod setup;
 #[cfg(feature = "sqlx")]
 mod sqlx;
 mod stats;
 mod upkeep;
 
+#[cfg(feature = "sqlx")]
+pub use self::sqlx::{SqlxBatchHandler, SqlxBatchHandlerFn, SqlxHandler, SqlxHandlerFn};
 pub use breaker::{
     BreakerConfig, ConsumerState, FailureRate, Mode, OpenBreaker, StateHandle,
     DEFAULT_BREAKER_CHECK_INTERVAL, DEFAULT_OPEN_FOR,
 };
 pub use call::CallHandler;
-#[cfg(feature = "sqlx")]
-pub use self::sqlx::{SqlxBatchHandler, SqlxBatchHandlerFn, SqlxHandler, SqlxHandlerFn};
 pub use config::{
-    ConsumerConfig, ConsumerError, Driver, DEFAULT_COMMIT_GROUP, DEFAULT_CONCURRENCY, DEFAULT_DLQ_SUFFIX,
-    DEFAULT_MAX_BUFFERED, DEFAULT_SESSION_TIMEOUT, DEFAULT_TRANSACTIONS, MAX_COMMIT_GROUP,
+    ConsumerConfig, ConsumerError, Driver, DEFAULT_COMMIT_GROUP, DEFAULT_CONCURRENCY,
+    DEFAULT_DLQ_SUFFIX, DEFAULT_MAX_BUFFERED, DEFAULT_SESSION_TIMEOUT, DEFAULT_TRANSACTIONS,
+    MAX_COMMIT_GROUP,
 };
 pub use dead_letter::*;
 pub use handler::{
     BatchHandler, BatchHandlerFn, BoxFuture, Delivered, ErrorKind, Freshness, FreshnessCheck,
     FreshnessFn, Handler, HandlerError, HandlerFn,
 };
-pub use harness::{Harness, Outcome, Written};
+pub use harness::{Harness, Verdict, Written};
 pub use inbox::{Inbox, InboxOutcome};
 pub use retry::{
     retry_suffix, RetryStrategy, DEFAULT_IN_PLACE_ATTEMPTS, DEFAULT_IN_PLACE_BASE,
@@ -318,31 +320,6 @@ impl Consumer {
         self
     }
 
-    /// Refuses a handler whose transaction type is not the configured driver's.
-    fn check_drivers(&self) -> Result<(), ConsumerError> {
-        let driver = self.config.driver.name();
-        let mut wrong: Vec<String> = self
-            .handlers
-            .iter()
-            .filter(|(_, h)| h.driver().is_some_and(|d| d != driver))
-            .map(|(t, h)| {
-                format!(
-                    "{} ({} handler)",
-                    if t.is_empty() { "tombstones" } else { t },
-                    h.driver().unwrap_or_default()
-                )
-            })
-            .collect();
-        if wrong.is_empty() {
-            return Ok(());
-        }
-        wrong.sort();
-        Err(ConsumerError::Config(format!(
-            "the consumer's driver is {driver} (ConsumerConfig::driver), but these handlers take another driver's transaction: {}",
-            wrong.join(", ")
-        )))
-    }
-
     /// Counters, shared with the running consumer.
     pub fn stats(&self) -> Arc<ConsumerStats> {
         self.stats.clone()
@@ -371,130 +348,6 @@ impl Consumer {
         v.extend(retry);
         v.extend(self.config.topics.iter().map(|t| self.config.dlq_topic(t)));
         v
-    }
-
-    /// The group consumer's librdkafka settings: offsets stored only past final outcomes and
-    /// auto-committed from there, no topic auto-creation, a bounded prefetch, statistics for
-    /// the lag metrics; the pass-through properties win where they set the same name.
-    fn client_config(&self) -> rdkafka::ClientConfig {
-        let mut cc = self.kafka.client_config();
-        cc.set("group.id", &self.config.group)
-            .set("enable.auto.commit", "true")
-            .set("auto.commit.interval.ms", "1000")
-            .set("enable.auto.offset.store", "false")
-            .set("enable.partition.eof", "false")
-            .set("allow.auto.create.topics", "false");
-        if !self.kafka.properties.contains_key("auto.offset.reset") {
-            cc.set("auto.offset.reset", "earliest");
-        }
-        if let Some(id) = &self.config.instance_id {
-            cc.set("group.instance.id", id);
-        }
-        // With KIP-848 (`group.protocol=consumer`) the session timeout is the broker's setting.
-        let consumer_protocol = self
-            .kafka
-            .properties
-            .get("group.protocol")
-            .is_some_and(|p| p == "consumer");
-        if !consumer_protocol && !self.kafka.properties.contains_key("session.timeout.ms") {
-            let ms = self.config.session_timeout.as_millis();
-            cc.set("session.timeout.ms", ms.to_string())
-                .set("heartbeat.interval.ms", (ms / 3).max(100).to_string());
-        }
-        if !self
-            .kafka
-            .properties
-            .contains_key("queued.max.messages.kbytes")
-        {
-            // Bounds librdkafka's prefetch buffer (per partition), part of "bounded memory".
-            cc.set("queued.max.messages.kbytes", "8192");
-        }
-        if !self.kafka.properties.contains_key("statistics.interval.ms") {
-            // Per-partition lag for the metrics comes from librdkafka's statistics.
-            cc.set("statistics.interval.ms", "5000");
-        }
-        cc
-    }
-
-    /// The runtime's pool, sized for what holds connections, with handlers' `search_path`.
-    fn pool(&self) -> Result<Pool, ConsumerError> {
-        let mut db = self.db.clone();
-        // Connections for what holds them: a transaction per running in-transaction handler,
-        // one per mark writer of call handlers (a few: each writes the marks of every call
-        // answered meanwhile in one transaction), and two for upkeep, heartbeats and dead
-        // letters.
-        let holds = self.handlers.values().any(HandlerRef::holds_transaction);
-        let calls = self.handlers.values().any(|h| !h.holds_transaction());
-        if holds && self.config.concurrency > self.config.transaction_slots() {
-            // Said once at start: a service that raised `concurrency` for in-transaction
-            // handlers (before `transactions` existed) gets `transactions` of them at once.
-            info!(
-                concurrency = self.config.concurrency,
-                transactions = self.config.transaction_slots(),
-                "in-transaction handlers run at most `transactions` at once; raise ConsumerConfig::transactions for more"
-            );
-        }
-        // With sqlx the handlers' transactions come from the service's pool, not ours.
-        let own_tx = matches!(self.config.driver, Driver::TokioPostgres);
-        #[cfg(feature = "sqlx")]
-        if let Driver::Sqlx(p) = &self.config.driver {
-            let max = p.options().get_max_connections() as usize;
-            if holds && max < self.config.transaction_slots() {
-                info!(
-                    max_connections = max,
-                    transactions = self.config.transaction_slots(),
-                    "the sqlx pool has fewer connections than ConsumerConfig::transactions: handlers wait for its connections"
-                );
-            }
-        }
-        db.pool_size = if holds && own_tx {
-            self.config.transaction_slots()
-        } else {
-            0
-        } + if calls {
-            call::writers(self.config.concurrency)
-        } else {
-            0
-        } + 2;
-        // Handlers see the consumer's schema first, so their business tables (which live next
-        // to processed_messages) resolve without qualification.
-        let opts = format!(
-            "{} -c search_path={},public",
-            db.pg.get_options().unwrap_or(""),
-            db.schema.name()
-        );
-        db.pg.options(opts.trim());
-        crate::db::pool(&db).map_err(|e| ConsumerError::Config(format!("pool: {e}")))
-    }
-
-    /// What every handler task shares, from this consumer's parts.
-    fn into_shared(
-        self,
-        pool: Pool,
-        producer: Sink,
-        cancel: CancellationToken,
-        retry_topics: HashMap<String, (String, usize)>,
-        drain_topics: HashMap<String, String>,
-    ) -> Shared {
-        let has_calls = self.handlers.values().any(|h| !h.holds_transaction());
-        Shared {
-            dlq: crate::dlq::Dlq::with_pool(pool.clone(), self.db.schema.clone()),
-            dead_lettered: DeadLetterLog::new(&self.db.schema, &self.config.group, &self.kafka),
-            pool,
-            producer,
-            handlers: self.handlers,
-            inbox: Inbox::new(&self.db.schema, self.config.group.clone()),
-            retry_topics,
-            drain_topics,
-            config: self.config,
-            stats: self.stats,
-            cancel,
-            breakers: self.breakers,
-            freshness: self.freshness,
-            pg_outage: crate::outage::Outage::new("postgres", "consumer"),
-            marks: call::Marks::default(),
-            has_calls,
-        }
     }
 
     /// Handler transactions run with `search_path` set to the outbox schema, then `public`.

@@ -158,7 +158,9 @@ pub(super) async fn process_batch(envs: &[&Envelope], shared: &Shared) -> Vec<Fa
             Batched::Pg(h) => run_batch_in_tx(shared, h, &ds).await,
             #[cfg(feature = "sqlx")]
             Batched::Sqlx(h) => match &shared.config.driver {
-                super::Driver::Sqlx(pool) => super::sqlx::run_batch_in_tx(shared, pool, h, &ds).await,
+                super::Driver::Sqlx(pool) => {
+                    super::sqlx::run_batch_in_tx(shared, pool, h, &ds).await
+                }
                 super::Driver::TokioPostgres => Err(super::sqlx::wrong_driver()),
             },
         }

@@ -130,11 +130,15 @@ pub(super) fn wrong_driver() -> HandlerError {
 
 /// As `process::live`: an aborted transaction's `COMMIT` would roll back silently.
 async fn live(tx: &mut PgConnection) -> Result<(), HandlerError> {
-    sqlx::query("SELECT 1").execute(tx).await.map(|_| ()).map_err(|e| {
-        HandlerError::transient(format!(
-            "the transaction was aborted by a statement whose error was not returned: {e}"
-        ))
-    })
+    sqlx::query("SELECT 1")
+        .execute(tx)
+        .await
+        .map(|_| ())
+        .map_err(|e| {
+            HandlerError::transient(format!(
+                "the transaction was aborted by a statement whose error was not returned: {e}"
+            ))
+        })
 }
 
 /// One message: mark first, then the handler; both commit or neither (`process::run_in_tx`).

@@ -40,7 +40,9 @@ impl Script {
         }
         let fail = b["fail"].as_i64().unwrap_or(0);
         if fail < 0 || n <= fail {
-            return Err(HandlerError::transient(format!("downstream timeout (try {n})")));
+            return Err(HandlerError::transient(format!(
+                "downstream timeout (try {n})"
+            )));
         }
         Ok(())
     }
@@ -55,7 +57,8 @@ impl Script {
     }
 }
 
-const INSERT: &str = "INSERT INTO effects (message_id, k, seq, txid) VALUES ($1, $2, $3, txid_current())";
+const INSERT: &str =
+    "INSERT INTO effects (message_id, k, seq, txid) VALUES ($1, $2, $3, txid_current())";
 /// A statement that fails; the handler that swallows its error leaves the transaction aborted.
 const BROKEN: &str = "SELECT 1/0";
 
@@ -74,8 +77,11 @@ impl Handler for PgProbe {
                 return Ok(());
             }
             let seq = msg.json()["seq"].as_i64().unwrap_or(-1);
-            tx.execute(INSERT, &[&msg.message_id, &msg.key_str().unwrap_or(""), &seq])
-                .await?;
+            tx.execute(
+                INSERT,
+                &[&msg.message_id, &msg.key_str().unwrap_or(""), &seq],
+            )
+            .await?;
             self.0.after(msg)
         })
     }
@@ -170,13 +176,17 @@ fn get(c: &std::sync::atomic::AtomicU64) -> u64 {
 }
 
 async fn offsets_at_end(group: &str, topic: &str, partitions: i32, end: i64) {
-    wait_until(Duration::from_secs(30), "offsets committed to the end", || async {
-        let mut sum = 0;
-        for p in 0..partitions {
-            sum += committed(group, topic, p).await.unwrap_or(0);
-        }
-        sum == end
-    })
+    wait_until(
+        Duration::from_secs(30),
+        "offsets committed to the end",
+        || async {
+            let mut sum = 0;
+            for p in 0..partitions {
+                sum += committed(group, topic, p).await.unwrap_or(0);
+            }
+            sum == end
+        },
+    )
     .await;
 }
 
@@ -214,16 +224,33 @@ async fn dedupe_retries_dead_letters_and_redelivery(drv: Drv) {
     let mut sent = 0;
     for i in 0..12 {
         let body = serde_json::json!({"seq": i});
-        produce_event(&s.topic, &format!("k{i}"), "it_event", &format!("m{i}"), &body).await;
+        produce_event(
+            &s.topic,
+            &format!("k{i}"),
+            "it_event",
+            &format!("m{i}"),
+            &body,
+        )
+        .await;
         sent += 1;
         if i % 4 == 0 {
-            produce_event(&s.topic, &format!("k{i}"), "it_event", &format!("m{i}"), &body).await;
+            produce_event(
+                &s.topic,
+                &format!("k{i}"),
+                "it_event",
+                &format!("m{i}"),
+                &body,
+            )
+            .await;
             sent += 1;
         }
     }
     let odd = [
         ("twice", serde_json::json!({"seq": 100, "fail": 2})),
-        ("declined", serde_json::json!({"seq": 101, "permanent": true})),
+        (
+            "declined",
+            serde_json::json!({"seq": 101, "permanent": true}),
+        ),
         ("never", serde_json::json!({"seq": 102, "fail": -1})),
         ("swallow", serde_json::json!({"seq": 103, "swallow": true})),
     ];
@@ -243,7 +270,11 @@ async fn dedupe_retries_dead_letters_and_redelivery(drv: Drv) {
     })
     .await;
     offsets_at_end(&group, &s.topic, 2, sent).await;
-    assert_eq!(get(&r.stats.duplicates), 3, "{drv:?}: the producer's repeats");
+    assert_eq!(
+        get(&r.stats.duplicates),
+        3,
+        "{drv:?}: the producer's repeats"
+    );
     assert!(
         get(&r.stats.in_place_retries) >= 2 + 2 + 2,
         "{drv:?}: twice (2), never (2), swallow (2) retried in place"
@@ -251,9 +282,16 @@ async fn dedupe_retries_dead_letters_and_redelivery(drv: Drv) {
     r.stop().await;
     let c = &s.c;
     assert_eq!(count(c, "SELECT count(*) FROM effects").await, 13);
-    assert_eq!(count(c, "SELECT count(DISTINCT message_id) FROM effects").await, 13);
     assert_eq!(
-        count(c, "SELECT count(*) FROM effects WHERE message_id IN ('declined', 'never', 'swallow')").await,
+        count(c, "SELECT count(DISTINCT message_id) FROM effects").await,
+        13
+    );
+    assert_eq!(
+        count(
+            c,
+            "SELECT count(*) FROM effects WHERE message_id IN ('declined', 'never', 'swallow')"
+        )
+        .await,
         0
     );
     let mut dlq: Vec<(String, String)> = read_all(&format!("{}.dlq", s.topic))
@@ -275,9 +313,11 @@ async fn dedupe_retries_dead_letters_and_redelivery(drv: Drv) {
     // The crash before the offsets were committed: everything comes again.
     rewind(&group, &s.topic, 2).await;
     let r = start(consumer(&s, drv, config).await);
-    wait_until(Duration::from_secs(60), "redelivered and absorbed", || async {
-        get(&r.stats.duplicates) == 16
-    })
+    wait_until(
+        Duration::from_secs(60),
+        "redelivered and absorbed",
+        || async { get(&r.stats.duplicates) == 16 },
+    )
     .await;
     offsets_at_end(&group, &s.topic, 2, sent).await;
     assert_eq!(get(&r.stats.handled), 0, "{drv:?}: nothing handled twice");
@@ -298,8 +338,14 @@ async fn commit_groups(drv: Drv) {
         } else {
             serde_json::json!({"seq": seq})
         };
-        produce_event(&s.topic, &format!("k{}", seq % 40), "it_event", &format!("m{seq}"), &body)
-            .await;
+        produce_event(
+            &s.topic,
+            &format!("k{}", seq % 40),
+            "it_event",
+            &format!("m{seq}"),
+            &body,
+        )
+        .await;
     }
     let mut config = ConsumerConfig::new(&group, [&s.topic]);
     config.concurrency = 2;
@@ -312,20 +358,37 @@ async fn commit_groups(drv: Drv) {
     offsets_at_end(&group, &s.topic, 3, n as i64).await;
     r.stop().await;
     let c = &s.c;
-    assert_eq!(count(c, "SELECT count(*) FROM effects").await, (n - 4) as i64);
     assert_eq!(
-        count(c, "SELECT count(*) FROM effects WHERE message_id IN ('m37', 'm150', 'm151', 'm233')").await,
+        count(c, "SELECT count(*) FROM effects").await,
+        (n - 4) as i64
+    );
+    assert_eq!(
+        count(
+            c,
+            "SELECT count(*) FROM effects WHERE message_id IN ('m37', 'm150', 'm151', 'm233')"
+        )
+        .await,
         0
     );
     let flaky = count(c, "SELECT count(*) FROM effects WHERE seq % 50 = 7").await;
-    assert_eq!(flaky, 5, "{drv:?}: each flaky message's row once, its failed try rolled back");
+    assert_eq!(
+        flaky, 5,
+        "{drv:?}: each flaky message's row once, its failed try rolled back"
+    );
     let violations = count(c, "SELECT count(*) FROM (SELECT seq, lag(seq) OVER (PARTITION BY k ORDER BY id) prev FROM effects) x WHERE seq <= prev").await;
     assert_eq!(violations, 0, "{drv:?}: per-key order");
     let txs = count(c, "SELECT count(DISTINCT txid) FROM effects").await;
     println!("{drv:?}: {} messages in {txs} transactions", n - 4);
-    assert!(txs < n as i64 / 3, "{drv:?}: {txs} transactions: groups formed");
+    assert!(
+        txs < n as i64 / 3,
+        "{drv:?}: {txs} transactions: groups formed"
+    );
     let marks = count(c, "SELECT count(*) FROM processed_messages").await;
-    assert_eq!(marks, (n - 4) as i64, "{drv:?}: a mark exactly for each handled message");
+    assert_eq!(
+        marks,
+        (n - 4) as i64,
+        "{drv:?}: a mark exactly for each handled message"
+    );
 }
 
 /// A handler registered for the other driver is refused at start, naming it.
@@ -411,8 +474,14 @@ async fn sigkilled_service_charges_every_order_once(drv: Drv) {
     let n = 90;
     for i in 0..n {
         let body = serde_json::json!({"order_number": format!("A-{i}"), "total_cents": 100 + i});
-        produce_event(&s.topic, &format!("c{}", i % 30), "order_created", &format!("o{i}"), &body)
-            .await;
+        produce_event(
+            &s.topic,
+            &format!("c{}", i % 30),
+            "order_created",
+            &format!("o{i}"),
+            &body,
+        )
+        .await;
     }
     for kill_after in [10, 40] {
         let p = spawn();
@@ -428,11 +497,22 @@ async fn sigkilled_service_charges_every_order_once(drv: Drv) {
     })
     .await;
     let c = &s.c;
-    assert_eq!(count(c, "SELECT count(*) FROM charges").await, n, "{drv:?}: none charged twice");
-    assert_eq!(count(c, "SELECT count(DISTINCT message_id) FROM charges").await, n);
+    assert_eq!(
+        count(c, "SELECT count(*) FROM charges").await,
+        n,
+        "{drv:?}: none charged twice"
+    );
+    assert_eq!(
+        count(c, "SELECT count(DISTINCT message_id) FROM charges").await,
+        n
+    );
     if let Drv::Sqlx = drv {
         assert_eq!(
-            count(c, "SELECT count(*) FROM outbox WHERE headers->>'message_type' = 'payment_captured'").await,
+            count(
+                c,
+                "SELECT count(*) FROM outbox WHERE headers->>'message_type' = 'payment_captured'"
+            )
+            .await,
             n,
             "one event per charge, written in the charge's transaction"
         );

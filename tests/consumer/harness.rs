@@ -18,7 +18,10 @@ fn order(topic: &str, body: serde_json::Value) -> Delivered {
 }
 
 /// Writes a row per success; the body decides failures.
-async fn handler(msg: &Delivered, tx: &tokio_postgres::Transaction<'_>) -> Result<(), HandlerError> {
+async fn handler(
+    msg: &Delivered,
+    tx: &tokio_postgres::Transaction<'_>,
+) -> Result<(), HandlerError> {
     let b = msg.json();
     if b["panic"] == true {
         panic!("boom");
@@ -27,10 +30,16 @@ async fn handler(msg: &Delivered, tx: &tokio_postgres::Transaction<'_>) -> Resul
         return Err(HandlerError::transient("gateway timed out"));
     }
     if b["down"] == true {
-        return Err(HandlerError::unavailable("loyalty-api", "connection refused"));
+        return Err(HandlerError::unavailable(
+            "loyalty-api",
+            "connection refused",
+        ));
     }
-    tx.execute("INSERT INTO effects (message_id) VALUES ($1)", &[&msg.message_id])
-        .await?;
+    tx.execute(
+        "INSERT INTO effects (message_id) VALUES ($1)",
+        &[&msg.message_id],
+    )
+    .await?;
     Ok(())
 }
 
@@ -61,20 +70,29 @@ async fn the_retry_chain_decode_panic_and_skip_outcomes_are_the_runtimes() {
         .await
         .unwrap();
     let first = order(topic, serde_json::json!({"timeout": true}));
-    let Outcome::Retried { record: hop1 } = h.deliver(first.clone()).await else {
+    let Verdict::Retried { record: hop1 } = h.deliver(first.clone()).await else {
         panic!("a transient failure goes to the first retry topic");
     };
-    assert!(hop1.topic.starts_with("orders.created.billing.retry"), "{}", hop1.topic);
+    assert!(
+        hop1.topic.starts_with("orders.created.billing.retry"),
+        "{}",
+        hop1.topic
+    );
     assert_eq!(hop1.header("x-retry-attempt"), Some("1"));
     assert_eq!(hop1.header("x-original-topic"), Some(topic));
     assert_eq!(hop1.header("message_id"), Some(first.message_id.as_str()));
-    let Outcome::Retried { record: hop2 } = h.redeliver(&hop1).await else {
+    let Verdict::Retried { record: hop2 } = h.redeliver(&hop1).await else {
         panic!("the second hop");
     };
     assert_ne!(hop2.topic, hop1.topic);
     assert_eq!(hop2.header("x-retry-attempt"), Some("2"));
     match h.redeliver(&hop2).await {
-        Outcome::DeadLettered { kind, error, record, .. } => {
+        Verdict::DeadLettered {
+            kind,
+            error,
+            record,
+            ..
+        } => {
             assert_eq!(kind, DeadLetterKind::TransientExhausted);
             assert!(error.contains("gateway timed out"), "{error}");
             assert_eq!(record.topic, "orders.created.dlq");
@@ -86,29 +104,49 @@ async fn the_retry_chain_decode_panic_and_skip_outcomes_are_the_runtimes() {
     let mut garbage = hop1.clone();
     garbage.headers.retain(|(k, _)| k != "message_id");
     match h.redeliver(&garbage).await {
-        Outcome::DeadLettered { kind, error, attempts, .. } => {
+        Verdict::DeadLettered {
+            kind,
+            error,
+            attempts,
+            ..
+        } => {
             assert_eq!(kind, DeadLetterKind::Decode);
             assert!(error.contains("message_id"), "{error}");
             assert_eq!(attempts, 0);
         }
         other => panic!("{other:?}"),
     }
-    match h.deliver(order(topic, serde_json::json!({"panic": true}))).await {
-        Outcome::DeadLettered { kind, error, .. } => {
+    match h
+        .deliver(order(topic, serde_json::json!({"panic": true})))
+        .await
+    {
+        Verdict::DeadLettered { kind, error, .. } => {
             assert_eq!(kind, DeadLetterKind::Panic);
             assert!(error.contains("boom"), "{error}");
         }
         other => panic!("{other:?}"),
     }
-    let unknown = Delivered::from_message(&Message::new(topic, "order_shipped", "A-1", serde_json::json!({})));
-    assert_eq!(h.deliver(unknown).await, Outcome::Skipped);
+    let unknown = Delivered::from_message(&Message::new(
+        topic,
+        "order_shipped",
+        "A-1",
+        serde_json::json!({}),
+    ));
+    assert_eq!(h.deliver(unknown).await, Verdict::Skipped);
     let good = order(topic, serde_json::json!({}));
-    assert_eq!(h.deliver(good.clone()).await, Outcome::Handled { attempts: 1 });
-    assert_eq!(h.deliver(good).await, Outcome::Duplicate);
+    assert_eq!(
+        h.deliver(good.clone()).await,
+        Verdict::Handled { attempts: 1 }
+    );
+    assert_eq!(h.deliver(good).await, Verdict::Duplicate);
     assert_eq!(count(&c, "SELECT count(*) FROM effects").await, 1);
     assert_eq!(h.written().len(), 5, "two hops and three letters, in order");
     assert_eq!(
-        count(&c, "SELECT count(*) FROM processed_messages WHERE consumer_group = 'billing'").await,
+        count(
+            &c,
+            "SELECT count(*) FROM processed_messages WHERE consumer_group = 'billing'"
+        )
+        .await,
         1
     );
 }
@@ -129,8 +167,16 @@ async fn an_outage_opens_the_breaker_and_parks_the_message() {
         .harness()
         .await
         .unwrap();
-    match h.deliver(order("orders.created", serde_json::json!({"down": true}))).await {
-        Outcome::DeadLettered { kind, attempts, error, .. } => {
+    match h
+        .deliver(order("orders.created", serde_json::json!({"down": true})))
+        .await
+    {
+        Verdict::DeadLettered {
+            kind,
+            attempts,
+            error,
+            ..
+        } => {
             assert_eq!(kind, DeadLetterKind::Unavailable);
             assert_eq!(attempts, 2);
             assert!(error.contains("loyalty-api"), "{error}");
@@ -190,8 +236,8 @@ async fn in_place_retries_call_handlers_and_the_sqlx_driver() {
         .await
         .unwrap();
     let m = order("orders.created", serde_json::json!({}));
-    assert_eq!(h.deliver(m.clone()).await, Outcome::Handled { attempts: 3 });
-    assert_eq!(h.deliver(m.clone()).await, Outcome::Duplicate);
+    assert_eq!(h.deliver(m.clone()).await, Verdict::Handled { attempts: 3 });
+    assert_eq!(h.deliver(m.clone()).await, Verdict::Duplicate);
     assert_eq!(tries.load(Ordering::SeqCst), 3, "no call for the duplicate");
     assert_eq!(
         texts(&c, "SELECT message_id FROM effects").await,
@@ -217,11 +263,21 @@ async fn in_place_retries_call_handlers_and_the_sqlx_driver() {
         .await
         .unwrap();
     let good = order("orders.created", serde_json::json!({"total_cents": 5}));
-    assert_eq!(h.deliver(good.clone()).await, Outcome::Handled { attempts: 1 });
-    assert_eq!(h.deliver(good).await, Outcome::Duplicate);
+    assert_eq!(
+        h.deliver(good.clone()).await,
+        Verdict::Handled { attempts: 1 }
+    );
+    assert_eq!(h.deliver(good).await, Verdict::Duplicate);
     assert!(matches!(
-        h.deliver(order("orders.created", serde_json::json!({"total_cents": -1}))).await,
-        Outcome::DeadLettered { kind: DeadLetterKind::Permanent, .. }
+        h.deliver(order(
+            "orders.created",
+            serde_json::json!({"total_cents": -1})
+        ))
+        .await,
+        Verdict::DeadLettered {
+            kind: DeadLetterKind::Permanent,
+            ..
+        }
     ));
     assert_eq!(count(&c, "SELECT count(*) FROM effects").await, 2);
 }

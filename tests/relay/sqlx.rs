@@ -13,10 +13,26 @@ async fn sqlx_enqueue_publishes_what_commits_and_refuses_what_is_invalid() {
     create_topic(&topic, 1).await;
     let pool = sqlx_pool(&db, 2).await;
 
-    let one = Message::new(&topic, "order_created", "A-1", serde_json::json!({"total": 1}))
-        .with_header("traceparent", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01");
+    let one = Message::new(
+        &topic,
+        "order_created",
+        "A-1",
+        serde_json::json!({"total": 1}),
+    )
+    .with_header(
+        "traceparent",
+        "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+    );
     let mut tx = pool.begin().await.unwrap();
     outbox::sqlx::enqueue(&mut *tx, &one).await.unwrap();
+    // Inside the transaction, before commit, the kit sees what it enqueued.
+    let rows = enqueued_sqlx(&mut *tx, &db.schema).await;
+    let row = only(&rows, &topic, "order_created");
+    assert_eq!(
+        (row.key.as_deref(), row.body.clone()),
+        (Some("A-1"), Some(serde_json::json!({"total": 1})))
+    );
+    assert_eq!(row.message_id(), one.message_id().to_string());
     tx.commit().await.unwrap();
 
     let mut tx = pool.begin().await.unwrap();
@@ -26,11 +42,19 @@ async fn sqlx_enqueue_publishes_what_commits_and_refuses_what_is_invalid() {
 
     let batch: Vec<Message> = (2..5)
         .map(|i| {
-            Message::new(&topic, "order_created", format!("A-{i}"), serde_json::json!({"total": i}))
+            Message::new(
+                &topic,
+                "order_created",
+                format!("A-{i}"),
+                serde_json::json!({"total": i}),
+            )
         })
         .collect();
     let mut tx = pool.begin().await.unwrap();
-    assert_eq!(outbox::sqlx::enqueue_batch(&mut *tx, &batch).await.unwrap(), 3);
+    assert_eq!(
+        outbox::sqlx::enqueue_batch(&mut *tx, &batch).await.unwrap(),
+        3
+    );
     // Straight into a connection of the pool (no transaction of the caller's).
     let keyless = Message::keyless(&topic, "order_created", serde_json::json!({"total": 5}));
     outbox::sqlx::enqueue(&pool, &keyless).await.unwrap();
@@ -43,7 +67,8 @@ async fn sqlx_enqueue_publishes_what_commits_and_refuses_what_is_invalid() {
         outbox::sqlx::enqueue(&mut *tx, &bad_topic).await,
         Err(EnqueueError::InvalidTopic(_))
     ));
-    let reserved = Message::new(&topic, "t", "A-9", serde_json::json!({})).with_header("message_id", "x");
+    let reserved =
+        Message::new(&topic, "t", "A-9", serde_json::json!({})).with_header("message_id", "x");
     assert!(matches!(
         outbox::sqlx::enqueue_batch(&mut *tx, &[batch[0].clone(), reserved]).await,
         Err(EnqueueError::ReservedHeader(_))
@@ -60,12 +85,15 @@ async fn sqlx_enqueue_publishes_what_commits_and_refuses_what_is_invalid() {
     let recs = read_all(&topic).await;
     let keys: Vec<Option<String>> = recs
         .iter()
-        .map(|r| r.key.as_ref().map(|k| String::from_utf8(k.clone()).unwrap()))
+        .map(|r| {
+            r.key
+                .as_ref()
+                .map(|k| String::from_utf8(k.clone()).unwrap())
+        })
         .collect();
     assert_eq!(
         keys,
-        [Some("A-1"), Some("A-2"), Some("A-3"), Some("A-4"), None]
-            .map(|k| k.map(str::to_owned))
+        [Some("A-1"), Some("A-2"), Some("A-3"), Some("A-4"), None].map(|k| k.map(str::to_owned))
     );
     assert_eq!(recs[0].headers["message_id"], one.message_id().to_string());
     assert_eq!(recs[0].headers["entity_id"], "A-1");
@@ -86,18 +114,29 @@ async fn sqlx_enqueue_errors_are_typed_and_an_enqueuer_names_its_schema() {
         .connect(&url)
         .await
         .unwrap();
-    sqlx::query("SET search_path TO pg_catalog").execute(&bare).await.unwrap();
+    sqlx::query("SET search_path TO pg_catalog")
+        .execute(&bare)
+        .await
+        .unwrap();
     let mut conn = bare.acquire().await.unwrap();
-    sqlx::query("SET search_path TO pg_catalog").execute(&mut *conn).await.unwrap();
+    sqlx::query("SET search_path TO pg_catalog")
+        .execute(&mut *conn)
+        .await
+        .unwrap();
     let msg = Message::new(&topic, "order_created", "A-1", serde_json::json!({}));
     let err = outbox::sqlx::enqueue(&mut *conn, &msg).await.unwrap_err();
     assert!(matches!(err, EnqueueError::Sqlx(_)), "{err}");
-    assert!(!err.is_transient(), "an undefined table is not worth retrying: {err}");
+    assert!(
+        !err.is_transient(),
+        "an undefined table is not worth retrying: {err}"
+    );
     assert!(err.to_string().contains("outbox"), "{err}");
 
     let enq = Enqueuer::new(&db.schema);
     enq.enqueue_sqlx(&mut *conn, &msg).await.unwrap();
-    enq.enqueue_batch_sqlx(&mut *conn, &[msg.clone()]).await.unwrap();
+    enq.enqueue_batch_sqlx(&mut *conn, std::slice::from_ref(&msg))
+        .await
+        .unwrap();
     let c = client(&db).await;
     assert_eq!(count(&c, "SELECT count(*) FROM outbox").await, 2);
 }
@@ -110,17 +149,43 @@ async fn the_inbox_on_sqlx_marks_once_and_a_rollback_takes_the_mark_back() {
     let pool = sqlx_pool(&db, 2).await;
     let inbox = outbox::consumer::Inbox::new(&db.schema, "billing");
     let mut tx = pool.begin().await.unwrap();
-    assert!(!inbox.mark_sqlx(&mut tx, "orders", "m-rolled").await.is_err());
+    assert!(inbox
+        .mark_sqlx(&mut tx, "orders", "m-rolled")
+        .await
+        .unwrap());
     tx.rollback().await.unwrap();
     let mut tx = pool.begin().await.unwrap();
-    assert!(inbox.mark_sqlx(&mut tx, "orders", "m-rolled").await.unwrap(), "rolled back: new again");
-    assert!(!inbox.mark_sqlx(&mut tx, "orders", "m-rolled").await.unwrap(), "now a duplicate");
+    assert!(
+        inbox
+            .mark_sqlx(&mut tx, "orders", "m-rolled")
+            .await
+            .unwrap(),
+        "rolled back: new again"
+    );
+    assert!(
+        !inbox
+            .mark_sqlx(&mut tx, "orders", "m-rolled")
+            .await
+            .unwrap(),
+        "now a duplicate"
+    );
     let fresh = inbox
-        .mark_many_sqlx(&mut tx, &[("orders", "m-rolled"), ("orders", "m-2"), ("orders", "m-2")])
+        .mark_many_sqlx(
+            &mut tx,
+            &[("orders", "m-rolled"), ("orders", "m-2"), ("orders", "m-2")],
+        )
         .await
         .unwrap();
-    assert_eq!(fresh, [("orders".to_owned(), "m-2".to_owned())].into_iter().collect());
+    assert_eq!(
+        fresh,
+        [("orders".to_owned(), "m-2".to_owned())]
+            .into_iter()
+            .collect()
+    );
     tx.commit().await.unwrap();
     let c = client(&db).await;
-    assert_eq!(count(&c, "SELECT count(*) FROM processed_messages").await, 2);
+    assert_eq!(
+        count(&c, "SELECT count(*) FROM processed_messages").await,
+        2
+    );
 }

@@ -53,7 +53,10 @@ fn headers_of(v: serde_json::Value) -> BTreeMap<String, String> {
 ///
 /// # Panics
 /// When the query fails (no outbox in `schema`).
-pub async fn enqueued<C: tokio_postgres::GenericClient>(client: &C, schema: &Schema) -> Vec<Enqueued> {
+pub async fn enqueued<C: tokio_postgres::GenericClient>(
+    client: &C,
+    schema: &Schema,
+) -> Vec<Enqueued> {
     client
         .query(&select(schema), &[])
         .await
@@ -114,7 +117,8 @@ pub fn only<'a>(rows: &'a [Enqueued], topic: &str, message_type: &str) -> &'a En
         .collect();
     match matching.as_slice() {
         [one] => one,
-        _ => panic!(
+        _ => {
+            panic!(
             "expected exactly one {message_type:?} on {topic:?}, found {}; the outbox holds:\n{}",
             matching.len(),
             rows.iter()
@@ -128,6 +132,7 @@ pub fn only<'a>(rows: &'a [Enqueued], topic: &str, message_type: &str) -> &'a En
                 ))
                 .collect::<Vec<_>>()
                 .join("\n")
-        ),
+        )
+        }
     }
 }

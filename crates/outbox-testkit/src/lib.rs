@@ -17,7 +17,7 @@ mod relayed;
 
 pub use enqueued::{enqueued, enqueued_sqlx, only, Enqueued};
 /// The handler harness (no broker): [`outbox::consumer::Consumer::harness`].
-pub use outbox::consumer::{Harness, Outcome, Written};
+pub use outbox::consumer::{Harness, Verdict, Written};
 pub use relayed::relay_once;
 
 /// `DATABASE_URL`, or the dev Postgres on loopback.
