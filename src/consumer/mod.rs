@@ -303,6 +303,17 @@ impl Consumer {
         self
     }
 
+    /// As [`Consumer::on_tombstone`], with an [`SqlxHandler`] (for [`Driver::Sqlx`]).
+    #[cfg(feature = "sqlx")]
+    #[must_use]
+    pub fn on_tombstone_sqlx(mut self, handler: impl SqlxHandler) -> Self {
+        self.handlers.insert(
+            handler::TOMBSTONE_ROUTE.to_owned(),
+            HandlerRef::SqlxSingle(Arc::new(handler)),
+        );
+        self
+    }
+
     /// Registers an [`SqlxBatchHandler`] for `message_type`: up to `max_batch` messages per
     /// sqlx transaction (see [`Consumer::batch_handler`]).
     #[cfg(feature = "sqlx")]

@@ -247,3 +247,79 @@ async fn too_many_connections_shutdown_and_connection_loss_are_transient() {
     check(&case("connection refused", None, true, true), e);
     c.batch_execute(&format!("DROP ROLE {role}")).await.unwrap();
 }
+
+/// The same rule for sqlx errors (the sqlx driver and `outbox::sqlx::enqueue`): what a
+/// retry would repeat is permanent, contention and timeouts are transient, an unreachable
+/// server or a pool that cannot hand out a connection is "database unavailable".
+#[tokio::test]
+async fn sqlx_errors_follow_the_same_rule() {
+    let (db, _c) = setup().await;
+    let pool = sqlx_pool(&db, 2).await;
+    let classify = |e: sqlx::Error| {
+        let (t, u) = (
+            outbox::classify::sqlx_is_transient(&e),
+            outbox::classify::sqlx_is_unavailable(&e),
+        );
+        let h = HandlerError::from(e);
+        assert_eq!(
+            (h.is_transient(), h.is_database_unavailable()),
+            (t, u),
+            "{h}"
+        );
+        (t, u)
+    };
+    for (sql, what) in [
+        ("INSERT INTO k VALUES (1, 5)", "unique violation"),
+        ("INSERT INTO k VALUES (4, -1)", "check violation"),
+        ("SELECT 1 / 0", "division by zero"),
+        ("SELECT nope FROM k", "undefined column"),
+    ] {
+        let e = sqlx::query(sql).execute(&pool).await.unwrap_err();
+        assert_eq!(classify(e), (false, false), "{what} is permanent");
+    }
+    // A column decoded as the wrong Rust type: a bug in the handler.
+    let e = sqlx::query_scalar::<_, i32>("SELECT 'text'::text")
+        .fetch_one(&pool)
+        .await
+        .unwrap_err();
+    assert_eq!(classify(e), (false, false), "decode error is permanent");
+
+    let mut conn = pool.acquire().await.unwrap();
+    sqlx::raw_sql("SET statement_timeout = '50ms'")
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    let e = sqlx::query("SELECT pg_sleep(2)")
+        .execute(&mut *conn)
+        .await
+        .unwrap_err();
+    assert_eq!(classify(e), (true, false), "statement timeout is transient");
+    drop(conn.detach());
+    // Another session holds row 1 locked.
+    let lock = client(&db).await;
+    lock.batch_execute("BEGIN; SELECT 1 FROM k WHERE id = 1 FOR UPDATE")
+        .await
+        .unwrap();
+    let e = sqlx::query("SELECT 1 FROM k WHERE id = 1 FOR UPDATE NOWAIT")
+        .execute(&pool)
+        .await
+        .unwrap_err();
+    assert_eq!(
+        classify(e),
+        (true, false),
+        "lock not available is transient"
+    );
+    drop(lock);
+
+    // Nothing listens: refused (the pool's connect attempt fails) is unavailable.
+    let dead = sqlx::postgres::PgPoolOptions::new()
+        .acquire_timeout(std::time::Duration::from_secs(2))
+        .connect_lazy("postgres://outbox:outbox@127.0.0.1:1/outbox")
+        .unwrap();
+    let e = sqlx::query("SELECT 1").execute(&dead).await.unwrap_err();
+    assert_eq!(
+        classify(e),
+        (true, true),
+        "an unreachable server is unavailable"
+    );
+}

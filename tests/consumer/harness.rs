@@ -256,12 +256,23 @@ async fn in_place_retries_call_handlers_and_the_sqlx_driver() {
     }
     let mut config = ConsumerConfig::new("billing-sqlx", ["orders.created"]);
     config.driver = Driver::Sqlx(sqlx_pool(&db, 2).await);
+    async fn sqlx_forget(msg: &Delivered, tx: &mut sqlx::PgConnection) -> Result<(), HandlerError> {
+        assert!(msg.tombstone);
+        sqlx::query("INSERT INTO effects (message_id) VALUES ('forgotten ' || $1)")
+            .bind(msg.key_str().unwrap_or_default())
+            .execute(&mut *tx)
+            .await?;
+        Ok(())
+    }
     let h = Consumer::new(&db, &kafka(), config)
         .unwrap()
         .sqlx_handler("order_created", sqlx_charge)
+        .on_tombstone_sqlx(sqlx_forget)
         .harness()
         .await
         .unwrap();
+    let gone = Delivered::from_message(&Message::tombstone("orders.created", "A-9"));
+    assert_eq!(h.deliver(gone).await, Verdict::Handled { attempts: 1 });
     let good = order("orders.created", serde_json::json!({"total_cents": 5}));
     assert_eq!(
         h.deliver(good.clone()).await,
@@ -279,5 +290,13 @@ async fn in_place_retries_call_handlers_and_the_sqlx_driver() {
             ..
         }
     ));
-    assert_eq!(count(&c, "SELECT count(*) FROM effects").await, 2);
+    assert_eq!(count(&c, "SELECT count(*) FROM effects").await, 3);
+    assert_eq!(
+        count(
+            &c,
+            "SELECT count(*) FROM effects WHERE message_id = 'forgotten A-9'"
+        )
+        .await,
+        1
+    );
 }
