@@ -91,6 +91,9 @@ offsets.topic.replication.factor=$RF
 offsets.topic.num.partitions=10
 transaction.state.log.replication.factor=$RF
 transaction.state.log.min.isr=$MIN_ISR
+# Exactly-once relays: the transaction log created quickly on first use, timeouts capped.
+transaction.state.log.num.partitions=8
+transaction.max.timeout.ms=900000
 share.coordinator.state.topic.replication.factor=$RF
 share.coordinator.state.topic.min.isr=$MIN_ISR
 default.replication.factor=$RF

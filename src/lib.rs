@@ -65,7 +65,7 @@
 //! | `db`, `backoff`, `outage` | core | connections; capped backoff; one log line per outage (private) |
 //! | `kafka` | `kafka` | the idempotent producer preset, librdkafka callbacks, typed refusal reasons (private) |
 //! | `topics` | `kafka` | [`topics::apply_file`]: topics as code (main, retry chain, DLQ) |
-//! | `relay` | `relay` | [`Relay`]: take → send → mark (`mod.rs`); `batch.rs` claimed rows and their fates, `producer.rs` its settings and error meanings, `reports.rs` delivery reports, `pipeline.rs` batches overlapped, `tasks.rs` `run` and the background loops, `lanes.rs`, `floor.rs`, `config.rs`, `error.rs` |
+//! | `relay` | `relay` | [`Relay`]: take → send → mark (`mod.rs`); `batch.rs` claimed rows and their fates, `producer.rs` its settings and error meanings, `reports.rs` delivery reports, `pipeline.rs` batches overlapped, `tasks.rs` `run` and the background loops, `lanes.rs`, `floor.rs`, `config.rs`, `error.rs`, `exactly.rs` (exactly-once: a transactional producer per slot of lanes, progress records, recovery) |
 //! | `consumer` | `consumer` | [`consumer::Consumer`]: handlers, offsets, retries, dead letters, commit groups; `call.rs` call handlers (the call outside any transaction) and their mark writers; `sqlx.rs` the sqlx driver of handler transactions; `harness.rs` handlers run through the real path without a broker (`Consumer::harness`); `runtime.rs` the poll loop, `dispatch.rs` lanes to handler tasks, `context.rs` librdkafka callbacks; `consumer/breaker/` the shared breaker: its row (`mod.rs`), the runtime steering by it (`steer.rs`), parked letters and the drain (`drain.rs`) |
 //! | `dlq` | `dlq` | [`dlq::Dlq`]: archive, summary by cause, replay jobs, drop, audit; [`dlq::Archiver`] |
 //! | `admin` | `admin` | the HTTP admin API with bearer tokens and roles, the dashboard, `/metrics` |
@@ -133,10 +133,11 @@ pub use message::{
 pub use migrate::{embedded_migrations, migrate, MigrateError, MigrateReport};
 #[cfg(feature = "relay")]
 pub use relay::{
-    BatchReport, Outcome, Relay, RelayConfig, RelayError, DEFAULT_BATCH_SIZE,
+    BatchReport, ExactlyOnce, Outcome, Relay, RelayConfig, RelayError, DEFAULT_BATCH_SIZE,
     DEFAULT_DELIVERY_TIMEOUT, DEFAULT_IN_FLIGHT_BATCHES, DEFAULT_LONG_TRANSACTION,
-    DEFAULT_MAX_ATTEMPTS, DEFAULT_POLL_INTERVAL, DEFAULT_SHUTDOWN_TIMEOUT, DEFAULT_SWEEP_INTERVAL,
-    MAX_BATCH_SIZE, MAX_ERROR_LEN, MAX_IN_FLIGHT_BATCHES,
+    DEFAULT_MAX_ATTEMPTS, DEFAULT_POLL_INTERVAL, DEFAULT_PROGRESS_TOPIC, DEFAULT_SHUTDOWN_TIMEOUT,
+    DEFAULT_SWEEP_INTERVAL, DEFAULT_TRANSACTION_TIMEOUT, MAX_BATCH_SIZE, MAX_ERROR_LEN,
+    MAX_IN_FLIGHT_BATCHES, SLOTS,
 };
 pub use republish::{
     count_sent, requeue_sent, RequeueError, RequeueSent, RequeueSentReport, DEFAULT_REQUEUE_BATCH,

@@ -214,6 +214,15 @@ impl Consumer {
                 "enable.auto.offset.store must stay false: offsets are stored only for final messages".into(),
             ));
         }
+        if kafka
+            .properties
+            .get("isolation.level")
+            .is_some_and(|v| v != "read_committed")
+        {
+            return Err(ConsumerError::Config(
+                "isolation.level must stay read_committed: a read_uncommitted consumer would handle records of aborted transactions".into(),
+            ));
+        }
         let pool = crate::db::pool(db).map_err(|e| ConsumerError::Config(format!("pool: {e}")))?;
         let breakers = Arc::new(Breakers::new(
             pool,

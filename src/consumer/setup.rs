@@ -46,6 +46,9 @@ impl Consumer {
             .set("auto.commit.interval.ms", "1000")
             .set("enable.auto.offset.store", "false")
             .set("enable.partition.eof", "false")
+            // Records of aborted Kafka transactions (an exactly-once relay's aborted batch)
+            // never reach a handler; librdkafka's default, stated so it cannot drift.
+            .set("isolation.level", "read_committed")
             .set("allow.auto.create.topics", "false");
         if !self.kafka.properties.contains_key("auto.offset.reset") {
             cc.set("auto.offset.reset", "earliest");

@@ -57,6 +57,8 @@ pub(crate) struct Claimed {
     pub(super) lanes: Vec<i32>,
     /// Keys with an earlier pending row outside this claim: their rows are not sent.
     pub(super) waiting: HashSet<String>,
+    /// The claim floor it was claimed from, moved when it settles.
+    pub(super) floor: std::sync::Arc<std::sync::Mutex<super::floor::ClaimFloor>>,
 }
 
 impl Claimed {

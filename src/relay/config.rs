@@ -61,6 +61,46 @@ pub struct RelayConfig {
     /// claimed and the one before is marked (default [`DEFAULT_IN_FLIGHT_BATCHES`]; 1 = one
     /// batch at a time). Each takes a pooled connection.
     pub in_flight_batches: usize,
+    /// Publish each row exactly once to `read_committed` readers (`None`, the default:
+    /// at-least-once with the idempotent producer). See [`ExactlyOnce`].
+    pub exactly_once: Option<ExactlyOnce>,
+}
+
+/// Default [`ExactlyOnce::progress_topic`].
+pub const DEFAULT_PROGRESS_TOPIC: &str = "outbox-progress";
+/// Default [`ExactlyOnce::transaction_timeout`].
+pub const DEFAULT_TRANSACTION_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Exactly-once publication (`outbox relay --exactly-once`, docs/EXACTLY_ONCE.md).
+///
+/// The 64 ordering lanes are owned in 8 slots of 8; each slot has its own transactional
+/// producer (`transactional.id` = `<prefix>-<schema>-<slot>`), so whoever takes a slot over
+/// fences the previous owner. Each batch of a slot is produced in one Kafka transaction that
+/// also writes a progress record naming the ids it published, to partition `slot` of
+/// `progress_topic`; a new owner reads that record back `read_committed` and marks those rows
+/// sent before producing anything.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct ExactlyOnce {
+    /// The compacted topic of progress records, one partition per slot (created by the relay
+    /// when missing: 8 partitions, `cleanup.policy=compact`).
+    pub progress_topic: String,
+    /// The start of every slot's `transactional.id` (default `outbox`).
+    pub transactional_id_prefix: String,
+    /// librdkafka `transaction.timeout.ms`: an owner that dies mid-transaction holds back
+    /// `read_committed` readers of its partitions at most this long, unless a new owner fences
+    /// it sooner (default [`DEFAULT_TRANSACTION_TIMEOUT`]).
+    pub transaction_timeout: Duration,
+}
+
+impl Default for ExactlyOnce {
+    fn default() -> Self {
+        Self {
+            progress_topic: DEFAULT_PROGRESS_TOPIC.into(),
+            transactional_id_prefix: "outbox".into(),
+            transaction_timeout: DEFAULT_TRANSACTION_TIMEOUT,
+        }
+    }
 }
 
 impl Default for RelayConfig {
@@ -77,6 +117,7 @@ impl Default for RelayConfig {
             sweep_interval: DEFAULT_SWEEP_INTERVAL,
             long_transaction: DEFAULT_LONG_TRANSACTION,
             in_flight_batches: DEFAULT_IN_FLIGHT_BATCHES,
+            exactly_once: None,
         }
     }
 }
@@ -125,6 +166,25 @@ impl RelayConfig {
         }
         if self.cleanup.interval.is_some_and(|d| d.is_zero()) {
             return bad("cleanup interval", "must be greater than zero (or off)");
+        }
+        if let Some(eo) = &self.exactly_once {
+            if crate::topic::validate_topic(&eo.progress_topic).is_err() {
+                return bad("progress topic", "is not a valid topic name");
+            }
+            if eo.transactional_id_prefix.trim().is_empty() {
+                return bad("transactional id prefix", "must not be empty");
+            }
+            if eo.transaction_timeout < Duration::from_secs(1)
+                || eo.transaction_timeout > Duration::from_secs(900)
+            {
+                return bad("transaction timeout", "must be between 1s and 15min");
+            }
+            if self.delivery_timeout > eo.transaction_timeout {
+                return bad(
+                    "delivery timeout",
+                    "must not exceed the transaction timeout in exactly-once mode",
+                );
+            }
         }
         Ok(())
     }

@@ -54,3 +54,14 @@ pub struct BatchReport {
     /// Rows left `pending` because an earlier row of their key failed in the same batch.
     pub held_back: usize,
 }
+
+impl BatchReport {
+    /// Adds `other`'s counts to these.
+    pub(crate) fn add(&mut self, other: &BatchReport) {
+        self.claimed += other.claimed;
+        self.sent += other.sent;
+        self.backed_off += other.backed_off;
+        self.deferred += other.deferred;
+        self.held_back += other.held_back;
+    }
+}

@@ -26,6 +26,15 @@ use crate::sql::locks;
 
 /// Number of ordering lanes. Fixed: the claim query and every relay must agree.
 pub const LANES: i32 = 64;
+/// Exactly-once mode owns lanes in this many slots of `LANES / SLOTS` consecutive lanes: a
+/// slot is the unit a transactional producer (and its fencing) belongs to.
+pub const SLOTS: i32 = 8;
+
+/// The slot of `lane` in exactly-once mode.
+pub(crate) fn slot_of(lane: i32) -> i32 {
+    lane / (LANES / SLOTS)
+}
+
 /// How often a relay re-counts relays and rebalances its lanes.
 pub const DEFAULT_REBALANCE_INTERVAL: Duration = Duration::from_secs(2);
 
@@ -41,11 +50,19 @@ pub(crate) struct Lanes {
     backoff: crate::backoff::Backoff,
     retry_at: Option<Instant>,
     outages: std::sync::Arc<super::Outages>,
+    /// Lanes taken and given up together: 1, or `LANES / SLOTS` in exactly-once mode (a slot).
+    unit: i32,
 }
 
 impl Lanes {
-    pub fn new(db: &DbConfig, interval: Duration, outages: std::sync::Arc<super::Outages>) -> Self {
+    pub fn new(
+        db: &DbConfig,
+        interval: Duration,
+        outages: std::sync::Arc<super::Outages>,
+        by_slot: bool,
+    ) -> Self {
         Self {
+            unit: if by_slot { LANES / SLOTS } else { 1 },
             db: db.clone(),
             conn: None,
             owned: BTreeSet::new(),
@@ -121,30 +138,49 @@ impl Lanes {
             .await?;
         let members: i64 = c.query_one(locks::COUNT_RELAYS, &[&schema]).await?.get(0);
         let members = members.max(1) as usize;
-        let target = (LANES as usize).div_ceil(members);
+        let unit = self.unit;
+        let units = (LANES / unit) as usize;
+        let target = units.div_ceil(members) * unit as usize;
         let before = self.owned.len();
         while self.owned.len() > target {
-            let lane = *self.owned.iter().next_back().expect("non-empty");
-            c.query_one(locks::UNLOCK_LANE, &[&lane, &schema]).await?;
-            self.owned.remove(&lane);
+            // The highest unit goes, all of its lanes.
+            let last = *self.owned.iter().next_back().expect("non-empty");
+            let first = last - last % unit;
+            for lane in first..first + unit {
+                if self.owned.remove(&lane) {
+                    c.query_one(locks::UNLOCK_LANE, &[&lane, &schema]).await?;
+                }
+            }
         }
         if self.owned.len() < target {
             // Start at a member-specific offset so relays do not all contend for lane 0 first.
-            let start = self.member_id.rem_euclid(LANES);
-            for i in 0..LANES {
+            let start = self.member_id.rem_euclid(units as i32);
+            for i in 0..units as i32 {
                 if self.owned.len() >= target {
                     break;
                 }
-                let lane = (start + i) % LANES;
-                if self.owned.contains(&lane) {
+                let first = ((start + i) % units as i32) * unit;
+                if self.owned.contains(&first) {
                     continue;
                 }
-                let got: bool = c
-                    .query_one(locks::LOCK_LANE, &[&lane, &schema])
-                    .await?
-                    .get(0);
-                if got {
-                    self.owned.insert(lane);
+                let mut got = Vec::new();
+                for lane in first..first + unit {
+                    let ok: bool = c
+                        .query_one(locks::LOCK_LANE, &[&lane, &schema])
+                        .await?
+                        .get(0);
+                    if !ok {
+                        break;
+                    }
+                    got.push(lane);
+                }
+                if got.len() == unit as usize {
+                    self.owned.extend(got);
+                } else {
+                    // Part of a slot is no slot: give back what was taken.
+                    for lane in got {
+                        c.query_one(locks::UNLOCK_LANE, &[&lane, &schema]).await?;
+                    }
                 }
             }
         }

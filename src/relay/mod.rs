@@ -41,6 +41,7 @@ use tracing::Instrument as _;
 mod batch;
 mod config;
 mod error;
+mod exactly;
 mod floor;
 mod lanes;
 mod pipeline;
@@ -52,6 +53,7 @@ use batch::*;
 pub use config::*;
 pub use error::{BatchReport, Outcome, RelayError};
 pub(crate) use lanes::LANES;
+pub use lanes::SLOTS;
 use producer::*;
 pub(crate) use tasks::refresh_outbox_gauges;
 use tasks::*;
@@ -85,6 +87,10 @@ pub struct Relay {
     floor: Arc<Mutex<ClaimFloor>>,
     /// Held for the length of a pass.
     pass: tokio::sync::Mutex<()>,
+    /// Exactly-once mode: each slot's transactional producer and claim floor.
+    slots: Option<exactly::Slots>,
+    /// The progress topic was found (or created) with a partition per slot.
+    progress_ready: tokio::sync::OnceCell<()>,
     /// Test hook: the probability (as `f64` bits) that a row is refused with "injected produce
     /// failure" instead of being produced. Set only through `outbox::testing`.
     inject_refusals: std::sync::atomic::AtomicU64,
@@ -120,6 +126,7 @@ impl Relay {
                 db,
                 config.rebalance_interval,
                 outages.clone(),
+                config.exactly_once.is_some(),
             )),
             pool,
             producer: std::sync::RwLock::new(producer),
@@ -130,6 +137,11 @@ impl Relay {
             db: db.clone(),
             floor: Arc::new(Mutex::new(ClaimFloor::new(config.long_transaction))),
             pass: tokio::sync::Mutex::new(()),
+            slots: config
+                .exactly_once
+                .as_ref()
+                .map(|_| exactly::Slots::new(config.long_transaction)),
+            progress_ready: tokio::sync::OnceCell::new(),
             config,
             known_topics: Mutex::new(HashMap::new()),
             inject_refusals: std::sync::atomic::AtomicU64::new(0f64.to_bits()),
@@ -167,14 +179,29 @@ impl Relay {
     /// Every row of this relay's lanes below it was settled when it was set, except rows of
     /// transactions open longer than `long_transaction`, which [`Relay::sweep`] finds.
     pub fn claim_floor(&self) -> i64 {
-        self.floor.lock().expect("floor lock").get()
+        (self.floor_probe())()
+    }
+
+    /// Every claim floor: the relay's, or in exactly-once mode one per slot.
+    pub(crate) fn floors(&self) -> Vec<Arc<Mutex<ClaimFloor>>> {
+        match &self.slots {
+            Some(s) => s.floors.clone(),
+            None => vec![self.floor.clone()],
+        }
     }
 
     /// A handle reading [`Relay::claim_floor`] after the relay has been moved into
     /// [`Relay::run`] (for tests and monitoring).
     pub(crate) fn floor_probe(&self) -> impl Fn() -> i64 + Send + Sync + 'static {
-        let floor = self.floor.clone();
-        move || floor.lock().expect("floor lock").get()
+        // In exactly-once mode the lowest slot floor: every row below it is settled.
+        let floors = self.floors();
+        move || {
+            floors
+                .iter()
+                .map(|f| f.lock().expect("floor lock").get())
+                .min()
+                .unwrap_or(0)
+        }
     }
 
     /// One sweep: looks below the claim floor for due pending rows of this relay's lanes — rows
@@ -186,7 +213,13 @@ impl Relay {
     /// # Errors
     /// [`RelayError`] when Postgres fails.
     pub async fn sweep(&self) -> Result<Option<i64>, RelayError> {
-        sweep_with(&self.pool, &self.stmts, &self.floor).await
+        let mut lowest = None;
+        for floor in self.floors() {
+            if let Some(id) = sweep_with(&self.pool, &self.stmts, &floor).await? {
+                lowest = Some(lowest.map_or(id, |l: i64| l.min(id)));
+            }
+        }
+        Ok(lowest)
     }
 
     /// The ordering lanes this relay holds (out of the 64 ordering lanes).
@@ -267,6 +300,9 @@ impl Relay {
     /// [`RelayError`] when Postgres fails; the claim transaction is then rolled back (or dies
     /// with the connection) and its rows are claimable again.
     pub async fn run_once(&self) -> Result<Outcome, RelayError> {
+        if self.config.exactly_once.is_some() {
+            return self.run_once_exactly().await;
+        }
         // One pass at a time per relay: the claim floor is moved by what one pass saw.
         let _pass = self.pass.lock().await;
         // Lanes are rebalanced only here, between batches: a lane is never handed over while
@@ -299,6 +335,17 @@ impl Relay {
         after: &HashMap<String, i64>,
         ahead: Option<Ahead>,
     ) -> Result<Claimed, RelayError> {
+        self.claim_in(&self.floor, lanes, after, ahead).await
+    }
+
+    /// [`Relay::claim`] from a given claim floor (exactly-once mode keeps one per slot).
+    pub(crate) async fn claim_in(
+        &self,
+        floor: &Arc<Mutex<ClaimFloor>>,
+        lanes: Vec<i32>,
+        after: &HashMap<String, i64>,
+        ahead: Option<Ahead>,
+    ) -> Result<Claimed, RelayError> {
         let tx = OpenTx::connect(&self.pool).await?;
         let c = tx.client();
         let sample = c.prepare_cached(&self.stmts.sample).await?;
@@ -310,7 +357,7 @@ impl Relay {
             writers: sampled.get(1),
         };
         let some_not_due: bool = sampled.get(2);
-        let begin = self.floor.lock().expect("floor lock").begin(&lanes, sample);
+        let begin = floor.lock().expect("floor lock").begin(&lanes, sample);
         let batch = i64::try_from(self.config.batch_size).unwrap_or(i64::MAX);
         metrics::gauge!(crate::metrics::OUTBOX_LANES_OWNED).set(lanes.len() as f64);
         let claim_started = Instant::now();
@@ -378,6 +425,7 @@ impl Relay {
             begin,
             lanes,
             waiting,
+            floor: floor.clone(),
         })
     }
 
@@ -392,6 +440,7 @@ impl Relay {
             rows,
             begin,
             lanes,
+            floor,
             ..
         } = claimed;
         let c = tx.client();
@@ -488,7 +537,7 @@ impl Relay {
         for l in lags {
             h.record(l);
         }
-        self.floor.lock().expect("floor lock").finish(bound, left);
+        floor.lock().expect("floor lock").finish(bound, left);
         report.sent = sent.len();
         report.backed_off = refused_ids.len();
         if let Some(reason) = deferred_reason {
@@ -509,12 +558,39 @@ impl Relay {
     /// in the batch before this one) are held back, and so are the later rows of any key whose
     /// row fails here before it leaves this process.
     pub(crate) async fn produce(&self, claimed: &Claimed, blocked: &HashSet<String>) -> Vec<Fate> {
+        let producer = self.producer();
+        let fates = self.produce_with(&producer, claimed, blocked).await;
+        if let Some(fatal) = producer.client().fatal_error() {
+            warn!(error = ?fatal, "kafka producer hit a fatal error: replacing it (unacked rows stay pending)");
+            match producer_for(
+                &self.kafka,
+                self.config.delivery_timeout,
+                &self.outages,
+                &self.reports,
+            ) {
+                Ok(p) => *self.producer.write().expect("producer lock") = p,
+                Err(e) => warn!(error = %e, "cannot recreate the producer; will retry next pass"),
+            }
+            // The last handle of the old producer joins its polling thread and flushes what it
+            // purged (up to ~0.6 s): not on a runtime worker.
+            drop(tokio::task::spawn_blocking(move || drop(producer)));
+        }
+        fates
+    }
+
+    /// [`Relay::produce`] with a given producer (a slot's transactional one in exactly-once
+    /// mode, inside its open transaction).
+    pub(crate) async fn produce_with(
+        &self,
+        producer: &RelayProducer,
+        claimed: &Claimed,
+        blocked: &HashSet<String>,
+    ) -> Vec<Fate> {
         let rows = &claimed.rows;
         if rows.is_empty() {
             return Vec::new();
         }
         metrics::histogram!(crate::metrics::OUTBOX_BATCH_SIZE).record(rows.len() as f64);
-        let producer = self.producer();
         let topics: HashSet<&str> = rows.iter().map(Row::topic).collect();
         let problems = self
             .topic_problems(topics.into_iter().map(str::to_owned).collect())
@@ -607,21 +683,6 @@ impl Relay {
             *f = Some(Fate::Deferred(
                 "no delivery report before the timeout".into(),
             ));
-        }
-        if let Some(fatal) = producer.client().fatal_error() {
-            warn!(error = ?fatal, "kafka producer hit a fatal error: replacing it (unacked rows stay pending)");
-            match producer_for(
-                &self.kafka,
-                self.config.delivery_timeout,
-                &self.outages,
-                &self.reports,
-            ) {
-                Ok(p) => *self.producer.write().expect("producer lock") = p,
-                Err(e) => warn!(error = %e, "cannot recreate the producer; will retry next pass"),
-            }
-            // The last handle of the old producer joins its polling thread and flushes what it
-            // purged (up to ~0.6 s): not on a runtime worker.
-            drop(tokio::task::spawn_blocking(move || drop(producer)));
         }
         fates
             .into_iter()

@@ -45,7 +45,7 @@ pub(super) async fn sweep_with(
 pub(super) async fn sweep_schedule(
     pool: Pool,
     stmts: Arc<Statements>,
-    floor: Arc<Mutex<ClaimFloor>>,
+    floors: Vec<Arc<Mutex<ClaimFloor>>>,
     every: Duration,
     wake: Arc<Notify>,
     cancel: CancellationToken,
@@ -57,10 +57,12 @@ pub(super) async fn sweep_schedule(
             () = cancel.cancelled() => return,
             _ = tick.tick() => {}
         }
-        match sweep_with(&pool, &stmts, &floor).await {
-            Ok(Some(_)) => wake.notify_one(),
-            Ok(None) => {}
-            Err(e) => debug!(error = %e, "sweep failed; will retry at the next tick"),
+        for floor in &floors {
+            match sweep_with(&pool, &stmts, floor).await {
+                Ok(Some(_)) => wake.notify_one(),
+                Ok(None) => {}
+                Err(e) => debug!(error = %e, "sweep failed; will retry at the next tick"),
+            }
         }
     }
 }
@@ -71,7 +73,7 @@ pub(super) async fn sweep_schedule(
 pub(super) async fn listen(
     db: DbConfig,
     wake: Arc<Notify>,
-    floor: Arc<Mutex<ClaimFloor>>,
+    floors: Vec<Arc<Mutex<ClaimFloor>>>,
     cancel: CancellationToken,
     outages: Arc<Outages>,
 ) {
@@ -81,7 +83,7 @@ pub(super) async fn listen(
         let attempt = async {
             let (client, mut conn) = db.pg.connect(db.tls.clone()).await?;
             let notify = wake.clone();
-            let floor = floor.clone();
+            let floors = floors.clone();
             let driver = tokio::spawn(async move {
                 let mut stream = futures::stream::poll_fn(move |cx| conn.poll_message(cx));
                 use futures::StreamExt;
@@ -89,7 +91,9 @@ pub(super) async fn listen(
                     match msg {
                         Ok(tokio_postgres::AsyncMessage::Notification(n)) => {
                             if n.payload() == REWIND_PAYLOAD {
-                                floor.lock().expect("floor lock").rewind_to(0);
+                                for floor in &floors {
+                                    floor.lock().expect("floor lock").rewind_to(0);
+                                }
                             }
                             notify.notify_one();
                         }
@@ -212,7 +216,7 @@ impl Relay {
             tracker.spawn(listen(
                 self.db.clone(),
                 wake.clone(),
-                self.floor.clone(),
+                self.floors(),
                 cancel.clone(),
                 self.outages.clone(),
             ));
@@ -220,7 +224,7 @@ impl Relay {
         tracker.spawn(sweep_schedule(
             self.pool.clone(),
             self.stmts.clone(),
-            self.floor.clone(),
+            self.floors(),
             self.config.sweep_interval,
             wake.clone(),
             cancel.clone(),
@@ -249,10 +253,13 @@ impl Relay {
                 "relay",
             );
             let (floor, c) = (self.floor_probe(), cancel.clone());
+            let exactly_once = self.config.exactly_once.is_some();
             tracker.spawn(async move {
                 loop {
-                    beat.beat(serde_json::json!({ "claim_floor": floor() }))
-                        .await;
+                    beat.beat(
+                        serde_json::json!({ "claim_floor": floor(), "exactly_once": exactly_once }),
+                    )
+                    .await;
                     tokio::select! {
                         () = c.cancelled() => return,
                         () = tokio::time::sleep(crate::instances::HEARTBEAT_EVERY) => {}
@@ -260,7 +267,21 @@ impl Relay {
                 }
             });
         }
-        info!(schema = %self.db.schema, batch_size = self.config.batch_size, "relay started");
+        metrics::gauge!(super::exactly::names::MODE).set(if self.config.exactly_once.is_some() {
+            1.0
+        } else {
+            0.0
+        });
+        if self.config.exactly_once.is_some() {
+            // The series exist from the start (at 0), so the abort alert's sums see them.
+            use super::exactly::names;
+            metrics::counter!(names::COMMITTED).increment(0);
+            metrics::counter!(names::UNKNOWN).increment(0);
+            for reason in ["undelivered", "refused", "commit_failed"] {
+                metrics::counter!(names::ABORTED, "reason" => reason).increment(0);
+            }
+        }
+        info!(schema = %self.db.schema, batch_size = self.config.batch_size, exactly_once = self.config.exactly_once.is_some(), "relay started");
 
         let mut backoff = Backoff::default();
         let mut total_sent: u64 = 0;

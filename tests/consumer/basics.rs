@@ -1404,3 +1404,90 @@ async fn a_handler_that_swallows_its_own_error_is_not_reported_done() {
     stop.send(()).unwrap();
     task.await.unwrap().unwrap();
 }
+
+/// The consumer reads `read_committed`: a record of an aborted Kafka transaction (what an
+/// exactly-once relay's aborted batch leaves in the log) never reaches a handler, the
+/// committed one does; a configuration asking for `read_uncommitted` is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_of_aborted_transactions_never_reach_a_handler() {
+    use rdkafka::producer::{BaseProducer, BaseRecord, Producer as _};
+    let s = setup(1, &[]).await;
+    let topic = s.topic.clone();
+    tokio::task::spawn_blocking(move || {
+        let p: BaseProducer = rdkafka::ClientConfig::new()
+            .set("bootstrap.servers", bootstrap())
+            .set("transactional.id", format!("it-txn-{}", hex(8)))
+            .create()
+            .unwrap();
+        p.init_transactions(Duration::from_secs(30)).unwrap();
+        for (id, commit) in [("aborted-1", false), ("committed-1", true)] {
+            p.begin_transaction().unwrap();
+            let headers = rdkafka::message::OwnedHeaders::new()
+                .insert(rdkafka::message::Header {
+                    key: "message_type",
+                    value: Some("it_event"),
+                })
+                .insert(rdkafka::message::Header {
+                    key: "message_id",
+                    value: Some(id),
+                });
+            p.send(
+                BaseRecord::to(&topic)
+                    .key("k")
+                    .payload(r#"{"seq": 1}"#)
+                    .headers(headers),
+            )
+            .unwrap();
+            p.flush(Duration::from_secs(10)).unwrap();
+            if commit {
+                p.commit_transaction(Duration::from_secs(30)).unwrap();
+            } else {
+                p.abort_transaction(Duration::from_secs(30)).unwrap();
+            }
+        }
+    })
+    .await
+    .unwrap();
+    let probe = Probe::new(&s).await;
+    let consumer = Consumer::new(&s.db, &kafka(), ConsumerConfig::new(&s.group, [&s.topic]))
+        .unwrap()
+        .handler("it_event", probe);
+    let stats = consumer.stats();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let h = tokio::spawn(consumer.run(async move {
+        let _ = stopped.await;
+    }));
+    wait_until(
+        Duration::from_secs(60),
+        "the committed record handled",
+        || async { get(&stats.handled) == 1 },
+    )
+    .await;
+    // Past both records (and the markers): the aborted one was skipped, not pending.
+    wait_until(
+        Duration::from_secs(30),
+        "offset past everything",
+        || async { committed(&s.group, &s.topic, 0).await.unwrap_or(0) >= 3 },
+    )
+    .await;
+    stop.send(()).unwrap();
+    h.await.unwrap().unwrap();
+    assert_eq!(
+        texts(&s.c, "SELECT message_id FROM attempts").await,
+        ["committed-1"],
+        "the aborted record never reached the handler"
+    );
+
+    let mut uncommitted = kafka();
+    uncommitted
+        .set_from_pair("isolation.level=read_uncommitted")
+        .unwrap();
+    let err = Consumer::new(
+        &s.db,
+        &uncommitted,
+        ConsumerConfig::new(&s.group, [&s.topic]),
+    )
+    .err()
+    .expect("refused");
+    assert!(err.to_string().contains("read_committed"), "{err}");
+}

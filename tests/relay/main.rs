@@ -3,6 +3,7 @@
 
 mod basics;
 mod crash;
+mod exactly;
 mod ordering;
 mod plans;
 mod security;

@@ -229,27 +229,7 @@ pub async fn read_all_from(servers: &str, topic: &str) -> Vec<Record> {
                     continue;
                 }
             };
-            let mut headers = BTreeMap::new();
-            let mut raw_headers = Vec::new();
-            if let Some(h) = m.headers() {
-                for hd in h.iter() {
-                    headers.insert(
-                        hd.key.to_owned(),
-                        String::from_utf8_lossy(hd.value.unwrap_or_default()).into_owned(),
-                    );
-                    raw_headers.push((hd.key.to_owned(), hd.value.map(<[u8]>::to_vec)));
-                }
-            }
-            out.push(Record {
-                topic: m.topic().to_owned(),
-                partition: m.partition(),
-                offset: m.offset(),
-                key: m.key().map(<[u8]>::to_vec),
-                headers,
-                raw_headers,
-                payload: m.payload().unwrap_or_default().to_vec(),
-                timestamp_ms: m.timestamp().to_millis(),
-            });
+            out.push(record_of(&m));
             if let Some(hi) = remaining.get(&m.partition()) {
                 if m.offset() + 1 >= *hi {
                     remaining.remove(&m.partition());
@@ -260,6 +240,76 @@ pub async fn read_all_from(servers: &str, topic: &str) -> Vec<Record> {
     })
     .await
     .unwrap()
+}
+
+/// Every record a `read_committed` consumer sees in the topic, read to the end of each
+/// partition: records of aborted (or still open) Kafka transactions are not among them.
+pub async fn read_committed(topic: &str) -> Vec<Record> {
+    let topic = topic.to_owned();
+    tokio::task::spawn_blocking(move || {
+        let c: BaseConsumer = ClientConfig::new()
+            .set("bootstrap.servers", bootstrap())
+            .set("group.id", format!("it-committed-{}", hex(8)))
+            .set("enable.auto.commit", "false")
+            .set("enable.partition.eof", "true")
+            .set("isolation.level", "read_committed")
+            .create()
+            .unwrap();
+        let md = c
+            .fetch_metadata(Some(&topic), Duration::from_secs(10))
+            .unwrap();
+        let mut tpl = TopicPartitionList::new();
+        let mut open = std::collections::BTreeSet::new();
+        for p in md.topics()[0].partitions() {
+            tpl.add_partition_offset(&topic, p.id(), Offset::Beginning)
+                .unwrap();
+            open.insert(p.id());
+        }
+        c.assign(&tpl).unwrap();
+        let mut out = Vec::new();
+        let deadline = std::time::Instant::now() + Duration::from_secs(120);
+        while !open.is_empty() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "timed out reading {topic} read_committed (an open transaction holds it?)"
+            );
+            match c.poll(Duration::from_millis(200)) {
+                Some(Ok(m)) => out.push(record_of(&m)),
+                Some(Err(rdkafka::error::KafkaError::PartitionEOF(p))) => {
+                    open.remove(&p);
+                }
+                Some(Err(e)) => eprintln!("read_committed: {e} (continuing)"),
+                None => {}
+            }
+        }
+        out
+    })
+    .await
+    .unwrap()
+}
+
+fn record_of(m: &rdkafka::message::BorrowedMessage<'_>) -> Record {
+    let mut headers = BTreeMap::new();
+    let mut raw_headers = Vec::new();
+    if let Some(h) = m.headers() {
+        for hd in h.iter() {
+            headers.insert(
+                hd.key.to_owned(),
+                String::from_utf8_lossy(hd.value.unwrap_or_default()).into_owned(),
+            );
+            raw_headers.push((hd.key.to_owned(), hd.value.map(<[u8]>::to_vec)));
+        }
+    }
+    Record {
+        topic: m.topic().to_owned(),
+        partition: m.partition(),
+        offset: m.offset(),
+        key: m.key().map(<[u8]>::to_vec),
+        headers,
+        raw_headers,
+        payload: m.payload().unwrap_or_default().to_vec(),
+        timestamp_ms: m.timestamp().to_millis(),
+    }
 }
 
 /// Polls `check` every 50 ms until it returns true or `within` passes (then panics with `what`).

@@ -57,6 +57,21 @@ pub struct Args {
     /// Serve Prometheus /metrics on this address (e.g. 127.0.0.1:9187).
     #[arg(long)]
     metrics_addr: Option<std::net::SocketAddr>,
+    /// Publish each row exactly once to read_committed readers: every batch in a Kafka
+    /// transaction with a progress record of the ids it published (docs/EXACTLY_ONCE.md).
+    #[arg(long)]
+    exactly_once: bool,
+    /// The compacted topic of progress records (exactly-once; created when missing, one
+    /// partition per slot).
+    #[arg(long, default_value = outbox::DEFAULT_PROGRESS_TOPIC, requires = "exactly_once")]
+    progress_topic: String,
+    /// The start of each slot's transactional.id (exactly-once): `<prefix>-<schema>-<slot>`.
+    #[arg(long, default_value = "outbox", requires = "exactly_once")]
+    transactional_id_prefix: String,
+    /// transaction.timeout.ms (exactly-once): how long a dead owner's open transaction can
+    /// hold read_committed readers back, unless a new owner fences it sooner.
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration, requires = "exactly_once")]
+    transaction_timeout: Duration,
 }
 
 pub async fn run(args: Args, _out: &mut dyn Write) -> anyhow::Result<()> {
@@ -76,6 +91,10 @@ pub async fn run(args: Args, _out: &mut dyn Write) -> anyhow::Result<()> {
         sweep_interval,
         long_transaction,
         metrics_addr,
+        exactly_once,
+        progress_topic,
+        transactional_id_prefix,
+        transaction_timeout,
     } = args;
     let db = db_config(&db)?;
     let kafka = kafka_config(&kafka)?;
@@ -92,6 +111,13 @@ pub async fn run(args: Args, _out: &mut dyn Write) -> anyhow::Result<()> {
         c.sweep_interval = sweep_interval;
         c.long_transaction = long_transaction;
         c.in_flight_batches = in_flight_batches;
+        if exactly_once {
+            let mut eo = outbox::ExactlyOnce::default();
+            eo.progress_topic = progress_topic;
+            eo.transactional_id_prefix = transactional_id_prefix;
+            eo.transaction_timeout = transaction_timeout;
+            c.exactly_once = Some(eo);
+        }
         c
     };
     let relay = Relay::new(&db, &kafka, config).map_err(|e| match e {

@@ -30,7 +30,71 @@ pub async fn run(args: Args, out: &mut dyn Write) -> anyhow::Result<()> {
     let s = outbox::status_with(&db, processed_retention)
         .await
         .context("status failed")?;
-    render(&s, json, out)?;
+    let relays: Vec<Relay> = outbox::instances::overview(&db)
+        .await
+        .context("status failed")?
+        .instances
+        .into_iter()
+        .filter(|i| i.kind == "relay" && i.alive)
+        .map(|i| Relay {
+            exactly_once: i.state["exactly_once"].as_bool().unwrap_or(false),
+            instance: i.instance,
+            seen_secs_ago: i.seen_secs_ago,
+        })
+        .collect();
+    render_with_relays(&s, &relays, json, out)?;
+    Ok(())
+}
+
+/// A live relay and how it publishes.
+pub(crate) struct Relay {
+    instance: String,
+    exactly_once: bool,
+    seen_secs_ago: f64,
+}
+
+/// [`render`], then each live relay's mode (`relays` in the JSON document).
+pub(crate) fn render_with_relays(
+    s: &outbox::OutboxStatus,
+    relays: &[Relay],
+    json: bool,
+    out: &mut dyn Write,
+) -> std::io::Result<()> {
+    if json {
+        let mut v = serde_json::to_value(s).map_err(std::io::Error::other)?;
+        v["relays"] = relays
+            .iter()
+            .map(|r| {
+                serde_json::json!({
+                    "instance": r.instance,
+                    "exactly_once": r.exactly_once,
+                    "seen_secs_ago": r.seen_secs_ago,
+                })
+            })
+            .collect();
+        return writeln!(
+            out,
+            "{}",
+            serde_json::to_string_pretty(&v).map_err(std::io::Error::other)?
+        );
+    }
+    render(s, false, out)?;
+    if relays.is_empty() {
+        writeln!(out, "relays: none running")?;
+    }
+    for r in relays {
+        writeln!(
+            out,
+            "relay {:<24} {:<14} seen {:.0} s ago",
+            r.instance,
+            if r.exactly_once {
+                "exactly-once"
+            } else {
+                "at-least-once"
+            },
+            r.seen_secs_ago
+        )?;
+    }
     Ok(())
 }
 
@@ -132,5 +196,46 @@ mod tests {
         render(&s, true, &mut out).unwrap();
         let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
         assert_eq!(v["counts"][0]["count"], 3);
+    }
+
+    #[test]
+    fn status_says_how_each_relay_publishes() {
+        let s: outbox::OutboxStatus = serde_json::from_value(serde_json::json!({
+            "counts": [], "oldest_pending_age_secs": null, "failed_by_error": [],
+            "open_breakers": []
+        }))
+        .unwrap();
+        let relays = [
+            Relay {
+                instance: "host-a:41".into(),
+                exactly_once: true,
+                seen_secs_ago: 2.0,
+            },
+            Relay {
+                instance: "host-b:7".into(),
+                exactly_once: false,
+                seen_secs_ago: 4.0,
+            },
+        ];
+        let mut out = Vec::new();
+        render_with_relays(&s, &relays, false, &mut out).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        assert!(
+            text.contains("relay host-a:41                exactly-once   seen 2 s ago"),
+            "{text}"
+        );
+        assert!(
+            text.contains("relay host-b:7                 at-least-once  seen 4 s ago"),
+            "{text}"
+        );
+        let mut out = Vec::new();
+        render_with_relays(&s, &relays, true, &mut out).unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
+        assert_eq!(v["relays"][0]["exactly_once"], true);
+        let mut out = Vec::new();
+        render_with_relays(&s, &[], false, &mut out).unwrap();
+        assert!(String::from_utf8(out)
+            .unwrap()
+            .contains("relays: none running"));
     }
 }
