@@ -53,8 +53,9 @@ pub(crate) mod names {
     pub const COMMITTED: &str = "outbox_relay_transactions_committed_total";
     /// `{reason}`: transactions aborted (`undelivered`, `refused`, `commit_failed`).
     pub const ABORTED: &str = "outbox_relay_transactions_aborted_total";
-    /// Transactions whose end is unknown (fenced by a new owner, fatal, timed out): the
-    /// producer is destroyed and the slot recovered.
+    /// `{reason}`: transactions whose end is unknown (`fenced` by a new owner, `fatal`,
+    /// `ambiguous`: a timeout or a failed abort): the producer is destroyed and the slot
+    /// recovered.
     pub const UNKNOWN: &str = "outbox_relay_transactions_unknown_total";
     /// `{outcome}`: slot recoveries (`clean`: nothing to mark; `marked`: the last batch's
     /// rows were committed in Kafka but not yet marked).
@@ -235,7 +236,7 @@ impl Relay {
                 self.settle(claimed, fates).await
             }
             Ended::Unknown(e) => {
-                metrics::counter!(names::UNKNOWN).increment(1);
+                metrics::counter!(names::UNKNOWN, "reason" => unknown_reason(&e)).increment(1);
                 warn!(slot, error = %e, "the transaction's end is unknown (fenced, fatal or timed out): destroying the producer; the slot is recovered from its progress record before it produces again");
                 *held = None;
                 // The claim rolls back with its connection; the progress record decides.
@@ -286,19 +287,23 @@ impl Relay {
                 })
             })??;
         let ids = self.read_progress(&eo.progress_topic, slot).await?;
-        let outcome = if ids.is_empty() {
-            "clean"
+        let marked = if ids.is_empty() {
+            0
         } else {
             let c = self.pool.get().await?;
-            let mark = c.prepare_cached(&self.stmts.mark_sent).await?;
-            let marked = c.execute(&mark, &[&ids]).await?;
+            let recover = c.prepare_cached(&self.stmts.recover_sent).await?;
+            c.execute(&recover, &[&ids]).await?
+        };
+        let outcome = if marked > 0 {
             info!(
                 slot,
                 rows = ids.len(),
                 marked,
-                "slot recovered: its last transaction's rows marked sent"
+                "slot recovered: its last transaction was committed in Kafka but not marked; its rows are marked sent now"
             );
             "marked"
+        } else {
+            "clean"
         };
         metrics::counter!(names::RECOVERIES, "outcome" => outcome).increment(1);
         Ok(producer)
@@ -367,7 +372,7 @@ impl Relay {
         .set("enable.auto.commit", "false")
         .set("enable.partition.eof", "true")
         .set("isolation.level", "read_committed");
-        let consumer: BaseConsumer = cc.create()?;
+        let consumer: BaseConsumer<EofQuiet> = cc.create_with_context(EofQuiet)?;
         let key = progress_key(self.db.schema.name(), slot);
         let topic = topic.to_owned();
         tokio::task::spawn_blocking(move || -> Result<Vec<i64>, RelayError> {
@@ -470,14 +475,38 @@ enum Ended {
     Unknown(KafkaError),
 }
 
+/// The `reason` label of an unknown end.
+fn unknown_reason(e: &KafkaError) -> &'static str {
+    use rdkafka::types::RDKafkaErrorCode as C;
+    match e.rdkafka_error_code() {
+        Some(C::Fenced | C::InvalidProducerEpoch | C::ProducerFenced) => "fenced",
+        _ if matches!(e, KafkaError::Transaction(t) if t.is_fatal()) => "fatal",
+        _ => "ambiguous",
+    }
+}
+
 fn progress_key(schema: &str, slot: i32) -> String {
     format!("{schema}/{slot}")
 }
 
+/// The progress reader's callbacks: reaching the end of the partition is how it knows it is
+/// done, not an error worth a log line.
+struct EofQuiet;
+
+impl rdkafka::ClientContext for EofQuiet {
+    fn error(&self, error: KafkaError, reason: &str) {
+        if !matches!(error, KafkaError::PartitionEOF(_)) {
+            warn!(error = %error, reason, "progress reader");
+        }
+    }
+}
+
+impl rdkafka::consumer::ConsumerContext for EofQuiet {}
+
 /// Reads partition `slot` from `from` to its end (`read_committed`); the ids of the last
 /// record keyed `key`, if any.
 fn read_tail(
-    consumer: &BaseConsumer,
+    consumer: &BaseConsumer<EofQuiet>,
     topic: &str,
     slot: i32,
     from: i64,

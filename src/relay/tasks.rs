@@ -276,7 +276,9 @@ impl Relay {
             // The series exist from the start (at 0), so the abort alert's sums see them.
             use super::exactly::names;
             metrics::counter!(names::COMMITTED).increment(0);
-            metrics::counter!(names::UNKNOWN).increment(0);
+            for reason in ["fenced", "fatal", "ambiguous"] {
+                metrics::counter!(names::UNKNOWN, "reason" => reason).increment(0);
+            }
             for reason in ["undelivered", "refused", "commit_failed"] {
                 metrics::counter!(names::ABORTED, "reason" => reason).increment(0);
             }

@@ -100,6 +100,13 @@ SELECT min(o.id) FROM {s}.outbox AS o
 pub(super) const MARK_SENT: &str = "\
 UPDATE {s}.outbox SET status = 'sent', sent_at = now() WHERE id = ANY($1::bigint[])";
 
+/// Exactly-once recovery: the rows `$1` a slot's last committed Kafka transaction published,
+/// marked sent if their mark was lost (a crash between the commit and the mark). Rows already
+/// sent are left as they are; the count says how many were recovered.
+pub(super) const RECOVER_SENT: &str = "\
+UPDATE {s}.outbox SET status = 'sent', sent_at = now()
+ WHERE id = ANY($1::bigint[]) AND status = 'pending'";
+
 /// Back off rows whose produce failed, one statement per batch: `attempts + 1`, the error kept,
 /// `available_at = now() + min(300 s, 2^attempts s)` scaled by a jitter in [0.75, 1.25) (and still
 /// capped at 300 s), `failed` once `attempts + 1` reaches the maximum.

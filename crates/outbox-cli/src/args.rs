@@ -66,7 +66,10 @@ pub(crate) fn db_config(a: &DbArgs) -> Result<DbConfig, UsageError> {
     let mut db =
         DbConfig::new(&a.database_url, &a.schema).map_err(|e| UsageError(e.to_string()))?;
     // Audit rows written by the CLI say so (`dlq_audit.via`); the admin server names its own.
-    db.set_application_name("outbox-cli");
+    // A name given in the URL wins: the operator asked to tell this process's sessions apart.
+    if !a.database_url.contains("application_name=") {
+        db.set_application_name("outbox-cli");
+    }
     Ok(db)
 }
 

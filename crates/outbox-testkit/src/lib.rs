@@ -245,10 +245,64 @@ pub async fn read_all_from(servers: &str, topic: &str) -> Vec<Record> {
 /// Every record a `read_committed` consumer sees in the topic, read to the end of each
 /// partition: records of aborted (or still open) Kafka transactions are not among them.
 pub async fn read_committed(topic: &str) -> Vec<Record> {
+    read_committed_from(&bootstrap(), topic).await
+}
+
+/// What a `read_committed` reader found in a topic, against the message ids enqueued.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Delivery {
+    /// Records read.
+    pub records: usize,
+    /// Records beyond the first of their `message_id`.
+    pub duplicates: usize,
+    /// Enqueued ids never read.
+    pub lost: usize,
+    /// Records of a key (in its partition) whose body `seq` is not above the one before.
+    pub order_breaks: usize,
+}
+
+impl Delivery {
+    /// No duplicate, nothing lost, no order break.
+    pub fn exactly_once(&self) -> bool {
+        self.duplicates == 0 && self.lost == 0 && self.order_breaks == 0
+    }
+}
+
+/// Reads `topic` on `servers` `read_committed` and counts [`Delivery`] against `ids` (bodies
+/// carry a `seq` that grows per key, as the tests' writers enqueue them).
+pub async fn delivery(
+    servers: &str,
+    topic: &str,
+    ids: &std::collections::HashSet<String>,
+) -> Delivery {
+    let recs = read_committed_from(servers, topic).await;
+    let mut seen: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
+    let mut last: std::collections::HashMap<(i32, Vec<u8>), i64> = std::collections::HashMap::new();
+    let mut order_breaks = 0;
+    for r in &recs {
+        *seen.entry(r.message_id()).or_default() += 1;
+        if let Some(seq) = r.json()["seq"].as_i64() {
+            let k = (r.partition, r.key.clone().unwrap_or_default());
+            if last.insert(k, seq).is_some_and(|prev| seq <= prev) {
+                order_breaks += 1;
+            }
+        }
+    }
+    Delivery {
+        records: recs.len(),
+        duplicates: recs.len() - seen.len(),
+        lost: ids.iter().filter(|i| !seen.contains_key(*i)).count(),
+        order_breaks,
+    }
+}
+
+/// As [`read_committed`], from another cluster.
+pub async fn read_committed_from(servers: &str, topic: &str) -> Vec<Record> {
     let topic = topic.to_owned();
+    let servers = servers.to_owned();
     tokio::task::spawn_blocking(move || {
         let c: BaseConsumer = ClientConfig::new()
-            .set("bootstrap.servers", bootstrap())
+            .set("bootstrap.servers", &servers)
             .set("group.id", format!("it-committed-{}", hex(8)))
             .set("enable.auto.commit", "false")
             .set("enable.partition.eof", "true")
