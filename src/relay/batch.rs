@@ -34,6 +34,11 @@ impl Row {
     pub(super) fn payload(&self) -> Option<&str> {
         self.raw.get(4)
     }
+
+    /// The ordering lane of its key (the claim's own expression, column 6).
+    pub(super) fn lane(&self) -> i32 {
+        self.raw.get(6)
+    }
 }
 
 /// How one row's send ended.
@@ -59,6 +64,8 @@ pub(crate) struct Claimed {
     pub(super) waiting: HashSet<String>,
     /// The claim floor it was claimed from, moved when it settles.
     pub(super) floor: std::sync::Arc<std::sync::Mutex<super::floor::ClaimFloor>>,
+    /// The most rows the claim could take (a claim this full leaves more behind).
+    pub(super) limit: usize,
 }
 
 impl Claimed {

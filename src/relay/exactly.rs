@@ -27,18 +27,18 @@
 //! again. Nothing is ever produced a second time on a guess.
 
 use std::collections::HashSet;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rdkafka::consumer::{BaseConsumer, Consumer as _};
 use rdkafka::error::KafkaError;
 use rdkafka::message::Message as _;
-use rdkafka::producer::{BaseRecord, Producer};
+use rdkafka::producer::Producer;
 use rdkafka::util::Timeout;
 use rdkafka::{Offset, TopicPartitionList};
 use tracing::{info, warn};
 
-use super::floor::ClaimFloor;
+use std::collections::HashMap;
+
 use super::lanes::{slot_of, SLOTS};
 use super::*;
 
@@ -64,19 +64,16 @@ pub(crate) mod names {
     pub const MODE: &str = "outbox_relay_exactly_once";
 }
 
-/// Per-slot state: the producer once fenced and recovered, and the slot's claim floor.
+/// Per-slot state: the producer once fenced in and recovered (`None`: it must be, before the
+/// slot produces).
 pub(crate) struct Slots {
     producers: Vec<tokio::sync::Mutex<Option<RelayProducer>>>,
-    pub(crate) floors: Vec<Arc<Mutex<ClaimFloor>>>,
 }
 
 impl Slots {
-    pub(crate) fn new(long_transaction: Duration) -> Self {
+    pub(crate) fn new() -> Self {
         Self {
             producers: (0..SLOTS).map(|_| tokio::sync::Mutex::new(None)).collect(),
-            floors: (0..SLOTS)
-                .map(|_| Arc::new(Mutex::new(ClaimFloor::new(long_transaction))))
-                .collect(),
         }
     }
 }
@@ -103,147 +100,377 @@ pub(super) fn crash_point(point: &str) {
 }
 
 impl Relay {
-    /// One exactly-once pass: every owned slot, concurrently, until its claim comes back
-    /// short (one batch in flight per slot).
+    /// One exactly-once pass, repeated while its claim comes back full: every owned slot fenced
+    /// in and recovered first, then one claim over their lanes (one walk of the pending
+    /// index), each slot's rows in that slot's own Kafka transaction (the slots side by side),
+    /// and one settle marking the rows of the transactions that committed.
     pub(crate) async fn run_once_exactly(&self) -> Result<Outcome, RelayError> {
         let _pass = self.pass.lock().await;
+        let mut total: Option<BatchReport> = None;
+        loop {
+            let (report, limit) = match self.exactly_pass().await {
+                Ok(Some(r)) => r,
+                Ok(None) => break,
+                Err(e) if total.is_none() => return Err(e),
+                Err(e) => {
+                    debug!(error = %e, "exactly-once pass failed after earlier ones published");
+                    break;
+                }
+            };
+            total.get_or_insert_with(BatchReport::default).add(&report);
+            if report.claimed < limit || report.deferred > 0 || report.sent == 0 {
+                break;
+            }
+        }
+        Ok(match total {
+            Some(t) if t.claimed > 0 => Outcome::Published(t),
+            _ => Outcome::Empty,
+        })
+    }
+
+    /// One claim and its transactions; `None` when no slot is owned. Returns the report and
+    /// the claim's limit.
+    async fn exactly_pass(&self) -> Result<Option<(BatchReport, usize)>, RelayError> {
         let lanes = {
             let mut l = self.lanes.lock().await;
             l.refresh_if_due().await;
             l.owned()
         };
-        let mut by_slot: std::collections::BTreeMap<i32, Vec<i32>> = Default::default();
-        for lane in lanes {
-            by_slot.entry(slot_of(lane)).or_default().push(lane);
+        let slots = self.slots.as_ref().expect("exactly-once mode");
+        let owned: std::collections::BTreeSet<i32> = lanes.iter().map(|l| slot_of(*l)).collect();
+        let mut held = Vec::new();
+        for (slot, producer) in slots.producers.iter().enumerate() {
+            let mut p = producer.lock().await;
+            if owned.contains(&(slot as i32)) {
+                held.push((slot as i32, p));
+            } else if let Some(old) = p.take() {
+                // Given up (rebalanced away, or its lock session lost): another owner may
+                // produce to it meanwhile, so if it comes back it is fenced in again.
+                drop(tokio::task::spawn_blocking(move || drop(old)));
+            }
         }
-        if by_slot.is_empty() {
-            return Ok(Outcome::Empty);
+        if held.is_empty() {
+            return Ok(None);
         }
-        let passes = by_slot
+        // Fenced in and recovered before anything is claimed: recovery marks rows the claim
+        // would otherwise take (and lock) and send again.
+        let recoveries = held
+            .iter_mut()
+            .filter(|(_, p)| p.is_none())
+            .map(|(slot, p)| async move {
+                match self.fence_and_recover(*slot).await {
+                    Ok(producer) => {
+                        **p = Some(producer);
+                        None
+                    }
+                    Err(e) => Some(e),
+                }
+            });
+        let mut failed = None;
+        for e in futures::future::join_all(recoveries)
+            .await
             .into_iter()
-            .map(|(slot, lanes)| self.slot_until_short(slot, lanes));
-        let mut total = BatchReport::default();
-        let mut error = None;
-        for r in futures::future::join_all(passes).await {
-            match r {
-                Ok(b) => total.add(&b),
-                Err(e) => error = Some(e),
+            .flatten()
+        {
+            warn!(error = %e, "a slot could not be fenced in and recovered; it waits for the next pass");
+            failed = Some(e);
+        }
+        let ready: HashMap<i32, RelayProducer> = held
+            .iter()
+            .filter_map(|(slot, p)| p.as_ref().map(|p| (*slot, p.clone())))
+            .collect();
+        if ready.is_empty() {
+            return Err(failed.expect("no slot ready means one failed"));
+        }
+        let lanes: Vec<i32> = lanes
+            .into_iter()
+            .filter(|l| ready.contains_key(&slot_of(*l)))
+            .collect();
+        let limit = (self.config.batch_size * ready.len()).min(MAX_BATCH_SIZE);
+        let result = self.exactly_pipeline(&ready, lanes, limit).await;
+        // A slot whose transaction ended unknown, or whose committed rows may be unmarked
+        // (a Postgres failure), is fenced in and recovered before it produces again.
+        let (report, reset) = match result {
+            Ok((report, reset)) => (Ok(report), reset),
+            Err((e, reset)) => (Err(e), reset),
+        };
+        for (slot, p) in &mut held {
+            if reset.contains(slot) {
+                if let Some(old) = p.take() {
+                    drop(tokio::task::spawn_blocking(move || drop(old)));
+                }
             }
         }
-        match (total.claimed, error) {
-            (0, Some(e)) => Err(e),
-            (0, None) => Ok(Outcome::Empty),
-            (_, _) => Ok(Outcome::Published(total)),
-        }
+        report.map(|r| Some((r, limit)))
     }
 
-    async fn slot_until_short(
+    /// Claims and publishes batches two deep: while one batch's slot transactions run, the
+    /// batch before it is marked and the batch after it claimed (as the at-least-once pipeline
+    /// overlaps Postgres and Kafka). What keeps it exactly-once: a slot's progress record names
+    /// its batch's ids **and** those of its previous batch while that one's marks are not yet
+    /// confirmed, so the last record always covers every published, possibly unmarked row.
+    /// Per-key order: a batch produces after the one before has every fate, and holds back the
+    /// keys whose row in it did not reach Kafka; batches settle in claim order.
+    ///
+    /// Returns the slots to fence in again (their transaction ended unknown, or their rows may
+    /// be unmarked after a Postgres failure).
+    async fn exactly_pipeline(
         &self,
-        slot: i32,
+        ready: &HashMap<i32, RelayProducer>,
         lanes: Vec<i32>,
-    ) -> Result<BatchReport, RelayError> {
-        let mut total = BatchReport::default();
-        loop {
-            let b = self.slot_batch(slot, lanes.clone()).await?;
-            total.add(&b);
-            if b.claimed < self.config.batch_size || b.deferred > 0 || b.sent == 0 {
-                return Ok(total);
-            }
-        }
-    }
-
-    /// One batch of one slot in one Kafka transaction.
-    async fn slot_batch(&self, slot: i32, lanes: Vec<i32>) -> Result<BatchReport, RelayError> {
+        limit: usize,
+    ) -> Result<(BatchReport, HashSet<i32>), (RelayError, HashSet<i32>)> {
         let eo = self
             .config
             .exactly_once
             .as_ref()
             .expect("exactly-once mode");
-        let slots = self.slots.as_ref().expect("exactly-once mode");
-        let mut held = slots.producers[slot as usize].lock().await;
-        if held.is_none() {
-            *held = Some(self.fence_and_recover(slot).await?);
-        }
-        let producer = held.clone().expect("recovered above");
-        let floor = slots.floors[slot as usize].clone();
-        let claimed = self
-            .claim_in(&floor, lanes, &std::collections::HashMap::new(), None)
-            .await?;
-        if claimed.rows.is_empty() {
-            return self.settle(claimed, Vec::new()).await;
-        }
-        if let Err(e) = producer.begin_transaction() {
-            warn!(slot, error = %e, "cannot begin a transaction: recovering the slot");
-            *held = None;
-            drop(claimed);
-            return Err(RelayError::Kafka(e));
-        }
-        let mut fates = self
-            .produce_with(&producer, &claimed, &HashSet::new())
-            .await;
-        crash_point("after_produce");
-        let ids: Vec<i64> = claimed
-            .rows
-            .iter()
-            .zip(&fates)
-            .filter(|(_, f)| matches!(f, Fate::Sent))
-            .map(|(r, _)| r.id)
-            .collect();
-        let troubled = fates
-            .iter()
-            .any(|f| matches!(f, Fate::Deferred(_) | Fate::Refused(..)));
-        let progress = if troubled {
-            Err("undelivered")
-        } else {
-            self.send_progress(&producer, &eo.progress_topic, slot, &ids)
-                .await
-                .map_err(|()| "undelivered")
+        let mut reset: HashSet<i32> = HashSet::new();
+        let mut total = BatchReport::default();
+        let mut current = match self
+            .claim_in(&self.floor, limit, lanes.clone(), &HashMap::new(), None)
+            .await
+        {
+            Ok(c) => c,
+            Err(e) => return Err((e, reset)),
         };
-        let ended = match progress {
-            Ok(()) => {
-                crash_point("before_commit");
-                self.commit(&producer).await
-            }
-            Err(reason) => {
-                let why = if fates.iter().any(|f| matches!(f, Fate::Refused(..))) {
-                    "refused"
-                } else {
-                    reason
-                };
-                match self.abort(&producer).await {
-                    Ok(()) => {
-                        metrics::counter!(names::ABORTED, "reason" => why).increment(1);
-                        Ended::Aborted
+        // The batch published and not yet marked: its rows, fates, and ids sent per slot.
+        let mut prev: Option<(Claimed, Vec<Fate>, HashMap<i32, Vec<i64>>)> = None;
+        loop {
+            let full = current.rows.len() >= limit && !current.rows.is_empty();
+            // Keys whose row in the batch before did not reach Kafka: held back here.
+            let mut blocked: HashSet<String> = HashSet::new();
+            // Keys with rows in batches in flight (and their highest id): the next claim's
+            // per-key check starts after them (their order is this pipeline's to keep).
+            let mut after: HashMap<String, i64> = HashMap::new();
+            let mut unconfirmed: HashMap<i32, Vec<i64>> = HashMap::new();
+            if let Some((c, fates, sent)) = &prev {
+                for (r, f) in c.rows.iter().zip(fates) {
+                    if let Some(k) = r.key() {
+                        if !matches!(f, Fate::Sent) {
+                            blocked.insert(k.to_owned());
+                        }
+                        let e = after.entry(k.to_owned()).or_insert(r.id);
+                        *e = (*e).max(r.id);
                     }
-                    Err(e) => Ended::Unknown(e),
+                }
+                unconfirmed = sent.clone();
+            }
+            for r in &current.rows {
+                if let Some(k) = r.key() {
+                    let e = after.entry(k.to_owned()).or_insert(r.id);
+                    *e = (*e).max(r.id);
                 }
             }
+            let out: HashSet<i32> = reset.clone();
+            let (published, settled, next) = tokio::join!(
+                self.publish_batch(
+                    &current,
+                    ready,
+                    &out,
+                    &blocked,
+                    &unconfirmed,
+                    &eo.progress_topic
+                ),
+                async {
+                    match prev.take() {
+                        Some((c, fates, _)) => Some(self.settle(c, fates).await),
+                        None => None,
+                    }
+                },
+                async {
+                    if full {
+                        Some(
+                            self.claim_in(&self.floor, limit, lanes.clone(), &after, None)
+                                .await,
+                        )
+                    } else {
+                        None
+                    }
+                }
+            );
+            let (fates, sent, unknown) = published;
+            reset.extend(unknown);
+            match settled {
+                Some(Ok(r)) => total.add(&r),
+                Some(Err(e)) => {
+                    // The batch before may be unmarked; this one's records name its rows too.
+                    reset.extend(unconfirmed.keys());
+                    reset.extend(sent.keys());
+                    return Err((e, reset));
+                }
+                None => {}
+            }
+            let deferred = fates.iter().any(|f| matches!(f, Fate::Deferred(_)));
+            match next {
+                Some(Ok(c)) if !deferred => {
+                    prev = Some((current, fates, sent));
+                    current = c;
+                }
+                next => {
+                    // The last batch of the pass (a short claim, a failure, or Kafka in
+                    // trouble): mark it, and let go of a claim made meanwhile.
+                    drop(next);
+                    return match self.settle(current, fates).await {
+                        Ok(r) => {
+                            total.add(&r);
+                            Ok((total, reset))
+                        }
+                        Err(e) => {
+                            reset.extend(sent.keys());
+                            Err((e, reset))
+                        }
+                    };
+                }
+            }
+        }
+    }
+
+    /// Every slot's rows of `claimed` in that slot's own transaction, side by side. Slots in
+    /// `out` (their producer is gone) send nothing. Returns the fates in claim order, the ids
+    /// sent (committed) per slot, and the slots whose transaction ended unknown.
+    async fn publish_batch(
+        &self,
+        claimed: &Claimed,
+        ready: &HashMap<i32, RelayProducer>,
+        out: &HashSet<i32>,
+        blocked: &HashSet<String>,
+        unconfirmed: &HashMap<i32, Vec<i64>>,
+        progress_topic: &str,
+    ) -> (Vec<Fate>, HashMap<i32, Vec<i64>>, Vec<i32>) {
+        let mut by_slot: HashMap<i32, Vec<usize>> = HashMap::new();
+        for (i, row) in claimed.rows.iter().enumerate() {
+            by_slot.entry(slot_of(row.lane())).or_default().push(i);
+        }
+        let txns = by_slot.iter().map(|(slot, idx)| {
+            let rows: Vec<&Row> = idx.iter().map(|i| &claimed.rows[*i]).collect();
+            let earlier = unconfirmed.get(slot).map_or(&[][..], Vec::as_slice);
+            async move {
+                let Some(producer) = ready.get(slot).filter(|_| !out.contains(slot)) else {
+                    let fates = rows
+                        .iter()
+                        .map(|_| Fate::Deferred("its slot is being recovered".into()))
+                        .collect();
+                    return (*slot, fates, Ended::Aborted);
+                };
+                let (fates, ended) = self
+                    .slot_transaction(
+                        *slot,
+                        producer,
+                        progress_topic,
+                        &rows,
+                        &claimed.waiting,
+                        blocked,
+                        earlier,
+                    )
+                    .await;
+                (*slot, fates, ended)
+            }
+        });
+        let mut fates: Vec<Option<Fate>> = (0..claimed.rows.len()).map(|_| None).collect();
+        let mut sent: HashMap<i32, Vec<i64>> = HashMap::new();
+        let mut unknown = Vec::new();
+        for (slot, slot_fates, ended) in futures::future::join_all(txns).await {
+            match &ended {
+                Ended::Unknown(e) => {
+                    metrics::counter!(names::UNKNOWN, "reason" => unknown_reason(e)).increment(1);
+                    warn!(slot, error = %e, "the transaction's end is unknown (fenced, fatal or timed out): destroying the producer; the slot is recovered from its progress record before it produces again");
+                    unknown.push(slot);
+                }
+                Ended::Committed => {
+                    let ids = by_slot[&slot]
+                        .iter()
+                        .zip(&slot_fates)
+                        .filter(|(_, f)| matches!(f, Fate::Sent))
+                        .map(|(i, _)| claimed.rows[*i].id)
+                        .collect();
+                    sent.insert(slot, ids);
+                }
+                Ended::Aborted => {}
+            }
+            for (i, fate) in by_slot[&slot].iter().zip(slot_fates) {
+                fates[*i] = Some(fate);
+            }
+        }
+        let fates = fates
+            .into_iter()
+            .map(|f| f.expect("every claimed row belongs to a slot"))
+            .collect();
+        (fates, sent, unknown)
+    }
+
+    /// One slot's rows in one Kafka transaction, the progress record last. The fates (a
+    /// row is `Sent` only if the transaction committed) and how the transaction ended.
+    async fn slot_transaction(
+        &self,
+        slot: i32,
+        producer: &RelayProducer,
+        progress_topic: &str,
+        rows: &[&Row],
+        waiting: &HashSet<String>,
+        blocked: &HashSet<String>,
+        earlier: &[i64],
+    ) -> (Vec<Fate>, Ended) {
+        if let Err(e) = producer.begin_transaction() {
+            let fates = rows
+                .iter()
+                .map(|_| Fate::Deferred("the transaction could not begin".into()))
+                .collect();
+            return (fates, Ended::Unknown(e));
+        }
+        // The rows, then the progress record naming them (and the slot's previous batch while
+        // its marks are unconfirmed), all handed over before any report is awaited.
+        let key = progress_key(self.db.schema.name(), slot);
+        let (mut fates, progress) = self
+            .produce_rows(
+                producer,
+                rows,
+                waiting,
+                blocked,
+                Some((progress_topic, slot, &key, earlier)),
+            )
+            .await;
+        crash_point("after_produce");
+        let refused = fates.iter().any(|f| matches!(f, Fate::Refused(..)));
+        let undelivered = fates.iter().any(|f| matches!(f, Fate::Deferred(_)))
+            || !matches!(progress, Some(Fate::Sent));
+        let ended = if refused {
+            // A refused row left the transaction abortable (and is not in the record).
+            self.abort_as(producer, "refused").await
+        } else if undelivered {
+            // A row without a report may still arrive inside the transaction: abort, so
+            // nothing of it is visible.
+            self.abort_as(producer, "undelivered").await
+        } else {
+            crash_point("before_commit");
+            self.commit(producer).await
         };
         match ended {
             Ended::Committed => {
                 crash_point("after_commit");
                 metrics::counter!(names::COMMITTED).increment(1);
-                self.settle(claimed, fates).await
             }
-            Ended::Aborted => {
+            Ended::Aborted | Ended::Unknown(_) => {
                 // Nothing of the batch is visible to read_committed readers: what was sent
-                // stays pending and goes again in a new transaction.
+                // stays pending and goes again in a new transaction (after recovery, if the
+                // end was unknown: the progress record decides then).
                 for f in &mut fates {
                     if matches!(f, Fate::Sent) {
-                        *f = Fate::Deferred("aborted with its transaction".into());
+                        *f = Fate::Deferred("not committed with its transaction".into());
                     }
                 }
-                self.settle(claimed, fates).await
             }
-            Ended::Unknown(e) => {
-                metrics::counter!(names::UNKNOWN, "reason" => unknown_reason(&e)).increment(1);
-                warn!(slot, error = %e, "the transaction's end is unknown (fenced, fatal or timed out): destroying the producer; the slot is recovered from its progress record before it produces again");
-                *held = None;
-                // The claim rolls back with its connection; the progress record decides.
-                drop(claimed);
-                drop(tokio::task::spawn_blocking(move || drop(producer)));
-                Err(RelayError::Kafka(e))
+        }
+        (fates, ended)
+    }
+
+    async fn abort_as(&self, producer: &RelayProducer, why: &'static str) -> Ended {
+        match self.abort(producer).await {
+            Ok(()) => {
+                metrics::counter!(names::ABORTED, "reason" => why).increment(1);
+                Ended::Aborted
             }
+            Err(e) => Ended::Unknown(e),
         }
     }
 
@@ -290,9 +517,16 @@ impl Relay {
         let marked = if ids.is_empty() {
             0
         } else {
-            let c = self.pool.get().await?;
-            let recover = c.prepare_cached(&self.stmts.recover_sent).await?;
-            c.execute(&recover, &[&ids]).await?
+            let mut c = self.pool.get().await?;
+            // A zombie still holding these rows locked (its session alive, its process
+            // frozen) makes this wait: bounded, and retried at the next pass, so the slot
+            // never produces before its last batch is marked.
+            let tx = c.transaction().await?;
+            tx.batch_execute(crate::sql::RECOVER_LOCK_TIMEOUT).await?;
+            let recover = tx.prepare_cached(&self.stmts.recover_sent).await?;
+            let n = tx.execute(&recover, &[&ids]).await?;
+            tx.commit().await?;
+            n
         };
         let outcome = if marked > 0 {
             info!(
@@ -394,34 +628,6 @@ impl Relay {
                 reason: format!("progress reader task: {e}"),
             })
         })?
-    }
-
-    /// Produces the progress record (last in the transaction) and waits for its report.
-    async fn send_progress(
-        &self,
-        producer: &RelayProducer,
-        topic: &str,
-        slot: i32,
-        ids: &[i64],
-    ) -> Result<(), ()> {
-        let body = serde_json::json!({ "slot": slot, "ids": ids }).to_string();
-        let key = progress_key(self.db.schema.name(), slot);
-        let batch = self.reports.open(1);
-        let record = BaseRecord::with_opaque_to(topic, batch.opaque(0))
-            .partition(slot)
-            .key(key.as_bytes())
-            .payload(body.as_bytes());
-        if producer.send(record).is_err() {
-            batch.not_sent();
-            return Err(());
-        }
-        batch.sent_all();
-        let _ =
-            tokio::time::timeout(self.config.delivery_timeout + REPORT_MARGIN, batch.wait()).await;
-        match batch.close().into_iter().next() {
-            Some((_, Fate::Sent)) => Ok(()),
-            _ => Err(()),
-        }
     }
 
     async fn commit(&self, producer: &RelayProducer) -> Ended {

@@ -137,10 +137,7 @@ impl Relay {
             db: db.clone(),
             floor: Arc::new(Mutex::new(ClaimFloor::new(config.long_transaction))),
             pass: tokio::sync::Mutex::new(()),
-            slots: config
-                .exactly_once
-                .as_ref()
-                .map(|_| exactly::Slots::new(config.long_transaction)),
+            slots: config.exactly_once.as_ref().map(|_| exactly::Slots::new()),
             progress_ready: tokio::sync::OnceCell::new(),
             config,
             known_topics: Mutex::new(HashMap::new()),
@@ -182,12 +179,9 @@ impl Relay {
         (self.floor_probe())()
     }
 
-    /// Every claim floor: the relay's, or in exactly-once mode one per slot.
+    /// Every claim floor (one: exactly-once mode claims for all its slots at once too).
     pub(crate) fn floors(&self) -> Vec<Arc<Mutex<ClaimFloor>>> {
-        match &self.slots {
-            Some(s) => s.floors.clone(),
-            None => vec![self.floor.clone()],
-        }
+        vec![self.floor.clone()]
     }
 
     /// A handle reading [`Relay::claim_floor`] after the relay has been moved into
@@ -335,13 +329,15 @@ impl Relay {
         after: &HashMap<String, i64>,
         ahead: Option<Ahead>,
     ) -> Result<Claimed, RelayError> {
-        self.claim_in(&self.floor, lanes, after, ahead).await
+        self.claim_in(&self.floor, self.config.batch_size, lanes, after, ahead)
+            .await
     }
 
     /// [`Relay::claim`] from a given claim floor (exactly-once mode keeps one per slot).
     pub(crate) async fn claim_in(
         &self,
         floor: &Arc<Mutex<ClaimFloor>>,
+        limit: usize,
         lanes: Vec<i32>,
         after: &HashMap<String, i64>,
         ahead: Option<Ahead>,
@@ -358,7 +354,7 @@ impl Relay {
         };
         let some_not_due: bool = sampled.get(2);
         let begin = floor.lock().expect("floor lock").begin(&lanes, sample);
-        let batch = i64::try_from(self.config.batch_size).unwrap_or(i64::MAX);
+        let batch = i64::try_from(limit).unwrap_or(i64::MAX);
         metrics::gauge!(crate::metrics::OUTBOX_LANES_OWNED).set(lanes.len() as f64);
         let claim_started = Instant::now();
         let claim = c
@@ -426,6 +422,7 @@ impl Relay {
             lanes,
             waiting,
             floor: floor.clone(),
+            limit,
         })
     }
 
@@ -441,6 +438,7 @@ impl Relay {
             begin,
             lanes,
             floor,
+            limit,
             ..
         } = claimed;
         let c = tx.client();
@@ -480,7 +478,7 @@ impl Relay {
                 Fate::HeldBack => report.held_back += 1,
             }
         }
-        let full_batch_last = (rows.len() >= self.config.batch_size)
+        let full_batch_last = (rows.len() >= limit)
             .then(|| rows.last().map(|r| r.id))
             .flatten();
         // (Moving the floor only every few full batches, to spare this probe while a backlog
@@ -586,25 +584,37 @@ impl Relay {
         claimed: &Claimed,
         blocked: &HashSet<String>,
     ) -> Vec<Fate> {
-        let rows = &claimed.rows;
+        let rows: Vec<&Row> = claimed.rows.iter().collect();
+        self.produce_rows(producer, &rows, &claimed.waiting, blocked, None)
+            .await
+            .0
+    }
+
+    /// Produces `rows` (in id order) with `producer`; keys in `waiting` or `blocked` are held
+    /// back. Each row's fate, in order. With `last`, one more record goes out behind the rows,
+    /// before any report is awaited (exactly-once: the progress record, naming `last.3` and
+    /// the ids of the rows handed to librdkafka), and its fate comes back too.
+    async fn produce_rows(
+        &self,
+        producer: &RelayProducer,
+        rows: &[&Row],
+        waiting: &HashSet<String>,
+        blocked: &HashSet<String>,
+        last: Option<(&str, i32, &str, &[i64])>,
+    ) -> (Vec<Fate>, Option<Fate>) {
         if rows.is_empty() {
-            return Vec::new();
+            return (Vec::new(), None);
         }
         metrics::histogram!(crate::metrics::OUTBOX_BATCH_SIZE).record(rows.len() as f64);
-        let topics: HashSet<&str> = rows.iter().map(Row::topic).collect();
+        let topics: HashSet<&str> = rows.iter().map(|r| r.topic()).collect();
         let problems = self
             .topic_problems(topics.into_iter().map(str::to_owned).collect())
             .await;
 
         let mut fates: Vec<Option<Fate>> = Vec::with_capacity(rows.len());
-        let batch = self.reports.open(rows.len());
+        let batch = self.reports.open(rows.len() + usize::from(last.is_some()));
         // Keys with a row refused before it left this process: their later rows must wait.
-        let mut held: HashSet<&str> = claimed
-            .waiting
-            .iter()
-            .chain(blocked)
-            .map(String::as_str)
-            .collect();
+        let mut held: HashSet<&str> = waiting.iter().chain(blocked).map(String::as_str).collect();
         let span = tracing::debug_span!("outbox.produce", rows = rows.len());
         let inject = f64::from_bits(
             self.inject_refusals
@@ -665,6 +675,29 @@ impl Relay {
             }
             fates.push(fate);
         }
+        let mut last_fate = None;
+        if let Some((topic, partition, key, earlier)) = last {
+            let ids: Vec<i64> = earlier
+                .iter()
+                .copied()
+                .chain(
+                    rows.iter()
+                        .zip(&fates)
+                        .filter(|(_, f)| f.is_none())
+                        .map(|(r, _)| r.id),
+                )
+                .collect();
+            // The progress partition is the slot's own.
+            let body = serde_json::json!({ "slot": partition, "ids": ids }).to_string();
+            let record = BaseRecord::with_opaque_to(topic, batch.opaque(rows.len()))
+                .partition(partition)
+                .key(key.as_bytes())
+                .payload(body.as_bytes());
+            if let Err((e, _)) = producer.send(record) {
+                batch.not_sent();
+                last_fate = Some(fate_of_error(&e));
+            }
+        }
         batch.sent_all();
 
         // One timer for the batch, and one wake-up when its last report is in: the reports
@@ -677,16 +710,26 @@ impl Relay {
             debug!("delivery reports still missing at the deadline");
         }
         for (i, fate) in batch.close() {
-            fates[i] = Some(fate);
+            if i == rows.len() {
+                last_fate = Some(fate);
+            } else {
+                fates[i] = Some(fate);
+            }
         }
         for f in fates.iter_mut().filter(|f| f.is_none()) {
             *f = Some(Fate::Deferred(
                 "no delivery report before the timeout".into(),
             ));
         }
-        fates
+        let fates = fates
             .into_iter()
             .map(|f| f.expect("every row has a fate"))
-            .collect()
+            .collect();
+        if last.is_some() && last_fate.is_none() {
+            last_fate = Some(Fate::Deferred(
+                "no delivery report before the timeout".into(),
+            ));
+        }
+        (fates, last_fate)
     }
 }

@@ -99,6 +99,10 @@ impl Statements {
     }
 }
 
+/// Exactly-once recovery waits at most this long for row locks (a frozen previous owner's)
+/// before it gives up for this pass.
+pub(crate) const RECOVER_LOCK_TIMEOUT: &str = "SET LOCAL lock_timeout = '5s'";
+
 /// Session settings of the relay's connections: the planner may only use index scans and
 /// nested loops, so no hot statement changes shape with the table's statistics (a never-
 /// analyzed outbox with a backlog otherwise gets a bitmap scan of every pending row, a

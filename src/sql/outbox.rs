@@ -15,7 +15,7 @@
 /// exactly the entries the floor exists to skip. Measured in `tests/relay/plans.rs`.
 pub(super) const CLAIM: &str = "\
 SELECT o.id, o.topic, o.message_key, o.headers::text, o.payload::text,
-       extract(epoch FROM o.created_at)::float8
+       extract(epoch FROM o.created_at)::float8, hashtext(coalesce(o.message_key, '')) & 63
   FROM {s}.outbox AS o
  WHERE o.status = 'pending' AND o.id >= $3 AND (o.available_at <= now()) IS TRUE
    AND (hashtext(coalesce(o.message_key, '')) & 63) = ANY($2::int[])
@@ -33,7 +33,7 @@ SELECT o.id, o.topic, o.message_key, o.headers::text, o.payload::text,
 /// `FIRST_PENDING` checks every claimed key against earlier pending rows before sending.
 pub(super) const CLAIM_FREE: &str = "\
 SELECT o.id, o.topic, o.message_key, o.headers::text, o.payload::text,
-       extract(epoch FROM o.created_at)::float8
+       extract(epoch FROM o.created_at)::float8, hashtext(coalesce(o.message_key, '')) & 63
   FROM {s}.outbox AS o
  WHERE o.status = 'pending' AND o.id >= $3 AND (o.available_at <= now()) IS TRUE
    AND (hashtext(coalesce(o.message_key, '')) & 63) = ANY($2::int[])
