@@ -79,8 +79,27 @@ pub const DLQ_REPLAY_CAME_BACK: &str = "outbox_dlq_replay_came_back_total";
 /// `{reason}`: letters dropped (`operator`, or a drain policy's reason).
 pub const DLQ_DROPPED: &str = "outbox_dlq_dropped_total";
 
+/// 1 while the relay publishes exactly-once (`--exactly-once`), else 0.
+pub const RELAY_EXACTLY_ONCE: &str = "outbox_relay_exactly_once";
+/// Exactly-once Kafka transactions committed (one per slot batch).
+pub const RELAY_TXN_COMMITTED: &str = "outbox_relay_transactions_committed_total";
+/// `{reason}`: exactly-once transactions aborted (`undelivered`, `refused`, `commit_failed`):
+/// their rows stay pending and go again.
+pub const RELAY_TXN_ABORTED: &str = "outbox_relay_transactions_aborted_total";
+/// `{reason}`: exactly-once transactions whose end is unknown (`fenced` by a new owner,
+/// `fatal`, `ambiguous`): the producer is destroyed and the slot recovered.
+pub const RELAY_TXN_UNKNOWN: &str = "outbox_relay_transactions_unknown_total";
+/// `{outcome}`: exactly-once slot recoveries (`clean`; `marked`: the last transaction was
+/// committed in Kafka but not marked, and its rows were marked instead of sent again).
+pub const RELAY_SLOT_RECOVERIES: &str = "outbox_relay_slot_recoveries_total";
+
 /// Every metric name the code exports, for the dashboard and alert-rule checks.
-pub const ALL: [&str; 28] = [
+pub const ALL: [&str; 33] = [
+    RELAY_EXACTLY_ONCE,
+    RELAY_TXN_COMMITTED,
+    RELAY_TXN_ABORTED,
+    RELAY_TXN_UNKNOWN,
+    RELAY_SLOT_RECOVERIES,
     BREAKER_OPEN,
     CONSUMER_DLQ_WRITE_FAILURES,
     CONSUMER_DLQ_BLOCKED,

@@ -29,39 +29,29 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
-use rdkafka::consumer::{BaseConsumer, Consumer as _};
 use rdkafka::error::KafkaError;
-use rdkafka::message::Message as _;
 use rdkafka::producer::Producer;
 use rdkafka::util::Timeout;
-use rdkafka::{Offset, TopicPartitionList};
-use tracing::{info, warn};
+use tracing::warn;
 
 use std::collections::HashMap;
 
 use super::lanes::{slot_of, SLOTS};
+use super::progress::progress_key;
 use super::*;
 
 /// What a recovery, a commit or an abort may take before the slot gives up for this pass.
-const TXN_CALL_TIMEOUT: Duration = Duration::from_secs(30);
+pub(super) const TXN_CALL_TIMEOUT: Duration = Duration::from_secs(30);
 /// How far back from the end of a progress partition the last record is looked for first.
-const PROGRESS_TAIL: i64 = 256;
+pub(super) const PROGRESS_TAIL: i64 = 256;
 
-/// `{reason}`: exactly-once transactions committed, aborted, fenced, and slot recoveries.
+/// The exactly-once metrics' names (`crate::metrics`).
 pub(crate) mod names {
-    /// Kafka transactions committed (one per slot batch).
-    pub const COMMITTED: &str = "outbox_relay_transactions_committed_total";
-    /// `{reason}`: transactions aborted (`undelivered`, `refused`, `commit_failed`).
-    pub const ABORTED: &str = "outbox_relay_transactions_aborted_total";
-    /// `{reason}`: transactions whose end is unknown (`fenced` by a new owner, `fatal`,
-    /// `ambiguous`: a timeout or a failed abort): the producer is destroyed and the slot
-    /// recovered.
-    pub const UNKNOWN: &str = "outbox_relay_transactions_unknown_total";
-    /// `{outcome}`: slot recoveries (`clean`: nothing to mark; `marked`: the last batch's
-    /// rows were committed in Kafka but not yet marked).
-    pub const RECOVERIES: &str = "outbox_relay_slot_recoveries_total";
-    /// 1 while this relay publishes exactly-once.
-    pub const MODE: &str = "outbox_relay_exactly_once";
+    pub use crate::metrics::{
+        RELAY_EXACTLY_ONCE as MODE, RELAY_SLOT_RECOVERIES as RECOVERIES,
+        RELAY_TXN_ABORTED as ABORTED, RELAY_TXN_COMMITTED as COMMITTED,
+        RELAY_TXN_UNKNOWN as UNKNOWN,
+    };
 }
 
 /// Per-slot state: the producer once fenced in and recovered (`None`: it must be, before the
@@ -235,7 +225,7 @@ impl Relay {
             Err(e) => return Err((e, reset)),
         };
         // The batch published and not yet marked: its rows, fates, and ids sent per slot.
-        let mut prev: Option<(Claimed, Vec<Fate>, HashMap<i32, Vec<i64>>)> = None;
+        let mut prev: Option<InFlight> = None;
         loop {
             let full = current.rows.len() >= limit && !current.rows.is_empty();
             // Keys whose row in the batch before did not reach Kafka: held back here.
@@ -358,10 +348,12 @@ impl Relay {
                         *slot,
                         producer,
                         progress_topic,
-                        &rows,
-                        &claimed.waiting,
-                        blocked,
-                        earlier,
+                        SlotRows {
+                            rows,
+                            waiting: &claimed.waiting,
+                            blocked,
+                            earlier,
+                        },
                     )
                     .await;
                 (*slot, fates, ended)
@@ -406,11 +398,15 @@ impl Relay {
         slot: i32,
         producer: &RelayProducer,
         progress_topic: &str,
-        rows: &[&Row],
-        waiting: &HashSet<String>,
-        blocked: &HashSet<String>,
-        earlier: &[i64],
+        batch: SlotRows<'_>,
     ) -> (Vec<Fate>, Ended) {
+        let SlotRows {
+            rows,
+            waiting,
+            blocked,
+            earlier,
+        } = batch;
+        let rows = rows.as_slice();
         if let Err(e) = producer.begin_transaction() {
             let fates = rows
                 .iter()
@@ -474,162 +470,6 @@ impl Relay {
         }
     }
 
-    /// The slot's transactional producer: created, fenced in (`init_transactions`), and the
-    /// last batch's rows marked sent from the progress record.
-    async fn fence_and_recover(&self, slot: i32) -> Result<RelayProducer, RelayError> {
-        let eo = self
-            .config
-            .exactly_once
-            .as_ref()
-            .expect("exactly-once mode");
-        let mut kafka = self.kafka.clone();
-        kafka.properties.insert(
-            "transactional.id".into(),
-            format!(
-                "{}-{}-{slot}",
-                eo.transactional_id_prefix,
-                self.db.schema.name()
-            ),
-        );
-        kafka.properties.insert(
-            "transaction.timeout.ms".into(),
-            eo.transaction_timeout.as_millis().to_string(),
-        );
-        self.progress_ready
-            .get_or_try_init(|| self.ensure_progress_topic(&eo.progress_topic))
-            .await?;
-        let producer = producer_for(
-            &kafka,
-            self.config.delivery_timeout,
-            &self.outages,
-            &self.reports,
-        )?;
-        let p = producer.clone();
-        tokio::task::spawn_blocking(move || p.init_transactions(Timeout::After(TXN_CALL_TIMEOUT)))
-            .await
-            .map_err(|e| {
-                RelayError::Config(ConfigError::Value {
-                    name: "exactly-once",
-                    reason: format!("init_transactions task: {e}"),
-                })
-            })??;
-        let ids = self.read_progress(&eo.progress_topic, slot).await?;
-        let marked = if ids.is_empty() {
-            0
-        } else {
-            let mut c = self.pool.get().await?;
-            // A zombie still holding these rows locked (its session alive, its process
-            // frozen) makes this wait: bounded, and retried at the next pass, so the slot
-            // never produces before its last batch is marked.
-            let tx = c.transaction().await?;
-            tx.batch_execute(crate::sql::RECOVER_LOCK_TIMEOUT).await?;
-            let recover = tx.prepare_cached(&self.stmts.recover_sent).await?;
-            let n = tx.execute(&recover, &[&ids]).await?;
-            tx.commit().await?;
-            n
-        };
-        let outcome = if marked > 0 {
-            info!(
-                slot,
-                rows = ids.len(),
-                marked,
-                "slot recovered: its last transaction was committed in Kafka but not marked; its rows are marked sent now"
-            );
-            "marked"
-        } else {
-            "clean"
-        };
-        metrics::counter!(names::RECOVERIES, "outcome" => outcome).increment(1);
-        Ok(producer)
-    }
-
-    /// Finds the progress topic with a partition per slot, or creates it: compacted (only
-    /// each slot's last record is ever read), replicated like the cluster allows (3 at most,
-    /// `min.insync.replicas` one less).
-    async fn ensure_progress_topic(&self, topic: &str) -> Result<(), RelayError> {
-        use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-        use rdkafka::client::DefaultClientContext;
-        let admin: AdminClient<DefaultClientContext> = self.kafka.client_config().create()?;
-        let name = topic.to_owned();
-        let (partitions, brokers) = {
-            let md = admin
-                .inner()
-                .fetch_metadata(Some(&name), Timeout::After(TXN_CALL_TIMEOUT))?;
-            let n = md
-                .topics()
-                .iter()
-                .find(|t| t.name() == name && t.error().is_none())
-                .map_or(0, |t| t.partitions().len());
-            (n, md.brokers().len())
-        };
-        if partitions >= SLOTS as usize {
-            return Ok(());
-        }
-        if partitions > 0 {
-            return Err(RelayError::Config(ConfigError::Value {
-                name: "progress topic",
-                reason: format!(
-                    "{topic} has {partitions} partitions; exactly-once needs {SLOTS} (one per slot)"
-                ),
-            }));
-        }
-        let rf = brokers.clamp(1, 3) as i32;
-        let isr = (rf - 1).max(1).to_string();
-        let new = NewTopic::new(topic, SLOTS, TopicReplication::Fixed(rf))
-            .set("cleanup.policy", "compact")
-            .set("min.insync.replicas", &isr);
-        for r in admin.create_topics([&new], &AdminOptions::new()).await? {
-            match r {
-                Ok(_) => {
-                    info!(%topic, partitions = SLOTS, replication = rf, "created the exactly-once progress topic")
-                }
-                Err((_, rdkafka::types::RDKafkaErrorCode::TopicAlreadyExists)) => {}
-                Err((t, code)) => {
-                    return Err(RelayError::Config(ConfigError::Value {
-                        name: "progress topic",
-                        reason: format!("cannot create {t}: {code}"),
-                    }))
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// The ids of this schema's last progress record in partition `slot`, read
-    /// `read_committed` to the partition's end (empty when there is none).
-    async fn read_progress(&self, topic: &str, slot: i32) -> Result<Vec<i64>, RelayError> {
-        let mut cc = self.kafka.client_config();
-        cc.set(
-            "group.id",
-            format!("outbox-progress-reader-{}", fastrand::u64(..)),
-        )
-        .set("enable.auto.commit", "false")
-        .set("enable.partition.eof", "true")
-        .set("isolation.level", "read_committed");
-        let consumer: BaseConsumer<EofQuiet> = cc.create_with_context(EofQuiet)?;
-        let key = progress_key(self.db.schema.name(), slot);
-        let topic = topic.to_owned();
-        tokio::task::spawn_blocking(move || -> Result<Vec<i64>, RelayError> {
-            let (low, high) =
-                consumer.fetch_watermarks(&topic, slot, Timeout::After(TXN_CALL_TIMEOUT))?;
-            let mut from = (high - PROGRESS_TAIL).max(low);
-            loop {
-                let found = read_tail(&consumer, &topic, slot, from, &key)?;
-                if found.is_some() || from == low {
-                    return Ok(found.unwrap_or_default());
-                }
-                from = low;
-            }
-        })
-        .await
-        .map_err(|e| {
-            RelayError::Config(ConfigError::Value {
-                name: "exactly-once",
-                reason: format!("progress reader task: {e}"),
-            })
-        })?
-    }
-
     async fn commit(&self, producer: &RelayProducer) -> Ended {
         for _ in 0..3 {
             let p = producer.clone();
@@ -674,6 +514,20 @@ impl Relay {
     }
 }
 
+/// A batch published and not yet marked: its claim, its rows' fates, the ids each slot's
+/// committed transaction sent.
+type InFlight = (Claimed, Vec<Fate>, HashMap<i32, Vec<i64>>);
+
+/// What one slot's transaction carries: its rows, the keys held back (waiting for earlier
+/// rows, or behind a failed row of the batch before), and the ids of the slot's previous
+/// batch while their marks are unconfirmed.
+struct SlotRows<'a> {
+    rows: Vec<&'a Row>,
+    waiting: &'a HashSet<String>,
+    blocked: &'a HashSet<String>,
+    earlier: &'a [i64],
+}
+
 /// How a slot's transaction ended.
 enum Ended {
     Committed,
@@ -689,58 +543,4 @@ fn unknown_reason(e: &KafkaError) -> &'static str {
         _ if matches!(e, KafkaError::Transaction(t) if t.is_fatal()) => "fatal",
         _ => "ambiguous",
     }
-}
-
-fn progress_key(schema: &str, slot: i32) -> String {
-    format!("{schema}/{slot}")
-}
-
-/// The progress reader's callbacks: reaching the end of the partition is how it knows it is
-/// done, not an error worth a log line.
-struct EofQuiet;
-
-impl rdkafka::ClientContext for EofQuiet {
-    fn error(&self, error: KafkaError, reason: &str) {
-        if !matches!(error, KafkaError::PartitionEOF(_)) {
-            warn!(error = %error, reason, "progress reader");
-        }
-    }
-}
-
-impl rdkafka::consumer::ConsumerContext for EofQuiet {}
-
-/// Reads partition `slot` from `from` to its end (`read_committed`); the ids of the last
-/// record keyed `key`, if any.
-fn read_tail(
-    consumer: &BaseConsumer<EofQuiet>,
-    topic: &str,
-    slot: i32,
-    from: i64,
-    key: &str,
-) -> Result<Option<Vec<i64>>, RelayError> {
-    let mut tpl = TopicPartitionList::new();
-    tpl.add_partition_offset(topic, slot, Offset::Offset(from))?;
-    consumer.assign(&tpl)?;
-    let deadline = std::time::Instant::now() + TXN_CALL_TIMEOUT;
-    let mut last = None;
-    while std::time::Instant::now() < deadline {
-        match consumer.poll(Duration::from_millis(200)) {
-            Some(Ok(m)) if m.key() == Some(key.as_bytes()) => {
-                let v: serde_json::Value =
-                    serde_json::from_slice(m.payload().unwrap_or_default()).unwrap_or_default();
-                last = Some(
-                    v["ids"]
-                        .as_array()
-                        .map(|a| a.iter().filter_map(serde_json::Value::as_i64).collect())
-                        .unwrap_or_default(),
-                );
-            }
-            // Another schema's record in the shared progress partition.
-            Some(Ok(_)) => {}
-            Some(Err(KafkaError::PartitionEOF(_))) => return Ok(last),
-            Some(Err(e)) => return Err(RelayError::Kafka(e)),
-            None => {}
-        }
-    }
-    Err(RelayError::Kafka(KafkaError::Canceled))
 }

@@ -21,8 +21,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use deadpool_postgres::Pool;
-use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::producer::{BaseRecord, Producer};
+use rdkafka::error::KafkaError;
+use rdkafka::producer::Producer;
 use rdkafka::util::Timeout;
 use tokio_util::task::TaskTracker;
 use tracing::{debug, warn};
@@ -46,7 +46,9 @@ mod floor;
 mod lanes;
 mod pipeline;
 mod producer;
+mod progress;
 mod reports;
+mod send;
 mod tasks;
 
 use batch::*;
@@ -549,187 +551,5 @@ impl Relay {
         }
         debug!(?report, "batch settled");
         Ok(report)
-    }
-
-    /// Produces every row of `claimed`, keeping them all in flight, and returns each row's fate
-    /// in order. Rows of keys in `claimed.waiting` or `blocked` (keys whose earlier row failed
-    /// in the batch before this one) are held back, and so are the later rows of any key whose
-    /// row fails here before it leaves this process.
-    pub(crate) async fn produce(&self, claimed: &Claimed, blocked: &HashSet<String>) -> Vec<Fate> {
-        let producer = self.producer();
-        let fates = self.produce_with(&producer, claimed, blocked).await;
-        if let Some(fatal) = producer.client().fatal_error() {
-            warn!(error = ?fatal, "kafka producer hit a fatal error: replacing it (unacked rows stay pending)");
-            match producer_for(
-                &self.kafka,
-                self.config.delivery_timeout,
-                &self.outages,
-                &self.reports,
-            ) {
-                Ok(p) => *self.producer.write().expect("producer lock") = p,
-                Err(e) => warn!(error = %e, "cannot recreate the producer; will retry next pass"),
-            }
-            // The last handle of the old producer joins its polling thread and flushes what it
-            // purged (up to ~0.6 s): not on a runtime worker.
-            drop(tokio::task::spawn_blocking(move || drop(producer)));
-        }
-        fates
-    }
-
-    /// [`Relay::produce`] with a given producer (a slot's transactional one in exactly-once
-    /// mode, inside its open transaction).
-    pub(crate) async fn produce_with(
-        &self,
-        producer: &RelayProducer,
-        claimed: &Claimed,
-        blocked: &HashSet<String>,
-    ) -> Vec<Fate> {
-        let rows: Vec<&Row> = claimed.rows.iter().collect();
-        self.produce_rows(producer, &rows, &claimed.waiting, blocked, None)
-            .await
-            .0
-    }
-
-    /// Produces `rows` (in id order) with `producer`; keys in `waiting` or `blocked` are held
-    /// back. Each row's fate, in order. With `last`, one more record goes out behind the rows,
-    /// before any report is awaited (exactly-once: the progress record, naming `last.3` and
-    /// the ids of the rows handed to librdkafka), and its fate comes back too.
-    async fn produce_rows(
-        &self,
-        producer: &RelayProducer,
-        rows: &[&Row],
-        waiting: &HashSet<String>,
-        blocked: &HashSet<String>,
-        last: Option<(&str, i32, &str, &[i64])>,
-    ) -> (Vec<Fate>, Option<Fate>) {
-        if rows.is_empty() {
-            return (Vec::new(), None);
-        }
-        metrics::histogram!(crate::metrics::OUTBOX_BATCH_SIZE).record(rows.len() as f64);
-        let topics: HashSet<&str> = rows.iter().map(|r| r.topic()).collect();
-        let problems = self
-            .topic_problems(topics.into_iter().map(str::to_owned).collect())
-            .await;
-
-        let mut fates: Vec<Option<Fate>> = Vec::with_capacity(rows.len());
-        let batch = self.reports.open(rows.len() + usize::from(last.is_some()));
-        // Keys with a row refused before it left this process: their later rows must wait.
-        let mut held: HashSet<&str> = waiting.iter().chain(blocked).map(String::as_str).collect();
-        let span = tracing::debug_span!("outbox.produce", rows = rows.len());
-        let inject = f64::from_bits(
-            self.inject_refusals
-                .load(std::sync::atomic::Ordering::Relaxed),
-        );
-        for (i, row) in rows.iter().enumerate() {
-            if row.key().is_some_and(|k| held.contains(k)) {
-                fates.push(Some(Fate::HeldBack));
-                continue;
-            }
-            let headers = if let Some(p) = problems.get(row.topic()) {
-                Err(p.clone())
-            } else if inject > 0.0 && fastrand::f64() < inject {
-                Err((
-                    "injected produce failure".to_owned(),
-                    RefusalReason::Refused,
-                ))
-            } else {
-                kafka_headers(row.headers()).map_err(|e| (e, RefusalReason::Refused))
-            };
-            let headers = match headers {
-                Ok(h) => h,
-                Err((error, reason)) => {
-                    if let Some(k) = row.key() {
-                        held.insert(k);
-                    }
-                    fates.push(Some(Fate::Refused(error, reason)));
-                    continue;
-                }
-            };
-            let mut record =
-                BaseRecord::with_opaque_to(row.topic(), batch.opaque(i)).headers(headers);
-            if let Some(p) = row.payload() {
-                record = record.payload(p.as_bytes());
-            }
-            if let Some(k) = row.key() {
-                record = record.key(k.as_bytes());
-            }
-            // Enqueue in id order; when librdkafka's queue is full, wait for it to drain rather
-            // than skipping ahead, so per-partition order follows outbox order.
-            let fate = loop {
-                match producer.send(record) {
-                    Ok(()) => break None,
-                    Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
-                        record = back;
-                        tokio::time::sleep(Duration::from_millis(2)).await;
-                    }
-                    Err((e, _)) => {
-                        batch.not_sent();
-                        break Some(fate_of_error(&e));
-                    }
-                }
-            };
-            if fate.is_some() {
-                if let Some(k) = row.key() {
-                    held.insert(k);
-                }
-            }
-            fates.push(fate);
-        }
-        let mut last_fate = None;
-        if let Some((topic, partition, key, earlier)) = last {
-            let ids: Vec<i64> = earlier
-                .iter()
-                .copied()
-                .chain(
-                    rows.iter()
-                        .zip(&fates)
-                        .filter(|(_, f)| f.is_none())
-                        .map(|(r, _)| r.id),
-                )
-                .collect();
-            // The progress partition is the slot's own.
-            let body = serde_json::json!({ "slot": partition, "ids": ids }).to_string();
-            let record = BaseRecord::with_opaque_to(topic, batch.opaque(rows.len()))
-                .partition(partition)
-                .key(key.as_bytes())
-                .payload(body.as_bytes());
-            if let Err((e, _)) = producer.send(record) {
-                batch.not_sent();
-                last_fate = Some(fate_of_error(&e));
-            }
-        }
-        batch.sent_all();
-
-        // One timer for the batch, and one wake-up when its last report is in: the reports
-        // that are not in by the deadline leave their rows pending.
-        let waited =
-            tokio::time::timeout(self.config.delivery_timeout + REPORT_MARGIN, batch.wait())
-                .instrument(span)
-                .await;
-        if waited.is_err() {
-            debug!("delivery reports still missing at the deadline");
-        }
-        for (i, fate) in batch.close() {
-            if i == rows.len() {
-                last_fate = Some(fate);
-            } else {
-                fates[i] = Some(fate);
-            }
-        }
-        for f in fates.iter_mut().filter(|f| f.is_none()) {
-            *f = Some(Fate::Deferred(
-                "no delivery report before the timeout".into(),
-            ));
-        }
-        let fates = fates
-            .into_iter()
-            .map(|f| f.expect("every row has a fate"))
-            .collect();
-        if last.is_some() && last_fate.is_none() {
-            last_fate = Some(Fate::Deferred(
-                "no delivery report before the timeout".into(),
-            ));
-        }
-        (fates, last_fate)
     }
 }

@@ -272,8 +272,9 @@ impl Relay {
         } else {
             0.0
         });
-        if self.config.exactly_once.is_some() {
-            // The series exist from the start (at 0), so the abort alert's sums see them.
+        {
+            // The series exist from the start (at 0, in either mode), so the abort alert's
+            // sums and the dashboard see them.
             use super::exactly::names;
             metrics::counter!(names::COMMITTED).increment(0);
             for reason in ["fenced", "fatal", "ambiguous"] {

@@ -1,0 +1,229 @@
+//! The exactly-once relay's progress records and recovery (`exactly.rs`): a slot fenced in
+//! (`init_transactions`), its partition of the progress topic read `read_committed` to the
+//! end, and the rows of its last committed transaction marked sent if their marks were lost.
+
+use std::time::Duration;
+
+use rdkafka::consumer::{BaseConsumer, Consumer as _};
+use rdkafka::error::KafkaError;
+use rdkafka::message::Message as _;
+use rdkafka::producer::Producer;
+use rdkafka::util::Timeout;
+use rdkafka::{Offset, TopicPartitionList};
+use tracing::{info, warn};
+
+use super::exactly::{names, PROGRESS_TAIL, TXN_CALL_TIMEOUT};
+use super::lanes::SLOTS;
+use super::*;
+
+impl Relay {
+    /// The slot's transactional producer: created, fenced in (`init_transactions`), and the
+    /// last batch's rows marked sent from the progress record.
+    pub(super) async fn fence_and_recover(&self, slot: i32) -> Result<RelayProducer, RelayError> {
+        let eo = self
+            .config
+            .exactly_once
+            .as_ref()
+            .expect("exactly-once mode");
+        let mut kafka = self.kafka.clone();
+        kafka.properties.insert(
+            "transactional.id".into(),
+            format!(
+                "{}-{}-{slot}",
+                eo.transactional_id_prefix,
+                self.db.schema.name()
+            ),
+        );
+        kafka.properties.insert(
+            "transaction.timeout.ms".into(),
+            eo.transaction_timeout.as_millis().to_string(),
+        );
+        self.progress_ready
+            .get_or_try_init(|| self.ensure_progress_topic(&eo.progress_topic))
+            .await?;
+        let producer = producer_for(
+            &kafka,
+            self.config.delivery_timeout,
+            &self.outages,
+            &self.reports,
+        )?;
+        let p = producer.clone();
+        tokio::task::spawn_blocking(move || p.init_transactions(Timeout::After(TXN_CALL_TIMEOUT)))
+            .await
+            .map_err(|e| {
+                RelayError::Config(ConfigError::Value {
+                    name: "exactly-once",
+                    reason: format!("init_transactions task: {e}"),
+                })
+            })??;
+        let ids = self.read_progress(&eo.progress_topic, slot).await?;
+        let marked = if ids.is_empty() {
+            0
+        } else {
+            let mut c = self.pool.get().await?;
+            // A zombie still holding these rows locked (its session alive, its process
+            // frozen) makes this wait: bounded, and retried at the next pass, so the slot
+            // never produces before its last batch is marked.
+            let tx = c.transaction().await?;
+            tx.batch_execute(crate::sql::RECOVER_LOCK_TIMEOUT).await?;
+            let recover = tx.prepare_cached(&self.stmts.recover_sent).await?;
+            let n = tx.execute(&recover, &[&ids]).await?;
+            tx.commit().await?;
+            n
+        };
+        let outcome = if marked > 0 {
+            info!(
+                slot,
+                rows = ids.len(),
+                marked,
+                "slot recovered: its last transaction was committed in Kafka but not marked; its rows are marked sent now"
+            );
+            "marked"
+        } else {
+            "clean"
+        };
+        metrics::counter!(names::RECOVERIES, "outcome" => outcome).increment(1);
+        Ok(producer)
+    }
+
+    /// Finds the progress topic with a partition per slot, or creates it: compacted (only
+    /// each slot's last record is ever read), replicated like the cluster allows (3 at most,
+    /// `min.insync.replicas` one less).
+    async fn ensure_progress_topic(&self, topic: &str) -> Result<(), RelayError> {
+        use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+        use rdkafka::client::DefaultClientContext;
+        let admin: AdminClient<DefaultClientContext> = self.kafka.client_config().create()?;
+        let name = topic.to_owned();
+        let (partitions, brokers) = {
+            let md = admin
+                .inner()
+                .fetch_metadata(Some(&name), Timeout::After(TXN_CALL_TIMEOUT))?;
+            let n = md
+                .topics()
+                .iter()
+                .find(|t| t.name() == name && t.error().is_none())
+                .map_or(0, |t| t.partitions().len());
+            (n, md.brokers().len())
+        };
+        if partitions >= SLOTS as usize {
+            return Ok(());
+        }
+        if partitions > 0 {
+            return Err(RelayError::Config(ConfigError::Value {
+                name: "progress topic",
+                reason: format!(
+                    "{topic} has {partitions} partitions; exactly-once needs {SLOTS} (one per slot)"
+                ),
+            }));
+        }
+        let rf = brokers.clamp(1, 3) as i32;
+        let isr = (rf - 1).max(1).to_string();
+        let new = NewTopic::new(topic, SLOTS, TopicReplication::Fixed(rf))
+            .set("cleanup.policy", "compact")
+            .set("min.insync.replicas", &isr);
+        for r in admin.create_topics([&new], &AdminOptions::new()).await? {
+            match r {
+                Ok(_) => {
+                    info!(%topic, partitions = SLOTS, replication = rf, "created the exactly-once progress topic")
+                }
+                Err((_, rdkafka::types::RDKafkaErrorCode::TopicAlreadyExists)) => {}
+                Err((t, code)) => {
+                    return Err(RelayError::Config(ConfigError::Value {
+                        name: "progress topic",
+                        reason: format!("cannot create {t}: {code}"),
+                    }))
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The ids of this schema's last progress record in partition `slot`, read
+    /// `read_committed` to the partition's end (empty when there is none).
+    async fn read_progress(&self, topic: &str, slot: i32) -> Result<Vec<i64>, RelayError> {
+        let mut cc = self.kafka.client_config();
+        cc.set(
+            "group.id",
+            format!("outbox-progress-reader-{}", fastrand::u64(..)),
+        )
+        .set("enable.auto.commit", "false")
+        .set("enable.partition.eof", "true")
+        .set("isolation.level", "read_committed");
+        let consumer: BaseConsumer<EofQuiet> = cc.create_with_context(EofQuiet)?;
+        let key = progress_key(self.db.schema.name(), slot);
+        let topic = topic.to_owned();
+        tokio::task::spawn_blocking(move || -> Result<Vec<i64>, RelayError> {
+            let (low, high) =
+                consumer.fetch_watermarks(&topic, slot, Timeout::After(TXN_CALL_TIMEOUT))?;
+            let mut from = (high - PROGRESS_TAIL).max(low);
+            loop {
+                let found = read_tail(&consumer, &topic, slot, from, &key)?;
+                if found.is_some() || from == low {
+                    return Ok(found.unwrap_or_default());
+                }
+                from = low;
+            }
+        })
+        .await
+        .map_err(|e| {
+            RelayError::Config(ConfigError::Value {
+                name: "exactly-once",
+                reason: format!("progress reader task: {e}"),
+            })
+        })?
+    }
+}
+
+pub(super) fn progress_key(schema: &str, slot: i32) -> String {
+    format!("{schema}/{slot}")
+}
+
+/// The progress reader's callbacks: reaching the end of the partition is how it knows it is
+/// done, not an error worth a log line.
+struct EofQuiet;
+
+impl rdkafka::ClientContext for EofQuiet {
+    fn error(&self, error: KafkaError, reason: &str) {
+        if !matches!(error, KafkaError::PartitionEOF(_)) {
+            warn!(error = %error, reason, "progress reader");
+        }
+    }
+}
+
+impl rdkafka::consumer::ConsumerContext for EofQuiet {}
+
+/// Reads partition `slot` from `from` to its end (`read_committed`); the ids of the last
+/// record keyed `key`, if any.
+fn read_tail(
+    consumer: &BaseConsumer<EofQuiet>,
+    topic: &str,
+    slot: i32,
+    from: i64,
+    key: &str,
+) -> Result<Option<Vec<i64>>, RelayError> {
+    let mut tpl = TopicPartitionList::new();
+    tpl.add_partition_offset(topic, slot, Offset::Offset(from))?;
+    consumer.assign(&tpl)?;
+    let deadline = std::time::Instant::now() + TXN_CALL_TIMEOUT;
+    let mut last = None;
+    while std::time::Instant::now() < deadline {
+        match consumer.poll(Duration::from_millis(200)) {
+            Some(Ok(m)) if m.key() == Some(key.as_bytes()) => {
+                let v: serde_json::Value =
+                    serde_json::from_slice(m.payload().unwrap_or_default()).unwrap_or_default();
+                last = Some(
+                    v["ids"]
+                        .as_array()
+                        .map(|a| a.iter().filter_map(serde_json::Value::as_i64).collect())
+                        .unwrap_or_default(),
+                );
+            }
+            // Another schema's record in the shared progress partition.
+            Some(Ok(_)) => {}
+            Some(Err(KafkaError::PartitionEOF(_))) => return Ok(last),
+            Some(Err(e)) => return Err(RelayError::Kafka(e)),
+            None => {}
+        }
+    }
+    Err(RelayError::Kafka(KafkaError::Canceled))
+}
