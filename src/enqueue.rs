@@ -195,15 +195,32 @@ async fn insert_many<C: GenericClient>(
     if msgs.is_empty() {
         return Ok(0);
     }
-    for m in msgs {
-        validate(m)?;
-    }
-    let topics: Vec<&str> = msgs.iter().map(|m| m.topic.as_str()).collect();
-    let keys: Vec<Option<&str>> = msgs.iter().map(|m| m.key.as_deref()).collect();
-    let headers: Vec<serde_json::Value> = msgs.iter().map(headers_json).collect();
-    let payloads: Vec<Option<&serde_json::Value>> =
-        msgs.iter().map(Message::stored_payload).collect();
+    let c = Columns::of(msgs)?;
     Ok(client
-        .execute(sql, &[&topics, &keys, &headers, &payloads])
+        .execute(sql, &[&c.topics, &c.keys, &c.headers, &c.payloads])
         .await?)
+}
+
+/// A validated batch as the batch INSERT's four arrays (topic, key, headers, payload), for
+/// either driver.
+pub(crate) struct Columns<'m> {
+    pub(crate) topics: Vec<&'m str>,
+    pub(crate) keys: Vec<Option<&'m str>>,
+    pub(crate) headers: Vec<serde_json::Value>,
+    pub(crate) payloads: Vec<Option<&'m serde_json::Value>>,
+}
+
+impl<'m> Columns<'m> {
+    /// Validates every message (one invalid message refuses the batch) and splits them.
+    pub(crate) fn of(msgs: &'m [Message]) -> Result<Self, EnqueueError> {
+        for m in msgs {
+            validate(m)?;
+        }
+        Ok(Self {
+            topics: msgs.iter().map(|m| m.topic.as_str()).collect(),
+            keys: msgs.iter().map(|m| m.key.as_deref()).collect(),
+            headers: msgs.iter().map(headers_json).collect(),
+            payloads: msgs.iter().map(Message::stored_payload).collect(),
+        })
+    }
 }

@@ -20,7 +20,7 @@
 
 use sqlx::{Executor, Postgres};
 
-use crate::enqueue::{headers_json, validate, EnqueueError, Enqueuer};
+use crate::enqueue::{headers_json, validate, Columns, EnqueueError, Enqueuer};
 use crate::message::Message;
 use crate::sql::Statements;
 
@@ -102,18 +102,14 @@ where
     if msgs.is_empty() {
         return Ok(0);
     }
-    for m in msgs {
-        validate(m)?;
-    }
-    let topics: Vec<&str> = msgs.iter().map(|m| m.topic.as_str()).collect();
-    let keys: Vec<Option<&str>> = msgs.iter().map(|m| m.key.as_deref()).collect();
-    let headers: Vec<serde_json::Value> = msgs.iter().map(headers_json).collect();
+    let c = Columns::of(msgs)?;
+    // sqlx binds owned array elements.
     let payloads: Vec<Option<serde_json::Value>> =
-        msgs.iter().map(|m| m.stored_payload().cloned()).collect();
+        c.payloads.into_iter().map(Option::<&_>::cloned).collect();
     Ok(sqlx::query(sql)
-        .bind(topics)
-        .bind(keys)
-        .bind(headers)
+        .bind(c.topics)
+        .bind(c.keys)
+        .bind(c.headers)
         .bind(payloads)
         .execute(executor)
         .await?

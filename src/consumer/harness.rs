@@ -120,15 +120,7 @@ impl Consumer {
         let pool = self.pool()?;
         let cancel = CancellationToken::new();
         let retry_topics = self.config.retry_topics();
-        let drain_topics = if self.config.breaker.is_some() {
-            self.config
-                .topics
-                .iter()
-                .map(|t| (self.config.dlq_topic(t), t.clone()))
-                .collect()
-        } else {
-            Default::default()
-        };
+        let drain_topics = self.drain_topics();
         let with_breaker = self.config.breaker.is_some();
         let shared = Arc::new(self.into_shared(
             pool,

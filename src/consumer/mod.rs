@@ -447,15 +447,7 @@ impl Consumer {
         let mut subscribe: Vec<String> = self.config.topics.clone();
         subscribe.extend(retry_topics.keys().cloned());
         // With a breaker the group also reads its topics' DLQs, paused except during drains.
-        let drain_topics: HashMap<String, String> = if self.config.breaker.is_some() {
-            self.config
-                .topics
-                .iter()
-                .map(|t| (self.config.dlq_topic(t), t.clone()))
-                .collect()
-        } else {
-            HashMap::new()
-        };
+        let drain_topics = self.drain_topics();
         subscribe.extend(drain_topics.keys().cloned());
         consumer.subscribe(&subscribe.iter().map(String::as_str).collect::<Vec<_>>())?;
 

@@ -162,4 +162,16 @@ impl Consumer {
             has_calls,
         }
     }
+
+    /// With a breaker: each DLQ topic the group reads during drains → its main topic.
+    pub(super) fn drain_topics(&self) -> HashMap<String, String> {
+        if self.config.breaker.is_none() {
+            return HashMap::new();
+        }
+        self.config
+            .topics
+            .iter()
+            .map(|t| (self.config.dlq_topic(t), t.clone()))
+            .collect()
+    }
 }

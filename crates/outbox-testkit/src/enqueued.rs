@@ -62,19 +62,29 @@ pub async fn enqueued<C: tokio_postgres::GenericClient>(
         .await
         .expect("reading the outbox (migrated?)")
         .iter()
-        .map(|r| {
-            let headers = headers_of(r.get(3));
-            Enqueued {
-                id: r.get(0),
-                topic: r.get(1),
-                message_type: headers.get("message_type").cloned().unwrap_or_default(),
-                key: r.get(2),
-                body: r.get(4),
-                headers,
-                status: r.get(5),
-            }
-        })
+        .map(|r| row(r.get(0), r.get(1), r.get(2), r.get(3), r.get(4), r.get(5)))
         .collect()
+}
+
+/// One row from its columns (whichever driver read them).
+fn row(
+    id: i64,
+    topic: String,
+    key: Option<String>,
+    headers: serde_json::Value,
+    body: Option<serde_json::Value>,
+    status: String,
+) -> Enqueued {
+    let headers = headers_of(headers);
+    Enqueued {
+        id,
+        topic,
+        message_type: headers.get("message_type").cloned().unwrap_or_default(),
+        key,
+        body,
+        headers,
+        status,
+    }
 }
 
 /// As [`enqueued`], through sqlx (`&mut *tx`, a connection or a pool).
@@ -91,18 +101,7 @@ where
         .await
         .expect("reading the outbox (migrated?)")
         .iter()
-        .map(|r| {
-            let headers = headers_of(r.get(3));
-            Enqueued {
-                id: r.get(0),
-                topic: r.get(1),
-                message_type: headers.get("message_type").cloned().unwrap_or_default(),
-                key: r.get(2),
-                body: r.get(4),
-                headers,
-                status: r.get(5),
-            }
-        })
+        .map(|r| row(r.get(0), r.get(1), r.get(2), r.get(3), r.get(4), r.get(5)))
         .collect()
 }
 
