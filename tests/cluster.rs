@@ -29,28 +29,30 @@ fn cluster(args: &[&str]) {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_broker_killed_mid_run_loses_nothing_and_publishing_continues() {
-    let _serial = SERIAL.lock().await;
-    cluster(&["start"]);
-    let db = fresh_db().await;
-    let topic = topic_name();
+/// `topic` on the cluster: 6 partitions, RF 3, `min.insync.replicas=2`.
+async fn create_cluster_topic(topic: &str) {
     let admin: AdminClient<rdkafka::client::DefaultClientContext> = rdkafka::ClientConfig::new()
         .set("bootstrap.servers", CLUSTER)
         .create()
         .unwrap();
     admin
         .create_topics(
-            &[
-                NewTopic::new(&topic, 6, TopicReplication::Fixed(3))
-                    .set("min.insync.replicas", "2"),
-            ],
+            &[NewTopic::new(topic, 6, TopicReplication::Fixed(3)).set("min.insync.replicas", "2")],
             &AdminOptions::new().operation_timeout(Some(Duration::from_secs(30))),
         )
         .await
         .unwrap()[0]
         .as_ref()
         .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broker_killed_mid_run_loses_nothing_and_publishing_continues() {
+    let _serial = SERIAL.lock().await;
+    cluster(&["start"]);
+    let db = fresh_db().await;
+    let topic = topic_name();
+    create_cluster_topic(&topic).await;
 
     let kafka = outbox::KafkaConfig::new(CLUSTER).unwrap();
     let relay = outbox::Relay::new(&db, &kafka, relay_config()).unwrap();
@@ -118,22 +120,7 @@ async fn exactly_once_with_a_broker_killed_mid_run() {
     cluster(&["start"]);
     let db = fresh_db().await;
     let topic = topic_name();
-    let admin: AdminClient<rdkafka::client::DefaultClientContext> = rdkafka::ClientConfig::new()
-        .set("bootstrap.servers", CLUSTER)
-        .create()
-        .unwrap();
-    admin
-        .create_topics(
-            &[
-                NewTopic::new(&topic, 6, TopicReplication::Fixed(3))
-                    .set("min.insync.replicas", "2"),
-            ],
-            &AdminOptions::new().operation_timeout(Some(Duration::from_secs(30))),
-        )
-        .await
-        .unwrap()[0]
-        .as_ref()
-        .unwrap();
+    create_cluster_topic(&topic).await;
     let kafka = outbox::KafkaConfig::new(CLUSTER).unwrap();
     let cfg = {
         let mut c = relay_config();

@@ -62,8 +62,6 @@ pub(crate) struct Claimed {
     pub(super) lanes: Vec<i32>,
     /// Keys with an earlier pending row outside this claim: their rows are not sent.
     pub(super) waiting: HashSet<String>,
-    /// The claim floor it was claimed from, moved when it settles.
-    pub(super) floor: std::sync::Arc<std::sync::Mutex<super::floor::ClaimFloor>>,
     /// The most rows the claim could take (a claim this full leaves more behind).
     pub(super) limit: usize,
 }

@@ -45,15 +45,6 @@ pub(super) const TXN_CALL_TIMEOUT: Duration = Duration::from_secs(30);
 /// How far back from the end of a progress partition the last record is looked for first.
 pub(super) const PROGRESS_TAIL: i64 = 256;
 
-/// The exactly-once metrics' names (`crate::metrics`).
-pub(crate) mod names {
-    pub use crate::metrics::{
-        RELAY_EXACTLY_ONCE as MODE, RELAY_SLOT_RECOVERIES as RECOVERIES,
-        RELAY_TXN_ABORTED as ABORTED, RELAY_TXN_COMMITTED as COMMITTED,
-        RELAY_TXN_UNKNOWN as UNKNOWN,
-    };
-}
-
 /// Per-slot state: the producer once fenced in and recovered (`None`: it must be, before the
 /// slot produces).
 pub(crate) struct Slots {
@@ -73,20 +64,23 @@ impl Slots {
 /// `before_commit`, `during_commit`, `after_commit`. Read once; unset in production.
 pub(super) fn crash_point(point: &str) {
     use std::sync::atomic::{AtomicU64, Ordering};
-    use std::sync::OnceLock;
-    static AT: OnceLock<Option<(String, u64)>> = OnceLock::new();
     static HITS: AtomicU64 = AtomicU64::new(0);
-    let at = AT.get_or_init(|| {
-        let v = std::env::var("OUTBOX_CRASH_AT").ok()?;
-        let (p, n) = v.split_once(':').unwrap_or((&v, "1"));
-        Some((p.to_owned(), n.parse().unwrap_or(1)))
-    });
-    if let Some((p, n)) = at {
+    if let Some((p, n)) = crash_at() {
         if p == point && HITS.fetch_add(1, Ordering::SeqCst) + 1 == *n {
             eprintln!("OUTBOX_CRASH_AT={point}: aborting");
             std::process::abort();
         }
     }
+}
+
+/// `OUTBOX_CRASH_AT` as (point, n), read once.
+fn crash_at() -> &'static Option<(String, u64)> {
+    static AT: std::sync::OnceLock<Option<(String, u64)>> = std::sync::OnceLock::new();
+    AT.get_or_init(|| {
+        let v = std::env::var("OUTBOX_CRASH_AT").ok()?;
+        let (p, n) = v.split_once(':').unwrap_or((&v, "1"));
+        Some((p.to_owned(), n.parse().unwrap_or(1)))
+    })
 }
 
 impl Relay {
@@ -218,7 +212,7 @@ impl Relay {
         let mut reset: HashSet<i32> = HashSet::new();
         let mut total = BatchReport::default();
         let mut current = match self
-            .claim_in(&self.floor, limit, lanes.clone(), &HashMap::new(), None)
+            .claim_in(limit, lanes.clone(), &HashMap::new(), None)
             .await
         {
             Ok(c) => c,
@@ -270,10 +264,7 @@ impl Relay {
                 },
                 async {
                     if full {
-                        Some(
-                            self.claim_in(&self.floor, limit, lanes.clone(), &after, None)
-                                .await,
-                        )
+                        Some(self.claim_in(limit, lanes.clone(), &after, None).await)
                     } else {
                         None
                     }
@@ -365,7 +356,7 @@ impl Relay {
         for (slot, slot_fates, ended) in futures::future::join_all(txns).await {
             match &ended {
                 Ended::Unknown(e) => {
-                    metrics::counter!(names::UNKNOWN, "reason" => unknown_reason(e)).increment(1);
+                    metrics::counter!(crate::metrics::RELAY_TXN_UNKNOWN, "reason" => unknown_reason(e)).increment(1);
                     warn!(slot, error = %e, "the transaction's end is unknown (fenced, fatal or timed out): destroying the producer; the slot is recovered from its progress record before it produces again");
                     unknown.push(slot);
                 }
@@ -444,7 +435,7 @@ impl Relay {
         match ended {
             Ended::Committed => {
                 crash_point("after_commit");
-                metrics::counter!(names::COMMITTED).increment(1);
+                metrics::counter!(crate::metrics::RELAY_TXN_COMMITTED).increment(1);
             }
             Ended::Aborted | Ended::Unknown(_) => {
                 // Nothing of the batch is visible to read_committed readers: what was sent
@@ -463,7 +454,7 @@ impl Relay {
     async fn abort_as(&self, producer: &RelayProducer, why: &'static str) -> Ended {
         match self.abort(producer).await {
             Ok(()) => {
-                metrics::counter!(names::ABORTED, "reason" => why).increment(1);
+                metrics::counter!(crate::metrics::RELAY_TXN_ABORTED, "reason" => why).increment(1);
                 Ended::Aborted
             }
             Err(e) => Ended::Unknown(e),
@@ -473,8 +464,9 @@ impl Relay {
     async fn commit(&self, producer: &RelayProducer) -> Ended {
         for _ in 0..3 {
             let p = producer.clone();
-            let during =
-                std::env::var("OUTBOX_CRASH_AT").is_ok_and(|v| v.starts_with("during_commit"));
+            let during = crash_at()
+                .as_ref()
+                .is_some_and(|(p, _)| p == "during_commit");
             let done = tokio::task::spawn_blocking(move || {
                 if during {
                     // The EndTxn request is on its way when the process dies.
@@ -492,7 +484,7 @@ impl Relay {
                 Ok(Err(KafkaError::Transaction(e))) if e.txn_requires_abort() => {
                     return match self.abort(producer).await {
                         Ok(()) => {
-                            metrics::counter!(names::ABORTED, "reason" => "commit_failed")
+                            metrics::counter!(crate::metrics::RELAY_TXN_ABORTED, "reason" => "commit_failed")
                                 .increment(1);
                             Ended::Aborted
                         }

@@ -178,26 +178,14 @@ impl Relay {
     /// Every row of this relay's lanes below it was settled when it was set, except rows of
     /// transactions open longer than `long_transaction`, which [`Relay::sweep`] finds.
     pub fn claim_floor(&self) -> i64 {
-        (self.floor_probe())()
-    }
-
-    /// Every claim floor (one: exactly-once mode claims for all its slots at once too).
-    pub(crate) fn floors(&self) -> Vec<Arc<Mutex<ClaimFloor>>> {
-        vec![self.floor.clone()]
+        self.floor.lock().expect("floor lock").get()
     }
 
     /// A handle reading [`Relay::claim_floor`] after the relay has been moved into
     /// [`Relay::run`] (for tests and monitoring).
     pub(crate) fn floor_probe(&self) -> impl Fn() -> i64 + Send + Sync + 'static {
-        // In exactly-once mode the lowest slot floor: every row below it is settled.
-        let floors = self.floors();
-        move || {
-            floors
-                .iter()
-                .map(|f| f.lock().expect("floor lock").get())
-                .min()
-                .unwrap_or(0)
-        }
+        let floor = self.floor.clone();
+        move || floor.lock().expect("floor lock").get()
     }
 
     /// One sweep: looks below the claim floor for due pending rows of this relay's lanes — rows
@@ -209,13 +197,7 @@ impl Relay {
     /// # Errors
     /// [`RelayError`] when Postgres fails.
     pub async fn sweep(&self) -> Result<Option<i64>, RelayError> {
-        let mut lowest = None;
-        for floor in self.floors() {
-            if let Some(id) = sweep_with(&self.pool, &self.stmts, &floor).await? {
-                lowest = Some(lowest.map_or(id, |l: i64| l.min(id)));
-            }
-        }
-        Ok(lowest)
+        sweep_with(&self.pool, &self.stmts, &self.floor).await
     }
 
     /// The ordering lanes this relay holds (out of the 64 ordering lanes).
@@ -331,14 +313,13 @@ impl Relay {
         after: &HashMap<String, i64>,
         ahead: Option<Ahead>,
     ) -> Result<Claimed, RelayError> {
-        self.claim_in(&self.floor, self.config.batch_size, lanes, after, ahead)
+        self.claim_in(self.config.batch_size, lanes, after, ahead)
             .await
     }
 
-    /// [`Relay::claim`] from a given claim floor (exactly-once mode keeps one per slot).
+    /// [`Relay::claim`] of at most `limit` rows (exactly-once mode claims for all its slots at once).
     pub(crate) async fn claim_in(
         &self,
-        floor: &Arc<Mutex<ClaimFloor>>,
         limit: usize,
         lanes: Vec<i32>,
         after: &HashMap<String, i64>,
@@ -355,7 +336,7 @@ impl Relay {
             writers: sampled.get(1),
         };
         let some_not_due: bool = sampled.get(2);
-        let begin = floor.lock().expect("floor lock").begin(&lanes, sample);
+        let begin = self.floor.lock().expect("floor lock").begin(&lanes, sample);
         let batch = i64::try_from(limit).unwrap_or(i64::MAX);
         metrics::gauge!(crate::metrics::OUTBOX_LANES_OWNED).set(lanes.len() as f64);
         let claim_started = Instant::now();
@@ -423,7 +404,6 @@ impl Relay {
             begin,
             lanes,
             waiting,
-            floor: floor.clone(),
             limit,
         })
     }
@@ -439,7 +419,6 @@ impl Relay {
             rows,
             begin,
             lanes,
-            floor,
             limit,
             ..
         } = claimed;
@@ -537,7 +516,7 @@ impl Relay {
         for l in lags {
             h.record(l);
         }
-        floor.lock().expect("floor lock").finish(bound, left);
+        self.floor.lock().expect("floor lock").finish(bound, left);
         report.sent = sent.len();
         report.backed_off = refused_ids.len();
         if let Some(reason) = deferred_reason {

@@ -12,7 +12,7 @@ use rdkafka::util::Timeout;
 use rdkafka::{Offset, TopicPartitionList};
 use tracing::{info, warn};
 
-use super::exactly::{names, PROGRESS_TAIL, TXN_CALL_TIMEOUT};
+use super::exactly::{PROGRESS_TAIL, TXN_CALL_TIMEOUT};
 use super::lanes::SLOTS;
 use super::*;
 
@@ -82,7 +82,7 @@ impl Relay {
         } else {
             "clean"
         };
-        metrics::counter!(names::RECOVERIES, "outcome" => outcome).increment(1);
+        metrics::counter!(crate::metrics::RELAY_SLOT_RECOVERIES, "outcome" => outcome).increment(1);
         Ok(producer)
     }
 

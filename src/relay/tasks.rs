@@ -45,7 +45,7 @@ pub(super) async fn sweep_with(
 pub(super) async fn sweep_schedule(
     pool: Pool,
     stmts: Arc<Statements>,
-    floors: Vec<Arc<Mutex<ClaimFloor>>>,
+    floor: Arc<Mutex<ClaimFloor>>,
     every: Duration,
     wake: Arc<Notify>,
     cancel: CancellationToken,
@@ -57,12 +57,10 @@ pub(super) async fn sweep_schedule(
             () = cancel.cancelled() => return,
             _ = tick.tick() => {}
         }
-        for floor in &floors {
-            match sweep_with(&pool, &stmts, floor).await {
-                Ok(Some(_)) => wake.notify_one(),
-                Ok(None) => {}
-                Err(e) => debug!(error = %e, "sweep failed; will retry at the next tick"),
-            }
+        match sweep_with(&pool, &stmts, &floor).await {
+            Ok(Some(_)) => wake.notify_one(),
+            Ok(None) => {}
+            Err(e) => debug!(error = %e, "sweep failed; will retry at the next tick"),
         }
     }
 }
@@ -73,7 +71,7 @@ pub(super) async fn sweep_schedule(
 pub(super) async fn listen(
     db: DbConfig,
     wake: Arc<Notify>,
-    floors: Vec<Arc<Mutex<ClaimFloor>>>,
+    floor: Arc<Mutex<ClaimFloor>>,
     cancel: CancellationToken,
     outages: Arc<Outages>,
 ) {
@@ -83,7 +81,7 @@ pub(super) async fn listen(
         let attempt = async {
             let (client, mut conn) = db.pg.connect(db.tls.clone()).await?;
             let notify = wake.clone();
-            let floors = floors.clone();
+            let floor = floor.clone();
             let driver = tokio::spawn(async move {
                 let mut stream = futures::stream::poll_fn(move |cx| conn.poll_message(cx));
                 use futures::StreamExt;
@@ -91,9 +89,7 @@ pub(super) async fn listen(
                     match msg {
                         Ok(tokio_postgres::AsyncMessage::Notification(n)) => {
                             if n.payload() == REWIND_PAYLOAD {
-                                for floor in &floors {
-                                    floor.lock().expect("floor lock").rewind_to(0);
-                                }
+                                floor.lock().expect("floor lock").rewind_to(0);
                             }
                             notify.notify_one();
                         }
@@ -216,7 +212,7 @@ impl Relay {
             tracker.spawn(listen(
                 self.db.clone(),
                 wake.clone(),
-                self.floors(),
+                self.floor.clone(),
                 cancel.clone(),
                 self.outages.clone(),
             ));
@@ -224,7 +220,7 @@ impl Relay {
         tracker.spawn(sweep_schedule(
             self.pool.clone(),
             self.stmts.clone(),
-            self.floors(),
+            self.floor.clone(),
             self.config.sweep_interval,
             wake.clone(),
             cancel.clone(),
@@ -267,21 +263,24 @@ impl Relay {
                 }
             });
         }
-        metrics::gauge!(super::exactly::names::MODE).set(if self.config.exactly_once.is_some() {
-            1.0
-        } else {
-            0.0
-        });
+        metrics::gauge!(crate::metrics::RELAY_EXACTLY_ONCE).set(
+            if self.config.exactly_once.is_some() {
+                1.0
+            } else {
+                0.0
+            },
+        );
         {
             // The series exist from the start (at 0, in either mode), so the abort alert's
             // sums and the dashboard see them.
-            use super::exactly::names;
-            metrics::counter!(names::COMMITTED).increment(0);
+            metrics::counter!(crate::metrics::RELAY_TXN_COMMITTED).increment(0);
             for reason in ["fenced", "fatal", "ambiguous"] {
-                metrics::counter!(names::UNKNOWN, "reason" => reason).increment(0);
+                metrics::counter!(crate::metrics::RELAY_TXN_UNKNOWN, "reason" => reason)
+                    .increment(0);
             }
             for reason in ["undelivered", "refused", "commit_failed"] {
-                metrics::counter!(names::ABORTED, "reason" => reason).increment(0);
+                metrics::counter!(crate::metrics::RELAY_TXN_ABORTED, "reason" => reason)
+                    .increment(0);
             }
         }
         info!(schema = %self.db.schema, batch_size = self.config.batch_size, exactly_once = self.config.exactly_once.is_some(), "relay started");

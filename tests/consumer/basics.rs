@@ -1229,27 +1229,6 @@ async fn a_backlog_of_per_message_work_shares_transactions_and_a_failure_rolls_b
     );
 }
 
-/// Moves `group`'s committed offset of `topic`'s partition 0 back to 0 (as if the consumer had
-/// died before committing), so the next consumer of the group redelivers everything.
-async fn rewind_group(group: &str, topic: &str) {
-    let (group, topic) = (group.to_owned(), topic.to_owned());
-    tokio::task::spawn_blocking(move || {
-        use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer as _};
-        let c: BaseConsumer = rdkafka::ClientConfig::new()
-            .set("bootstrap.servers", bootstrap())
-            .set("group.id", &group)
-            .set("enable.auto.commit", "false")
-            .create()
-            .unwrap();
-        let mut tpl = rdkafka::TopicPartitionList::new();
-        tpl.add_partition_offset(&topic, 0, rdkafka::Offset::Offset(0))
-            .unwrap();
-        c.commit(&tpl, CommitMode::Sync).unwrap();
-    })
-    .await
-    .unwrap();
-}
-
 /// Dead letters written once across a crash *between* the broker's append and the consumer's
 /// record of it (`dead_lettered`, V11): the row is put back to the state such a crash leaves —
 /// an intent naming the dead-letter partition and its end offset before the write — and the
@@ -1307,7 +1286,7 @@ async fn an_intent_left_by_a_crash_mid_write_is_resolved_from_the_dead_letter_pa
             )
             .await
             .unwrap();
-            rewind_group(&s.group, &s.topic).await;
+            rewind_group(&s.group, &s.topic, 1).await;
         }
     };
 

@@ -190,29 +190,6 @@ async fn offsets_at_end(group: &str, topic: &str, partitions: i32, end: i64) {
     .await;
 }
 
-/// Moves `group`'s committed offsets of `topic` back to 0 — what a consumer that died before
-/// committing leaves — so the next one redelivers everything it had handled.
-async fn rewind(group: &str, topic: &str, partitions: i32) {
-    let (group, topic) = (group.to_owned(), topic.to_owned());
-    tokio::task::spawn_blocking(move || {
-        use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer as _};
-        let c: BaseConsumer = rdkafka::ClientConfig::new()
-            .set("bootstrap.servers", bootstrap())
-            .set("group.id", &group)
-            .set("enable.auto.commit", "false")
-            .create()
-            .unwrap();
-        let mut tpl = rdkafka::TopicPartitionList::new();
-        for p in 0..partitions {
-            tpl.add_partition_offset(&topic, p, rdkafka::Offset::Offset(0))
-                .unwrap();
-        }
-        c.commit(&tpl, CommitMode::Sync).unwrap();
-    })
-    .await
-    .unwrap();
-}
-
 /// Dedupe, retries, dead letters and a swallowed error; then the group's offsets are rewound
 /// (a crash before the commit) and a new consumer redelivers everything: nothing is handled
 /// twice.
@@ -311,7 +288,7 @@ async fn dedupe_retries_dead_letters_and_redelivery(drv: Drv) {
     );
 
     // The crash before the offsets were committed: everything comes again.
-    rewind(&group, &s.topic, 2).await;
+    rewind_group(&group, &s.topic, 2).await;
     let r = start(consumer(&s, drv, config).await);
     wait_until(
         Duration::from_secs(60),

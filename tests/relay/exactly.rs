@@ -11,10 +11,6 @@ use std::time::{Duration, Instant};
 use outbox::{Message, Relay};
 use outbox_testkit::*;
 
-async fn count_committed(topic: &str, ids: &HashSet<String>) -> Delivery {
-    delivery(&bootstrap(), topic, ids).await
-}
-
 /// Enqueues `n` rows over `keys` keys, `per_tx` per transaction, numbered from `from` (the
 /// per-key order check reads `seq`).
 async fn enqueue(
@@ -188,7 +184,7 @@ async fn crash_at(point: &str, exactly_once: bool) -> Delivery {
         }
         eprintln!("{point}: recoveries that marked rows: {recovered}");
     }
-    let counts = count_committed(&s.topic, &ids).await;
+    let counts = delivery(&bootstrap(), &s.topic, &ids).await;
     eprintln!("crash at {point} (exactly-once {exactly_once}): {counts:?}");
     counts
 }
@@ -241,7 +237,7 @@ async fn sigkills_and_handovers_on_a_steady_stream_duplicate_nothing() {
     }
     let ids: HashSet<String> = writer.await.unwrap().into_iter().collect();
     all_sent(&s, Duration::from_secs(120)).await;
-    let counts = count_committed(&s.topic, &ids).await;
+    let counts = delivery(&bootstrap(), &s.topic, &ids).await;
     eprintln!("{kills} SIGKILLs on a steady stream: {counts:?}");
     assert!(kills >= 3, "{kills}");
     assert_eq!(counts.records, ids.len(), "{counts:?}");
@@ -277,7 +273,7 @@ async fn a_frozen_relay_that_wakes_after_its_slots_moved_publishes_nothing_twice
     Command::new("kill").args(["-CONT", &pid]).status().unwrap();
     // Awake: whatever it had in flight is fenced; give it time to try.
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let counts = count_committed(&s.topic, &ids).await;
+    let counts = delivery(&bootstrap(), &s.topic, &ids).await;
     eprintln!("zombie: {counts:?}");
     assert_eq!(counts.records, ids.len(), "{counts:?}");
     assert!(counts.exactly_once(), "{counts:?}");
@@ -328,7 +324,7 @@ async fn each_batch_writes_a_progress_record_naming_its_ids() {
         let slot = r.json()["slot"].as_i64().unwrap() as i32;
         assert_eq!(r.partition, slot, "slot k's records in partition k");
     }
-    let counts = count_committed(&s.topic, &ids.into_iter().collect()).await;
+    let counts = delivery(&bootstrap(), &s.topic, &ids.into_iter().collect()).await;
     assert!(counts.exactly_once() && counts.records == 300, "{counts:?}");
     drop(relay);
     // A new owner: fences, recovers (nothing to mark), publishes what comes next.

@@ -242,6 +242,29 @@ pub async fn read_all_from(servers: &str, topic: &str) -> Vec<Record> {
     .unwrap()
 }
 
+/// Moves `group`'s committed offsets of `topic`'s partitions `0..partitions` back to 0 — what
+/// a consumer that died before committing leaves — so the group's next consumer redelivers
+/// everything it had handled.
+pub async fn rewind_group(group: &str, topic: &str, partitions: i32) {
+    let (group, topic) = (group.to_owned(), topic.to_owned());
+    tokio::task::spawn_blocking(move || {
+        let c: BaseConsumer = ClientConfig::new()
+            .set("bootstrap.servers", bootstrap())
+            .set("group.id", &group)
+            .set("enable.auto.commit", "false")
+            .create()
+            .unwrap();
+        let mut tpl = TopicPartitionList::new();
+        for p in 0..partitions {
+            tpl.add_partition_offset(&topic, p, Offset::Offset(0))
+                .unwrap();
+        }
+        c.commit(&tpl, rdkafka::consumer::CommitMode::Sync).unwrap();
+    })
+    .await
+    .unwrap();
+}
+
 /// Every record a `read_committed` consumer sees in the topic, read to the end of each
 /// partition: records of aborted (or still open) Kafka transactions are not among them.
 pub async fn read_committed(topic: &str) -> Vec<Record> {
