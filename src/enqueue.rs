@@ -41,6 +41,12 @@ pub enum EnqueueError {
     /// The INSERT failed; the caller's transaction is now aborted and must be rolled back.
     #[error("postgres: {0}")]
     Postgres(#[from] tokio_postgres::Error),
+    /// The payload breaks its topic's schema, or the schema could not be had (the registry
+    /// unreachable: [`crate::schemas::SchemaError::is_unavailable`]). Nothing was written;
+    /// the caller's transaction is intact and may roll back or go on.
+    #[cfg(feature = "schemas")]
+    #[error("schema: {0}")]
+    Schema(#[from] crate::schemas::SchemaError),
     /// The INSERT failed through sqlx (`outbox::sqlx`); the caller's transaction is now
     /// aborted and must be rolled back.
     #[cfg(feature = "sqlx")]
@@ -56,6 +62,8 @@ impl EnqueueError {
             Self::Postgres(e) => crate::classify::postgres_is_transient(e),
             #[cfg(feature = "sqlx")]
             Self::Sqlx(e) => crate::classify::sqlx_is_transient(e),
+            #[cfg(feature = "schemas")]
+            Self::Schema(e) => e.is_unavailable(),
             _ => false,
         }
     }
@@ -122,6 +130,8 @@ pub async fn enqueue_batch<C: GenericClient>(
 pub struct Enqueuer {
     single: String,
     batch: String,
+    #[cfg(feature = "schemas")]
+    schemas: Option<crate::schemas::Schemas>,
 }
 
 impl Enqueuer {
@@ -131,7 +141,33 @@ impl Enqueuer {
         Self {
             single: s.enqueue,
             batch: s.enqueue_batch,
+            #[cfg(feature = "schemas")]
+            schemas: None,
         }
+    }
+
+    /// Checks each payload against its topic's registered schema before writing (topics
+    /// without a format are not checked): a broken contract is [`EnqueueError::Schema`] and
+    /// nothing is written, so the business transaction can roll back. The schema is cached
+    /// and refreshed on [`crate::schemas::SchemaConfig::refresh`]'s schedule.
+    #[cfg(feature = "schemas")]
+    pub fn with_schemas(mut self, schemas: crate::schemas::Schemas) -> Self {
+        self.schemas = Some(schemas);
+        self
+    }
+
+    /// The contract check of `msgs` (see [`Enqueuer::with_schemas`]).
+    #[cfg_attr(not(feature = "schemas"), allow(clippy::unused_async, unused_variables))]
+    pub(crate) async fn check(&self, msgs: &[Message]) -> Result<(), EnqueueError> {
+        #[cfg(feature = "schemas")]
+        if let Some(s) = &self.schemas {
+            for m in msgs {
+                if let Some(p) = m.stored_payload() {
+                    s.validate(&m.topic, p).await?;
+                }
+            }
+        }
+        Ok(())
     }
 
     /// As [`enqueue`], into this schema's outbox.
@@ -143,6 +179,8 @@ impl Enqueuer {
         client: &C,
         msg: &Message,
     ) -> Result<(), EnqueueError> {
+        validate(msg)?;
+        self.check(std::slice::from_ref(msg)).await?;
         insert_one(client, &self.single, msg).await
     }
 
@@ -155,6 +193,10 @@ impl Enqueuer {
         client: &C,
         msgs: &[Message],
     ) -> Result<u64, EnqueueError> {
+        for m in msgs {
+            validate(m)?;
+        }
+        self.check(msgs).await?;
         insert_many(client, &self.batch, msgs).await
     }
 

@@ -61,6 +61,8 @@ impl Enqueuer {
     where
         E: Executor<'c, Database = Postgres>,
     {
+        crate::enqueue::validate(msg)?;
+        self.check(std::slice::from_ref(msg)).await?;
         insert_one(executor, self.single_sql(), msg).await
     }
 
@@ -76,6 +78,10 @@ impl Enqueuer {
     where
         E: Executor<'c, Database = Postgres>,
     {
+        for m in msgs {
+            crate::enqueue::validate(m)?;
+        }
+        self.check(msgs).await?;
         insert_many(executor, self.batch_sql(), msgs).await
     }
 }
