@@ -49,6 +49,12 @@ pub enum RefusalReason {
     MessageTooLarge,
     /// Any other refusal.
     Refused,
+    /// The topic's schema cannot be had: no such subject, a schema that does not compile or
+    /// is of another format (backed off like any refusal until the registry holds it).
+    Schema,
+    /// The payload breaks the topic's schema: the row fails at once (nothing retried can
+    /// change it); `outbox requeue` after the fix.
+    Contract,
 }
 
 impl RefusalReason {
@@ -70,6 +76,8 @@ impl RefusalReason {
             Self::UnknownTopic => "unknown_topic",
             Self::MessageTooLarge => "message_too_large",
             Self::Refused => "refused",
+            Self::Schema => "schema",
+            Self::Contract => "contract",
         }
     }
 }

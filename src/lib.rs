@@ -110,6 +110,14 @@ mod republish;
 mod schema;
 #[cfg(feature = "schemas")]
 pub mod schemas;
+
+/// The schema id of a payload in the Confluent wire format (magic byte 0, 4-byte id); a JSON
+/// text never starts with byte 0.
+#[cfg_attr(not(feature = "consumer"), allow(dead_code))]
+pub(crate) fn schemas_frame_id(payload: &[u8]) -> Option<u32> {
+    (payload.len() >= 5 && payload[0] == 0)
+        .then(|| u32::from_be_bytes([payload[1], payload[2], payload[3], payload[4]]))
+}
 mod sql;
 #[cfg(feature = "sqlx")]
 pub mod sqlx;

@@ -84,6 +84,13 @@ pub struct ConsumerConfig {
     /// transaction, commit groups, retries, dead letters, the breaker) is the runtime's, the
     /// driver only opens, marks and commits.
     pub driver: Driver,
+    /// The schema registry, for topics whose records are framed (Avro, Protobuf, JSON Schema
+    /// in the Confluent wire format): each is decoded before dispatch. A record whose schema
+    /// the registry does not have, or that does not decode, is a decode dead letter naming
+    /// why; while the registry is unreachable records are held (no attempt spent), never
+    /// dead-lettered. Without it a framed record is a decode dead letter.
+    #[cfg(feature = "schemas")]
+    pub schemas: Option<crate::schemas::Schemas>,
 }
 
 /// The Postgres driver of a consumer's handler transactions.
@@ -150,6 +157,8 @@ impl ConsumerConfig {
             commit_group: DEFAULT_COMMIT_GROUP,
             cleanup: Some(super::MarksCleanup::default()),
             driver: Driver::TokioPostgres,
+            #[cfg(feature = "schemas")]
+            schemas: None,
         }
     }
 

@@ -187,9 +187,15 @@ impl Runtime<'_> {
             let shared = self.shared.clone();
             let done = done_tx.clone();
             tokio::spawn(async move {
+                let resolved = {
+                    let mut envs: Vec<&mut Envelope> = batch.iter_mut().map(|(_, e)| e).collect();
+                    super::schemas::resolve(&mut envs, &shared).await
+                };
                 let envs: Vec<&Envelope> = batch.iter().map(|(_, e)| e).collect();
                 let work = async {
-                    if drain {
+                    if !resolved {
+                        vec![Fate::Abandoned; envs.len()]
+                    } else if drain {
                         vec![process_drain(envs[0], &shared).await]
                     } else if envs.len() == 1 {
                         vec![process(envs[0], &shared).await]

@@ -280,14 +280,17 @@ pub struct Delivered {
     pub key: Option<Vec<u8>>,
     /// Every header, in order, as sent.
     pub headers: Vec<(String, Option<Vec<u8>>)>,
-    /// The raw body.
+    /// The raw body (for a topic with a schema, the framed bytes as read).
     pub payload: Vec<u8>,
     /// The `message_type` header.
     pub message_type: String,
     /// The `message_id` header: the dedupe key.
     pub message_id: String,
-    /// The body parsed as JSON.
+    /// The body as JSON: parsed, or for a framed payload (Avro, Protobuf, JSON Schema in the
+    /// Confluent wire format) decoded through the schema registry before dispatch.
     pub body: serde_json::Value,
+    /// The registry's schema id, for a framed payload.
+    pub schema_id: Option<u32>,
     /// Retry-topic hops so far (`x-retry-attempt`), 0 on the main topic.
     pub retry_attempt: u32,
     /// A tombstone (null value: the delete marker of a compacted topic). Its `payload` is

@@ -251,7 +251,7 @@ impl Harness {
             seen(&stats.duplicates),
             seen(&stats.in_place_retries),
         );
-        let env = Envelope {
+        let mut env = Envelope {
             raw,
             epoch: 0,
             due: None,
@@ -259,6 +259,9 @@ impl Harness {
             decoded,
             drain: false,
         };
+        if !super::schemas::resolve(&mut [&mut env], &self.shared).await {
+            return Verdict::Abandoned;
+        }
         if let Fate::Abandoned = process(&env, &self.shared).await {
             return Verdict::Abandoned;
         }

@@ -39,6 +39,7 @@ mod process;
 mod record;
 mod retry;
 mod runtime;
+mod schemas;
 mod setup;
 #[cfg(feature = "sqlx")]
 mod sqlx;
@@ -161,6 +162,9 @@ struct Shared {
     dead_lettered: DeadLetterLog,
     /// One log line per outage of the consumer's database.
     pg_outage: crate::outage::Outage,
+    /// One log line per outage of the schema registry.
+    #[cfg_attr(not(feature = "schemas"), allow(dead_code))]
+    registry_outage: crate::outage::Outage,
     /// Answered calls of call handlers waiting for their marks.
     marks: call::Marks,
     /// A call handler is registered (fixed at start: it sizes the pool, starts the mark

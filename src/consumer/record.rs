@@ -106,9 +106,21 @@ pub(super) fn decode(raw: &Raw, origin: &Origin) -> Result<Delivered, String> {
                 "message_id header longer than {MAX_MESSAGE_ID_LEN} bytes"
             ));
         }
-        let body = serde_json::from_slice(raw.payload.as_deref().unwrap_or_default())
-            .map_err(|e| format!("body is not valid JSON: {e}"))?;
-        (kind, id, body)
+        let payload = raw.payload.as_deref().unwrap_or_default();
+        if crate::schemas_frame_id(payload).is_some() {
+            // Framed (Confluent wire format): decoded through the registry before dispatch
+            // (`schemas.rs`), the body filled in there.
+            (kind, id, serde_json::Value::Null)
+        } else {
+            let body = serde_json::from_slice(payload)
+                .map_err(|e| format!("body is not valid JSON: {e}"))?;
+            (kind, id, body)
+        }
+    };
+    let schema_id = if tombstone {
+        None
+    } else {
+        crate::schemas_frame_id(raw.payload.as_deref().unwrap_or_default())
     };
     Ok(Delivered {
         topic: origin.topic.clone(),
@@ -121,6 +133,7 @@ pub(super) fn decode(raw: &Raw, origin: &Origin) -> Result<Delivered, String> {
         message_type,
         message_id,
         body,
+        schema_id,
         retry_attempt: origin.hop,
         tombstone,
     })

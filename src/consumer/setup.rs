@@ -158,6 +158,7 @@ impl Consumer {
             breakers: self.breakers,
             freshness: self.freshness,
             pg_outage: crate::outage::Outage::new("postgres", "consumer"),
+            registry_outage: crate::outage::Outage::new("schema registry", "consumer"),
             marks: call::Marks::default(),
             has_calls,
         }

@@ -51,6 +51,10 @@ pub(crate) enum Fate {
     /// Not sent because an earlier row of the same key failed in this batch: it stays pending
     /// and waits behind that row (per-key order).
     HeldBack,
+    /// Not handed to Kafka because the topic's schema registry is unreachable: stays pending
+    /// with its attempts, its key held back behind it.
+    #[cfg_attr(not(feature = "schemas"), allow(dead_code))]
+    Waiting(String),
 }
 
 /// A claimed batch whose transaction is still open: its rows stay locked (other relays and this

@@ -64,6 +64,12 @@ pub struct RelayConfig {
     /// Publish each row exactly once to `read_committed` readers (`None`, the default:
     /// at-least-once with the idempotent producer). See [`ExactlyOnce`].
     pub exactly_once: Option<ExactlyOnce>,
+    /// Topics with a schema (`format` in the topics file): each row's JSON is encoded into
+    /// the topic's format and framed (see [`crate::schemas`]). A registry that cannot be
+    /// reached leaves the rows pending (no attempt spent); a payload that no longer matches
+    /// its schema fails the row at once with the reason (`outbox requeue` after the fix).
+    #[cfg(feature = "schemas")]
+    pub schemas: Option<crate::schemas::Schemas>,
 }
 
 /// Default [`ExactlyOnce::progress_topic`].
@@ -118,6 +124,8 @@ impl Default for RelayConfig {
             long_transaction: DEFAULT_LONG_TRANSACTION,
             in_flight_batches: DEFAULT_IN_FLIGHT_BATCHES,
             exactly_once: None,
+            #[cfg(feature = "schemas")]
+            schemas: None,
         }
     }
 }

@@ -48,6 +48,8 @@ mod pipeline;
 mod producer;
 mod progress;
 mod reports;
+#[cfg(feature = "schemas")]
+mod schemas;
 mod send;
 mod tasks;
 
@@ -434,7 +436,10 @@ impl Relay {
         let mut sent_topics: HashMap<&str, u64> = HashMap::new();
         let mut lags: Vec<f64> = Vec::new();
         let (mut refused_ids, mut refused_errs) = (Vec::new(), Vec::new());
+        // Rows whose payload breaks their schema: failed at once, no retries.
+        let (mut broken_ids, mut broken_errs) = (Vec::new(), Vec::new());
         let mut deferred_reason = None;
+        let mut waiting_reason = None;
         for (row, fate) in rows.iter().zip(fates) {
             match fate {
                 Fate::Sent => {
@@ -446,9 +451,19 @@ impl Relay {
                     metrics::counter!(crate::metrics::OUTBOX_PUBLISH_FAILURES,
                         "reason" => reason.as_str())
                     .increment(1);
-                    warn!(id = row.id, topic = %row.topic(), error = %err, "kafka refused outbox row; backing it off");
-                    refused_ids.push(row.id);
-                    refused_errs.push(err);
+                    if reason == RefusalReason::Contract {
+                        warn!(id = row.id, topic = %row.topic(), error = %err, "outbox row breaks its topic's schema: failed (requeue it after the fix)");
+                        broken_ids.push(row.id);
+                        broken_errs.push(err);
+                    } else {
+                        warn!(id = row.id, topic = %row.topic(), error = %err, "kafka refused outbox row; backing it off");
+                        refused_ids.push(row.id);
+                        refused_errs.push(err);
+                    }
+                }
+                Fate::Waiting(err) => {
+                    report.deferred += 1;
+                    waiting_reason.get_or_insert(err);
                 }
                 Fate::Deferred(err) => {
                     metrics::counter!(crate::metrics::OUTBOX_PUBLISH_FAILURES, "reason" => "no_report")
@@ -494,6 +509,13 @@ impl Relay {
             }
             Ok(())
         };
+        let fail_now = async {
+            if !broken_ids.is_empty() {
+                c.execute(&mark_failed, &[&broken_ids, &broken_errs, &1i32])
+                    .await?;
+            }
+            Ok(())
+        };
         let probe = async {
             match bound {
                 Some(bound) => Ok(c
@@ -503,8 +525,13 @@ impl Relay {
                 None => Ok(None),
             }
         };
-        let ((), (), left, ()) =
-            futures::try_join!(mark, back_off, probe, c.batch_execute("COMMIT"))?;
+        let ((), (), (), left, ()) = futures::try_join!(
+            mark,
+            back_off,
+            fail_now,
+            probe,
+            c.batch_execute("COMMIT")
+        )?;
         tx.committed();
         self.outages.postgres.ok();
         // Counted once the marks are durable.
@@ -518,7 +545,10 @@ impl Relay {
         }
         self.floor.lock().expect("floor lock").finish(bound, left);
         report.sent = sent.len();
-        report.backed_off = refused_ids.len();
+        report.backed_off = refused_ids.len() + broken_ids.len();
+        if let Some(reason) = waiting_reason {
+            debug!(%reason, "rows left pending while the schema registry is unreachable");
+        }
         if let Some(reason) = deferred_reason {
             // Rows stay pending with their attempts: an outage of the cluster, logged once.
             self.outages.kafka.failed(&format!(

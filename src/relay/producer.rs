@@ -13,6 +13,9 @@ use super::*;
 pub(crate) struct Outages {
     pub postgres: Outage,
     pub kafka: Arc<Outage>,
+    /// The schema registry (topics with a format).
+    #[cfg_attr(not(feature = "schemas"), allow(dead_code))]
+    pub registry: Outage,
 }
 
 impl Outages {
@@ -20,6 +23,7 @@ impl Outages {
         Arc::new(Self {
             postgres: Outage::new("postgres", "relay"),
             kafka: Arc::new(Outage::new("kafka", "relay")),
+            registry: Outage::new("schema registry", "relay"),
         })
     }
 }

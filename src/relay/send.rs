@@ -67,6 +67,8 @@ impl Relay {
         }
         metrics::histogram!(crate::metrics::OUTBOX_BATCH_SIZE).record(rows.len() as f64);
         let topics: HashSet<&str> = rows.iter().map(|r| r.topic()).collect();
+        #[cfg(feature = "schemas")]
+        let codecs = self.codecs(&topics).await;
         let problems = self
             .topic_problems(topics.into_iter().map(str::to_owned).collect())
             .await;
@@ -105,9 +107,24 @@ impl Relay {
                     continue;
                 }
             };
+            #[cfg(feature = "schemas")]
+            let encoded = match self.encode_row(&codecs, row) {
+                Ok(e) => e,
+                Err(fate) => {
+                    if let Some(k) = row.key() {
+                        held.insert(k);
+                    }
+                    fates.push(Some(fate));
+                    continue;
+                }
+            };
+            #[cfg(not(feature = "schemas"))]
+            let encoded: Option<Vec<u8>> = None;
             let mut record =
                 BaseRecord::with_opaque_to(row.topic(), batch.opaque(i)).headers(headers);
-            if let Some(p) = row.payload() {
+            if let Some(e) = &encoded {
+                record = record.payload(e.as_slice());
+            } else if let Some(p) = row.payload() {
                 record = record.payload(p.as_bytes());
             }
             if let Some(k) = row.key() {

@@ -1,0 +1,64 @@
+//! Framed records (the Confluent wire format) decoded through the schema registry before any
+//! handler sees them: `record.rs` leaves their body empty; the message task fills it in here.
+
+use super::runtime::Envelope;
+use super::Shared;
+#[cfg(feature = "schemas")]
+use crate::backoff::Backoff;
+
+/// Decodes every framed record of `envs`. A record that cannot be decoded becomes a decode
+/// failure (dead-lettered by `process`, naming the registry's error); while the registry is
+/// unreachable the task waits with backoff, spending nothing. False when shutdown came first:
+/// the messages are abandoned (their offsets stay before them).
+#[cfg_attr(not(feature = "schemas"), allow(unused_variables))]
+pub(super) async fn resolve(envs: &mut [&mut Envelope], shared: &Shared) -> bool {
+    for env in envs.iter_mut() {
+        let Ok(d) = &mut env.decoded else { continue };
+        let Some(id) = d.schema_id.filter(|_| !d.tombstone && d.body.is_null()) else {
+            continue;
+        };
+        #[cfg(feature = "schemas")]
+        let Some(schemas) = &shared.config.schemas
+        else {
+            env.decoded = Err(format!(
+                "framed payload (schema id {id}) but the consumer has no schema registry configured"
+            ));
+            continue;
+        };
+        #[cfg(not(feature = "schemas"))]
+        {
+            env.decoded = Err(format!(
+                "framed payload (schema id {id}): built without the schemas feature"
+            ));
+            continue;
+        }
+        #[cfg(feature = "schemas")]
+        {
+            let mut outage = Backoff::default();
+            loop {
+                match schemas.decode(&d.payload).await {
+                    Ok(decoded) => {
+                        shared.registry_outage.ok();
+                        d.body = decoded.json;
+                        break;
+                    }
+                    Err(e) if e.is_unavailable() => {
+                        shared.registry_outage.failed(&format!(
+                            "holding framed messages until it is back: {e}"
+                        ));
+                        tokio::select! {
+                            () = shared.cancel.cancelled() => return false,
+                            () = tokio::time::sleep(outage.next_delay()) => {}
+                        }
+                    }
+                    Err(e) => {
+                        shared.registry_outage.ok();
+                        env.decoded = Err(format!("schema id {id}: {e}"));
+                        break;
+                    }
+                }
+            }
+        }
+    }
+    true
+}
