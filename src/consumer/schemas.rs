@@ -43,6 +43,7 @@ pub(super) async fn resolve(envs: &mut [&mut Envelope], shared: &Shared) -> bool
                         break;
                     }
                     Err(e) if e.is_unavailable() => {
+                        super::stats::ConsumerStats::inc(&shared.stats.registry_waits);
                         shared.registry_outage.failed(&format!(
                             "holding framed messages until it is back: {e}"
                         ));

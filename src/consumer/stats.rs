@@ -39,6 +39,9 @@ pub struct ConsumerStats {
     pub foreign_retries: AtomicU64,
     /// Waits for the consumer's database to come back (no retry budget spent).
     pub outage_waits: AtomicU64,
+    /// Waits for an unreachable schema registry before a framed record could be decoded
+    /// (the record held, nothing spent).
+    pub registry_waits: AtomicU64,
 }
 
 impl ConsumerStats {

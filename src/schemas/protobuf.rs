@@ -131,7 +131,7 @@ impl Protobuf {
             json,
             &DeserializeOptions::new().deny_unknown_fields(true),
         )
-        .map_err(|e| SchemaError::Invalid(format!("{}: {e}", desc.full_name())))?;
+        .map_err(|e| SchemaError::Invalid(format!("{}: {}{e}", desc.full_name(), culprit(&desc, json))))?;
         msg.encode(out)
             .map_err(|e| SchemaError::Invalid(format!("{}: {e}", desc.full_name())))?;
         Ok(&[0])
@@ -155,6 +155,26 @@ impl Protobuf {
         )
         .map_err(|e| SchemaError::Invalid(format!("{}: {e}", desc.full_name())))
     }
+}
+
+/// `"field <name>: "` for the first top-level field that does not map on its own (the JSON
+/// mapping's errors do not say where they are).
+fn culprit(desc: &MessageDescriptor, json: &serde_json::Value) -> String {
+    let Some(o) = json.as_object() else {
+        return String::new();
+    };
+    for (k, v) in o {
+        let one = serde_json::Value::Object([(k.clone(), v.clone())].into_iter().collect());
+        let alone = DynamicMessage::deserialize_with_options(
+            desc.clone(),
+            &one,
+            &DeserializeOptions::new().deny_unknown_fields(true),
+        );
+        if alone.is_err() {
+            return format!("field {k}: ");
+        }
+    }
+    String::new()
 }
 
 #[cfg(test)]

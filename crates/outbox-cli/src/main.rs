@@ -55,6 +55,9 @@ enum Command {
     Cleanup(commands::cleanup::Args),
     /// One message's journey: outbox row, each group's outcome, dead letters, replays, audit.
     Trace(commands::trace::Args),
+    /// Schema files as code: check them against the registry's compatibility rule (CI), or
+    /// register them.
+    Schemas(commands::schemas::Args),
     /// Dead letters: archive, summary by cause, list, show, replay jobs, drop, audit.
     Dlq {
         #[command(subcommand)]
@@ -74,6 +77,7 @@ async fn run(cli: Cli, out: &mut dyn std::io::Write) -> anyhow::Result<()> {
         Command::Topics(a) => commands::topics::run(a, out).await,
         Command::Cleanup(a) => commands::cleanup::run(a, out).await,
         Command::Trace(a) => commands::trace::run(a, out).await,
+        Command::Schemas(a) => commands::schemas::run(a, out).await,
         Command::Dlq { action } => commands::dlq::run(action, out).await,
     }
 }

@@ -7,6 +7,7 @@ pub mod hash_token;
 pub mod migrate;
 pub mod relay;
 pub mod requeue;
+pub mod schemas;
 pub mod status;
 pub mod topics;
 pub mod trace;

@@ -72,6 +72,14 @@ pub struct Args {
     /// hold read_committed readers back, unless a new owner fences it sooner.
     #[arg(long, default_value = "30s", value_parser = humantime::parse_duration, requires = "exactly_once")]
     transaction_timeout: Duration,
+    /// The topics file whose `format` entries say which topics carry a schema (Avro,
+    /// Protobuf, JSON Schema): their rows are encoded and framed through the registry.
+    #[arg(long, requires = "schema_registry_url")]
+    topics_file: Option<String>,
+    /// The schema registry's Confluent-compatible API, e.g.
+    /// http://127.0.0.1:18081/apis/ccompat/v7 (with --topics-file).
+    #[arg(long, env = "SCHEMA_REGISTRY_URL")]
+    schema_registry_url: Option<String>,
 }
 
 pub async fn run(args: Args, _out: &mut dyn Write) -> anyhow::Result<()> {
@@ -95,7 +103,17 @@ pub async fn run(args: Args, _out: &mut dyn Write) -> anyhow::Result<()> {
         progress_topic,
         transactional_id_prefix,
         transaction_timeout,
+        topics_file,
+        schema_registry_url,
     } = args;
+    let schemas = match (&topics_file, &schema_registry_url) {
+        (Some(file), Some(url)) => Some(
+            outbox::schemas::SchemaConfig::from_topics_file(url, file)
+                .and_then(outbox::schemas::Schemas::new)
+                .map_err(|e| UsageError(e.to_string()))?,
+        ),
+        _ => None,
+    };
     let db = db_config(&db)?;
     let kafka = kafka_config(&kafka)?;
     let config = {
@@ -118,6 +136,7 @@ pub async fn run(args: Args, _out: &mut dyn Write) -> anyhow::Result<()> {
             eo.transaction_timeout = transaction_timeout;
             c.exactly_once = Some(eo);
         }
+        c.schemas = schemas;
         c
     };
     let relay = Relay::new(&db, &kafka, config).map_err(|e| match e {

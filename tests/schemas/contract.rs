@@ -1,0 +1,205 @@
+//! The contract in the write transaction, the relay's encoding and the consumer's decoding,
+//! for each format, through the real registry.
+
+use std::time::Duration;
+
+use outbox::schemas::{Format, RegistryClient, SchemaError};
+use outbox::{EnqueueError, Enqueuer, Message};
+use serde_json::json;
+
+use super::*;
+
+const AVRO: &str = r#"{"type": "record", "name": "OrderCreated", "namespace": "com.acme",
+  "fields": [{"name": "order_id", "type": "string"}, {"name": "total_cents", "type": "long"},
+             {"name": "note", "type": ["null", "string"], "default": null}]}"#;
+const PROTO: &str = r#"syntax = "proto3";
+package acme;
+message OrderCreated { string order_id = 1; int64 total_cents = 2; string note = 3; }
+"#;
+const JSON_SCHEMA: &str = r#"{"title": "OrderCreated", "type": "object",
+  "required": ["order_id", "total_cents"],
+  "properties": {"order_id": {"type": "string"}, "total_cents": {"type": "integer", "minimum": 0},
+                 "note": {"type": "string"}},
+  "additionalProperties": false}"#;
+
+/// One format end to end: a broken payload refused by `enqueue` with nothing written (the
+/// transaction goes on and commits the good one), the relay's record framed with the
+/// registered id, our consumer handing the JSON view and the id to its handler, and a
+/// consumer without the registry dead-lettering the framed record as a decode failure.
+async fn end_to_end(format: Format, schema: &str) {
+    let db = fresh_db().await;
+    let topic = topic_name();
+    create_topic(&topic, 1).await;
+    create_topic(&format!("{topic}.dlq"), 1).await;
+    let url = registry_url();
+    let id = RegistryClient::new(&url)
+        .unwrap()
+        .register(&format!("{topic}-value"), format, schema)
+        .await
+        .unwrap();
+    let schemas = schemas_for(&url, &[(topic.as_str(), format)]);
+
+    let mut c = client(&db).await;
+    let enq = Enqueuer::new(&db.schema).with_schemas(schemas.clone());
+    let tx = c.transaction().await.unwrap();
+    let good = Message::new(&topic, "order_created", "A-1", json!({"order_id": "A-1", "total_cents": 1500, "note": "hi"}));
+    enq.enqueue(&tx, &good).await.unwrap();
+    let bad = Message::new(&topic, "order_created", "A-2", json!({"order_id": "A-2", "total_cents": "lots"}));
+    match enq.enqueue(&tx, &bad).await {
+        Err(EnqueueError::Schema(SchemaError::Invalid(why))) => {
+            assert!(why.contains("total_cents"), "{format:?}: {why}")
+        }
+        other => panic!("{format:?}: a broken contract must be refused, got {other:?}"),
+    }
+    // Refused before any SQL: the transaction is intact, holding the good row only.
+    let rows = tx
+        .query_one(&format!("SELECT count(*) FROM {}.outbox", db.schema.quoted()), &[])
+        .await
+        .unwrap()
+        .get::<_, i64>(0);
+    assert_eq!(rows, 1, "{format:?}");
+    tx.commit().await.unwrap();
+
+    let mut cfg = relay_config();
+    cfg.schemas = Some(schemas.clone());
+    let relay = outbox::Relay::new(&db, &kafka(), cfg).unwrap();
+    assert_eq!(drain(&relay).await, 1);
+
+    let records = read_all(&topic).await;
+    assert_eq!(records.len(), 1);
+    let payload = &records[0].payload;
+    assert_eq!(payload[0], 0, "{format:?}: magic byte");
+    assert_eq!(u32::from_be_bytes(payload[1..5].try_into().unwrap()), id, "{format:?}: schema id");
+    let decoded = schemas.decode(payload).await.unwrap();
+    assert_eq!(decoded.json["order_id"], "A-1");
+    assert_eq!(decoded.json["total_cents"], 1500);
+
+    let (seen, stats, stop, h) = run_consumer(&db, &topic, "order_created", Some(schemas.clone()));
+    handled(&stats, 1).await;
+    stop.send(()).unwrap();
+    h.await.unwrap().unwrap();
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(seen.len(), 1);
+    assert_eq!(seen[0].0, good.message_id().to_string());
+    assert_eq!(seen[0].1["order_id"], "A-1", "{format:?}: {:?}", seen[0].1);
+    assert_eq!(seen[0].1["total_cents"], 1500);
+    assert_eq!(seen[0].2, Some(id));
+
+    // A consumer without the registry cannot read the framed record: a decode dead letter.
+    let (seen, stats, stop, h) = run_consumer(&db, &topic, "order_created", None);
+    wait_until(Duration::from_secs(60), "the framed record dead-lettered", || async {
+        stats.decode_errors.load(std::sync::atomic::Ordering::Relaxed) == 1
+    })
+    .await;
+    stop.send(()).unwrap();
+    h.await.unwrap().unwrap();
+    assert!(seen.lock().unwrap().is_empty());
+    let letters = read_all(&format!("{topic}.dlq")).await;
+    assert_eq!(letters.len(), 1);
+    assert!(letters[0].headers["x-error"].contains("no schema registry"), "{:?}", letters[0].headers);
+    assert_eq!(&letters[0].payload, payload, "the letter's body is the framed original");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn avro_end_to_end() {
+    end_to_end(Format::Avro, AVRO).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn protobuf_end_to_end() {
+    end_to_end(Format::Protobuf, PROTO).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_schema_end_to_end() {
+    end_to_end(Format::JsonSchema, JSON_SCHEMA).await;
+}
+
+/// A row written by a service that did not check (or before the schema changed) no longer
+/// matches at relay time: it fails at once with the reason, nothing reaches the topic; once
+/// the schema accepts it (a compatible new version), a requeue publishes it under the new id.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_row_that_breaks_its_schema_fails_with_the_reason_and_goes_after_the_fix() {
+    let db = fresh_db().await;
+    let topic = topic_name();
+    create_topic(&topic, 1).await;
+    let url = registry_url();
+    let registry = RegistryClient::new(&url).unwrap();
+    let subject = format!("{topic}-value");
+    let v1 = registry.register(&subject, Format::Avro, AVRO).await.unwrap();
+    let mut config = outbox::schemas::SchemaConfig::from_topics_toml(&url, "").unwrap();
+    config.topics.insert(
+        topic.clone(),
+        outbox::schemas::TopicSchema {
+            format: Format::Avro,
+            naming: outbox::schemas::SubjectNaming::Topic,
+        },
+    );
+    config.refresh = Duration::ZERO;
+    let schemas = outbox::schemas::Schemas::new(config).unwrap();
+
+    // Enqueued without the check: total_cents is missing.
+    let mut c = client(&db).await;
+    let tx = c.transaction().await.unwrap();
+    outbox::Enqueuer::new(&db.schema)
+        .enqueue(&tx, &Message::new(&topic, "order_created", "A-3", json!({"order_id": "A-3"})))
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+
+    let mut cfg = relay_config();
+    cfg.schemas = Some(schemas.clone());
+    let relay = outbox::Relay::new(&db, &kafka(), cfg).unwrap();
+    let _ = relay.run_once().await.unwrap();
+    let row = c
+        .query_one(&format!("SELECT status, attempts, last_error FROM {}.outbox", db.schema.quoted()), &[])
+        .await
+        .unwrap();
+    assert_eq!(row.get::<_, String>(0), "failed", "failed at once, no retries");
+    assert_eq!(row.get::<_, i32>(1), 1);
+    let why: String = row.get(2);
+    assert!(why.contains("total_cents") && why.contains(&format!("schema id {v1}")), "{why}");
+    assert_eq!(topic_len(&topic).await, 0);
+
+    // The fix: a compatible version gives total_cents a default; then requeue.
+    let v2 = registry
+        .register(&subject, Format::Avro, &AVRO.replace(r#""type": "long"}"#, r#""type": "long", "default": 0}"#))
+        .await
+        .unwrap();
+    assert_ne!(v1, v2);
+    outbox::requeue(&db, outbox::Requeue::AllFailed).await.unwrap();
+    // Below the claim floor now: a running relay's sweep (or the requeue's notice) brings
+    // the next claim back down to it.
+    relay.sweep().await.unwrap();
+    assert_eq!(drain(&relay).await, 1);
+    let records = read_all(&topic).await;
+    assert_eq!(u32::from_be_bytes(records[0].payload[1..5].try_into().unwrap()), v2);
+    assert_eq!(schemas.decode(&records[0].payload).await.unwrap().json["total_cents"], 0);
+}
+
+/// A topic whose subject the registry does not hold: the row is backed off (attempts spent,
+/// the reason kept), not failed for good and not sent as plain JSON.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subject_the_registry_lacks_backs_the_row_off() {
+    let db = fresh_db().await;
+    let topic = topic_name();
+    create_topic(&topic, 1).await;
+    let schemas = schemas_for(&registry_url(), &[(topic.as_str(), Format::Avro)]);
+    let c = client(&db).await;
+    outbox::Enqueuer::new(&db.schema)
+        .enqueue(&c, &Message::new(&topic, "order_created", "A-4", json!({"order_id": "A-4"})))
+        .await
+        .unwrap();
+    let mut cfg = relay_config();
+    cfg.schemas = Some(schemas);
+    let relay = outbox::Relay::new(&db, &kafka(), cfg).unwrap();
+    let _ = relay.run_once().await.unwrap();
+    let row = c
+        .query_one(&format!("SELECT status, attempts, last_error FROM {}.outbox", db.schema.quoted()), &[])
+        .await
+        .unwrap();
+    assert_eq!(row.get::<_, String>(0), "pending");
+    assert_eq!(row.get::<_, i32>(1), 1);
+    assert!(row.get::<_, String>(2).contains("40401"), "{}", row.get::<_, String>(2));
+    assert_eq!(topic_len(&topic).await, 0);
+}
