@@ -32,7 +32,7 @@
 //! | `dlq` | yes | [`dlq`]: the dead-letter archive, summary, replay jobs, drop, audit |
 //! | `prometheus` | yes (by `admin`) | [`metrics::install`], [`metrics::router`], [`metrics::serve`] |
 //! | `admin` | yes | [`admin`]: the HTTP admin API and the dashboard |
-//! | `schemas` | no | [`schemas`]: per-topic Avro, Protobuf and JSON Schema in the Confluent wire format through a schema registry; the contract checked by `enqueue` ([`Enqueuer::with_schemas`]), encoded by the relay, decoded by the consumer |
+//! | `schemas` | no | `outbox::schemas`: per-topic Avro, Protobuf and JSON Schema in the Confluent wire format through a schema registry; the contract checked by `enqueue` (`Enqueuer::with_schemas`), encoded by the relay, decoded by the consumer |
 //! | `sqlx` | no | `outbox::sqlx` (enqueue into an sqlx transaction), `Inbox::mark_sqlx`, and with `consumer` handler transactions on the service's `PgPool` (`consumer::Driver::Sqlx`) |
 //!
 //! A service that only writes events depends on
@@ -63,7 +63,7 @@
 //! | `trace` | core | W3C `traceparent`: carried to Kafka, parent of the consumer's handler span |
 //! | `classify` | core | transient vs permanent Postgres errors (tokio-postgres and sqlx) |
 //! | `sqlx` | `sqlx` | `outbox::sqlx::enqueue` into an sqlx transaction or connection; the consumer's sqlx driver lives in `consumer/sqlx.rs` |
-//! | `schemas` | `schemas` | [`schemas::Schemas`]: the registry client and its caches (`registry.rs`), the Confluent frame (`frame.rs`), one file per format (`avro.rs`, `protobuf.rs`, `json_schema.rs`), schema files for `outbox schemas register/check` (`files.rs`) |
+//! | `schemas` | `schemas` | `schemas::Schemas`: the registry client and its caches (`registry.rs`), the Confluent frame (`frame.rs`), one file per format (`avro.rs`, `protobuf.rs`, `json_schema.rs`), schema files for `outbox schemas register/check` (`files.rs`) |
 //! | `db`, `backoff`, `outage` | core | connections; capped backoff; one log line per outage (private) |
 //! | `kafka` | `kafka` | the idempotent producer preset, librdkafka callbacks, typed refusal reasons (private) |
 //! | `topics` | `kafka` | [`topics::apply_file`]: topics as code (main, retry chain, DLQ) |

@@ -58,6 +58,7 @@ impl Handler for Recorder {
 }
 
 /// Runs a consumer of `topic` (handler for `message_type`) until `stop` fires.
+#[allow(clippy::type_complexity)]
 pub fn run_consumer(
     db: &outbox::DbConfig,
     topic: &str,
