@@ -9,14 +9,14 @@ use serde_json::json;
 
 use super::*;
 
-const AVRO: &str = r#"{"type": "record", "name": "OrderCreated", "namespace": "com.acme",
+pub(crate) const AVRO: &str = r#"{"type": "record", "name": "OrderCreated", "namespace": "com.acme",
   "fields": [{"name": "order_id", "type": "string"}, {"name": "total_cents", "type": "long"},
              {"name": "note", "type": ["null", "string"], "default": null}]}"#;
-const PROTO: &str = r#"syntax = "proto3";
+pub(crate) const PROTO: &str = r#"syntax = "proto3";
 package acme;
 message OrderCreated { string order_id = 1; int64 total_cents = 2; string note = 3; }
 "#;
-const JSON_SCHEMA: &str = r#"{"title": "OrderCreated", "type": "object",
+pub(crate) const JSON_SCHEMA: &str = r#"{"title": "OrderCreated", "type": "object",
   "required": ["order_id", "total_cents"],
   "properties": {"order_id": {"type": "string"}, "total_cents": {"type": "integer", "minimum": 0},
                  "note": {"type": "string"}},

@@ -4,6 +4,7 @@
 //! format, the consumer decoding them, and a registry that goes down and comes back.
 
 mod contract;
+mod interop;
 mod outage;
 
 use std::sync::{Arc, Mutex};
