@@ -4,6 +4,9 @@
 //! transaction) → msgs/s, each next to pgbench's single-insert commit rate from 16 clients
 //! against the same Postgres in the same run.
 //!
+//! Then the batched handler over the same messages as plain JSON, Avro and Protobuf
+//! (`consumer_formats`: each format's rate as a ratio to JSON's, in the same run).
+//!
 //! `cargo bench --bench consumer` (env: ROWS=200000, ROWS_C1=20000, MAX_BATCH=500).
 
 #[path = "support/mod.rs"]
@@ -91,6 +94,21 @@ async fn run(
     max_batch: usize,
     commit_group: usize,
 ) -> serde_json::Value {
+    run_with(db, topic, rows, mode, concurrency, max_batch, commit_group, None).await
+}
+
+/// [`run`], decoding framed records through `schemas`.
+#[allow(clippy::too_many_arguments)]
+async fn run_with(
+    db: &outbox::DbConfig,
+    topic: &str,
+    rows: usize,
+    mode: &str,
+    concurrency: usize,
+    max_batch: usize,
+    commit_group: usize,
+    schemas: Option<outbox::schemas::Schemas>,
+) -> serde_json::Value {
     let table = format!("charges_{}", rand_name(6));
     let c = outbox::connect(db).await.unwrap();
     c.batch_execute(&format!(
@@ -103,6 +121,7 @@ async fn run(
     cfg.concurrency = concurrency;
     cfg.commit_group = commit_group;
     cfg.max_buffered = param("MAX_BUFFERED", cfg.max_buffered);
+    cfg.schemas = schemas;
     let consumer = Consumer::new(db, &kafka(), cfg).unwrap();
     let consumer = if max_batch > 1 {
         consumer.batch_handler("order_created", max_batch, Charge(table.clone()))
@@ -181,6 +200,40 @@ async fn main() {
     drop_schema(&db).await;
     delete_topic(&topic).await;
     delete_topic(&format!("{topic}.dlq")).await;
+    formats(rows, max_batch).await;
+}
+
+/// The batched handler (the fastest path, where decoding weighs most) over the same messages
+/// published as plain JSON, Avro and Protobuf: each schema format's rate as a ratio to JSON's,
+/// measured in the same run.
+async fn formats(rows: usize, max_batch: usize) {
+    let group = outbox::consumer::DEFAULT_COMMIT_GROUP;
+    let mut rates = Vec::new();
+    for f in FORMATS {
+        let db = fresh_db().await;
+        let topic = format!("bench.{}.created", rand_name(8));
+        create_topic(&topic, 6).await;
+        create_topic(&format!("{topic}.dlq"), 6).await;
+        let schemas = bench_schemas(&topic, f).await;
+        fill_outbox(&db, &topic, rows, 1000).await;
+        let mut rc = outbox::RelayConfig::default();
+        rc.schemas = schemas.clone();
+        let relay = outbox::Relay::new(&db, &kafka(), rc).unwrap();
+        while let outbox::Outcome::Published(_) = relay.run_once().await.unwrap() {}
+        let r = run_with(&db, &topic, rows, "batched", 16, max_batch, group, schemas).await;
+        rates.push(r["msgs_per_sec"].as_f64().unwrap());
+        drop_schema(&db).await;
+        delete_topic(&topic).await;
+        delete_topic(&format!("{topic}.dlq")).await;
+    }
+    emit(
+        "consumer_formats",
+        serde_json::json!({"messages": rows, "partitions": 6, "keys": 1000, "mode": "batched", "concurrency": 16, "max_batch": max_batch}),
+        serde_json::json!({
+            "json_msgs_per_sec": rates[0], "avro_msgs_per_sec": rates[1], "protobuf_msgs_per_sec": rates[2],
+            "avro_to_json": round2(rates[1] / rates[0]), "protobuf_to_json": round2(rates[2] / rates[0]),
+        }),
+    );
 }
 
 /// pgbench, 16 clients, each transaction one INSERT into a fresh table, for `secs` seconds:

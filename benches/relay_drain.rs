@@ -20,7 +20,9 @@
 //! PG_DELAY_MS=0; ONLY_RELAYS=N runs just the N-relay drain three times, to compare two
 //! builds; ONLY_EXACTLY_ONCE=1 runs idempotent and exactly-once drains in three pairs);
 //! smoke size under cargo test (through a 1 ms proxy). The full run also prints the
-//! exactly-once relay (`relay_drain_exactly_once`) next to the idempotent one.
+//! exactly-once relay (`relay_drain_exactly_once`) next to the idempotent one, and Avro and
+//! Protobuf topics (`relay_drain_formats`, rows encoded through the schema registry) next to
+//! plain JSON; ONLY_FORMATS=1 runs just those, three rounds.
 
 #[path = "support/mod.rs"]
 mod support;
@@ -42,14 +44,18 @@ struct Setup {
     in_flight: usize,
     analyze: bool,
     exactly_once: bool,
+    /// The topic's payload format (rows encoded through the registry unless plain JSON).
+    format: outbox::schemas::Format,
 }
 
 async fn drain_with(s: Setup, rows: usize, batch: usize, keys: usize) -> serde_json::Value {
     let db = fresh_db().await;
     let topic = format!("bench.{}.created", rand_name(8));
     create_topic(&topic, 6).await;
+    let schemas = bench_schemas(&topic, s.format).await;
     let cfg = {
         let mut c = outbox::RelayConfig::default();
+        c.schemas = schemas;
         c.batch_size = batch;
         c.in_flight_batches = s.in_flight;
         if s.exactly_once {
@@ -138,6 +144,7 @@ async fn drain_with(s: Setup, rows: usize, batch: usize, keys: usize) -> serde_j
     serde_json::json!({
         "relays": s.relays,
         "exactly_once": s.exactly_once,
+        "format": format_name(s.format),
         "in_flight_batches": s.in_flight,
         "rows": rows,
         "statistics": if s.analyze { "analyzed" } else { "never analyzed" },
@@ -348,6 +355,41 @@ fn analyzed_setup(relays: usize, in_flight: usize) -> Setup {
         in_flight,
         analyze: true,
         exactly_once: false,
+        format: outbox::schemas::Format::Json,
+    }
+}
+
+/// Plain JSON, Avro and Protobuf drains of the same backlog, one after another, `rounds`
+/// times: each schema format's throughput as a ratio to JSON's in the same round.
+async fn formats(rounds: usize, depth: usize, rows: usize, batch: usize, keys: usize, params: &serde_json::Value) {
+    for _ in 0..rounds {
+        let mut by: Vec<(&str, serde_json::Value)> = Vec::new();
+        for f in FORMATS {
+            let r = drain_with(
+                Setup {
+                    format: f,
+                    ..analyzed_setup(1, depth)
+                },
+                rows,
+                batch,
+                keys,
+            )
+            .await;
+            by.push((format_name(f), r));
+        }
+        let json = rate(&by[0].1);
+        emit(
+            "relay_drain_formats",
+            params.clone(),
+            serde_json::json!({
+                "json_msgs_per_sec": json,
+                "avro_msgs_per_sec": rate(&by[1].1),
+                "protobuf_msgs_per_sec": rate(&by[2].1),
+                "avro_to_json": round2(rate(&by[1].1) / json),
+                "protobuf_to_json": round2(rate(&by[2].1) / json),
+                "cpu_us_per_msg_json_avro_protobuf": [by[0].1["cpu_us_per_msg"], by[1].1["cpu_us_per_msg"], by[2].1["cpu_us_per_msg"]],
+            }),
+        );
     }
 }
 
@@ -404,6 +446,11 @@ async fn main() {
                 drain_with(setup, rows, batch, keys).await,
             );
         }
+        return;
+    }
+    // Schema formats against plain JSON only, three rounds.
+    if std::env::var("ONLY_FORMATS").is_ok() {
+        formats(3, depth, rows, batch, keys, &params).await;
         return;
     }
     // Exactly-once against idempotent only, three pairs back to back (each pair in one run).
@@ -503,6 +550,8 @@ async fn main() {
             "exactly_once_to_ceiling": round2(rate(&exactly) / ceiling),
         }),
     );
+    // Avro and Protobuf (encoded through the registry) next to plain JSON, same backlog.
+    formats(1, depth, rows, batch, keys, &params).await;
     // The user's situation after an outage or a bulk import: a backlog the planner has no
     // statistics for, next to the same backlog analyzed, measured in the same run.
     let stale = drain_with(

@@ -241,3 +241,62 @@ impl Receiver {
         std::mem::take(&mut *self.seen.lock().unwrap())
     }
 }
+
+/// The registry the benches use (`SCHEMA_REGISTRY_URL`, as `dev/env.sh` sets it).
+pub fn registry_url() -> String {
+    std::env::var("SCHEMA_REGISTRY_URL")
+        .unwrap_or_else(|_| "http://127.0.0.1:18081/apis/ccompat/v7".into())
+}
+
+/// The payload format a bench publishes in: plain JSON, or one with a schema.
+pub const FORMATS: [outbox::schemas::Format; 3] = [
+    outbox::schemas::Format::Json,
+    outbox::schemas::Format::Avro,
+    outbox::schemas::Format::Protobuf,
+];
+
+/// Registers the schema of [`fill_outbox`]'s payloads under `<topic>-value` in `format`, and
+/// returns the schemas to hand to a relay or consumer (`None` for plain JSON).
+pub async fn bench_schemas(
+    topic: &str,
+    format: outbox::schemas::Format,
+) -> Option<outbox::schemas::Schemas> {
+    use outbox::schemas::{Format, RegistryClient, SchemaConfig, Schemas, SubjectNaming, TopicSchema};
+    let text = match format {
+        Format::Json => return None,
+        Format::Avro => r#"{"type": "record", "name": "OrderCreated", "namespace": "bench",
+            "fields": [{"name": "order_number", "type": "string"}, {"name": "customer", "type": "string"},
+                       {"name": "total_cents", "type": "long"}, {"name": "currency", "type": "string"},
+                       {"name": "note", "type": "string"}]}"#,
+        Format::Protobuf => "syntax = \"proto3\"; package bench;
+            message OrderCreated { string order_number = 1; string customer = 2; int64 total_cents = 3;
+                                   string currency = 4; string note = 5; }",
+        Format::JsonSchema => r#"{"type": "object", "required": ["order_number", "total_cents"],
+            "properties": {"order_number": {"type": "string"}, "total_cents": {"type": "integer"}}}"#,
+    };
+    let url = registry_url();
+    RegistryClient::new(&url)
+        .unwrap()
+        .register(&format!("{topic}-value"), format, text)
+        .await
+        .expect("the schema registry (dev/registry.sh) is up");
+    let mut c = SchemaConfig::from_topics_toml(&url, "").unwrap();
+    c.topics.insert(
+        topic.to_owned(),
+        TopicSchema {
+            format,
+            naming: SubjectNaming::Topic,
+        },
+    );
+    Some(Schemas::new(c).unwrap())
+}
+
+/// A format's name in a bench's JSON line.
+pub fn format_name(format: outbox::schemas::Format) -> &'static str {
+    match format {
+        outbox::schemas::Format::Json => "json",
+        outbox::schemas::Format::Avro => "avro",
+        outbox::schemas::Format::Protobuf => "protobuf",
+        outbox::schemas::Format::JsonSchema => "json-schema",
+    }
+}

@@ -40,6 +40,7 @@ mod record;
 mod retry;
 mod runtime;
 mod schemas;
+pub use schemas::REGISTRY_DEPENDENCY;
 mod setup;
 #[cfg(feature = "sqlx")]
 mod sqlx;

@@ -6,9 +6,15 @@ use super::Shared;
 #[cfg(feature = "schemas")]
 use crate::backoff::Backoff;
 
+/// The dependency name a registry outage opens the shared breaker under.
+pub const REGISTRY_DEPENDENCY: &str = "schema-registry";
+
 /// Decodes every framed record of `envs`. A record that cannot be decoded becomes a decode
 /// failure (dead-lettered by `process`, naming the registry's error); while the registry is
-/// unreachable the task waits with backoff, spending nothing. False when shutdown came first:
+/// unreachable the task waits with backoff, spending nothing, and — with a breaker configured —
+/// after the breaker's in-place attempts opens it for every replica under
+/// [`REGISTRY_DEPENDENCY`] (their intake paused; the held records are not parked, so no
+/// dead letter is written). False when shutdown came first:
 /// the messages are abandoned (their offsets stay before them).
 #[cfg_attr(not(feature = "schemas"), allow(unused_variables))]
 pub(super) async fn resolve(envs: &mut [&mut Envelope], shared: &Shared) -> bool {
@@ -35,6 +41,7 @@ pub(super) async fn resolve(envs: &mut [&mut Envelope], shared: &Shared) -> bool
         #[cfg(feature = "schemas")]
         {
             let mut outage = Backoff::default();
+            let mut failures = 0u32;
             loop {
                 match schemas.decode(&d.payload).await {
                     Ok(decoded) => {
@@ -47,6 +54,12 @@ pub(super) async fn resolve(envs: &mut [&mut Envelope], shared: &Shared) -> bool
                         shared.registry_outage.failed(&format!(
                             "holding framed messages until it is back: {e}"
                         ));
+                        failures += 1;
+                        if let Some(b) = shared.breaker() {
+                            if failures >= b.config.attempts && !b.is_open(REGISTRY_DEPENDENCY) {
+                                b.open(REGISTRY_DEPENDENCY, &e.to_string()).await;
+                            }
+                        }
                         tokio::select! {
                             () = shared.cancel.cancelled() => return false,
                             () = tokio::time::sleep(outage.next_delay()) => {}

@@ -160,3 +160,77 @@ impl Proxy {
         Self { port, cut }
     }
 }
+
+/// With the shared breaker configured, a registry outage opens it for every replica (under
+/// `schema-registry`) instead of each message waiting on its own; the held records are not
+/// parked (no dead letter), and once the registry answers they are handled and the breaker's
+/// probe closes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_registry_outage_opens_the_shared_breaker_and_parks_nothing() {
+    let db = fresh_db().await;
+    let topic = topic_name();
+    create_topic(&topic, 1).await;
+    create_topic(&format!("{topic}.dlq"), 1).await;
+    let schemas = schemas_for(&registry_url(), &[(topic.as_str(), Format::Avro)]);
+    RegistryClient::new(&registry_url())
+        .unwrap()
+        .register(&format!("{topic}-value"), Format::Avro, SCHEMA)
+        .await
+        .unwrap();
+    let c = client(&db).await;
+    for i in 0..3 {
+        outbox::Enqueuer::new(&db.schema)
+            .enqueue(&c, &Message::new(&topic, "paid", format!("B-{i}"), json!({"order_id": format!("B-{i}")})))
+            .await
+            .unwrap();
+    }
+    let mut cfg = relay_config();
+    cfg.schemas = Some(schemas);
+    assert_eq!(drain(&outbox::Relay::new(&db, &kafka(), cfg).unwrap()).await, 3);
+
+    let proxy = Proxy::start(
+        registry_url()
+            .rsplit_once(':')
+            .and_then(|(_, p)| p.split('/').next())
+            .and_then(|p| p.parse().ok())
+            .expect("the registry URL has a port"),
+    )
+    .await;
+    proxy.cut.store(true, Ordering::SeqCst);
+    let url = format!("http://127.0.0.1:{}/apis/ccompat/v7", proxy.port);
+    let seen: Seen = Default::default();
+    let mut cc = outbox::consumer::ConsumerConfig::new(format!("it-schemas-{}", hex(6)), [&topic]);
+    cc.schemas = Some(schemas_for(&url, &[]));
+    let mut breaker = outbox::consumer::BreakerConfig::default();
+    breaker.open_for = Duration::from_secs(1);
+    breaker.retry_delay = Duration::from_millis(50);
+    cc.breaker = Some(breaker);
+    let group = cc.group.clone();
+    let consumer = outbox::consumer::Consumer::new(&db, &kafka(), cc)
+        .unwrap()
+        .handler("paid", Recorder(seen.clone()));
+    let stats = consumer.stats();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let h = tokio::spawn(consumer.run(async move {
+        let _ = stopped.await;
+    }));
+    let opened = format!(
+        "SELECT count(*) FROM {}.circuit_breakers WHERE consumer_group = '{group}' AND name = '{}'",
+        db.schema.quoted(),
+        outbox::consumer::REGISTRY_DEPENDENCY
+    );
+    wait_until(Duration::from_secs(60), "the breaker opened for the registry", || async {
+        count(&c, &opened).await == 1
+    })
+    .await;
+    assert_eq!(stats.handled.load(Ordering::Relaxed), 0);
+    assert_eq!(stats.dead_lettered.load(Ordering::Relaxed), 0);
+
+    proxy.cut.store(false, Ordering::SeqCst);
+    handled(&stats, 3).await;
+    stop.send(()).unwrap();
+    h.await.unwrap().unwrap();
+    assert_eq!(stats.dead_lettered.load(Ordering::Relaxed), 0, "nothing parked or dead-lettered");
+    assert_eq!(topic_len(&format!("{topic}.dlq")).await, 0);
+    assert_eq!(seen.lock().unwrap().len(), 3);
+}
