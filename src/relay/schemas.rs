@@ -52,10 +52,7 @@ impl Relay {
             // A tombstone stays a null value in every format.
             return Ok(None);
         };
-        let json: serde_json::Value = serde_json::from_str(text).map_err(|e| {
-            Fate::Refused(format!("stored payload is not JSON: {e}"), RefusalReason::Contract)
-        })?;
-        compiled.encode(&json).map(Some).map_err(|e| {
+        compiled.encode_text(text).map(Some).map_err(|e| {
             Fate::Refused(
                 crate::wire::cut(&format!("schema id {}: {e}", compiled.id)),
                 RefusalReason::Contract,

@@ -21,7 +21,7 @@ pub struct SchemaFile {
 
 /// What happened to one file.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Verdict {
+pub enum FileVerdict {
     /// Registered (or already there) with this id.
     Registered(u32),
     /// Compatible with the subject's latest version under the registry's rule.
@@ -34,7 +34,7 @@ pub enum Verdict {
     Invalid(String),
 }
 
-impl Verdict {
+impl FileVerdict {
     /// True for the verdicts a CI check fails on.
     pub fn fails(&self) -> bool {
         matches!(self, Self::Incompatible(_) | Self::Invalid(_))
@@ -94,30 +94,30 @@ pub async fn run(
     client: &RegistryClient,
     dir: &Path,
     register: bool,
-) -> Result<Vec<(SchemaFile, Verdict)>, SchemaError> {
+) -> Result<Vec<(SchemaFile, FileVerdict)>, SchemaError> {
     let mut out = Vec::new();
     for (file, local) in read_dir(dir)? {
         if let Some(e) = local {
-            out.push((file, Verdict::Invalid(e.to_string())));
+            out.push((file, FileVerdict::Invalid(e.to_string())));
             continue;
         }
         let verdict = if register {
             match client.register(&file.subject, file.format, &file.text).await {
-                Ok(id) => Verdict::Registered(id),
+                Ok(id) => FileVerdict::Registered(id),
                 Err(SchemaError::Registry { status: 409, message, .. }) => {
-                    Verdict::Incompatible(message)
+                    FileVerdict::Incompatible(message)
                 }
-                Err(e @ SchemaError::Registry { .. }) => Verdict::Invalid(e.to_string()),
+                Err(e @ SchemaError::Registry { .. }) => FileVerdict::Invalid(e.to_string()),
                 Err(e) => return Err(e),
             }
         } else {
             match client.compatible(&file.subject, file.format, &file.text).await {
-                Ok(Some(true)) => Verdict::Compatible,
-                Ok(Some(false)) => Verdict::Incompatible(
+                Ok(Some(true)) => FileVerdict::Compatible,
+                Ok(Some(false)) => FileVerdict::Incompatible(
                     "the registry's compatibility rule refuses it as the next version".into(),
                 ),
-                Ok(None) => Verdict::New,
-                Err(e @ SchemaError::Registry { .. }) => Verdict::Invalid(e.to_string()),
+                Ok(None) => FileVerdict::New,
+                Err(e @ SchemaError::Registry { .. }) => FileVerdict::Invalid(e.to_string()),
                 Err(e) => return Err(e),
             }
         };

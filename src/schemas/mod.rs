@@ -335,6 +335,25 @@ impl Compiled {
         Ok(out)
     }
 
+    /// [`Compiled::encode`] from the stored JSON text (the relay's path: Protobuf reads the
+    /// text directly).
+    ///
+    /// # Errors
+    /// [`SchemaError::Invalid`] when the text is not JSON or breaks the schema.
+    pub fn encode_text(&self, text: &str) -> Result<Vec<u8>, SchemaError> {
+        if let Codec::Protobuf(p) = &self.codec {
+            let mut out = frame::header(self.id, text.len());
+            let mut datum = Vec::with_capacity(text.len());
+            let ix = p.encode_text(text, &mut datum)?;
+            frame::put_indexes(&mut out, ix);
+            out.extend_from_slice(&datum);
+            return Ok(out);
+        }
+        let json: serde_json::Value = serde_json::from_str(text)
+            .map_err(|e| SchemaError::Invalid(format!("stored payload is not JSON: {e}")))?;
+        self.encode(&json)
+    }
+
     /// The JSON view of a framed payload's datum (`rest`: what follows the 5-byte header).
     ///
     /// # Errors

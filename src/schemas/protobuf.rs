@@ -19,6 +19,7 @@ use prost_reflect::{
 use super::SchemaError;
 
 const ROOT: &str = "__registered.proto";
+const STRICT: DeserializeOptions = DeserializeOptions::new().deny_unknown_fields(true);
 
 struct Source(HashMap<String, String>);
 
@@ -35,6 +36,8 @@ impl protox::file::FileResolver for Source {
 #[derive(Debug)]
 pub(crate) struct Protobuf {
     file: FileDescriptor,
+    /// The message the relay encodes: the file's first (`[0]`).
+    first: Option<MessageDescriptor>,
 }
 
 impl Protobuf {
@@ -56,7 +59,7 @@ impl Protobuf {
             .descriptor_pool()
             .get_file_by_name(ROOT)
             .ok_or_else(|| SchemaError::Schema("protobuf schema: compiled to nothing".into()))?;
-        Ok(Self { file })
+        Ok(Self::of(file))
     }
 
     fn from_descriptor(text: &str) -> Option<Result<Self, SchemaError>> {
@@ -88,8 +91,13 @@ impl Protobuf {
                         SchemaError::Schema("protobuf schema: descriptor without a file".into())
                     })
                 })
-                .map(|file| Self { file }),
+                .map(Self::of),
         )
+    }
+
+    fn of(file: FileDescriptor) -> Self {
+        let first = file.messages().next();
+        Self { first, file }
     }
 
     /// The full name of the file's first message (record naming).
@@ -125,16 +133,37 @@ impl Protobuf {
         json: &serde_json::Value,
         out: &mut Vec<u8>,
     ) -> Result<&'static [i32], SchemaError> {
-        let desc = self.message_at(&[0])?;
-        let msg = DynamicMessage::deserialize_with_options(
-            desc.clone(),
-            json,
-            &DeserializeOptions::new().deny_unknown_fields(true),
-        )
-        .map_err(|e| SchemaError::Invalid(format!("{}: {}{e}", desc.full_name(), culprit(&desc, json))))?;
+        let desc = self.first()?;
+        let msg = DynamicMessage::deserialize_with_options(desc.clone(), json, &STRICT)
+            .map_err(|e| SchemaError::Invalid(format!("{}: {}{e}", desc.full_name(), culprit(desc, json))))?;
         msg.encode(out)
             .map_err(|e| SchemaError::Invalid(format!("{}: {e}", desc.full_name())))?;
         Ok(&[0])
+    }
+
+    /// [`Protobuf::encode`] straight from JSON text (no intermediate `Value`: the relay's path).
+    pub(crate) fn encode_text(&self, text: &str, out: &mut Vec<u8>) -> Result<&'static [i32], SchemaError> {
+        let desc = self.first()?;
+        let mut de = serde_json::Deserializer::from_str(text);
+        match DynamicMessage::deserialize_with_options(desc.clone(), &mut de, &STRICT) {
+            Ok(msg) => {
+                msg.encode(out)
+                    .map_err(|e| SchemaError::Invalid(format!("{}: {e}", desc.full_name())))?;
+                Ok(&[0])
+            }
+            // The slow path only to name the field.
+            Err(_) => {
+                let json: serde_json::Value = serde_json::from_str(text)
+                    .map_err(|e| SchemaError::Invalid(format!("not JSON: {e}")))?;
+                self.encode(&json, out)
+            }
+        }
+    }
+
+    fn first(&self) -> Result<&MessageDescriptor, SchemaError> {
+        self.first
+            .as_ref()
+            .ok_or_else(|| SchemaError::Schema("protobuf schema without a message".into()))
     }
 
     /// Decodes the message at `indexes` into its JSON view.
@@ -168,7 +197,7 @@ fn culprit(desc: &MessageDescriptor, json: &serde_json::Value) -> String {
         let alone = DynamicMessage::deserialize_with_options(
             desc.clone(),
             &one,
-            &DeserializeOptions::new().deny_unknown_fields(true),
+            &STRICT,
         );
         if alone.is_err() {
             return format!("field {k}: ");

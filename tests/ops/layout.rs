@@ -293,6 +293,8 @@ fn each_feature_builds_alone() {
         "dlq",
         "prometheus",
         "admin",
+        "schemas",
+        "schemas,consumer",
     ] {
         let o = cargo()
             .args([

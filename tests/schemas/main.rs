@@ -3,6 +3,7 @@
 //! transaction, the relay encoding Avro, Protobuf and JSON Schema in the Confluent wire
 //! format, the consumer decoding them, and a registry that goes down and comes back.
 
+mod cli;
 mod contract;
 mod interop;
 mod outage;

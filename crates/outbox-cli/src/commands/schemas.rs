@@ -5,7 +5,7 @@
 use std::io::Write;
 
 use clap::{Args as ClapArgs, Subcommand};
-use outbox::schemas::files::Verdict;
+use outbox::schemas::files::FileVerdict;
 
 use crate::args::UsageError;
 
@@ -57,11 +57,11 @@ pub async fn run(args: Args, out: &mut dyn Write) -> anyhow::Result<()> {
     for (f, v) in &results {
         let name = f.path.file_name().map_or_else(String::new, |n| n.to_string_lossy().into_owned());
         let line = match v {
-            Verdict::Registered(id) => format!("registered   {} (id {id}) from {name}", f.subject),
-            Verdict::Compatible => format!("compatible   {} from {name}", f.subject),
-            Verdict::New => format!("new subject  {} from {name}", f.subject),
-            Verdict::Incompatible(why) => format!("INCOMPATIBLE {} from {name}: {why}", f.subject),
-            Verdict::Invalid(why) => format!("INVALID      {} from {name}: {why}", f.subject),
+            FileVerdict::Registered(id) => format!("registered   {} (id {id}) from {name}", f.subject),
+            FileVerdict::Compatible => format!("compatible   {} from {name}", f.subject),
+            FileVerdict::New => format!("new subject  {} from {name}", f.subject),
+            FileVerdict::Incompatible(why) => format!("INCOMPATIBLE {} from {name}: {why}", f.subject),
+            FileVerdict::Invalid(why) => format!("INVALID      {} from {name}: {why}", f.subject),
         };
         writeln!(out, "{line}")?;
         refused += usize::from(v.fails());
