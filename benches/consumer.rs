@@ -7,7 +7,8 @@
 //! Then the batched handler over the same messages as plain JSON, Avro and Protobuf
 //! (`consumer_formats`: each format's rate as a ratio to JSON's, in the same run).
 //!
-//! `cargo bench --bench consumer` (env: ROWS=200000, ROWS_C1=20000, MAX_BATCH=500).
+//! `cargo bench --bench consumer` (env: ROWS=200000, ROWS_C1=20000, MAX_BATCH=500;
+//! ONLY_FORMATS=1 runs just the formats, three rounds).
 
 #[path = "support/mod.rs"]
 mod support;
@@ -166,6 +167,12 @@ async fn main() {
     let rows = param("ROWS", if full() { 200_000 } else { 2_000 });
     let rows_c1 = param("ROWS_C1", if full() { 20_000 } else { 500 }).min(rows);
     let max_batch = param("MAX_BATCH", 500);
+    if std::env::var("ONLY_FORMATS").is_ok() {
+        for _ in 0..3 {
+            formats(rows, max_batch).await;
+        }
+        return;
+    }
     let db = fresh_db().await;
     let topic = format!("bench.{}.created", rand_name(8));
     create_topic(&topic, 6).await;

@@ -67,8 +67,18 @@ impl Relay {
         }
         metrics::histogram!(crate::metrics::OUTBOX_BATCH_SIZE).record(rows.len() as f64);
         let topics: HashSet<&str> = rows.iter().map(|r| r.topic()).collect();
+        // Rows of topics with a schema are encoded before the first is handed over, so that
+        // librdkafka gets the batch as fast as plain JSON and batches it as well (encoding
+        // between sends made it send smaller requests, which cost the broker more).
         #[cfg(feature = "schemas")]
-        let codecs = self.codecs(&topics).await;
+        let mut encoded: Vec<Option<Result<Option<Vec<u8>>, Fate>>> = {
+            let codecs = self.codecs(&topics).await;
+            if codecs.is_empty() {
+                Vec::new()
+            } else {
+                rows.iter().map(|r| Some(self.encode_row(&codecs, r))).collect()
+            }
+        };
         let problems = self
             .topic_problems(topics.into_iter().map(str::to_owned).collect())
             .await;
@@ -108,7 +118,7 @@ impl Relay {
                 }
             };
             #[cfg(feature = "schemas")]
-            let encoded = match self.encode_row(&codecs, row) {
+            let encoded = match encoded.get_mut(i).and_then(Option::take).unwrap_or(Ok(None)) {
                 Ok(e) => e,
                 Err(fate) => {
                     if let Some(k) = row.key() {

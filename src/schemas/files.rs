@@ -110,6 +110,12 @@ pub async fn run(
                 Err(e @ SchemaError::Registry { .. }) => FileVerdict::Invalid(e.to_string()),
                 Err(e) => return Err(e),
             }
+        } else if matches!(
+            client.latest(&file.subject).await,
+            Err(SchemaError::Registry { status: 404, .. })
+        ) {
+            // Asked first: some registries answer "compatible" for a subject they lack.
+            FileVerdict::New
         } else {
             match client.compatible(&file.subject, file.format, &file.text).await {
                 Ok(Some(true)) => FileVerdict::Compatible,

@@ -600,3 +600,43 @@ mod tests {
         assert!(matches!(j.encode(&serde_json::json!({})), Err(SchemaError::Invalid(_))));
     }
 }
+
+#[cfg(test)]
+mod cost {
+    use super::*;
+
+    /// Per-message encode and decode cost of the relay_drain payload (run by hand:
+    /// `cargo test --release --lib --features schemas schemas::cost -- --ignored --nocapture`).
+    #[test]
+    #[ignore = "a measurement, run by hand"]
+    fn encode_and_decode_cost() {
+        let text = r#"{"order_number": "A-123456", "customer": "customer-321", "total_cents": 45678, "currency": "EUR", "note": "xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"}"#;
+        let avro = Compiled::new(1, Format::Avro, r#"{"type": "record", "name": "OrderCreated", "namespace": "bench",
+            "fields": [{"name": "order_number", "type": "string"}, {"name": "customer", "type": "string"},
+                       {"name": "total_cents", "type": "long"}, {"name": "currency", "type": "string"},
+                       {"name": "note", "type": "string"}]}"#).unwrap();
+        let proto = Compiled::new(2, Format::Protobuf, "syntax = \"proto3\"; package bench;
+            message OrderCreated { string order_number = 1; string customer = 2; int64 total_cents = 3;
+                                   string currency = 4; string note = 5; }").unwrap();
+        let n = 200_000;
+        for (name, c) in [("avro", &avro), ("protobuf", &proto)] {
+            let t = std::time::Instant::now();
+            let mut bytes = Vec::new();
+            for _ in 0..n {
+                bytes = std::hint::black_box(c.encode_text(text).unwrap());
+            }
+            let enc = t.elapsed().as_nanos() as f64 / n as f64;
+            let t = std::time::Instant::now();
+            for _ in 0..n {
+                std::hint::black_box(c.decode(&bytes[5..]).unwrap());
+            }
+            let dec = t.elapsed().as_nanos() as f64 / n as f64;
+            let t = std::time::Instant::now();
+            for _ in 0..n {
+                std::hint::black_box(serde_json::from_str::<serde_json::Value>(text).unwrap());
+            }
+            let parse = t.elapsed().as_nanos() as f64 / n as f64;
+            println!("{name}: encode {enc:.0} ns, decode {dec:.0} ns, json parse alone {parse:.0} ns, {} bytes", bytes.len());
+        }
+    }
+}

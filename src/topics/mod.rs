@@ -82,6 +82,14 @@ struct Defaults {
     config: BTreeMap<String, String>,
     #[serde(default)]
     dlq_config: BTreeMap<String, String>,
+    /// The payload format and subject naming (read by `outbox::schemas`, not by `topics
+    /// apply`): accepted here so one file serves both.
+    #[serde(default)]
+    #[allow(dead_code)]
+    format: Option<String>,
+    #[serde(default)]
+    #[allow(dead_code)]
+    subject: Option<String>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -100,6 +108,16 @@ struct TopicEntry {
     config: BTreeMap<String, String>,
     #[serde(default)]
     dlq_config: BTreeMap<String, String>,
+    /// `format`, `subject`, `record`: the schema settings (see `outbox::schemas`).
+    #[serde(default)]
+    #[allow(dead_code)]
+    format: Option<String>,
+    #[serde(default)]
+    #[allow(dead_code)]
+    subject: Option<String>,
+    #[serde(default)]
+    #[allow(dead_code)]
+    record: Option<String>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -250,6 +268,25 @@ pub fn plan(toml_text: &str) -> Result<Vec<TopicSpec>, TopicsError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_file_with_schema_settings_plans_the_same_topics() {
+        let with = plan(
+            r#"
+            [defaults]
+            format = "avro"
+            subject = "topic"
+            [[topic]]
+            name = "orders.created"
+            format = "protobuf"
+            subject = "record"
+            record = "acme.OrderCreated"
+            "#,
+        )
+        .unwrap();
+        let without = plan("[[topic]]\nname = \"orders.created\"").unwrap();
+        assert_eq!(with, without);
+    }
 
     #[test]
     fn expands_retry_chain_per_group_and_dlq_with_longer_retention() {

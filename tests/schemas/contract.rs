@@ -203,3 +203,59 @@ async fn a_subject_the_registry_lacks_backs_the_row_off() {
     assert!(row.get::<_, String>(2).contains("40401"), "{}", row.get::<_, String>(2));
     assert_eq!(topic_len(&topic).await, 0);
 }
+
+/// Framed records our consumer cannot decode — an id the registry does not know, and a datum
+/// cut short — are decode dead letters naming why (the registry's error code for the first),
+/// never handled, never retried.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn undecodable_framed_records_are_decode_dead_letters_naming_why() {
+    let db = fresh_db().await;
+    let topic = topic_name();
+    create_topic(&topic, 1).await;
+    create_topic(&format!("{topic}.dlq"), 1).await;
+    let url = registry_url();
+    let id = RegistryClient::new(&url)
+        .unwrap()
+        .register(&format!("{topic}-value"), Format::Avro, AVRO)
+        .await
+        .unwrap();
+    let unknown_id = 2_000_000_000u32;
+    let mut cut = vec![0u8];
+    cut.extend_from_slice(&id.to_be_bytes());
+    cut.extend_from_slice(&[0x08, b'A']); // a string of 4 bytes, 1 present
+    let mut unknown = vec![0u8];
+    unknown.extend_from_slice(&unknown_id.to_be_bytes());
+    unknown.extend_from_slice(b"\x02A");
+    for (key, payload) in [("u", &unknown), ("c", &cut)] {
+        produce(
+            &topic,
+            Some(key.as_bytes()),
+            &[("message_type", b"order_created"), ("message_id", format!("m-{key}").as_bytes())],
+            Some(payload),
+        )
+        .await;
+    }
+    let (seen, stats, stop, h) = run_consumer(&db, &topic, "order_created", Some(schemas_for(&url, &[])));
+    wait_until(Duration::from_secs(60), "both dead-lettered", || async {
+        stats.decode_errors.load(std::sync::atomic::Ordering::Relaxed) == 2
+    })
+    .await;
+    stop.send(()).unwrap();
+    h.await.unwrap().unwrap();
+    assert!(seen.lock().unwrap().is_empty());
+    let letters = read_all(&format!("{topic}.dlq")).await;
+    assert_eq!(letters.len(), 2);
+    let error = |key: &str| {
+        letters
+            .iter()
+            .find(|l| l.key.as_deref() == Some(key.as_bytes()))
+            .map(|l| (l.headers["x-error"].clone(), l.headers["x-error-kind"].clone()))
+            .unwrap()
+    };
+    let (e, kind) = error("u");
+    assert_eq!(kind, "decode");
+    assert!(e.contains(&format!("schema id {unknown_id}")) && e.contains("40403"), "{e}");
+    let (e, kind) = error("c");
+    assert_eq!(kind, "decode");
+    assert!(e.contains(&format!("schema id {id}")) && e.contains("avro length of 4"), "{e}");
+}
