@@ -65,7 +65,6 @@ async fn measure(
         if exactly_once {
             let mut eo = outbox::ExactlyOnce::default();
             eo.progress_topic = format!("{topic}.progress");
-            eo.min_pass_interval = std::time::Duration::from_millis(param("EO_PACE_MS", 25) as u64);
             c.exactly_once = Some(eo);
         }
         c

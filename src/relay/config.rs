@@ -97,17 +97,7 @@ pub struct ExactlyOnce {
     /// `read_committed` readers of its partitions at most this long, unless a new owner fences
     /// it sooner (default [`DEFAULT_TRANSACTION_TIMEOUT`]).
     pub transaction_timeout: Duration,
-    /// The shortest time from the start of one pass to the start of the next while the
-    /// outbox only trickles (a full batch goes on at once). Every pass is a Kafka transaction
-    /// per slot that has rows, and each transaction costs the broker log appends and markers
-    /// whatever it carries: spacing passes gathers a trickle into fewer, larger transactions,
-    /// which on a busy machine commit sooner (default [`DEFAULT_MIN_PASS_INTERVAL`]; zero: a
-    /// pass as soon as rows are committed).
-    pub min_pass_interval: Duration,
 }
-
-/// Default [`ExactlyOnce::min_pass_interval`].
-pub const DEFAULT_MIN_PASS_INTERVAL: Duration = Duration::from_millis(25);
 
 impl Default for ExactlyOnce {
     fn default() -> Self {
@@ -115,7 +105,6 @@ impl Default for ExactlyOnce {
             progress_topic: DEFAULT_PROGRESS_TOPIC.into(),
             transactional_id_prefix: "outbox".into(),
             transaction_timeout: DEFAULT_TRANSACTION_TIMEOUT,
-            min_pass_interval: DEFAULT_MIN_PASS_INTERVAL,
         }
     }
 }

@@ -288,7 +288,6 @@ impl Relay {
         let mut backoff = Backoff::default();
         let mut total_sent: u64 = 0;
         while !cancel.is_cancelled() {
-            let pass_started = tokio::time::Instant::now();
             // Batches back to back (pipelined) until one comes back short.
             let wait = match self.pump(&cancel).await {
                 Ok(Outcome::Published(r)) => {
@@ -326,14 +325,6 @@ impl Relay {
                     }
                 }
                 None => {
-                    // Exactly-once: a trickle is gathered into passes at least
-                    // `min_pass_interval` apart (see `ExactlyOnce::min_pass_interval`).
-                    if let Some(eo) = &self.config.exactly_once {
-                        tokio::select! {
-                            () = cancel.cancelled() => {}
-                            () = tokio::time::sleep_until(pass_started + eo.min_pass_interval) => {}
-                        }
-                    }
                     tokio::select! {
                         () = cancel.cancelled() => {}
                         () = wake.notified() => {}
