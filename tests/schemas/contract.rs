@@ -86,16 +86,7 @@ async fn end_to_end(format: Format, schema: &str) {
     assert_eq!(seen[0].2, Some(id));
 
     // A consumer without the registry cannot read the framed record: a decode dead letter.
-    let (seen, stats, stop, h) = run_consumer(&db, &topic, "order_created", None);
-    wait_until(Duration::from_secs(60), "the framed record dead-lettered", || async {
-        stats.decode_errors.load(std::sync::atomic::Ordering::Relaxed) == 1
-    })
-    .await;
-    stop.send(()).unwrap();
-    h.await.unwrap().unwrap();
-    assert!(seen.lock().unwrap().is_empty());
-    let letters = read_all(&format!("{topic}.dlq")).await;
-    assert_eq!(letters.len(), 1);
+    let letters = undecodable(&db, &topic, None, 1).await;
     assert!(letters[0].headers["x-error"].contains("no schema registry"), "{:?}", letters[0].headers);
     assert_eq!(&letters[0].payload, payload, "the letter's body is the framed original");
 }
@@ -235,16 +226,7 @@ async fn undecodable_framed_records_are_decode_dead_letters_naming_why() {
         )
         .await;
     }
-    let (seen, stats, stop, h) = run_consumer(&db, &topic, "order_created", Some(schemas_for(&url, &[])));
-    wait_until(Duration::from_secs(60), "both dead-lettered", || async {
-        stats.decode_errors.load(std::sync::atomic::Ordering::Relaxed) == 2
-    })
-    .await;
-    stop.send(()).unwrap();
-    h.await.unwrap().unwrap();
-    assert!(seen.lock().unwrap().is_empty());
-    let letters = read_all(&format!("{topic}.dlq")).await;
-    assert_eq!(letters.len(), 2);
+    let letters = undecodable(&db, &topic, Some(schemas_for(&url, &[])), 2).await;
     let error = |key: &str| {
         letters
             .iter()

@@ -93,3 +93,24 @@ pub async fn handled(stats: &outbox::consumer::ConsumerStats, n: u64) {
     })
     .await;
 }
+
+/// Runs a consumer of `topic` until `n` records were dead-lettered as undecodable, none
+/// handled; the letters on `<topic>.dlq`.
+pub async fn undecodable(
+    db: &outbox::DbConfig,
+    topic: &str,
+    schemas: Option<Schemas>,
+    n: u64,
+) -> Vec<Record> {
+    let (seen, stats, stop, h) = run_consumer(db, topic, "order_created", schemas);
+    wait_until(Duration::from_secs(60), "records dead-lettered as undecodable", || async {
+        stats.decode_errors.load(std::sync::atomic::Ordering::Relaxed) == n
+    })
+    .await;
+    stop.send(()).unwrap();
+    h.await.unwrap().unwrap();
+    assert!(seen.lock().unwrap().is_empty(), "none handled");
+    let letters = read_all(&format!("{topic}.dlq")).await;
+    assert_eq!(letters.len() as u64, n);
+    letters
+}
