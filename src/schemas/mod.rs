@@ -470,7 +470,17 @@ impl Schemas {
                     r.format, ts.format
                 )));
             }
-            self.compiled(r.id, r.format, &r.schema)
+            let c = self.compiled(r.id, r.format, &r.schema)?;
+            // Record naming: the subject's schema must be the record the topic names.
+            if let SubjectNaming::Record(want) | SubjectNaming::TopicRecord(want) = &ts.naming {
+                if c.record_name().as_deref() != Some(want.as_str()) {
+                    return Err(SchemaError::Schema(format!(
+                        "subject {subject} holds record {}, topic {topic} declares record {want}",
+                        c.record_name().unwrap_or_else(|| "(none)".into())
+                    )));
+                }
+            }
+            Ok(c)
         }
         .await;
         match (fetched, stale) {

@@ -241,3 +241,66 @@ async fn undecodable_framed_records_are_decode_dead_letters_naming_why() {
     assert_eq!(kind, "decode");
     assert!(e.contains(&format!("schema id {id}")) && e.contains("avro length of 4"), "{e}");
 }
+
+/// Record naming: the subject is the record's full name (shared by every topic carrying that
+/// record); the relay frames with that subject's id, and a subject holding another record is
+/// refused, not published under the wrong contract.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn record_subject_naming() {
+    let db = fresh_db().await;
+    let topic = topic_name();
+    create_topic(&topic, 1).await;
+    let url = registry_url();
+    let ns = format!("it.r{}", hex(6));
+    let record = format!("{ns}.OrderCreated");
+    let schema = AVRO.replace("\"namespace\": \"com.acme\"", &format!("\"namespace\": \"{ns}\""));
+    let registry = RegistryClient::new(&url).unwrap();
+    let id = registry.register(&record, Format::Avro, &schema).await.unwrap();
+    let mut config = outbox::schemas::SchemaConfig::from_topics_toml(
+        &url,
+        &format!("[[topic]]\nname = \"{topic}\"\nformat = \"avro\"\nsubject = \"record\"\nrecord = \"{record}\""),
+    )
+    .unwrap();
+    config.refresh = Duration::ZERO;
+    let schemas = outbox::schemas::Schemas::new(config).unwrap();
+    let c = client(&db).await;
+    let enq = Enqueuer::new(&db.schema).with_schemas(schemas.clone());
+    enq.enqueue(&c, &Message::new(&topic, "order_created", "R-1", json!({"order_id": "R-1", "total_cents": 1})))
+        .await
+        .unwrap();
+    let mut cfg = relay_config();
+    cfg.schemas = Some(schemas.clone());
+    let relay = outbox::Relay::new(&db, &kafka(), cfg).unwrap();
+    assert_eq!(drain(&relay).await, 1);
+    let records = read_all(&topic).await;
+    assert_eq!(u32::from_be_bytes(records[0].payload[1..5].try_into().unwrap()), id);
+
+    // A subject that holds another record than the topic declares: refused with the
+    // reason, nothing written.
+    let wrong = format!("{ns}.OrderPlaced");
+    registry.register(&wrong, Format::Avro, &schema).await.unwrap();
+    let other_topic = topic_name();
+    let enq = Enqueuer::new(&db.schema).with_schemas(
+        outbox::schemas::Schemas::new(
+            outbox::schemas::SchemaConfig::from_topics_toml(
+                &url,
+                &format!("[[topic]]\nname = \"{other_topic}\"\nformat = \"avro\"\nsubject = \"record\"\nrecord = \"{wrong}\""),
+            )
+            .unwrap(),
+        )
+        .unwrap(),
+    );
+    match enq
+        .enqueue(&c, &Message::new(&other_topic, "order_created", "R-2", json!({"order_id": "R-2", "total_cents": 2})))
+        .await
+    {
+        Err(EnqueueError::Schema(SchemaError::Schema(why))) => {
+            assert!(why.contains(&format!("holds record {record}")) && why.contains("declares record"), "{why}")
+        }
+        other => panic!("another record under the subject must be refused: {other:?}"),
+    }
+    assert_eq!(
+        count(&c, &format!("SELECT count(*) FROM {}.outbox WHERE topic = '{other_topic}'", db.schema.quoted())).await,
+        0
+    );
+}
