@@ -38,6 +38,7 @@ use std::time::{Duration, Instant};
 use serde::Deserialize;
 
 mod avro;
+mod binary;
 pub mod files;
 pub mod frame;
 mod json_schema;
