@@ -95,7 +95,17 @@ async fn run(
     max_batch: usize,
     commit_group: usize,
 ) -> serde_json::Value {
-    run_with(db, topic, rows, mode, concurrency, max_batch, commit_group, None).await
+    run_with(
+        db,
+        topic,
+        rows,
+        mode,
+        concurrency,
+        max_batch,
+        commit_group,
+        None,
+    )
+    .await
 }
 
 /// [`run`], decoding framed records through `schemas`.

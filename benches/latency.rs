@@ -22,12 +22,12 @@ async fn main() {
     let rate = param("RATE", if full() { 1000 } else { 200 });
     let secs = param("SECS", if full() { 30 } else { 1 });
     if std::env::var("ONLY_EXACTLY_ONCE").is_err() {
-    let (ack, recv) = measure(rate, secs, false).await;
-    emit(
-        "latency",
-        serde_json::json!({"rate_per_sec": rate, "seconds": secs, "tx_per_message": 1, "wake": "notify"}),
-        serde_json::json!({"messages": rate * secs, "commit_to_ack": ack, "commit_to_receive": recv}),
-    );
+        let (ack, recv) = measure(rate, secs, false).await;
+        emit(
+            "latency",
+            serde_json::json!({"rate_per_sec": rate, "seconds": secs, "tx_per_message": 1, "wake": "notify"}),
+            serde_json::json!({"messages": rate * secs, "commit_to_ack": ack, "commit_to_receive": recv}),
+        );
     }
     let eo_rate = param("EO_RATE", if full() { 500 } else { 100 });
     let (_, idempotent) = measure(eo_rate, secs, false).await;

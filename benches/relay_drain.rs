@@ -361,7 +361,14 @@ fn analyzed_setup(relays: usize, in_flight: usize) -> Setup {
 
 /// Plain JSON, Avro and Protobuf drains of the same backlog, one after another, `rounds`
 /// times: each schema format's throughput as a ratio to JSON's in the same round.
-async fn formats(rounds: usize, depth: usize, rows: usize, batch: usize, keys: usize, params: &serde_json::Value) {
+async fn formats(
+    rounds: usize,
+    depth: usize,
+    rows: usize,
+    batch: usize,
+    keys: usize,
+    params: &serde_json::Value,
+) {
     for round in 0..rounds {
         // Each round starts with another format: whatever the drains before leave behind
         // (WAL to checkpoint, dead tuples to vacuum) does not always land on the same one.

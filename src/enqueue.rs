@@ -157,7 +157,10 @@ impl Enqueuer {
     }
 
     /// The contract check of `msgs` (see [`Enqueuer::with_schemas`]).
-    #[cfg_attr(not(feature = "schemas"), allow(clippy::unused_async, unused_variables))]
+    #[cfg_attr(
+        not(feature = "schemas"),
+        allow(clippy::unused_async, unused_variables)
+    )]
     pub(crate) async fn check(&self, msgs: &[Message]) -> Result<(), EnqueueError> {
         #[cfg(feature = "schemas")]
         if let Some(s) = &self.schemas {

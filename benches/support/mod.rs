@@ -261,7 +261,9 @@ pub async fn bench_schemas(
     topic: &str,
     format: outbox::schemas::Format,
 ) -> Option<outbox::schemas::Schemas> {
-    use outbox::schemas::{Format, RegistryClient, SchemaConfig, Schemas, SubjectNaming, TopicSchema};
+    use outbox::schemas::{
+        Format, RegistryClient, SchemaConfig, Schemas, SubjectNaming, TopicSchema,
+    };
     let text = match format {
         Format::Json => return None,
         Format::Avro => r#"{"type": "record", "name": "OrderCreated", "namespace": "bench",

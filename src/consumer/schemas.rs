@@ -51,9 +51,9 @@ pub(super) async fn resolve(envs: &mut [&mut Envelope], shared: &Shared) -> bool
                     }
                     Err(e) if e.is_unavailable() => {
                         super::stats::ConsumerStats::inc(&shared.stats.registry_waits);
-                        shared.registry_outage.failed(&format!(
-                            "holding framed messages until it is back: {e}"
-                        ));
+                        shared
+                            .registry_outage
+                            .failed(&format!("holding framed messages until it is back: {e}"));
                         failures += 1;
                         if let Some(b) = shared.breaker() {
                             if failures >= b.config.attempts && !b.is_open(REGISTRY_DEPENDENCY) {

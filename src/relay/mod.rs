@@ -525,13 +525,8 @@ impl Relay {
                 None => Ok(None),
             }
         };
-        let ((), (), (), left, ()) = futures::try_join!(
-            mark,
-            back_off,
-            fail_now,
-            probe,
-            c.batch_execute("COMMIT")
-        )?;
+        let ((), (), (), left, ()) =
+            futures::try_join!(mark, back_off, fail_now, probe, c.batch_execute("COMMIT"))?;
         tx.committed();
         self.outages.postgres.ok();
         // Counted once the marks are durable.

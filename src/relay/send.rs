@@ -76,7 +76,9 @@ impl Relay {
             if codecs.is_empty() {
                 Vec::new()
             } else {
-                rows.iter().map(|r| Some(self.encode_row(&codecs, r))).collect()
+                rows.iter()
+                    .map(|r| Some(self.encode_row(&codecs, r)))
+                    .collect()
             }
         };
         let problems = self
@@ -118,7 +120,11 @@ impl Relay {
                 }
             };
             #[cfg(feature = "schemas")]
-            let encoded = match encoded.get_mut(i).and_then(Option::take).unwrap_or(Ok(None)) {
+            let encoded = match encoded
+                .get_mut(i)
+                .and_then(Option::take)
+                .unwrap_or(Ok(None))
+            {
                 Ok(e) => e,
                 Err(fate) => {
                     if let Some(k) = row.key() {

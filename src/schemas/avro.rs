@@ -72,9 +72,9 @@ impl Avro {
     }
 
     fn named(&self, name: &Name) -> Result<&Schema, SchemaError> {
-        self.names
-            .get(&name.fullname(None))
-            .ok_or_else(|| SchemaError::Schema(format!("unknown avro type {}", name.fullname(None))))
+        self.names.get(&name.fullname(None)).ok_or_else(|| {
+            SchemaError::Schema(format!("unknown avro type {}", name.fullname(None)))
+        })
     }
 
     fn enc(
@@ -85,11 +85,7 @@ impl Avro {
         path: &mut Vec<String>,
     ) -> Result<(), SchemaError> {
         let bad = |path: &[String], want: &str| {
-            SchemaError::Invalid(format!(
-                "{}: expected {want}, found {}",
-                at(path),
-                kind(v)
-            ))
+            SchemaError::Invalid(format!("{}: expected {want}, found {}", at(path), kind(v)))
         };
         match schema {
             Schema::Null => v.is_null().then_some(()).ok_or_else(|| bad(path, "null")),
@@ -120,7 +116,10 @@ impl Avro {
                 let n = match v {
                     Value::String(s) => {
                         let t = humantime::parse_rfc3339_weak(s).map_err(|e| {
-                            SchemaError::Invalid(format!("{}: {s:?} is not RFC 3339: {e}", at(path)))
+                            SchemaError::Invalid(format!(
+                                "{}: {s:?} is not RFC 3339: {e}",
+                                at(path)
+                            ))
                         })?;
                         let d = t
                             .duration_since(std::time::UNIX_EPOCH)
@@ -253,7 +252,11 @@ impl Avro {
                     "{}: {} fits no branch of the union [{}]",
                     at(path),
                     kind(v),
-                    branches.iter().map(branch_name).collect::<Vec<_>>().join(", ")
+                    branches
+                        .iter()
+                        .map(branch_name)
+                        .collect::<Vec<_>>()
+                        .join(", ")
                 )))
             }
             Schema::Ref { name } => self.enc(self.named(name)?, v, out, path),
@@ -411,9 +414,12 @@ impl Avro {
                 let n = len(input)?;
                 Value::String(take(input, n)?.iter().map(|b| char::from(*b)).collect())
             }
-            Schema::Fixed(f) => {
-                Value::String(take(input, f.size)?.iter().map(|b| char::from(*b)).collect())
-            }
+            Schema::Fixed(f) => Value::String(
+                take(input, f.size)?
+                    .iter()
+                    .map(|b| char::from(*b))
+                    .collect(),
+            ),
             Schema::Decimal(d) => {
                 let raw = match &*d.inner {
                     Schema::Fixed(f) => take(input, f.size)?,
@@ -623,17 +629,34 @@ mod tests {
     fn broken_contracts_name_the_field() {
         let a = Avro::parse(ORDER).unwrap();
         let cases = [
-            (json!({"order_id": "A", "status": "NEW", "amount": 1}), "total_cents: required field missing"),
-            (json!({"order_id": "A", "total_cents": "x", "status": "NEW", "amount": 1}), "total_cents: expected an integer"),
-            (json!({"order_id": "A", "total_cents": 1, "status": "LOST", "amount": 1}), "\"LOST\" is not one of"),
-            (json!({"order_id": "A", "total_cents": 1, "status": "NEW", "amount": "1.234"}), "at most 2 fraction"),
-            (json!({"order_id": "A", "total_cents": 1, "status": "NEW", "amount": 1, "extra": 1}), "\"extra\" is not in com.acme.OrderCreated"),
-            (json!({"order_id": "A", "total_cents": 1, "status": "NEW", "amount": 1, "note": 5}), "fits no branch"),
+            (
+                json!({"order_id": "A", "status": "NEW", "amount": 1}),
+                "total_cents: required field missing",
+            ),
+            (
+                json!({"order_id": "A", "total_cents": "x", "status": "NEW", "amount": 1}),
+                "total_cents: expected an integer",
+            ),
+            (
+                json!({"order_id": "A", "total_cents": 1, "status": "LOST", "amount": 1}),
+                "\"LOST\" is not one of",
+            ),
+            (
+                json!({"order_id": "A", "total_cents": 1, "status": "NEW", "amount": "1.234"}),
+                "at most 2 fraction",
+            ),
+            (
+                json!({"order_id": "A", "total_cents": 1, "status": "NEW", "amount": 1, "extra": 1}),
+                "\"extra\" is not in com.acme.OrderCreated",
+            ),
+            (
+                json!({"order_id": "A", "total_cents": 1, "status": "NEW", "amount": 1, "note": 5}),
+                "fits no branch",
+            ),
         ];
         for (v, want) in cases {
             let e = a.encode(&v, &mut Vec::new()).unwrap_err().to_string();
             assert!(e.contains(want), "{e} lacks {want}");
         }
     }
-
 }

@@ -37,7 +37,12 @@ pub(super) fn len(input: &mut &[u8]) -> Result<usize, SchemaError> {
     usize::try_from(n)
         .ok()
         .filter(|n| *n <= input.len())
-        .ok_or_else(|| SchemaError::Invalid(format!("an avro length of {n} with {} byte(s) left", input.len())))
+        .ok_or_else(|| {
+            SchemaError::Invalid(format!(
+                "an avro length of {n} with {} byte(s) left",
+                input.len()
+            ))
+        })
 }
 
 pub(super) fn take<'a>(input: &mut &'a [u8], n: usize) -> Result<&'a [u8], SchemaError> {
@@ -111,7 +116,10 @@ pub(super) fn rescale(raw: &[u8], scale: usize) -> Result<String, SchemaError> {
     buf[16 - tail.len()..].copy_from_slice(tail);
     let v = i128::from_be_bytes(buf);
     let digits = v.unsigned_abs().to_string();
-    let digits = format!("{}{digits}", "0".repeat((scale + 1).saturating_sub(digits.len())));
+    let digits = format!(
+        "{}{digits}",
+        "0".repeat((scale + 1).saturating_sub(digits.len()))
+    );
     let (int, frac) = digits.split_at(digits.len() - scale);
     let sign = if v < 0 { "-" } else { "" };
     Ok(if scale == 0 {

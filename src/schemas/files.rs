@@ -102,11 +102,16 @@ pub async fn run(
             continue;
         }
         let verdict = if register {
-            match client.register(&file.subject, file.format, &file.text).await {
+            match client
+                .register(&file.subject, file.format, &file.text)
+                .await
+            {
                 Ok(id) => FileVerdict::Registered(id),
-                Err(SchemaError::Registry { status: 409, message, .. }) => {
-                    FileVerdict::Incompatible(message)
-                }
+                Err(SchemaError::Registry {
+                    status: 409,
+                    message,
+                    ..
+                }) => FileVerdict::Incompatible(message),
                 Err(e @ SchemaError::Registry { .. }) => FileVerdict::Invalid(e.to_string()),
                 Err(e) => return Err(e),
             }
@@ -117,7 +122,10 @@ pub async fn run(
             // Asked first: some registries answer "compatible" for a subject they lack.
             FileVerdict::New
         } else {
-            match client.compatible(&file.subject, file.format, &file.text).await {
+            match client
+                .compatible(&file.subject, file.format, &file.text)
+                .await
+            {
                 Ok(Some(true)) => FileVerdict::Compatible,
                 Ok(Some(false)) => FileVerdict::Incompatible(
                     "the registry's compatibility rule refuses it as the next version".into(),

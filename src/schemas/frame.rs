@@ -136,7 +136,10 @@ mod tests {
         assert_eq!(f.rest, b"abc");
         assert!(is_framed(&p));
         assert!(!is_framed(b"{\"a\":1}"));
-        assert!(matches!(parse(b"\x01\0\0\0\x01"), Err(SchemaError::Frame(_))));
+        assert!(matches!(
+            parse(b"\x01\0\0\0\x01"),
+            Err(SchemaError::Frame(_))
+        ));
         assert!(matches!(parse(b"\0\0"), Err(SchemaError::Frame(_))));
     }
 

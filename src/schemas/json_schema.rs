@@ -12,7 +12,9 @@ pub(crate) struct JsonSchema {
 
 impl std::fmt::Debug for JsonSchema {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("JsonSchema").field("title", &self.title).finish()
+        f.debug_struct("JsonSchema")
+            .field("title", &self.title)
+            .finish()
     }
 }
 
@@ -76,9 +78,16 @@ mod tests {
         )
         .unwrap();
         assert_eq!(s.record_name().as_deref(), Some("OrderCreated"));
-        s.validate(&json!({"order_id": "A", "total_cents": 5})).unwrap();
-        let e = s.validate(&json!({"total_cents": -1})).unwrap_err().to_string();
+        s.validate(&json!({"order_id": "A", "total_cents": 5}))
+            .unwrap();
+        let e = s
+            .validate(&json!({"total_cents": -1}))
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("order_id") && e.contains("/total_cents"), "{e}");
-        assert!(matches!(JsonSchema::parse("{\"type\": 5}"), Err(SchemaError::Schema(_))));
+        assert!(matches!(
+            JsonSchema::parse("{\"type\": 5}"),
+            Err(SchemaError::Schema(_))
+        ));
     }
 }

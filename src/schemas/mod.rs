@@ -121,7 +121,9 @@ impl Format {
             None | Some("AVRO") => Ok(Self::Avro),
             Some("JSON") => Ok(Self::JsonSchema),
             Some("PROTOBUF") => Ok(Self::Protobuf),
-            Some(o) => Err(SchemaError::Schema(format!("schemaType {o} is not supported"))),
+            Some(o) => Err(SchemaError::Schema(format!(
+                "schemaType {o} is not supported"
+            ))),
         }
     }
 
@@ -208,8 +210,8 @@ impl SchemaConfig {
     /// [`SchemaError::Config`] for malformed TOML, an unknown format or naming, or a record
     /// naming without `record`.
     pub fn from_topics_toml(registry_url: &str, text: &str) -> Result<Self, SchemaError> {
-        let file: TopicsFile = toml::from_str(text)
-            .map_err(|e| SchemaError::Config(format!("topics file: {e}")))?;
+        let file: TopicsFile =
+            toml::from_str(text).map_err(|e| SchemaError::Config(format!("topics file: {e}")))?;
         let mut topics = BTreeMap::new();
         for t in file.topics {
             let format = t.format.or(file.defaults.format).unwrap_or(Format::Json);
@@ -585,30 +587,61 @@ mod tests {
         )
         .unwrap();
         assert_eq!(c.topics.len(), 3);
-        assert_eq!(c.topics["orders.created"].subject("orders.created"), "orders.created-value");
+        assert_eq!(
+            c.topics["orders.created"].subject("orders.created"),
+            "orders.created-value"
+        );
         assert_eq!(c.topics["orders.paid"].subject("orders.paid"), "acme.Paid");
-        assert_eq!(c.topics["orders.noted"].subject("orders.noted"), "orders.noted-Noted");
+        assert_eq!(
+            c.topics["orders.noted"].subject("orders.noted"),
+            "orders.noted-Noted"
+        );
         assert_eq!(c.topics["orders.noted"].format, Format::JsonSchema);
         for bad in [
             "[[topic]]\nname = \"a.b\"\nformat = \"xml\"",
             "[[topic]]\nname = \"a.b\"\nformat = \"avro\"\nsubject = \"record\"",
             "[[topic]]\nname = \"a.b\"\nformat = \"avro\"\nsubject = \"weird\"",
         ] {
-            assert!(matches!(SchemaConfig::from_topics_toml("http://x", bad), Err(SchemaError::Config(_))), "{bad}");
+            assert!(
+                matches!(
+                    SchemaConfig::from_topics_toml("http://x", bad),
+                    Err(SchemaError::Config(_))
+                ),
+                "{bad}"
+            );
         }
-        assert!(matches!(RegistryClient::new("https://x"), Err(SchemaError::Config(_))));
+        assert!(matches!(
+            RegistryClient::new("https://x"),
+            Err(SchemaError::Config(_))
+        ));
     }
 
     #[test]
     fn compiled_schemas_frame_what_they_encode() {
-        let c = Compiled::new(7, Format::Avro, r#"{"type":"record","name":"R","fields":[{"name":"n","type":"long"}]}"#).unwrap();
+        let c = Compiled::new(
+            7,
+            Format::Avro,
+            r#"{"type":"record","name":"R","fields":[{"name":"n","type":"long"}]}"#,
+        )
+        .unwrap();
         let bytes = c.encode(&serde_json::json!({"n": 42})).unwrap();
         assert_eq!(bytes, [0, 0, 0, 0, 7, 84]);
         let f = frame::parse(&bytes).unwrap();
         assert_eq!(c.decode(f.rest).unwrap(), serde_json::json!({"n": 42}));
-        let j = Compiled::new(8, Format::JsonSchema, r#"{"type":"object","required":["n"]}"#).unwrap();
-        assert_eq!(j.encode(&serde_json::json!({"n": 1})).unwrap(), b"\0\0\0\0\x08{\"n\":1}");
-        assert!(matches!(j.encode(&serde_json::json!({})), Err(SchemaError::Invalid(_))));
+        let j = Compiled::new(
+            8,
+            Format::JsonSchema,
+            r#"{"type":"object","required":["n"]}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            j.encode(&serde_json::json!({"n": 1})).unwrap(),
+            b"\0\0\0\0\x08{\"n\":1}"
+        );
+        assert!(matches!(
+            j.encode(&serde_json::json!({})),
+            Err(SchemaError::Invalid(_))
+        ));
     }
 }
 

@@ -67,12 +67,14 @@ impl Protobuf {
         let bytes = base64::engine::general_purpose::STANDARD
             .decode(text.trim())
             .ok()?;
-        let proto = prost_reflect::prost_types::FileDescriptorProto::decode(bytes.as_slice()).ok()?;
+        let proto =
+            prost_reflect::prost_types::FileDescriptorProto::decode(bytes.as_slice()).ok()?;
         let name = proto.name().to_owned();
         let mut pool = DescriptorPool::new();
         // Well-known imports (google/protobuf/*.proto) come from protox's copies.
         for dep in &proto.dependency {
-            let mut c = protox::Compiler::with_file_resolver(protox::file::GoogleFileResolver::new());
+            let mut c =
+                protox::Compiler::with_file_resolver(protox::file::GoogleFileResolver::new());
             c.include_imports(true);
             if c.open_file(dep).is_err() {
                 return Some(Err(SchemaError::Schema(format!(
@@ -102,13 +104,17 @@ impl Protobuf {
 
     /// The full name of the file's first message (record naming).
     pub(crate) fn record_name(&self) -> Option<String> {
-        self.file.messages().next().map(|m| m.full_name().to_owned())
+        self.file
+            .messages()
+            .next()
+            .map(|m| m.full_name().to_owned())
     }
 
     /// The message at Confluent message indexes `path` (`[0]`: the first of the file; map
     /// entries are not counted).
     fn message_at(&self, path: &[i32]) -> Result<MessageDescriptor, SchemaError> {
-        let missing = || SchemaError::Invalid(format!("no message at indexes {path:?} in the schema"));
+        let missing =
+            || SchemaError::Invalid(format!("no message at indexes {path:?} in the schema"));
         let (first, rest) = path.split_first().ok_or_else(missing)?;
         let mut m = self
             .file
@@ -134,15 +140,21 @@ impl Protobuf {
         out: &mut Vec<u8>,
     ) -> Result<&'static [i32], SchemaError> {
         let desc = self.first()?;
-        let msg = DynamicMessage::deserialize_with_options(desc.clone(), json, &STRICT)
-            .map_err(|e| SchemaError::Invalid(format!("{}: {}{e}", desc.full_name(), culprit(desc, json))))?;
+        let msg =
+            DynamicMessage::deserialize_with_options(desc.clone(), json, &STRICT).map_err(|e| {
+                SchemaError::Invalid(format!("{}: {}{e}", desc.full_name(), culprit(desc, json)))
+            })?;
         msg.encode(out)
             .map_err(|e| SchemaError::Invalid(format!("{}: {e}", desc.full_name())))?;
         Ok(&[0])
     }
 
     /// [`Protobuf::encode`] straight from JSON text (no intermediate `Value`: the relay's path).
-    pub(crate) fn encode_text(&self, text: &str, out: &mut Vec<u8>) -> Result<&'static [i32], SchemaError> {
+    pub(crate) fn encode_text(
+        &self,
+        text: &str,
+        out: &mut Vec<u8>,
+    ) -> Result<&'static [i32], SchemaError> {
         let desc = self.first()?;
         let mut de = serde_json::Deserializer::from_str(text);
         match DynamicMessage::deserialize_with_options(desc.clone(), &mut de, &STRICT) {
@@ -194,11 +206,7 @@ fn culprit(desc: &MessageDescriptor, json: &serde_json::Value) -> String {
     };
     for (k, v) in o {
         let one = serde_json::Value::Object([(k.clone(), v.clone())].into_iter().collect());
-        let alone = DynamicMessage::deserialize_with_options(
-            desc.clone(),
-            &one,
-            &STRICT,
-        );
+        let alone = DynamicMessage::deserialize_with_options(desc.clone(), &one, &STRICT);
         if alone.is_err() {
             return format!("field {k}: ");
         }
@@ -241,8 +249,13 @@ mod tests {
         assert_eq!(back["attrs"]["k"], "v");
         assert_eq!(back["at"], "2026-12-02T06:00:00Z");
         // Nested and second messages by their indexes.
-        let line = DynamicMessage::deserialize(p.message_at(&[0, 0]).unwrap(), &json!({"sku": "z"})).unwrap();
-        assert_eq!(p.decode(&[0, 0], &line.encode_to_vec()).unwrap()["sku"], "z");
+        let line =
+            DynamicMessage::deserialize(p.message_at(&[0, 0]).unwrap(), &json!({"sku": "z"}))
+                .unwrap();
+        assert_eq!(
+            p.decode(&[0, 0], &line.encode_to_vec()).unwrap()["sku"],
+            "z"
+        );
         assert!(p.message_at(&[1]).is_ok());
         assert!(p.message_at(&[2]).is_err());
     }
@@ -250,9 +263,19 @@ mod tests {
     #[test]
     fn a_broken_contract_is_refused() {
         let p = Protobuf::parse(ORDERS).unwrap();
-        for v in [json!({"order_id": 5}), json!({"nope": 1}), json!({"total_cents": "abc"})] {
-            assert!(matches!(p.encode(&v, &mut Vec::new()), Err(SchemaError::Invalid(_))), "{v}");
+        for v in [
+            json!({"order_id": 5}),
+            json!({"nope": 1}),
+            json!({"total_cents": "abc"}),
+        ] {
+            assert!(
+                matches!(p.encode(&v, &mut Vec::new()), Err(SchemaError::Invalid(_))),
+                "{v}"
+            );
         }
-        assert!(matches!(Protobuf::parse("message {"), Err(SchemaError::Schema(_))));
+        assert!(matches!(
+            Protobuf::parse("message {"),
+            Err(SchemaError::Schema(_))
+        ));
     }
 }

@@ -56,7 +56,9 @@ pub struct RegistryClient {
 
 impl std::fmt::Debug for RegistryClient {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RegistryClient").field("base", &self.base).finish()
+        f.debug_struct("RegistryClient")
+            .field("base", &self.base)
+            .finish()
     }
 }
 
@@ -129,7 +131,9 @@ impl RegistryClient {
         };
         let (status, bytes) = tokio::time::timeout(CALL_TIMEOUT, call)
             .await
-            .map_err(|_| SchemaError::Unavailable(format!("{uri}: no answer in {CALL_TIMEOUT:?}")))??;
+            .map_err(|_| {
+                SchemaError::Unavailable(format!("{uri}: no answer in {CALL_TIMEOUT:?}"))
+            })??;
         if status.is_success() {
             return Ok(bytes);
         }
@@ -151,8 +155,9 @@ impl RegistryClient {
     }
 
     fn parse(bytes: &[u8], id: Option<u32>) -> Result<Registered, SchemaError> {
-        let b: SchemaBody = serde_json::from_slice(bytes)
-            .map_err(|e| SchemaError::Unavailable(format!("registry answer is not a schema: {e}")))?;
+        let b: SchemaBody = serde_json::from_slice(bytes).map_err(|e| {
+            SchemaError::Unavailable(format!("registry answer is not a schema: {e}"))
+        })?;
         Ok(Registered {
             id: b
                 .id
@@ -264,7 +269,10 @@ impl RegistryClient {
 mod tests {
     #[test]
     fn subjects_are_escaped() {
-        assert_eq!(super::encode_subject("orders.created-value"), "orders.created-value");
+        assert_eq!(
+            super::encode_subject("orders.created-value"),
+            "orders.created-value"
+        );
         assert_eq!(super::encode_subject("a/b c"), "a%2Fb%20c");
     }
 }

@@ -42,9 +42,19 @@ async fn end_to_end(format: Format, schema: &str) {
     let mut c = client(&db).await;
     let enq = Enqueuer::new(&db.schema).with_schemas(schemas.clone());
     let tx = c.transaction().await.unwrap();
-    let good = Message::new(&topic, "order_created", "A-1", json!({"order_id": "A-1", "total_cents": 1500, "note": "hi"}));
+    let good = Message::new(
+        &topic,
+        "order_created",
+        "A-1",
+        json!({"order_id": "A-1", "total_cents": 1500, "note": "hi"}),
+    );
     enq.enqueue(&tx, &good).await.unwrap();
-    let bad = Message::new(&topic, "order_created", "A-2", json!({"order_id": "A-2", "total_cents": "lots"}));
+    let bad = Message::new(
+        &topic,
+        "order_created",
+        "A-2",
+        json!({"order_id": "A-2", "total_cents": "lots"}),
+    );
     match enq.enqueue(&tx, &bad).await {
         Err(EnqueueError::Schema(SchemaError::Invalid(why))) => {
             assert!(why.contains("total_cents"), "{format:?}: {why}")
@@ -53,7 +63,10 @@ async fn end_to_end(format: Format, schema: &str) {
     }
     // Refused before any SQL: the transaction is intact, holding the good row only.
     let rows = tx
-        .query_one(&format!("SELECT count(*) FROM {}.outbox", db.schema.quoted()), &[])
+        .query_one(
+            &format!("SELECT count(*) FROM {}.outbox", db.schema.quoted()),
+            &[],
+        )
         .await
         .unwrap()
         .get::<_, i64>(0);
@@ -69,7 +82,11 @@ async fn end_to_end(format: Format, schema: &str) {
     assert_eq!(records.len(), 1);
     let payload = &records[0].payload;
     assert_eq!(payload[0], 0, "{format:?}: magic byte");
-    assert_eq!(u32::from_be_bytes(payload[1..5].try_into().unwrap()), id, "{format:?}: schema id");
+    assert_eq!(
+        u32::from_be_bytes(payload[1..5].try_into().unwrap()),
+        id,
+        "{format:?}: schema id"
+    );
     let decoded = schemas.decode(payload).await.unwrap();
     assert_eq!(decoded.json["order_id"], "A-1");
     assert_eq!(decoded.json["total_cents"], 1500);
@@ -87,8 +104,15 @@ async fn end_to_end(format: Format, schema: &str) {
 
     // A consumer without the registry cannot read the framed record: a decode dead letter.
     let letters = undecodable(&db, &topic, None, 1).await;
-    assert!(letters[0].headers["x-error"].contains("no schema registry"), "{:?}", letters[0].headers);
-    assert_eq!(&letters[0].payload, payload, "the letter's body is the framed original");
+    assert!(
+        letters[0].headers["x-error"].contains("no schema registry"),
+        "{:?}",
+        letters[0].headers
+    );
+    assert_eq!(
+        &letters[0].payload, payload,
+        "the letter's body is the framed original"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -117,7 +141,10 @@ async fn a_row_that_breaks_its_schema_fails_with_the_reason_and_goes_after_the_f
     let url = registry_url();
     let registry = RegistryClient::new(&url).unwrap();
     let subject = format!("{topic}-value");
-    let v1 = registry.register(&subject, Format::Avro, AVRO).await.unwrap();
+    let v1 = registry
+        .register(&subject, Format::Avro, AVRO)
+        .await
+        .unwrap();
     let mut config = outbox::schemas::SchemaConfig::from_topics_toml(&url, "").unwrap();
     config.topics.insert(
         topic.clone(),
@@ -133,7 +160,10 @@ async fn a_row_that_breaks_its_schema_fails_with_the_reason_and_goes_after_the_f
     let mut c = client(&db).await;
     let tx = c.transaction().await.unwrap();
     outbox::Enqueuer::new(&db.schema)
-        .enqueue(&tx, &Message::new(&topic, "order_created", "A-3", json!({"order_id": "A-3"})))
+        .enqueue(
+            &tx,
+            &Message::new(&topic, "order_created", "A-3", json!({"order_id": "A-3"})),
+        )
         .await
         .unwrap();
     tx.commit().await.unwrap();
@@ -143,29 +173,54 @@ async fn a_row_that_breaks_its_schema_fails_with_the_reason_and_goes_after_the_f
     let relay = outbox::Relay::new(&db, &kafka(), cfg).unwrap();
     let _ = relay.run_once().await.unwrap();
     let row = c
-        .query_one(&format!("SELECT status, attempts, last_error FROM {}.outbox", db.schema.quoted()), &[])
+        .query_one(
+            &format!(
+                "SELECT status, attempts, last_error FROM {}.outbox",
+                db.schema.quoted()
+            ),
+            &[],
+        )
         .await
         .unwrap();
-    assert_eq!(row.get::<_, String>(0), "failed", "failed at once, no retries");
+    assert_eq!(
+        row.get::<_, String>(0),
+        "failed",
+        "failed at once, no retries"
+    );
     assert_eq!(row.get::<_, i32>(1), 1);
     let why: String = row.get(2);
-    assert!(why.contains("total_cents") && why.contains(&format!("schema id {v1}")), "{why}");
+    assert!(
+        why.contains("total_cents") && why.contains(&format!("schema id {v1}")),
+        "{why}"
+    );
     assert_eq!(topic_len(&topic).await, 0);
 
     // The fix: a compatible version gives total_cents a default; then requeue.
     let v2 = registry
-        .register(&subject, Format::Avro, &AVRO.replace(r#""type": "long"}"#, r#""type": "long", "default": 0}"#))
+        .register(
+            &subject,
+            Format::Avro,
+            &AVRO.replace(r#""type": "long"}"#, r#""type": "long", "default": 0}"#),
+        )
         .await
         .unwrap();
     assert_ne!(v1, v2);
-    outbox::requeue(&db, outbox::Requeue::AllFailed).await.unwrap();
+    outbox::requeue(&db, outbox::Requeue::AllFailed)
+        .await
+        .unwrap();
     // Below the claim floor now: a running relay's sweep (or the requeue's notice) brings
     // the next claim back down to it.
     relay.sweep().await.unwrap();
     assert_eq!(drain(&relay).await, 1);
     let records = read_all(&topic).await;
-    assert_eq!(u32::from_be_bytes(records[0].payload[1..5].try_into().unwrap()), v2);
-    assert_eq!(schemas.decode(&records[0].payload).await.unwrap().json["total_cents"], 0);
+    assert_eq!(
+        u32::from_be_bytes(records[0].payload[1..5].try_into().unwrap()),
+        v2
+    );
+    assert_eq!(
+        schemas.decode(&records[0].payload).await.unwrap().json["total_cents"],
+        0
+    );
 }
 
 /// A topic whose subject the registry does not hold: the row is backed off (attempts spent,
@@ -178,7 +233,10 @@ async fn a_subject_the_registry_lacks_backs_the_row_off() {
     let schemas = schemas_for(&registry_url(), &[(topic.as_str(), Format::Avro)]);
     let c = client(&db).await;
     outbox::Enqueuer::new(&db.schema)
-        .enqueue(&c, &Message::new(&topic, "order_created", "A-4", json!({"order_id": "A-4"})))
+        .enqueue(
+            &c,
+            &Message::new(&topic, "order_created", "A-4", json!({"order_id": "A-4"})),
+        )
         .await
         .unwrap();
     let mut cfg = relay_config();
@@ -186,12 +244,22 @@ async fn a_subject_the_registry_lacks_backs_the_row_off() {
     let relay = outbox::Relay::new(&db, &kafka(), cfg).unwrap();
     let _ = relay.run_once().await.unwrap();
     let row = c
-        .query_one(&format!("SELECT status, attempts, last_error FROM {}.outbox", db.schema.quoted()), &[])
+        .query_one(
+            &format!(
+                "SELECT status, attempts, last_error FROM {}.outbox",
+                db.schema.quoted()
+            ),
+            &[],
+        )
         .await
         .unwrap();
     assert_eq!(row.get::<_, String>(0), "pending");
     assert_eq!(row.get::<_, i32>(1), 1);
-    assert!(row.get::<_, String>(2).contains("40401"), "{}", row.get::<_, String>(2));
+    assert!(
+        row.get::<_, String>(2).contains("40401"),
+        "{}",
+        row.get::<_, String>(2)
+    );
     assert_eq!(topic_len(&topic).await, 0);
 }
 
@@ -221,7 +289,10 @@ async fn undecodable_framed_records_are_decode_dead_letters_naming_why() {
         produce(
             &topic,
             Some(key.as_bytes()),
-            &[("message_type", b"order_created"), ("message_id", format!("m-{key}").as_bytes())],
+            &[
+                ("message_type", b"order_created"),
+                ("message_id", format!("m-{key}").as_bytes()),
+            ],
             Some(payload),
         )
         .await;
@@ -231,15 +302,26 @@ async fn undecodable_framed_records_are_decode_dead_letters_naming_why() {
         letters
             .iter()
             .find(|l| l.key.as_deref() == Some(key.as_bytes()))
-            .map(|l| (l.headers["x-error"].clone(), l.headers["x-error-kind"].clone()))
+            .map(|l| {
+                (
+                    l.headers["x-error"].clone(),
+                    l.headers["x-error-kind"].clone(),
+                )
+            })
             .unwrap()
     };
     let (e, kind) = error("u");
     assert_eq!(kind, "decode");
-    assert!(e.contains(&format!("schema id {unknown_id}")) && e.contains("40403"), "{e}");
+    assert!(
+        e.contains(&format!("schema id {unknown_id}")) && e.contains("40403"),
+        "{e}"
+    );
     let (e, kind) = error("c");
     assert_eq!(kind, "decode");
-    assert!(e.contains(&format!("schema id {id}")) && e.contains("avro length of 4"), "{e}");
+    assert!(
+        e.contains(&format!("schema id {id}")) && e.contains("avro length of 4"),
+        "{e}"
+    );
 }
 
 /// Record naming: the subject is the record's full name (shared by every topic carrying that
@@ -253,9 +335,15 @@ async fn record_subject_naming() {
     let url = registry_url();
     let ns = format!("it.r{}", hex(6));
     let record = format!("{ns}.OrderCreated");
-    let schema = AVRO.replace("\"namespace\": \"com.acme\"", &format!("\"namespace\": \"{ns}\""));
+    let schema = AVRO.replace(
+        "\"namespace\": \"com.acme\"",
+        &format!("\"namespace\": \"{ns}\""),
+    );
     let registry = RegistryClient::new(&url).unwrap();
-    let id = registry.register(&record, Format::Avro, &schema).await.unwrap();
+    let id = registry
+        .register(&record, Format::Avro, &schema)
+        .await
+        .unwrap();
     let mut config = outbox::schemas::SchemaConfig::from_topics_toml(
         &url,
         &format!("[[topic]]\nname = \"{topic}\"\nformat = \"avro\"\nsubject = \"record\"\nrecord = \"{record}\""),
@@ -265,20 +353,34 @@ async fn record_subject_naming() {
     let schemas = outbox::schemas::Schemas::new(config).unwrap();
     let c = client(&db).await;
     let enq = Enqueuer::new(&db.schema).with_schemas(schemas.clone());
-    enq.enqueue(&c, &Message::new(&topic, "order_created", "R-1", json!({"order_id": "R-1", "total_cents": 1})))
-        .await
-        .unwrap();
+    enq.enqueue(
+        &c,
+        &Message::new(
+            &topic,
+            "order_created",
+            "R-1",
+            json!({"order_id": "R-1", "total_cents": 1}),
+        ),
+    )
+    .await
+    .unwrap();
     let mut cfg = relay_config();
     cfg.schemas = Some(schemas.clone());
     let relay = outbox::Relay::new(&db, &kafka(), cfg).unwrap();
     assert_eq!(drain(&relay).await, 1);
     let records = read_all(&topic).await;
-    assert_eq!(u32::from_be_bytes(records[0].payload[1..5].try_into().unwrap()), id);
+    assert_eq!(
+        u32::from_be_bytes(records[0].payload[1..5].try_into().unwrap()),
+        id
+    );
 
     // A subject that holds another record than the topic declares: refused with the
     // reason, nothing written.
     let wrong = format!("{ns}.OrderPlaced");
-    registry.register(&wrong, Format::Avro, &schema).await.unwrap();
+    registry
+        .register(&wrong, Format::Avro, &schema)
+        .await
+        .unwrap();
     let other_topic = topic_name();
     let enq = Enqueuer::new(&db.schema).with_schemas(
         outbox::schemas::Schemas::new(
@@ -291,16 +393,34 @@ async fn record_subject_naming() {
         .unwrap(),
     );
     match enq
-        .enqueue(&c, &Message::new(&other_topic, "order_created", "R-2", json!({"order_id": "R-2", "total_cents": 2})))
+        .enqueue(
+            &c,
+            &Message::new(
+                &other_topic,
+                "order_created",
+                "R-2",
+                json!({"order_id": "R-2", "total_cents": 2}),
+            ),
+        )
         .await
     {
         Err(EnqueueError::Schema(SchemaError::Schema(why))) => {
-            assert!(why.contains(&format!("holds record {record}")) && why.contains("declares record"), "{why}")
+            assert!(
+                why.contains(&format!("holds record {record}")) && why.contains("declares record"),
+                "{why}"
+            )
         }
         other => panic!("another record under the subject must be refused: {other:?}"),
     }
     assert_eq!(
-        count(&c, &format!("SELECT count(*) FROM {}.outbox WHERE topic = '{other_topic}'", db.schema.quoted())).await,
+        count(
+            &c,
+            &format!(
+                "SELECT count(*) FROM {}.outbox WHERE topic = '{other_topic}'",
+                db.schema.quoted()
+            )
+        )
+        .await,
         0
     );
 }

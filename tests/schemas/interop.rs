@@ -20,8 +20,15 @@ fn repo(path: &str) -> String {
 async fn confluent(verb: &str, format: &str, topic: &str, n: usize) -> Vec<serde_json::Value> {
     let (verb, format, topic) = (verb.to_owned(), format.to_owned(), topic.to_owned());
     tokio::task::spawn_blocking(move || {
-        let py = Command::new("bash").arg(repo("dev/python.sh")).output().unwrap();
-        assert!(py.status.success(), "{}", String::from_utf8_lossy(&py.stderr));
+        let py = Command::new("bash")
+            .arg(repo("dev/python.sh"))
+            .output()
+            .unwrap();
+        assert!(
+            py.status.success(),
+            "{}",
+            String::from_utf8_lossy(&py.stderr)
+        );
         let python = String::from_utf8(py.stdout).unwrap().trim().to_owned();
         let out = Command::new(python)
             .arg(repo("tests/interop/confluent.py"))
@@ -67,20 +74,36 @@ async fn both_ways(format: Format, name: &str, schema: &str) {
     let enq = Enqueuer::new(&db.schema).with_schemas(schemas.clone());
     let mut ids = Vec::new();
     for i in 1..=3 {
-        let m = Message::new(&topic, "order_created", format!("A-{i}"), json!({"order_id": format!("A-{i}"), "total_cents": 100 * i, "note": "from rust"}));
+        let m = Message::new(
+            &topic,
+            "order_created",
+            format!("A-{i}"),
+            json!({"order_id": format!("A-{i}"), "total_cents": 100 * i, "note": "from rust"}),
+        );
         ids.push(m.message_id().to_string());
         enq.enqueue(&c, &m).await.unwrap();
     }
     let mut cfg = relay_config();
     cfg.schemas = Some(schemas.clone());
-    assert_eq!(drain(&outbox::Relay::new(&db, &kafka(), cfg).unwrap()).await, 3);
+    assert_eq!(
+        drain(&outbox::Relay::new(&db, &kafka(), cfg).unwrap()).await,
+        3
+    );
     let read = confluent("decode", name, &topic, 3).await;
     assert_eq!(read.len(), 3, "{name}");
     for (i, r) in read.iter().enumerate() {
         assert_eq!(r["message_id"], ids[i], "{name}");
         assert_eq!(r["schema_id"], id, "{name}");
-        assert_eq!(r["value"]["order_id"], format!("A-{}", i + 1), "{name}: {r}");
-        assert_eq!(int(&r["value"]["total_cents"]), 100 * (i as i64 + 1), "{name}: {r}");
+        assert_eq!(
+            r["value"]["order_id"],
+            format!("A-{}", i + 1),
+            "{name}: {r}"
+        );
+        assert_eq!(
+            int(&r["value"]["total_cents"]),
+            100 * (i as i64 + 1),
+            "{name}: {r}"
+        );
         assert_eq!(r["value"]["note"], "from rust", "{name}: {r}");
     }
 
@@ -92,7 +115,8 @@ async fn both_ways(format: Format, name: &str, schema: &str) {
     let produced = confluent("produce", name, &theirs, 3).await;
     let their_id = u32::try_from(produced[0]["schema_id"].as_u64().unwrap()).unwrap();
     let consumer_schemas = schemas_for(&registry_url(), &[]);
-    let (seen, stats, stop, h) = run_consumer(&db, &theirs, "order_created", Some(consumer_schemas));
+    let (seen, stats, stop, h) =
+        run_consumer(&db, &theirs, "order_created", Some(consumer_schemas));
     handled(&stats, 3).await;
     stop.send(()).unwrap();
     h.await.unwrap().unwrap();
@@ -105,7 +129,12 @@ async fn both_ways(format: Format, name: &str, schema: &str) {
         assert_eq!(int(&body["total_cents"]), 100 * i as i64, "{name}: {body}");
         assert_eq!(body["note"], "from python", "{name}: {body}");
     }
-    assert_eq!(stats.dead_lettered.load(std::sync::atomic::Ordering::Relaxed), 0);
+    assert_eq!(
+        stats
+            .dead_lettered
+            .load(std::sync::atomic::Ordering::Relaxed),
+        0
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -49,11 +49,10 @@ impl Handler for Recorder {
         _tx: &'a tokio_postgres::Transaction<'a>,
     ) -> futures::future::BoxFuture<'a, Result<(), HandlerError>> {
         Box::pin(async move {
-            self.0.lock().unwrap().push((
-                msg.message_id.clone(),
-                msg.body.clone(),
-                msg.schema_id,
-            ));
+            self.0
+                .lock()
+                .unwrap()
+                .push((msg.message_id.clone(), msg.body.clone(), msg.schema_id));
             Ok(())
         })
     }
@@ -103,9 +102,16 @@ pub async fn undecodable(
     n: u64,
 ) -> Vec<Record> {
     let (seen, stats, stop, h) = run_consumer(db, topic, "order_created", schemas);
-    wait_until(Duration::from_secs(60), "records dead-lettered as undecodable", || async {
-        stats.decode_errors.load(std::sync::atomic::Ordering::Relaxed) == n
-    })
+    wait_until(
+        Duration::from_secs(60),
+        "records dead-lettered as undecodable",
+        || async {
+            stats
+                .decode_errors
+                .load(std::sync::atomic::Ordering::Relaxed)
+                == n
+        },
+    )
     .await;
     stop.send(()).unwrap();
     h.await.unwrap().unwrap();

@@ -59,7 +59,15 @@ async fn a_registry_outage_loses_nothing_and_spends_nothing() {
     let c = client(&db).await;
     for i in 0..3 {
         outbox::Enqueuer::new(&db.schema)
-            .enqueue(&c, &Message::new(&topic, "paid", format!("P-{i}"), json!({"order_id": format!("P-{i}")})))
+            .enqueue(
+                &c,
+                &Message::new(
+                    &topic,
+                    "paid",
+                    format!("P-{i}"),
+                    json!({"order_id": format!("P-{i}")}),
+                ),
+            )
             .await
             .unwrap();
     }
@@ -73,7 +81,10 @@ async fn a_registry_outage_loses_nothing_and_spends_nothing() {
     }
     let row = c
         .query_one(
-            &format!("SELECT count(*) FILTER (WHERE status = 'pending'), max(attempts) FROM {}.outbox", db.schema.quoted()),
+            &format!(
+                "SELECT count(*) FILTER (WHERE status = 'pending'), max(attempts) FROM {}.outbox",
+                db.schema.quoted()
+            ),
             &[],
         )
         .await
@@ -92,7 +103,14 @@ async fn a_registry_outage_loses_nothing_and_spends_nothing() {
     assert_eq!(drain(&relay).await, 3);
     let records = read_all(&topic).await;
     assert_eq!(records.len(), 3);
-    assert!(records.iter().all(|r| r.payload[..5] == [0, (id >> 24) as u8, (id >> 16) as u8, (id >> 8) as u8, id as u8]));
+    assert!(records.iter().all(|r| r.payload[..5]
+        == [
+            0,
+            (id >> 24) as u8,
+            (id >> 16) as u8,
+            (id >> 8) as u8,
+            id as u8
+        ]));
 
     // Consume time, the registry cut off (a proxy between the consumer and the registry that
     // refuses and drops connections: the registry keeps its schemas, as a real one's storage
@@ -101,9 +119,11 @@ async fn a_registry_outage_loses_nothing_and_spends_nothing() {
     proxy.cut.store(true, Ordering::SeqCst);
     let url = format!("http://127.0.0.1:{}/apis/ccompat/v7", proxy.port);
     let (seen, stats, stop, h) = run_consumer(&db, &topic, "paid", Some(schemas_for(&url, &[])));
-    wait_until(Duration::from_secs(60), "framed records held for the registry", || async {
-        stats.registry_waits.load(Ordering::Relaxed) >= 2
-    })
+    wait_until(
+        Duration::from_secs(60),
+        "framed records held for the registry",
+        || async { stats.registry_waits.load(Ordering::Relaxed) >= 2 },
+    )
     .await;
     assert_eq!(stats.handled.load(Ordering::Relaxed), 0);
     assert_eq!(stats.dead_lettered.load(Ordering::Relaxed), 0);
@@ -114,9 +134,18 @@ async fn a_registry_outage_loses_nothing_and_spends_nothing() {
     handled(&stats, 3).await;
     stop.send(()).unwrap();
     h.await.unwrap().unwrap();
-    assert_eq!(stats.dead_lettered.load(Ordering::Relaxed), 0, "never a dead letter");
+    assert_eq!(
+        stats.dead_lettered.load(Ordering::Relaxed),
+        0,
+        "never a dead letter"
+    );
     assert_eq!(topic_len(&format!("{topic}.dlq")).await, 0);
-    let mut ids: Vec<String> = seen.lock().unwrap().iter().map(|s| s.1["order_id"].as_str().unwrap().to_owned()).collect();
+    let mut ids: Vec<String> = seen
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|s| s.1["order_id"].as_str().unwrap().to_owned())
+        .collect();
     ids.sort();
     assert_eq!(ids, ["P-0", "P-1", "P-2"]);
 }
@@ -141,7 +170,8 @@ impl Proxy {
                 }
                 let flag = flag.clone();
                 tokio::spawn(async move {
-                    let Ok(mut up) = tokio::net::TcpStream::connect(("127.0.0.1", upstream)).await else {
+                    let Ok(mut up) = tokio::net::TcpStream::connect(("127.0.0.1", upstream)).await
+                    else {
                         return;
                     };
                     let copy = tokio::io::copy_bidirectional(&mut down, &mut up);
@@ -180,13 +210,24 @@ async fn a_registry_outage_opens_the_shared_breaker_and_parks_nothing() {
     let c = client(&db).await;
     for i in 0..3 {
         outbox::Enqueuer::new(&db.schema)
-            .enqueue(&c, &Message::new(&topic, "paid", format!("B-{i}"), json!({"order_id": format!("B-{i}")})))
+            .enqueue(
+                &c,
+                &Message::new(
+                    &topic,
+                    "paid",
+                    format!("B-{i}"),
+                    json!({"order_id": format!("B-{i}")}),
+                ),
+            )
             .await
             .unwrap();
     }
     let mut cfg = relay_config();
     cfg.schemas = Some(schemas);
-    assert_eq!(drain(&outbox::Relay::new(&db, &kafka(), cfg).unwrap()).await, 3);
+    assert_eq!(
+        drain(&outbox::Relay::new(&db, &kafka(), cfg).unwrap()).await,
+        3
+    );
 
     let proxy = Proxy::start(
         registry_url()
@@ -219,9 +260,11 @@ async fn a_registry_outage_opens_the_shared_breaker_and_parks_nothing() {
         db.schema.quoted(),
         outbox::consumer::REGISTRY_DEPENDENCY
     );
-    wait_until(Duration::from_secs(60), "the breaker opened for the registry", || async {
-        count(&c, &opened).await == 1
-    })
+    wait_until(
+        Duration::from_secs(60),
+        "the breaker opened for the registry",
+        || async { count(&c, &opened).await == 1 },
+    )
     .await;
     assert_eq!(stats.handled.load(Ordering::Relaxed), 0);
     assert_eq!(stats.dead_lettered.load(Ordering::Relaxed), 0);
@@ -230,7 +273,11 @@ async fn a_registry_outage_opens_the_shared_breaker_and_parks_nothing() {
     handled(&stats, 3).await;
     stop.send(()).unwrap();
     h.await.unwrap().unwrap();
-    assert_eq!(stats.dead_lettered.load(Ordering::Relaxed), 0, "nothing parked or dead-lettered");
+    assert_eq!(
+        stats.dead_lettered.load(Ordering::Relaxed),
+        0,
+        "nothing parked or dead-lettered"
+    );
     assert_eq!(topic_len(&format!("{topic}.dlq")).await, 0);
     assert_eq!(seen.lock().unwrap().len(), 3);
 }

@@ -55,12 +55,19 @@ pub async fn run(args: Args, out: &mut dyn Write) -> anyhow::Result<()> {
         })?;
     let mut refused = 0;
     for (f, v) in &results {
-        let name = f.path.file_name().map_or_else(String::new, |n| n.to_string_lossy().into_owned());
+        let name = f
+            .path
+            .file_name()
+            .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
         let line = match v {
-            FileVerdict::Registered(id) => format!("registered   {} (id {id}) from {name}", f.subject),
+            FileVerdict::Registered(id) => {
+                format!("registered   {} (id {id}) from {name}", f.subject)
+            }
             FileVerdict::Compatible => format!("compatible   {} from {name}", f.subject),
             FileVerdict::New => format!("new subject  {} from {name}", f.subject),
-            FileVerdict::Incompatible(why) => format!("INCOMPATIBLE {} from {name}: {why}", f.subject),
+            FileVerdict::Incompatible(why) => {
+                format!("INCOMPATIBLE {} from {name}: {why}", f.subject)
+            }
             FileVerdict::Invalid(why) => format!("INVALID      {} from {name}: {why}", f.subject),
         };
         writeln!(out, "{line}")?;
