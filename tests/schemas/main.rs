@@ -15,12 +15,6 @@ use outbox::consumer::{Consumer, ConsumerConfig, Delivered, Handler, HandlerErro
 use outbox::schemas::{Format, SchemaConfig, Schemas, SubjectNaming, TopicSchema};
 use outbox_testkit::*;
 
-/// The dev registry (`SCHEMA_REGISTRY_URL`, as `dev/env.sh` sets it).
-pub fn registry_url() -> String {
-    std::env::var("SCHEMA_REGISTRY_URL")
-        .unwrap_or_else(|_| "http://127.0.0.1:18081/apis/ccompat/v7".into())
-}
-
 /// Schemas for `topics` (each with its format, subject `<topic>-value`) at `url`.
 pub fn schemas_for(url: &str, topics: &[(&str, Format)]) -> Schemas {
     let mut c = SchemaConfig::from_topics_toml(url, "").unwrap();

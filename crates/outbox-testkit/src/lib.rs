@@ -31,6 +31,13 @@ pub fn bootstrap() -> String {
     std::env::var("KAFKA_BOOTSTRAP_SERVERS").unwrap_or_else(|_| "127.0.0.1:9092".into())
 }
 
+/// The schema registry's Confluent-compatible API (`SCHEMA_REGISTRY_URL`, as `dev/env.sh`
+/// sets it; `dev/registry.sh` serves it).
+pub fn registry_url() -> String {
+    std::env::var("SCHEMA_REGISTRY_URL")
+        .unwrap_or_else(|_| "http://127.0.0.1:18081/apis/ccompat/v7".into())
+}
+
 /// `n` random lowercase alphanumerics, for unique schema, topic and group names.
 pub fn hex(n: usize) -> String {
     (0..n)
