@@ -249,6 +249,9 @@ impl Relay {
                 }
             }
             let out: HashSet<i32> = reset.clone();
+            // A full batch: the next claim starts just past it instead of stepping over its
+            // locked rows one by one (the same rule as the at-least-once pipeline, `Ahead`).
+            let ahead = current.ahead(limit);
             let (published, settled, next) = tokio::join!(
                 self.publish_batch(
                     &current,
@@ -266,7 +269,7 @@ impl Relay {
                 },
                 async {
                     if full {
-                        Some(self.claim_in(limit, lanes.clone(), &after, None).await)
+                        Some(self.claim_in(limit, lanes.clone(), &after, ahead).await)
                     } else {
                         None
                     }
