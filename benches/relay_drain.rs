@@ -22,7 +22,8 @@
 //! smoke size under cargo test (through a 1 ms proxy). The full run also prints the
 //! exactly-once relay (`relay_drain_exactly_once`) next to the idempotent one, and Avro and
 //! Protobuf topics (`relay_drain_formats`, rows encoded through the schema registry) next to
-//! plain JSON; ONLY_FORMATS=1 runs just those, three rounds.
+//! plain JSON; ONLY_FORMATS=1 runs just those, three rounds. The full run and ONLY_EXACTLY_ONCE
+//! end with what an idle relay costs (`relay_idle_cpu`), idempotent and exactly-once.
 
 #[path = "support/mod.rs"]
 mod support;
@@ -343,6 +344,59 @@ async fn kafka_ceiling(rows: usize, keys: usize) -> f64 {
     rows as f64 / secs
 }
 
+/// What one relay costs while nothing is pending: this process's CPU (the relay's tasks and
+/// its producers' threads) and Postgres's, over `secs` of `Relay::run` on an empty outbox after
+/// its first passes, as a share of one core. Exactly-once keeps a producer per slot (eight).
+async fn idle_cpu(exactly_once: bool, secs: f64) -> serde_json::Value {
+    let db = fresh_db().await;
+    let topic = format!("bench.{}.idle", rand_name(8));
+    let cfg = {
+        let mut c = outbox::RelayConfig::default();
+        if exactly_once {
+            let mut eo = outbox::ExactlyOnce::default();
+            eo.progress_topic = format!("{topic}.progress");
+            c.exactly_once = Some(eo);
+        }
+        c
+    };
+    let relay = outbox::Relay::new(&db, &kafka(), cfg).unwrap();
+    // Its slots fenced in and recovered, its lanes taken: what it costs from then on.
+    for _ in 0..2 {
+        relay.rebalance().await;
+    }
+    relay.run_once().await.unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let running = tokio::spawn(relay.run(async move {
+        let _ = stopped.await;
+    }));
+    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    let before = cpu_seconds();
+    tokio::time::sleep(std::time::Duration::from_secs_f64(secs)).await;
+    let cpu = cpu_seconds().since(&before);
+    let _ = stop.send(());
+    running.await.unwrap().unwrap();
+    drop_schema(&db).await;
+    if exactly_once {
+        delete_topic(&format!("{topic}.progress")).await;
+    }
+    serde_json::json!({
+        "relay_percent_of_a_core": round2(cpu.relay * 100.0 / cpu.wall),
+        "postgres_percent_of_a_core": round2(cpu.postgres * 100.0 / cpu.wall),
+    })
+}
+
+/// Idle cost of an idempotent and an exactly-once relay, side by side.
+async fn idle_pair(params: &serde_json::Value) {
+    let secs = if full() { 10.0 } else { 1.0 };
+    let one = idle_cpu(false, secs).await;
+    let eo = idle_cpu(true, secs).await;
+    emit(
+        "relay_idle_cpu",
+        params.clone(),
+        serde_json::json!({"seconds": secs, "idempotent": one, "exactly_once": eo}),
+    );
+}
+
 /// An unmeasured idempotent and exactly-once drain of a fifth of the backlog each, before the
 /// measured ones: a broker that has served no transactions yet spends the first exactly-once
 /// drains JIT-compiling its transaction paths (seen as ~100 new C2 compilations and 0.4 s of
@@ -517,6 +571,7 @@ async fn main() {
                 }),
             );
         }
+        idle_pair(&params).await;
         return;
     }
     // The ceilings, then the relay in the same run.
@@ -589,6 +644,7 @@ async fn main() {
             "exactly_once_to_ceiling": round2(rate(&exactly) / ceiling),
         }),
     );
+    idle_pair(&params).await;
     // Avro and Protobuf (encoded through the registry) next to plain JSON, same backlog.
     formats(1, depth, rows, batch, keys, &params).await;
     // The user's situation after an outage or a bulk import: a backlog the planner has no

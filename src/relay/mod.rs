@@ -45,6 +45,7 @@ mod exactly;
 mod floor;
 mod lanes;
 mod pipeline;
+mod polled;
 mod producer;
 mod progress;
 mod reports;

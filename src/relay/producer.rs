@@ -63,21 +63,27 @@ pub(super) fn producer_for(
             c.set(k, v);
         }
     }
-    c.create_with_context(RelayContext {
-        quiet: crate::kafka::KafkaQuiet(outages.kafka.clone()),
-        reports: reports.clone(),
-    })
-    .map_err(|e| match e {
-        // librdkafka's message repeats the value, which may be a secret: keep only the name.
-        KafkaError::ClientConfig(_, desc, name, _value) => {
-            let reason = desc
-                .split(':')
-                .next()
-                .unwrap_or("refused by librdkafka")
-                .to_owned();
-            RelayError::Config(ConfigError::KafkaProperty { name, reason })
-        }
-        other => RelayError::Kafka(other),
+    let producer: rdkafka::producer::BaseProducer<RelayContext> = c
+        .create_with_context(RelayContext {
+            quiet: crate::kafka::KafkaQuiet(outages.kafka.clone()),
+            reports: reports.clone(),
+        })
+        .map_err(|e| match e {
+            // librdkafka's message repeats the value, which may be a secret: keep only the name.
+            KafkaError::ClientConfig(_, desc, name, _value) => {
+                let reason = desc
+                    .split(':')
+                    .next()
+                    .unwrap_or("refused by librdkafka")
+                    .to_owned();
+                RelayError::Config(ConfigError::KafkaProperty { name, reason })
+            }
+            other => RelayError::Kafka(other),
+        })?;
+    super::polled::Polled::new(producer).map_err(|e| {
+        RelayError::Kafka(KafkaError::ClientCreation(format!(
+            "the producer's polling thread could not start: {e}"
+        )))
     })
 }
 
