@@ -184,7 +184,11 @@ struct EofQuiet;
 
 impl rdkafka::ClientContext for EofQuiet {
     fn error(&self, error: KafkaError, reason: &str) {
-        if !matches!(error, KafkaError::PartitionEOF(_)) {
+        // The end of the partition is how a read finishes, not a fault: librdkafka reports
+        // it as a partition event and, again, as a global error event.
+        let eof = matches!(error, KafkaError::PartitionEOF(_))
+            || error.rdkafka_error_code() == Some(rdkafka::types::RDKafkaErrorCode::PartitionEOF);
+        if !eof {
             warn!(error = %error, reason, "progress reader");
         }
     }

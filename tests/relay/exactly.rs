@@ -77,6 +77,21 @@ fn relay_with_metrics(
     name: &str,
     metrics: Option<u16>,
 ) -> Kill {
+    Kill(
+        relay_command(s, exactly_once, crash_at, name, metrics)
+            .spawn()
+            .unwrap(),
+    )
+}
+
+/// The command [`relay_with_metrics`] spawns (its log on this test's standard error).
+fn relay_command(
+    s: &Setup,
+    exactly_once: bool,
+    crash_at: Option<&str>,
+    name: &str,
+    metrics: Option<u16>,
+) -> Command {
     let mut c = Command::new(outbox_bin());
     if let Some(port) = metrics {
         c.args(["relay", "--metrics-addr", &format!("127.0.0.1:{port}")]);
@@ -120,7 +135,7 @@ fn relay_with_metrics(
     if let Some(p) = crash_at {
         c.env("OUTBOX_CRASH_AT", p);
     }
-    Kill(c.spawn().unwrap())
+    c
 }
 
 async fn pending(s: &Setup) -> i64 {
@@ -333,4 +348,33 @@ async fn each_batch_writes_a_progress_record_naming_its_ids() {
     assert_eq!(drain(&heir).await, 50);
     assert_eq!(read_committed(&s.topic).await.len(), 350);
     let _ = more;
+}
+
+/// What an operator reads: an exactly-once relay that takes its slots over (fencing, reading
+/// each progress partition to its end) and publishes a backlog logs no warning. Reading a
+/// progress partition to its end once logged a `PartitionEOF` warning per slot at every start.
+#[tokio::test]
+async fn a_clean_start_and_drain_logs_no_warning() {
+    let s = setup().await;
+    enqueue(&s.db, &s.topic, 0, 300, 16).await;
+    let log = std::env::temp_dir().join(format!("outbox-relay-{}.log", s.db.schema.name()));
+    let mut c = relay_command(&s, true, None, "eo-quiet", None);
+    c.env("RUST_LOG", "warn")
+        .stderr(Stdio::from(std::fs::File::create(&log).unwrap()));
+    let r = Kill(c.spawn().unwrap());
+    all_sent(&s, Duration::from_secs(60)).await;
+    // A second owner of the same slots (a restart): recovery reads the records just written.
+    drop(r);
+    enqueue(&s.db, &s.topic, 300, 50, 16).await;
+    let mut c = relay_command(&s, true, None, "eo-quiet", None);
+    c.env("RUST_LOG", "warn").stderr(Stdio::from(
+        std::fs::OpenOptions::new().append(true).open(&log).unwrap(),
+    ));
+    let r = Kill(c.spawn().unwrap());
+    all_sent(&s, Duration::from_secs(60)).await;
+    drop(r);
+    let text = std::fs::read_to_string(&log).unwrap();
+    let _ = std::fs::remove_file(&log);
+    let warnings: Vec<&str> = text.lines().filter(|l| l.contains("WARN")).collect();
+    assert!(warnings.is_empty(), "warnings logged: {warnings:#?}");
 }
