@@ -46,6 +46,12 @@ pub(super) const TXN_CALL_TIMEOUT: Duration = Duration::from_secs(30);
 const FLUSH_WAIT: Duration = Duration::from_millis(50);
 /// How far back from the end of a progress partition the last record is looked for first.
 pub(super) const PROGRESS_TAIL: i64 = 256;
+/// The most rows one exactly-once claim takes. A slot's progress record names its batch's ids
+/// and the previous batch's (while their marks are unconfirmed): with every row in one slot
+/// and 13-digit ids, 2 × 32,000 ids make ~0.9 MB, within the producer's 1 MB
+/// `message.max.bytes`. (A record that does not fit is refused, its transaction aborted, and
+/// its rows go again as the first batch of the next pass, with no ids before them.)
+pub(super) const MAX_CLAIM: usize = 32_000;
 
 /// Per-slot state: the producer once fenced in and recovered (`None`: it must be, before the
 /// slot produces).
@@ -172,7 +178,9 @@ impl Relay {
             .into_iter()
             .filter(|l| ready.contains_key(&slot_of(*l)))
             .collect();
-        let limit = (self.config.batch_size * ready.len()).min(MAX_BATCH_SIZE);
+        let limit = (self.config.batch_size * ready.len())
+            .min(MAX_BATCH_SIZE)
+            .min(MAX_CLAIM);
         let result = self.exactly_pipeline(&ready, lanes, limit).await;
         // A slot whose transaction ended unknown, or whose committed rows may be unmarked
         // (a Postgres failure), is fenced in and recovered before it produces again.
@@ -213,6 +221,12 @@ impl Relay {
             .expect("exactly-once mode");
         let mut reset: HashSet<i32> = HashSet::new();
         let mut total = BatchReport::default();
+        // A backlog: each full claim lets the next take twice as many rows, up to MAX_CLAIM.
+        // Every claim is a transaction per slot, and a transaction costs the broker the same
+        // whatever its size (AddPartitionsToTxn, EndTxn, a marker per partition, the
+        // transaction log's writes); the first claim stays at `limit`, so a trickle's
+        // transactions stay as small (and as quick to read committed) as before.
+        let grow = |l: usize| (l * 2).min(MAX_CLAIM).max(l);
         let mut current = match self
             .claim_in(limit, lanes.clone(), &HashMap::new(), None)
             .await
@@ -223,7 +237,7 @@ impl Relay {
         // The batch published and not yet marked: its rows, fates, and ids sent per slot.
         let mut prev: Option<InFlight> = None;
         loop {
-            let full = current.rows.len() >= limit && !current.rows.is_empty();
+            let full = current.rows.len() >= current.limit && !current.rows.is_empty();
             // Keys whose row in the batch before did not reach Kafka: held back here.
             let mut blocked: HashSet<String> = HashSet::new();
             // Keys with rows in batches in flight (and their highest id): the next claim's
@@ -251,7 +265,8 @@ impl Relay {
             let out: HashSet<i32> = reset.clone();
             // A full batch: the next claim starts just past it instead of stepping over its
             // locked rows one by one (the same rule as the at-least-once pipeline, `Ahead`).
-            let ahead = current.ahead(limit);
+            let ahead = current.ahead(current.limit);
+            let next_limit = grow(current.limit);
             let (published, settled, next) = tokio::join!(
                 self.publish_batch(
                     &current,
@@ -269,7 +284,10 @@ impl Relay {
                 },
                 async {
                     if full {
-                        Some(self.claim_in(limit, lanes.clone(), &after, ahead).await)
+                        Some(
+                            self.claim_in(next_limit, lanes.clone(), &after, ahead)
+                                .await,
+                        )
                     } else {
                         None
                     }

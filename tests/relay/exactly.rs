@@ -378,3 +378,61 @@ async fn a_clean_start_and_drain_logs_no_warning() {
     let warnings: Vec<&str> = text.lines().filter(|l| l.contains("WARN")).collect();
     assert!(warnings.is_empty(), "warnings logged: {warnings:#?}");
 }
+
+/// A large batch size and a backlog all in one slot (its keys' lanes), with ids as large as a
+/// table with years of history has: a progress record names its batch's ids and, while their
+/// marks are unconfirmed, the previous batch's. Two claims of 50,000 rows would name 100,000
+/// thirteen-digit ids (1.4 MB, over the producer's 1 MB `message.max.bytes`); the backlog
+/// must still drain, every record within one message, with no transaction aborted for a
+/// record too large (an aborted batch goes again as the first of the next pass).
+#[tokio::test]
+async fn a_one_slot_backlog_with_a_large_batch_size_drains() {
+    let s = setup().await;
+    s.c.batch_execute("ALTER TABLE outbox ALTER COLUMN id RESTART WITH 1000000000000")
+        .await
+        .unwrap();
+    // Twenty keys whose lanes (the claim's own expression) are all in slot 0.
+    let n: i64 = 150_000;
+    s.c.execute(
+        "WITH keys AS (
+             SELECT array_agg(k) AS k FROM (
+                 SELECT 'key-' || i AS k FROM generate_series(1, 10000) i
+                  WHERE (hashtext('key-' || i) & 63) / 8 = 0 LIMIT 20) c)
+         INSERT INTO outbox (topic, message_key, headers, payload)
+         SELECT $1, keys.k[1 + g % 20], jsonb_build_object('message_type', 'it_event',
+                'message_id', outbox_uuidv7()::text),
+                jsonb_build_object('seq', g)
+           FROM generate_series(0, $2::bigint - 1) g, keys
+          ORDER BY g",
+        &[&s.topic, &n],
+    )
+    .await
+    .unwrap();
+    let mut config = relay_config();
+    let mut eo = outbox::ExactlyOnce::default();
+    eo.progress_topic = s.progress.clone();
+    config.exactly_once = Some(eo);
+    config.batch_size = 10_000;
+    let relay = Relay::new(&s.db, &kafka(), config).unwrap();
+    let sent = tokio::time::timeout(Duration::from_secs(240), drain(&relay))
+        .await
+        .expect("the backlog drains");
+    assert_eq!(sent as i64, n);
+    // The first record names its own batch only; a later one that names two batches (its own
+    // and the one before, unmarked yet) committed: no record was too large to send, so no
+    // transaction was aborted for it and the pipeline kept two batches in flight.
+    let records: Vec<(usize, usize)> = read_committed(&s.progress)
+        .await
+        .iter()
+        .map(|r| (r.json()["ids"].as_array().unwrap().len(), r.payload.len()))
+        .collect();
+    let first = records[0].0;
+    assert!(
+        records.iter().any(|(ids, _)| *ids > first),
+        "no record named two batches: {records:?}"
+    );
+    assert!(
+        records.iter().all(|(_, bytes)| *bytes < 1_000_000),
+        "{records:?}"
+    );
+}
