@@ -489,7 +489,9 @@ async function viewJobs() {
             el("p", {}, "Letters not sent yet stay new; what was sent stays sent. A cancelled job cannot be resumed.")],
             "Cancel the job", async () => { await act(j, "cancel")(); }) }, "Cancel") : ""));
     }));
-  if (jobs.some(j => j.status === "running")) jobsTimer = setTimeout(route, 1000);
+  // A pending job is about to run (its runner has not marked it running yet, which under load
+  // can take longer than this render): follow it too, or the view would stop at "pending".
+  if (jobs.some(j => j.status === "running" || j.status === "pending")) jobsTimer = setTimeout(route, 1000);
   return [el("h2", {}, "Replay jobs"), jobs.length ? t : el("p", { class: "muted" }, "No replay jobs yet.")];
 }
 
