@@ -52,6 +52,7 @@ pub(super) const PROGRESS_TAIL: i64 = 256;
 /// `message.max.bytes`. (A record that does not fit is refused, its transaction aborted, and
 /// its rows go again as the first batch of the next pass, with no ids before them.)
 pub(super) const MAX_CLAIM: usize = 32_000;
+const _: () = assert!(MAX_CLAIM <= MAX_BATCH_SIZE);
 
 /// Per-slot state: the producer once fenced in and recovered (`None`: it must be, before the
 /// slot produces).
@@ -178,9 +179,7 @@ impl Relay {
             .into_iter()
             .filter(|l| ready.contains_key(&slot_of(*l)))
             .collect();
-        let limit = (self.config.batch_size * ready.len())
-            .min(MAX_BATCH_SIZE)
-            .min(MAX_CLAIM);
+        let limit = (self.config.batch_size * ready.len()).min(MAX_CLAIM);
         let result = self.exactly_pipeline(&ready, lanes, limit).await;
         // A slot whose transaction ended unknown, or whose committed rows may be unmarked
         // (a Postgres failure), is fenced in and recovered before it produces again.
@@ -226,7 +225,7 @@ impl Relay {
         // whatever its size (AddPartitionsToTxn, EndTxn, a marker per partition, the
         // transaction log's writes); the first claim stays at `limit`, so a trickle's
         // transactions stay as small (and as quick to read committed) as before.
-        let grow = |l: usize| (l * 2).min(MAX_CLAIM).max(l);
+        let grow = |l: usize| (l * 2).min(MAX_CLAIM);
         let mut current = match self
             .claim_in(limit, lanes.clone(), &HashMap::new(), None)
             .await

@@ -12,7 +12,7 @@
 
 use std::ops::Deref;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -52,7 +52,7 @@ impl<C: ProducerContext + 'static> Polled<C> {
             producer,
             _poller: Arc::new(Poller {
                 stop,
-                thread: Mutex::new(Some(thread)),
+                thread: Some(thread),
             }),
         })
     }
@@ -78,14 +78,13 @@ impl<C: ProducerContext + 'static> Deref for Polled<C> {
 /// Stops and joins the polling thread when the last handle goes.
 struct Poller {
     stop: Arc<AtomicBool>,
-    thread: Mutex<Option<JoinHandle<()>>>,
+    thread: Option<JoinHandle<()>>,
 }
 
 impl Drop for Poller {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
-        let thread = self.thread.lock().map(|mut t| t.take()).unwrap_or(None);
-        if let Some(t) = thread {
+        if let Some(t) = self.thread.take() {
             // The thread ends within one slice; a panic there has already been reported.
             let _ = t.join();
         }
