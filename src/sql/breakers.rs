@@ -31,11 +31,19 @@ pub(crate) const UNTRUSTED_ALL: &str = "SELECT consumer_group, name, probe_by
   WHERE open_until <= now() AND streak > 0 AND (confirmed_at IS NULL OR confirmed_at < opened_at)
   ORDER BY 1, 2";
 
-/// The group's open breakers, read by every replica on each check: one row opens them all.
-pub(crate) const OPEN_OF_GROUP: &str =
-    "SELECT name, extract(epoch FROM open_until - now())::float8,
-        reason, opened_by, generation
-   FROM {s}.circuit_breakers WHERE consumer_group = $1 AND open_until > now()";
+/// The group's breakers as every replica reads them on each check, in one statement so that
+/// one `now()` decides each row: open (name, seconds left, reason, opener, generation), or
+/// expired but untrusted (the dependency has not answered since it opened) with whether the
+/// probe is held by replica `$2` / by anyone. Two reads would let a row expire between them and
+/// be seen as neither: closed and trusted, while its dependency is still down.
+pub(crate) const STATE_OF_GROUP: &str = "SELECT name, open_until > now(),
+        extract(epoch FROM open_until - now())::float8, reason, opened_by, generation,
+        coalesce(probe_by = $2 AND probe_until > now(), false),
+        coalesce(probe_until > now(), false)
+   FROM {s}.circuit_breakers
+  WHERE consumer_group = $1
+    AND (open_until > now()
+         OR (streak > 0 AND (confirmed_at IS NULL OR confirmed_at < opened_at)))";
 
 /// Opens the breaker of dependency `$2` for group `$1`, unless it is open already (so a crowd
 /// of replicas opening at once opens it once): for `$3` seconds the first time, doubling with
@@ -49,15 +57,6 @@ pub(crate) const OPEN: &str = "INSERT INTO {s}.circuit_breakers AS b
        generation = b.generation + 1, streak = b.streak + 1, probe_by = NULL, probe_until = NULL
    WHERE b.open_until <= now()
  RETURNING extract(epoch FROM open_until - now())::float8";
-
-/// The group's expired but untrusted breakers (the dependency has not answered since they
-/// opened): name, and whether the probe is held by replica `$2` / by anyone.
-pub(crate) const HALF_OPEN_OF_GROUP: &str = "SELECT name,
-        coalesce(probe_by = $2 AND probe_until > now(), false),
-        coalesce(probe_until > now(), false)
-   FROM {s}.circuit_breakers
-  WHERE consumer_group = $1 AND open_until <= now() AND streak > 0
-    AND (confirmed_at IS NULL OR confirmed_at < opened_at)";
 
 /// Takes (or renews) the probe of dependency `$2` for replica `$3` for `$4` seconds, unless
 /// another replica holds it. A row back means this replica probes.

@@ -879,3 +879,69 @@ async fn letters_all_dropped_by_policy_are_no_success_the_probe_still_decides() 
     .await;
     r.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expiry_read_while_the_probe_is_being_claimed_is_never_taken_for_a_closed_breaker() {
+    // CI caught it under load: a refresh read the expired row as "not open" and published that
+    // before it read the row as "untrusted"; a steer in between saw the breaker closed and
+    // trusted, drained nothing and resumed the main topic, and a burst of calls hit the dead
+    // API. Here the gap is held open on purpose: the row is locked from before it expires, so
+    // the replica's claim of the probe waits for seconds.
+    let w = world(1).await;
+    w.stub.down();
+    w.c.execute(
+        "INSERT INTO circuit_breakers (consumer_group, name, open_until, opened_by, reason)
+         VALUES ($1, 'loyalty-api', now() + interval '2 seconds', 'other-replica', 'down')",
+        &[&w.group],
+    )
+    .await
+    .unwrap();
+    let r = replica(&w, breaker(1000));
+    let orders = keep_ordering(&w, Duration::from_millis(100));
+    wait_until(Duration::from_secs(20), "paused", || async {
+        r.state.get().mode == Mode::Paused
+    })
+    .await;
+    let mut locker = client(&w.db).await;
+    let lock = locker.transaction().await.unwrap();
+    let locked = lock
+        .execute(
+            "SELECT 1 FROM circuit_breakers WHERE consumer_group = $1 AND open_until > now() FOR UPDATE",
+            &[&w.group],
+        )
+        .await
+        .unwrap();
+    assert_eq!(locked, 1, "locked before it expired");
+    let modes = Arc::new(Mutex::new(HashSet::new()));
+    wait_until(
+        Duration::from_secs(20),
+        "expired three checks ago",
+        || async {
+            modes.lock().unwrap().insert(format!("{:?}", r.state.get().mode));
+            count(
+                &w.c,
+                "SELECT count(*) FROM circuit_breakers WHERE open_until < now() - interval '3 seconds'",
+            )
+            .await
+                == 1
+        },
+    )
+    .await;
+    let during = w.stub.calls();
+    let seen = modes.lock().unwrap().clone();
+    assert!(
+        during.is_empty(),
+        "calls while the row was expired but its probe unclaimed: {during:?} (modes {seen:?})"
+    );
+    assert_eq!(seen, HashSet::from(["Paused".to_owned()]), "modes seen");
+    // Released: the replica claims the probe, makes one call, and re-opens for twice as long.
+    lock.rollback().await.unwrap();
+    wait_until(Duration::from_secs(20), "re-opened", || async {
+        breaker_row(&w).await.is_some_and(|(_, _, g)| g >= 2)
+    })
+    .await;
+    orders.store(true, Ordering::SeqCst);
+    let calls = w.stub.calls();
+    assert_eq!(calls.len(), 1, "one probe call: {calls:?}");
+    r.stop().await;
+}

@@ -199,7 +199,10 @@ pub(crate) struct Breakers {
     pub group: String,
     pub config: BreakerConfig,
     me: String,
-    open: Mutex<HashMap<String, OpenBreaker>>,
+    /// The group's breakers as last read: one lock, so a reader never sees half of a refresh.
+    seen: Mutex<Seen>,
+    /// One refresh at a time: what is published is never older than what it replaces.
+    refreshing: tokio::sync::Mutex<()>,
     mode: AtomicU8,
     mode_since: Mutex<Instant>,
     calls: Mutex<VecDeque<(Instant, bool)>>,
@@ -212,12 +215,30 @@ pub(crate) struct Breakers {
     reachable: Mutex<bool>,
     /// Signalled when the set of open breakers changes, so the runtime steers at once.
     pub changed: tokio::sync::Notify,
-    /// Expired, untrusted breakers of the group: name → whether this replica holds the probe.
-    half_open: Mutex<HashMap<String, bool>>,
     /// In PROBE, the parked letters are done without a success: probe with the main topics.
     pub probe_main: std::sync::atomic::AtomicBool,
     /// Calls made by this replica while probing (for its log line).
     pub probes: AtomicU64,
+}
+
+/// The group's breakers as one refresh read them.
+#[derive(Default)]
+struct Seen {
+    /// Open breakers by dependency.
+    open: HashMap<String, OpenBreaker>,
+    /// Expired, untrusted breakers: dependency → whether this replica holds the probe.
+    half_open: HashMap<String, bool>,
+}
+
+/// What the runtime steers by, read at one instant.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct View {
+    /// Some breaker of the group is open.
+    pub open: bool,
+    /// Some breaker of the group expired without being trusted again yet.
+    pub untrusted: bool,
+    /// This replica holds the probe of every untrusted breaker of the group.
+    pub probing: bool,
 }
 
 /// A handle on a consumer's breaker state, readable while it runs.
@@ -228,8 +249,14 @@ impl StateHandle {
     /// The current state.
     pub fn get(&self) -> ConsumerState {
         let b = &self.0;
-        let mut open: Vec<OpenBreaker> =
-            b.open.lock().expect("breakers").values().cloned().collect();
+        let mut open: Vec<OpenBreaker> = b
+            .seen
+            .lock()
+            .expect("breakers")
+            .open
+            .values()
+            .cloned()
+            .collect();
         open.sort_by(|a, c| a.name.cmp(&c.name));
         ConsumerState {
             mode: b.mode(),
@@ -252,7 +279,8 @@ impl Breakers {
             group,
             config,
             me: crate::instances::instance_name(),
-            open: Mutex::default(),
+            seen: Mutex::default(),
+            refreshing: tokio::sync::Mutex::default(),
             mode: AtomicU8::new(Mode::Normal.as_u8()),
             mode_since: Mutex::new(Instant::now()),
             calls: Mutex::default(),
@@ -263,39 +291,49 @@ impl Breakers {
             opens: AtomicU64::default(),
             reachable: Mutex::new(true),
             changed: tokio::sync::Notify::new(),
-            half_open: Mutex::default(),
             probe_main: std::sync::atomic::AtomicBool::new(false),
             probes: AtomicU64::default(),
         }
     }
 
-    /// Some breaker of the group expired without being trusted again yet.
-    pub fn half_open(&self) -> bool {
-        !self.half_open.lock().expect("half open").is_empty()
+    /// Open, untrusted and probing, as the last refresh read them.
+    pub fn view(&self) -> View {
+        let s = self.seen.lock().expect("breakers");
+        View {
+            open: !s.open.is_empty(),
+            untrusted: !s.half_open.is_empty(),
+            probing: !s.half_open.is_empty() && s.half_open.values().all(|mine| *mine),
+        }
     }
 
-    /// This replica holds the probe of every untrusted breaker of the group.
-    pub fn probing(&self) -> bool {
-        let h = self.half_open.lock().expect("half open");
-        !h.is_empty() && h.values().all(|mine| *mine)
-    }
-
-    /// Reads the group's untrusted breakers and takes or renews their probe where no other
-    /// replica holds it (the lease outlives three checks, so a dead prober's lapses quickly).
-    async fn refresh_half_open(
-        &self,
-        c: &deadpool_postgres::Object,
-    ) -> Result<bool, tokio_postgres::Error> {
+    /// Reads the group's breakers, and takes or renews the probe of each untrusted one where
+    /// no other replica holds it (the lease outlives three checks, so a dead prober's lapses
+    /// quickly).
+    async fn read(&self, c: &deadpool_postgres::Object) -> Result<Seen, tokio_postgres::Error> {
         let rows = c
             .query(
-                &crate::sql::render(crate::sql::breakers::HALF_OPEN_OF_GROUP, &self.schema),
+                &crate::sql::render(crate::sql::breakers::STATE_OF_GROUP, &self.schema),
                 &[&self.group, &self.me],
             )
             .await?;
         let lease = (self.config.check_interval.as_secs_f64() * 3.0).max(3.0);
-        let mut now = HashMap::new();
+        let mut seen = Seen::default();
         for r in rows {
-            let (name, mine, taken): (String, bool, bool) = (r.get(0), r.get(1), r.get(2));
+            let name: String = r.get(0);
+            if r.get::<_, bool>(1) {
+                let b = OpenBreaker {
+                    name: name.clone(),
+                    closes_in_secs: r.get(2),
+                    reason: r.get(3),
+                    opened_by: r.get(4),
+                    generation: r.get(5),
+                };
+                seen.open.insert(name, b);
+                continue;
+            }
+            let (mine, taken): (bool, bool) = (r.get(6), r.get(7));
+            // A claim that finds the row re-opened meanwhile returns nothing: not ours, and
+            // the next check reads it open.
             let mine = if mine || !taken {
                 c.query_opt(
                     &crate::sql::render(crate::sql::breakers::CLAIM_PROBE, &self.schema),
@@ -306,18 +344,15 @@ impl Breakers {
             } else {
                 false
             };
-            now.insert(name, mine);
+            seen.half_open.insert(name, mine);
         }
-        let mut cur = self.half_open.lock().expect("half open");
-        let changed = *cur != now;
-        *cur = now;
-        Ok(changed)
+        Ok(seen)
     }
 
     /// A call succeeded while probing (or draining): the group's expired breakers are
     /// trusted again, for every replica, and the next outage starts at `open_for`.
     pub async fn confirm(&self) {
-        if !self.half_open() {
+        if !self.view().untrusted {
             return;
         }
         let done = match self.pool.get().await {
@@ -332,9 +367,10 @@ impl Breakers {
         };
         if done.is_some_and(|n| n > 0) {
             let deps: Vec<String> = self
-                .half_open
+                .seen
                 .lock()
-                .expect("half open")
+                .expect("breakers")
+                .half_open
                 .keys()
                 .cloned()
                 .collect();
@@ -361,9 +397,10 @@ impl Breakers {
         };
         self.mode.store(to.as_u8(), Ordering::SeqCst);
         let deps: Vec<String> = self
-            .open
+            .seen
             .lock()
             .expect("breakers")
+            .open
             .keys()
             .cloned()
             .collect();
@@ -373,77 +410,50 @@ impl Breakers {
     }
 
     pub fn is_open(&self, name: &str) -> bool {
-        self.open
+        self.seen
             .lock()
             .expect("breakers")
+            .open
             .get(name)
             .is_some_and(|b| b.closes_in_secs > 0.0)
     }
 
-    pub fn any_open(&self) -> bool {
-        !self.open.lock().expect("breakers").is_empty()
-    }
-
-    /// Re-reads the group's open breakers. On a Postgres error the last known state stays
-    /// (a breaker that was open keeps the consumer paused; it is re-read on reconnect).
+    /// Re-reads the group's breakers and publishes them at once. On a Postgres error the last
+    /// known state stays (a breaker that was open keeps the consumer paused; it is re-read on
+    /// reconnect).
     pub async fn refresh(&self) {
-        let rows = match self.pool.get().await {
-            Ok(c) => {
-                c.query(
-                    &crate::sql::render(crate::sql::breakers::OPEN_OF_GROUP, &self.schema),
-                    &[&self.group],
-                )
-                .await
-            }
-            Err(e) => {
-                self.unreachable(&e.to_string());
-                return;
-            }
+        let _one = self.refreshing.lock().await;
+        let read = match self.pool.get().await {
+            Ok(c) => self.read(&c).await.map_err(|e| e.to_string()),
+            Err(e) => Err(e.to_string()),
         };
-        match rows {
-            Ok(rows) => {
-                {
-                    let mut r = self.reachable.lock().expect("reachable");
-                    if !*r {
-                        info!(group = %self.group, "breaker state re-read from Postgres after an outage");
-                        *r = true;
-                    }
-                }
-                let mut open = HashMap::new();
-                for r in rows {
-                    let b = OpenBreaker {
-                        name: r.get(0),
-                        closes_in_secs: r.get(1),
-                        reason: r.get(2),
-                        opened_by: r.get(3),
-                        generation: r.get(4),
-                    };
-                    open.insert(b.name.clone(), b);
-                }
-                let mut changed = {
-                    let mut cur = self.open.lock().expect("breakers");
-                    for name in cur.keys().filter(|k| !open.contains_key(*k)) {
-                        metrics::gauge!(crate::metrics::BREAKER_OPEN, "group" => self.group.clone(), "dependency" => name.clone()).set(0.0);
-                    }
-                    for name in open.keys() {
-                        metrics::gauge!(crate::metrics::BREAKER_OPEN, "group" => self.group.clone(), "dependency" => name.clone()).set(1.0);
-                    }
-                    let changed =
-                        cur.len() != open.len() || cur.keys().any(|k| !open.contains_key(k));
-                    *cur = open;
-                    changed
-                };
-                if let Ok(c) = self.pool.get().await {
-                    match self.refresh_half_open(&c).await {
-                        Ok(ch) => changed |= ch,
-                        Err(e) => self.unreachable(&e.to_string()),
-                    }
-                }
-                if changed {
-                    self.changed.notify_one();
-                }
+        let seen = match read {
+            Ok(seen) => seen,
+            Err(e) => return self.unreachable(&e),
+        };
+        {
+            let mut r = self.reachable.lock().expect("reachable");
+            if !*r {
+                info!(group = %self.group, "breaker state re-read from Postgres after an outage");
+                *r = true;
             }
-            Err(e) => self.unreachable(&e.to_string()),
+        }
+        let changed = {
+            let mut cur = self.seen.lock().expect("breakers");
+            for name in cur.open.keys().filter(|k| !seen.open.contains_key(*k)) {
+                metrics::gauge!(crate::metrics::BREAKER_OPEN, "group" => self.group.clone(), "dependency" => name.clone()).set(0.0);
+            }
+            for name in seen.open.keys() {
+                metrics::gauge!(crate::metrics::BREAKER_OPEN, "group" => self.group.clone(), "dependency" => name.clone()).set(1.0);
+            }
+            let changed = cur.open.len() != seen.open.len()
+                || cur.open.keys().any(|k| !seen.open.contains_key(k))
+                || cur.half_open != seen.half_open;
+            *cur = seen;
+            changed
+        };
+        if changed {
+            self.changed.notify_one();
         }
     }
 
@@ -453,12 +463,22 @@ impl Breakers {
             warn!(group = %self.group, error = %e, "cannot read the breaker state; keeping the last known until Postgres is back");
             *r = false;
         }
-        // Let known breakers run out on the local clock meanwhile.
+        // Let known breakers run out on the local clock meanwhile. One that runs out is not
+        // trusted: no probe can be claimed without Postgres, so this replica probes on its own
+        // (one call at a time), never resumes at full speed on a guess.
         let step = self.config.check_interval.as_secs_f64();
-        self.open.lock().expect("breakers").retain(|_, b| {
+        let mut s = self.seen.lock().expect("breakers");
+        let mut expired = Vec::new();
+        s.open.retain(|name, b| {
             b.closes_in_secs -= step;
-            b.closes_in_secs > 0.0
+            let open = b.closes_in_secs > 0.0;
+            if !open {
+                expired.push(name.clone());
+            }
+            open
         });
+        s.half_open
+            .extend(expired.into_iter().map(|name| (name, true)));
     }
 
     /// Opens the breaker for `name` (no-op when another replica already did). Returns how
@@ -503,7 +523,7 @@ impl Breakers {
     }
 
     fn local_open(&self, name: &str, secs: f64, reason: &str) {
-        self.open.lock().expect("breakers").insert(
+        self.seen.lock().expect("breakers").open.insert(
             name.to_owned(),
             OpenBreaker {
                 name: name.to_owned(),

@@ -94,7 +94,12 @@ impl Runtime<'_> {
         self.steer_at = Instant::now();
         // An expired row not yet trusted again keeps the group off the dependency, except for
         // the one replica that probes it.
-        let (open, untrusted, probing) = (b.any_open(), b.half_open(), b.probing());
+        // One read of all three: a refresh publishes them together.
+        let crate::consumer::breaker::View {
+            open,
+            untrusted,
+            probing,
+        } = b.view();
         if self.assigned.swap(false, Ordering::SeqCst) {
             match self.mode() {
                 Mode::Normal if !open && !untrusted => {
