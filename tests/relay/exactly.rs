@@ -436,3 +436,52 @@ async fn a_one_slot_backlog_with_a_large_batch_size_drains() {
         "{records:?}"
     );
 }
+
+/// A trickle through `Relay::run`, each row committed on its own, with rows refused by the
+/// producer (injected): a refused row aborts its slot's transaction and is backed off, and its
+/// key's later rows wait for it. A `read_committed` reader: every row once, in per-key order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_trickle_with_refused_rows_is_published_once_in_per_key_order() {
+    let s = setup().await;
+    let mut config = relay_config();
+    let mut eo = outbox::ExactlyOnce::default();
+    eo.progress_topic = s.progress.clone();
+    config.exactly_once = Some(eo);
+    config.max_attempts = 1000;
+    // A refused row aborts its slot's whole transaction (the others go again): small batches
+    // keep a transaction's chance of carrying an injected refusal low, as real refusals are
+    // rare (one poison row, backed off), not a share of every send.
+    config.batch_size = 10;
+    let relay = Relay::new(&s.db, &kafka(), config).unwrap();
+    outbox::testing::inject_refusals(&relay, 0.01);
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(relay.run(async move {
+        let _ = stopped.await;
+    }));
+    let mut ids = HashSet::new();
+    let mut c = client(&s.db).await;
+    let enq = outbox::Enqueuer::new(&s.db.schema);
+    let mut tick = tokio::time::interval(Duration::from_millis(4));
+    for seq in 0..1500 {
+        tick.tick().await;
+        let m = Message::new(
+            &s.topic,
+            "it_event",
+            format!("k{}", seq % 6),
+            serde_json::json!({"seq": seq}),
+        );
+        ids.insert(m.message_id().to_string());
+        let tx = c.transaction().await.unwrap();
+        enq.enqueue(&tx, &m).await.unwrap();
+        tx.commit().await.unwrap();
+    }
+    all_sent(&s, Duration::from_secs(120)).await;
+    stop.send(()).unwrap();
+    task.await.unwrap().unwrap();
+    let backed_off = count(&s.c, "SELECT count(*) FROM outbox WHERE attempts > 0").await;
+    assert!(backed_off >= 5, "refusals exercised: {backed_off}");
+    let counts = delivery(&bootstrap(), &s.topic, &ids).await;
+    eprintln!("trickle with {backed_off} refused rows: {counts:?}");
+    assert_eq!(counts.records, ids.len(), "{counts:?}");
+    assert!(counts.exactly_once(), "{counts:?}");
+}
