@@ -20,9 +20,43 @@ async fn shot(c: &Client, name: &str) {
     std::fs::write(format!("{dir}/{name}.png"), png).unwrap();
 }
 
-/// Clicks the element `at` finds now.
+/// Clicks the element `at` finds. The dashboard re-renders its views on each refresh, so an
+/// element found just before one is gone by the click (stale): it is found again.
 async fn click(c: &Client, at: Locator<'_>) {
-    c.find(at).await.unwrap().click().await.unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let clicked = match c.find(at).await {
+            Ok(e) => e.click().await.map(drop),
+            Err(e) => Err(e),
+        };
+        match clicked {
+            Ok(()) => return,
+            Err(e) if e.is_stale_element_reference() && tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => panic!("cannot click {at:?}: {e}"),
+        }
+    }
+}
+
+/// Clicks `inner` within the element `css` whose text contains `text`, found again when a
+/// refresh re-rendered it in between (see [`click`]).
+async fn click_in(c: &Client, css: &str, text: &str, inner: Locator<'_>) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let outer = wait_text(c, css, text).await;
+        let clicked = match outer.find(inner).await {
+            Ok(e) => e.click().await.map(drop),
+            Err(e) => Err(e),
+        };
+        match clicked {
+            Ok(()) => return,
+            Err(e) if e.is_stale_element_reference() && tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => panic!("cannot click {inner:?} in {css} {text:?}: {e}"),
+        }
+    }
 }
 
 /// Waits until `css` matches an element whose text contains `text`.
@@ -251,15 +285,8 @@ async fn an_operator_finds_a_dead_letter_group_opens_a_message_and_replays_it() 
             .get(0);
         assert_eq!(audit, "breaker-close by admin via outbox-admin");
         // The page was drawn again: find the group's row anew.
-        let row = wait_text(c, "#groups tr", "customer <n> not found").await;
-
         // Open the group's sample message.
-        row.find(Locator::Css("a.sample"))
-            .await
-            .unwrap()
-            .click()
-            .await
-            .unwrap();
+        click_in(c, "#groups tr", "customer <n> not found", Locator::Css("a.sample")).await;
         let title = wait_text(c, "#message-title", "Dead letter #").await;
         let id: i64 = title
             .text()
@@ -394,14 +421,7 @@ async fn an_operator_finds_a_dead_letter_group_opens_a_message_and_replays_it() 
         // The decode group: replay is not its main button, and the dialog says why it would
         // fail again and refuses without the confirmation.
         c.goto(&format!("{base}/#/")).await.unwrap();
-        let decode = wait_text(c, "#groups tr", "body is not valid JSON").await;
-        decode
-            .find(Locator::Css("button.replay-group"))
-            .await
-            .unwrap()
-            .click()
-            .await
-            .unwrap();
+        click_in(c, "#groups tr", "body is not valid JSON", Locator::Css("button.replay-group")).await;
         wait_text(c, "#replay-risk-kinds", "2 decode letter(s)").await;
         click(c, Locator::Id("modal-confirm")).await;
         wait_text(c, "#modal-error", "confirm that the fix for these letters is deployed").await;
@@ -490,15 +510,13 @@ async fn the_tiles_lead_to_every_process_partition_and_breaker_and_the_list_sort
     let result = async {
         sign_in(&console, TOKEN).await;
         // From the home strip into each tile's details.
-        let relays = wait_text(c, "#tile-relays", "1 alive").await;
-        relays.find(Locator::LinkText("details")).await.unwrap().click().await.unwrap();
+        click_in(c, "#tile-relays", "1 alive", Locator::LinkText("details")).await;
         let relay = wait_text(c, "#relay-list tr", "relay-0:1").await;
         assert!(relay.text().await.unwrap().contains("claim_floor: 42"));
         let gone = wait_text(c, "#archiver-list tr", "arch-0:1").await;
         assert!(gone.text().await.unwrap().contains("gone, seen 10 min ago"));
         c.goto(&format!("{base}/#/")).await.unwrap();
-        let row = wait_text(c, "#consumers tr", "billing").await;
-        row.find(Locator::LinkText("billing")).await.unwrap().click().await.unwrap();
+        click_in(c, "#consumers tr", "billing", Locator::LinkText("billing")).await;
         let p2 = wait_text(c, "[data-group=billing] .lag tr", &format!("{topic}/2")).await;
         let line = p2.text().await.unwrap();
         assert!(line.contains('9') && line.contains("pod-a:1"), "{line}");
@@ -522,7 +540,7 @@ async fn the_tiles_lead_to_every_process_partition_and_breaker_and_the_list_sort
         let b = wait_text(c, "#breaker-list tr", "payments-api").await;
         assert!(b.text().await.unwrap().contains("payments team asked for a pause"));
         shot(c, "system-breakers").await;
-        b.find(Locator::Css(".close-breaker")).await.unwrap().click().await.unwrap();
+        click_in(c, "#breaker-list tr", "payments-api", Locator::Css(".close-breaker")).await;
         c.find(Locator::Id("breaker-reason")).await.unwrap().send_keys("back").await.unwrap();
         click(c, Locator::Id("modal-confirm")).await;
         wait_text(c, "#no-breakers", "All closed.").await;
