@@ -767,19 +767,24 @@ async fn parked_attempts(w: &World) -> usize {
         .sum()
 }
 
+/// The group's breaker row, as another replica would have opened it: for `secs` seconds.
+async fn opened_by_another_replica(w: &World, secs: i32) {
+    w.c.execute(
+        "INSERT INTO circuit_breakers (consumer_group, name, open_until, opened_by, reason)
+         VALUES ($1, 'loyalty-api', now() + make_interval(secs => $2), 'other-replica', 'down')",
+        &[&w.group, &f64::from(secs)],
+    )
+    .await
+    .unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_with_nothing_to_drain_probes_once_per_cycle_and_open_times_keep_doubling() {
     let w = world(1).await;
     // Another replica of the group opened the breaker and parked its letters; this one has
     // none of its own, but its main topic keeps receiving orders while the API is down.
     w.stub.down();
-    w.c.execute(
-        "INSERT INTO circuit_breakers (consumer_group, name, open_until, opened_by, reason)
-         VALUES ($1, 'loyalty-api', now() + interval '1 second', 'other-replica', 'down')",
-        &[&w.group],
-    )
-    .await
-    .unwrap();
+    opened_by_another_replica(&w, 1).await;
     let r = replica(&w, breaker(1000));
     let orders = keep_ordering(&w, Duration::from_millis(100));
     let durations = open_durations(&w, 4, Duration::from_secs(40)).await;
@@ -889,13 +894,7 @@ async fn an_expiry_read_while_the_probe_is_being_claimed_is_never_taken_for_a_cl
     // the replica's claim of the probe waits for seconds.
     let w = world(1).await;
     w.stub.down();
-    w.c.execute(
-        "INSERT INTO circuit_breakers (consumer_group, name, open_until, opened_by, reason)
-         VALUES ($1, 'loyalty-api', now() + interval '2 seconds', 'other-replica', 'down')",
-        &[&w.group],
-    )
-    .await
-    .unwrap();
+    opened_by_another_replica(&w, 2).await;
     let r = replica(&w, breaker(1000));
     let orders = keep_ordering(&w, Duration::from_millis(100));
     wait_until(Duration::from_secs(20), "paused", || async {

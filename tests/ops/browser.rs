@@ -23,38 +23,42 @@ async fn shot(c: &Client, name: &str) {
 /// Clicks the element `at` finds. The dashboard re-renders its views on each refresh, so an
 /// element found just before one is gone by the click (stale): it is found again.
 async fn click(c: &Client, at: Locator<'_>) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        let clicked = match c.find(at).await {
-            Ok(e) => e.click().await.map(drop),
-            Err(e) => Err(e),
-        };
-        match clicked {
-            Ok(()) => return,
-            Err(e) if e.is_stale_element_reference() && tokio::time::Instant::now() < deadline => {
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-            Err(e) => panic!("cannot click {at:?}: {e}"),
-        }
-    }
+    retry_stale(&format!("{at:?}"), || async {
+        c.find(at).await?.click().await.map(drop)
+    })
+    .await;
 }
 
 /// Clicks `inner` within the element `css` whose text contains `text`, found again when a
 /// refresh re-rendered it in between (see [`click`]).
 async fn click_in(c: &Client, css: &str, text: &str, inner: Locator<'_>) {
+    retry_stale(&format!("{inner:?} in {css} {text:?}"), || async {
+        wait_text(c, css, text)
+            .await
+            .find(inner)
+            .await?
+            .click()
+            .await
+            .map(drop)
+    })
+    .await;
+}
+
+/// Runs `click` again while it fails on a stale element, for up to 10 s; any other error
+/// fails the test.
+async fn retry_stale<F, Fut>(what: &str, mut click: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<(), fantoccini::error::CmdError>>,
+{
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     loop {
-        let outer = wait_text(c, css, text).await;
-        let clicked = match outer.find(inner).await {
-            Ok(e) => e.click().await.map(drop),
-            Err(e) => Err(e),
-        };
-        match clicked {
+        match click().await {
             Ok(()) => return,
             Err(e) if e.is_stale_element_reference() && tokio::time::Instant::now() < deadline => {
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
-            Err(e) => panic!("cannot click {inner:?} in {css} {text:?}: {e}"),
+            Err(e) => panic!("cannot click {what}: {e}"),
         }
     }
 }
