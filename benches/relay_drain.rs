@@ -346,7 +346,7 @@ async fn kafka_ceiling(rows: usize, keys: usize) -> f64 {
 
 /// What one relay costs while nothing is pending: this process's CPU (the relay's tasks and
 /// its producers' threads) and Postgres's, over `secs` of `Relay::run` on an empty outbox after
-/// its first passes, as a share of one core. Exactly-once keeps a producer per slot (eight).
+/// its first passes, as a share of one core. Exactly-once keeps a producer per slot (four).
 async fn idle_cpu(exactly_once: bool, secs: f64) -> serde_json::Value {
     let db = fresh_db().await;
     let topic = format!("bench.{}.idle", rand_name(8));

@@ -79,7 +79,7 @@ pub const DEFAULT_TRANSACTION_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Exactly-once publication (`outbox relay --exactly-once`, docs/EXACTLY_ONCE.md).
 ///
-/// The 64 ordering lanes are owned in 8 slots of 8; each slot has its own transactional
+/// The 64 ordering lanes are owned in 4 slots of 16 ([`SLOTS`](crate::SLOTS)); each slot has its own transactional
 /// producer (`transactional.id` = `<prefix>-<schema>-<slot>`), so whoever takes a slot over
 /// fences the previous owner. Each batch of a slot is produced in one Kafka transaction that
 /// also writes a progress record naming the ids it published, to partition `slot` of
@@ -89,7 +89,7 @@ pub const DEFAULT_TRANSACTION_TIMEOUT: Duration = Duration::from_secs(30);
 #[non_exhaustive]
 pub struct ExactlyOnce {
     /// The compacted topic of progress records, one partition per slot (created by the relay
-    /// when missing: 8 partitions, `cleanup.policy=compact`).
+    /// when missing: a partition per slot, `cleanup.policy=compact`).
     pub progress_topic: String,
     /// The start of every slot's `transactional.id` (default `outbox`).
     pub transactional_id_prefix: String,

@@ -1,7 +1,7 @@
 //! Exactly-once publication (`RelayConfig::exactly_once`, docs/EXACTLY_ONCE.md).
 //!
-//! The unit of ownership is a **slot** of 8 ordering lanes (`lanes.rs` takes and gives them up
-//! whole). Each slot has its own transactional producer, `transactional.id =
+//! The unit of ownership is a **slot** of 16 ordering lanes, [`SLOTS`] of them (`lanes.rs`
+//! takes and gives them up whole). Each slot has its own transactional producer, `transactional.id =
 //! <prefix>-<schema>-<slot>`, the same whichever relay holds the slot, so taking a slot over
 //! fences its previous owner (`init_transactions`) and aborts or completes its open
 //! transaction. A slot's batch:

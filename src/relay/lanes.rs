@@ -28,7 +28,18 @@ use crate::sql::locks;
 pub const LANES: i32 = 64;
 /// Exactly-once mode owns lanes in this many slots of `LANES / SLOTS` consecutive lanes: a
 /// slot is the unit a transactional producer (and its fencing) belongs to.
-pub const SLOTS: i32 = 8;
+///
+/// Why 4: every pass runs a Kafka transaction per slot that has rows in it, side by side, and
+/// a transaction costs the broker the same whatever its size (AddPartitionsToTxn, the
+/// partition verification on a first produce, EndTxn, a marker per partition). On a trickle
+/// most rows land in different slots, so with 8 slots a pass of ~5 rows ran ~4 transactions
+/// and waited for the slowest: the commit → `read_committed` p99 at 500 msg/s was 46 – 74 ms
+/// against 37 – 44 ms with 4 slots and 35 – 37 ms with 2 (BENCHMARKS.md, round 12). 4 keeps
+/// up to four relays sharing the work; a fifth is a standby.
+///
+/// Every relay of a deployment must agree on it (it names the transactional ids and the
+/// progress partitions): relays built with another slot count must not run beside these.
+pub const SLOTS: i32 = 4;
 
 /// The slot of `lane` in exactly-once mode.
 pub(crate) fn slot_of(lane: i32) -> i32 {
