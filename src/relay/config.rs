@@ -79,12 +79,12 @@ pub const DEFAULT_TRANSACTION_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Exactly-once publication (`outbox relay --exactly-once`, docs/EXACTLY_ONCE.md).
 ///
-/// The 64 ordering lanes are owned in 4 slots of 16 ([`SLOTS`](crate::SLOTS)); each slot has its own transactional
-/// producer (`transactional.id` = `<prefix>-<schema>-<slot>`), so whoever takes a slot over
-/// fences the previous owner. Each batch of a slot is produced in one Kafka transaction that
-/// also writes a progress record naming the ids it published, to partition `slot` of
-/// `progress_topic`; a new owner reads that record back `read_committed` and marks those rows
-/// sent before producing anything.
+/// The 64 ordering lanes are owned in 4 slots of 16 ([`SLOTS`](crate::SLOTS)); each slot
+/// has its own transactional producer (`transactional.id` = `<prefix>-<schema>-<slot>`), so
+/// whoever takes a slot over fences the previous owner. Each batch of a slot is produced in
+/// one Kafka transaction that also writes a progress record naming the ids it published, to
+/// partition `slot` of `progress_topic`; a new owner reads that record back `read_committed`
+/// and marks those rows sent before producing anything.
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct ExactlyOnce {

@@ -4,11 +4,11 @@
 //! polling until the slice's deadline: when less than a millisecond is left, the wait it asks
 //! librdkafka for rounds down to 0 ms and the loop spins until the deadline passes. That is up
 //! to a millisecond of busy CPU in every 100 ms, per producer, idle or not: an idle
-//! exactly-once relay (one producer per slot, eight at the time) burned 6 % of a core in its polling
-//! threads (117 clock ticks in 20 s, measured per thread from `/proc`). Here each slice ends
-//! [`SLICE_TAIL`] past a whole millisecond: a slice that times out overshoots its last wait by
-//! the kernel's timer slack (50 µs by default), which is past the deadline, so an idle producer
-//! does not spin at all.
+//! exactly-once relay (one producer per slot, eight at the time) burned 6 % of a core in its
+//! polling threads (117 clock ticks in 20 s, measured per thread from `/proc`). Here each
+//! slice ends [`SLICE_TAIL`] past a whole millisecond: a slice that times out overshoots its
+//! last wait by the kernel's timer slack (50 µs by default), which is past the deadline, so an
+//! idle producer does not spin at all.
 
 use std::ops::Deref;
 use std::sync::atomic::{AtomicBool, Ordering};
