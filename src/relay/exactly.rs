@@ -2,9 +2,9 @@
 //!
 //! The unit of ownership is a **slot** of 16 ordering lanes, [`SLOTS`] of them (`lanes.rs`
 //! takes and gives them up whole). Each slot has its own transactional producer,
-//! `transactional.id = <prefix>-<schema>-<slot>`, the same whichever relay holds the slot, so taking a slot over
-//! fences its previous owner (`init_transactions`) and aborts or completes its open
-//! transaction. A slot's batch:
+//! `transactional.id = <prefix>-<schema>-<slot>`, the same whichever relay holds the slot,
+//! so taking a slot over fences its previous owner (`init_transactions`) and aborts or
+//! completes its open transaction. A slot's batch:
 //!
 //! ```text
 //! claim (FOR UPDATE SKIP LOCKED, the Postgres transaction stays open)
