@@ -397,14 +397,14 @@ async fn a_one_slot_backlog_with_a_large_batch_size_drains() {
         "WITH keys AS (
              SELECT array_agg(k) AS k FROM (
                  SELECT 'key-' || i AS k FROM generate_series(1, 10000) i
-                  WHERE (hashtext('key-' || i) & 63) / (64 / $3) = 0 LIMIT 20) c)
+                  WHERE (hashtext('key-' || i) & 63) / $3 = 0 LIMIT 20) c)
          INSERT INTO outbox (topic, message_key, headers, payload)
          SELECT $1, keys.k[1 + g % 20], jsonb_build_object('message_type', 'it_event',
                 'message_id', outbox_uuidv7()::text),
                 jsonb_build_object('seq', g)
            FROM generate_series(0, $2::bigint - 1) g, keys
           ORDER BY g",
-        &[&s.topic, &n, &outbox::SLOTS],
+        &[&s.topic, &n, &(outbox::testing::LANES / outbox::SLOTS)],
     )
     .await
     .unwrap();
