@@ -252,6 +252,30 @@ fn plain_only(
     Ok(())
 }
 
+impl DbConfig {
+    /// `text` with the connection's password replaced by `<redacted>` (for error texts of
+    /// other libraries, which may quote a URL back).
+    pub fn redact(&self, text: &str) -> String {
+        let pw = self.secret_values();
+        redact_values(text, pw.iter().map(String::as_str))
+    }
+
+    /// The database name the URL names, if it names one.
+    pub fn database_name(&self) -> Option<&str> {
+        self.pg.get_dbname()
+    }
+
+    /// The values [`Self::redact`] hides (the password, when the URL has one), for a process
+    /// that cleans every line it prints.
+    pub fn secret_values(&self) -> Vec<String> {
+        self.pg
+            .get_password()
+            .map(|p| String::from_utf8_lossy(p).into_owned())
+            .into_iter()
+            .collect()
+    }
+}
+
 impl fmt::Debug for DbConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("DbConfig")
@@ -287,6 +311,62 @@ fn is_secret_property(name: &str) -> bool {
         || n == "ssl.key.pem"
         || n.contains("sasl.oauthbearer.config")
         || n.contains("jaas")
+}
+
+/// Properties whose values are plain settings (protocols, mechanisms, sizes, names), shown as
+/// they are; every other property's value is treated as a secret.
+fn is_plain_property(name: &str) -> bool {
+    const PLAIN: [&str; 18] = [
+        "security.protocol",
+        "sasl.mechanism",
+        "sasl.mechanisms",
+        "sasl.username",
+        "ssl.endpoint.identification.algorithm",
+        "ssl.ca.location",
+        "ssl.certificate.location",
+        "ssl.key.location",
+        "client.id",
+        "acks",
+        "compression.type",
+        "linger.ms",
+        "batch.size",
+        "batch.num.messages",
+        "message.max.bytes",
+        "enable.idempotence",
+        "isolation.level",
+        "debug",
+    ];
+    let n = name.to_ascii_lowercase();
+    !is_secret_property(&n) && (PLAIN.contains(&n.as_str()) || n.ends_with(".ms"))
+}
+
+/// librdkafka's description of a refused property without the value it quotes back.
+#[cfg(feature = "kafka")]
+fn property_reason(desc: &str, name: &str, value: &str) -> String {
+    // librdkafka writes e.g. `No such configuration property: "sasl.passwrd"`, or `Invalid
+    // value "x" for configuration property "acks"`: keep the text, drop the value.
+    let text = if value.is_empty() {
+        desc.to_owned()
+    } else {
+        desc.replace(value, "<redacted>")
+    };
+    let text = text.trim();
+    if text.is_empty() {
+        format!("librdkafka refuses {name:?}")
+    } else {
+        text.to_owned()
+    }
+}
+
+/// `text` with each of `secrets` replaced by `<redacted>`.
+pub(crate) fn redact_values<'a>(text: &str, secrets: impl IntoIterator<Item = &'a str>) -> String {
+    let mut out = text.to_owned();
+    for s in secrets {
+        if !s.is_empty() && out.contains(s) {
+            out = out.replace(s, "<redacted>");
+        }
+    }
+    out
 }
 
 impl KafkaConfig {
@@ -325,14 +405,9 @@ impl KafkaConfig {
     /// [`ConfigError::KafkaProperty`] when there is no `=` or the name is empty.
     pub fn set_from_pair(&mut self, pair: &str) -> Result<(), ConfigError> {
         let Some((name, value)) = pair.split_once('=') else {
-            // Show only the part before any secret could start.
-            let shown: String = pair.chars().take_while(|c| *c != ' ').take(40).collect();
+            // Without `=` there is no telling a name from a pasted secret: show none of it.
             return Err(ConfigError::KafkaProperty {
-                name: if is_secret_property(&shown) {
-                    "<redacted>".into()
-                } else {
-                    shown
-                },
+                name: "<not shown>".into(),
                 reason: "expected name=value".into(),
             });
         };
@@ -345,6 +420,50 @@ impl KafkaConfig {
         }
         self.properties.insert(name.to_owned(), value.to_owned());
         Ok(())
+    }
+
+    /// Checks every property with librdkafka itself, before anything connects: a misspelt or
+    /// unknown name, or a value librdkafka refuses, is an error naming the property and
+    /// librdkafka's reason, never the value (which may be a secret).
+    ///
+    /// # Errors
+    /// [`ConfigError::KafkaProperty`] for the first property librdkafka refuses.
+    #[cfg(feature = "kafka")]
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        match self.client_config().create_native_config() {
+            Ok(_) => Ok(()),
+            Err(rdkafka::error::KafkaError::ClientConfig(_, desc, name, value)) => {
+                Err(ConfigError::KafkaProperty {
+                    reason: property_reason(&desc, &name, &value),
+                    name,
+                })
+            }
+            Err(e) => Err(ConfigError::KafkaProperty {
+                name: String::new(),
+                reason: self.redact(&e.to_string()),
+            }),
+        }
+    }
+
+    /// `text` with the value of every pass-through property that may be a secret replaced by
+    /// `<redacted>`: any property not known to hold plain settings counts as secret, so a
+    /// misspelt `sasl.passwrd` is covered too. For error texts that librdkafka or a broker
+    /// wrote, which may quote a value back.
+    pub fn redact(&self, text: &str) -> String {
+        redact_values(text, self.secret_values())
+    }
+
+    /// The values [`Self::redact`] hides, longest first (so one that contains another is
+    /// replaced whole).
+    pub fn secret_values(&self) -> Vec<&str> {
+        let mut v: Vec<&str> = self
+            .properties
+            .iter()
+            .filter(|(k, v)| !is_plain_property(k) && !v.is_empty())
+            .map(|(_, v)| v.as_str())
+            .collect();
+        v.sort_by_key(|s| std::cmp::Reverse(s.len()));
+        v
     }
 
     /// Builds the librdkafka config: bootstrap servers, then the pass-through properties.
@@ -461,6 +580,35 @@ mod tests {
             !shown.contains("hunter2") && shown.contains("SASL_SSL"),
             "{shown}"
         );
+    }
+
+    #[test]
+    fn a_misspelt_property_is_refused_by_name_without_its_value() {
+        let mut k = KafkaConfig::new("127.0.0.1:9092").unwrap();
+        k.set_from_pair("sasl.passwrd=S3cret").unwrap();
+        let e = k.validate().unwrap_err().to_string();
+        assert!(e.contains("sasl.passwrd") && !e.contains("S3cret"), "{e}");
+        let mut k = KafkaConfig::new("127.0.0.1:9092").unwrap();
+        k.set_from_pair("acks=S3cret-ish").unwrap();
+        let e = k.validate().unwrap_err().to_string();
+        assert!(e.contains("acks") && !e.contains("S3cret"), "{e}");
+        let mut k = KafkaConfig::new("127.0.0.1:9092").unwrap();
+        k.set_from_pair("security.protocol=SASL_PLAINTEXT").unwrap();
+        k.set_from_pair("sasl.password=S3cret").unwrap();
+        k.validate().unwrap();
+        // Any value of a property not known to be plain is hidden, whatever its name.
+        k.set_from_pair("sasl.passwrd=0therS3cret").unwrap();
+        let shown = k.redact("refused: sasl.passwrd 0therS3cret and S3cret, SASL_PLAINTEXT");
+        assert_eq!(
+            shown,
+            "refused: sasl.passwrd <redacted> and <redacted>, SASL_PLAINTEXT"
+        );
+        let e = KafkaConfig::new("a:1")
+            .unwrap()
+            .set_from_pair("S3cret")
+            .unwrap_err()
+            .to_string();
+        assert!(!e.contains("S3cret"), "{e}");
     }
 
     #[test]

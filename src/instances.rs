@@ -195,7 +195,15 @@ async fn recent(
 /// The Postgres error.
 pub async fn archiver_health(db: &DbConfig) -> Result<ArchiverHealth, tokio_postgres::Error> {
     let c = crate::db::connect(db).await?;
-    Ok(archiver_of(&recent(&c, db).await?))
+    archiver_health_on(&c, db).await
+}
+
+/// [`archiver_health`] over a connection the caller keeps.
+pub(crate) async fn archiver_health_on(
+    c: &tokio_postgres::Client,
+    db: &DbConfig,
+) -> Result<ArchiverHealth, tokio_postgres::Error> {
+    Ok(archiver_of(&recent(c, db).await?))
 }
 
 /// Why a breaker action was refused.
@@ -213,10 +221,27 @@ pub enum BreakerActionError {
     Postgres(#[from] tokio_postgres::Error),
 }
 
+/// The longest consumer group or dependency name a breaker action takes (Kafka's own limit
+/// for a group id is 255).
+pub const MAX_BREAKER_NAME: usize = 255;
+
 fn check(group: &str, dependency: &str, reason: &str) -> Result<(), BreakerActionError> {
     if group.trim().is_empty() || dependency.trim().is_empty() {
         return Err(BreakerActionError::Invalid(
             "give the consumer group and the dependency".into(),
+        ));
+    }
+    for (what, v) in [("group", group), ("dependency", dependency)] {
+        if v.chars().count() > MAX_BREAKER_NAME || v.chars().any(char::is_control) {
+            return Err(BreakerActionError::Invalid(format!(
+                "the {what} name must be 1 to {MAX_BREAKER_NAME} characters without control \
+                 characters"
+            )));
+        }
+    }
+    if reason.contains('\0') {
+        return Err(BreakerActionError::Invalid(
+            "the reason holds a NUL character".into(),
         ));
     }
     if reason.trim().is_empty() || reason.len() > 2000 {

@@ -12,6 +12,32 @@ use crate::sql::{dead_letters, marks, outbox, render, replay_jobs};
 
 /// At most this many messages per search.
 pub const MAX_TRACED: i64 = 20;
+/// A content search (by key or body value) reads at most this many of the newest outbox rows,
+/// so its cost does not grow with the outbox; a search by message id covers every row.
+pub const CONTENT_WINDOW: i64 = 200_000;
+/// The longest query accepted, in characters.
+pub const MAX_QUERY: usize = 1000;
+
+/// What a search may match.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Search {
+    /// Identifiers only: a message id or a dead letter's `#id`. Reveals no contents (a
+    /// viewer's search).
+    Ids,
+    /// Also keys and string values in bodies, among the newest [`CONTENT_WINDOW`] rows (an
+    /// operator's search: a body search answers "does any message hold this value?").
+    Content,
+}
+
+/// Whether `query` names a message id (a UUID) or a dead letter (`#42`): what [`Search::Ids`]
+/// takes.
+pub fn is_id_query(query: &str) -> bool {
+    let q = query.trim();
+    uuid::Uuid::parse_str(q).is_ok()
+        || q.strip_prefix('#')
+            .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+}
 
 /// One outbox row of a message.
 #[derive(Debug, Clone, Serialize)]
@@ -20,8 +46,10 @@ pub struct OutboxStep {
     pub id: i64,
     /// Topic it goes to.
     pub topic: String,
-    /// Kafka key.
+    /// Kafka key (`None` in a viewer's answer, with `key_redacted`).
     pub key: Option<String>,
+    /// The key was taken out of this answer (a viewer's: keys are contents).
+    pub key_redacted: bool,
     /// `message_type`.
     pub message_type: Option<String>,
     /// `pending`, `sent` or `failed`.
@@ -142,6 +170,7 @@ fn outbox_step(r: &tokio_postgres::Row) -> OutboxStep {
         id: r.get(0),
         topic: r.get(1),
         key: r.get(2),
+        key_redacted: false,
         message_type: r.get(4),
         status: r.get(5),
         attempts: r.get(6),
@@ -152,9 +181,21 @@ fn outbox_step(r: &tokio_postgres::Row) -> OutboxStep {
     }
 }
 
+impl MessageJourney {
+    /// Takes the keys out (for a viewer's answer).
+    pub fn redact_keys(&mut self) {
+        for o in &mut self.outbox {
+            if o.key.take().is_some() {
+                o.key_redacted = true;
+            }
+        }
+    }
+}
+
 /// Finds the messages `query` names — a message id, a key (entity id), a dead letter's archive
 /// id (`#42`), or a string value anywhere in a body (`A-1024`, at least 3 characters) — and
-/// returns each one's journey, newest first, at most [`MAX_TRACED`].
+/// returns each one's journey, newest first, at most [`MAX_TRACED`]. A content search as
+/// [`Search::Content`] describes.
 ///
 /// # Errors
 /// The Postgres error.
@@ -162,25 +203,50 @@ pub async fn trace(
     db: &DbConfig,
     query: &str,
 ) -> Result<Vec<MessageJourney>, tokio_postgres::Error> {
+    if query.trim().is_empty() {
+        return Ok(Vec::new());
+    }
+    let c = crate::db::connect(db).await?;
+    trace_on(&c, db, query, Search::Content).await
+}
+
+/// [`trace`] over a connection the caller holds (with its own statement timeout), matching
+/// what `search` allows.
+///
+/// # Errors
+/// The Postgres error.
+pub async fn trace_on(
+    c: &tokio_postgres::Client,
+    db: &DbConfig,
+    query: &str,
+    search: Search,
+) -> Result<Vec<MessageJourney>, tokio_postgres::Error> {
     let q = query.trim();
     if q.is_empty() {
         return Ok(Vec::new());
     }
-    let c = crate::db::connect(db).await?;
+    let content = search == Search::Content;
     let s = |t: &str| render(t, &db.schema);
     let letter_id: Option<i64> = q.strip_prefix('#').and_then(|n| n.parse().ok());
     let found = c
         .query(
             &s(outbox::JOURNEY_FIND),
-            &[&q, &(q.chars().count() >= 3), &MAX_TRACED],
+            &[
+                &q,
+                &content,
+                &MAX_TRACED,
+                &CONTENT_WINDOW,
+                &(q.chars().count() >= 3),
+            ],
         )
         .await?;
     let mut ids: Vec<String> = found.iter().filter_map(|r| r.get(3)).collect();
     ids.push(q.to_owned());
+    let key = content.then(|| q.as_bytes().to_vec());
     let letters_by = c
         .query(
             &s(dead_letters::JOURNEY_LETTERS),
-            &[&ids, &Some(q.as_bytes().to_vec()), &letter_id],
+            &[&ids, &key, &letter_id],
         )
         .await?;
     for r in &letters_by {

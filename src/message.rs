@@ -160,8 +160,11 @@ pub fn parse_instant(s: &str) -> Result<SystemTime, String> {
         return Ok(t);
     }
     if let Ok(d) = humantime::parse_duration(s.trim()) {
+        // A duration reaching before 1970 (`10000y`, `99999999h`) means "since the beginning":
+        // the platform can represent such an instant, but nothing can format or store it.
         return Ok(SystemTime::now()
             .checked_sub(d)
+            .filter(|t| *t >= SystemTime::UNIX_EPOCH)
             .unwrap_or(SystemTime::UNIX_EPOCH));
     }
     Err(format!(
@@ -192,6 +195,16 @@ mod tests {
         );
         assert!(h["timestamp"].ends_with('Z'), "{}", h["timestamp"]);
         assert_eq!(m.key(), Some("A-1"));
+    }
+
+    #[test]
+    fn durations_reaching_before_1970_mean_the_beginning_not_a_panic() {
+        for s in ["10000y", "99999999h", "5000000000y"] {
+            let t = parse_instant(s).unwrap();
+            assert_eq!(t, SystemTime::UNIX_EPOCH, "{s}");
+            assert_eq!(rfc3339(t), "1970-01-01T00:00:00.000Z");
+        }
+        assert!(parse_instant("99999999999999999999y").is_err());
     }
 
     #[test]

@@ -17,7 +17,7 @@ use crate::db;
 
 /// The embedded migrations, in version order. A file in `migrations/` missing here fails the
 /// unit test `every_file_is_embedded`.
-const MIGRATIONS: [(i32, &str, &str); 15] = [
+const MIGRATIONS: [(i32, &str, &str); 16] = [
     (1, "outbox", include_str!("../migrations/V1__outbox.sql")),
     (
         2,
@@ -84,6 +84,11 @@ const MIGRATIONS: [(i32, &str, &str); 15] = [
         15,
         "instances",
         include_str!("../migrations/V15__instances.sql"),
+    ),
+    (
+        16,
+        "message_id_index",
+        include_str!("../migrations/V16__message_id_index.sql"),
     ),
 ];
 

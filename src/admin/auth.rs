@@ -75,6 +75,9 @@ impl fmt::Debug for Auth {
     }
 }
 
+/// The shortest token accepted (and hashed by `outbox hash-token`).
+pub const MIN_TOKEN_CHARS: usize = 16;
+
 /// SHA-256 of a token, lowercase hex: what a tokens file stores.
 pub fn token_hash(token: &str) -> String {
     openssl::sha::sha256(token.as_bytes())
@@ -108,8 +111,12 @@ impl Auth {
     /// # Errors
     /// A token shorter than 16 characters.
     pub fn single(token: &str) -> Result<Self, String> {
-        if token.chars().count() < 16 {
-            return Err("OUTBOX_ADMIN_TOKEN must be at least 16 characters".into());
+        // A request's token is trimmed before it is checked: so is this one.
+        let token = token.trim();
+        if token.chars().count() < MIN_TOKEN_CHARS {
+            return Err(format!(
+                "OUTBOX_ADMIN_TOKEN must be at least {MIN_TOKEN_CHARS} characters"
+            ));
         }
         Ok(Self {
             entries: vec![Entry {

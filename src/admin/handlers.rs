@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use axum::extract::rejection::{JsonRejection, QueryRejection};
+use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, State};
 use axum::http::{header, StatusCode};
 use axum::response::{Html, IntoResponse, Response};
@@ -10,6 +10,7 @@ use axum::{Extension, Json};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
+use super::input::Strict;
 use super::{ApiError, AppState, Caller, Role};
 use crate::dlq::{Filter, Order, ReplayOptions, Status};
 
@@ -17,12 +18,6 @@ type ApiResult = Result<Response, ApiError>;
 
 fn ok(v: impl serde::Serialize) -> ApiResult {
     Ok(Json(v).into_response())
-}
-
-fn body<T>(b: Result<Json<T>, JsonRejection>) -> Result<T, ApiError> {
-    // 400 malformed, 413 too large, 415 not JSON, 422 well-formed but the wrong shape.
-    b.map(|Json(v)| v)
-        .map_err(|e| ApiError(e.status(), e.body_text()))
 }
 
 /// The filter fields every selecting body takes (the CLI's flag names).
@@ -40,11 +35,7 @@ const FILTER_FIELDS: [&str; 9] = [
 
 /// A JSON object body whose every field is one of `known`: a misspelt field is refused with
 /// 400 naming it, never ignored (an ignored filter widens the selection).
-fn exact<T: serde::de::DeserializeOwned>(
-    b: Result<Json<Value>, JsonRejection>,
-    known: &[&[&str]],
-) -> Result<T, ApiError> {
-    let v = body(b)?;
+fn exact<T: serde::de::DeserializeOwned>(v: Value, known: &[&[&str]]) -> Result<T, ApiError> {
     let Some(obj) = v.as_object() else {
         return Err(ApiError(
             StatusCode::UNPROCESSABLE_ENTITY,
@@ -88,51 +79,23 @@ pub(super) async fn healthz() -> Json<Value> {
     Json(json!({"status": "ok"}))
 }
 
+/// Ready when Postgres and Kafka answer and an archiver checks in, from the server's last
+/// look (every few seconds): a call costs no connection.
 pub(super) async fn readyz(State(s): State<AppState>) -> Response {
-    let pg = match tokio::time::timeout(Duration::from_secs(3), crate::db::connect(&s.db)).await {
-        Ok(Ok(c)) => c
-            .simple_query("SELECT 1")
-            .await
-            .map(|_| ())
-            .map_err(|e| e.to_string()),
-        Ok(Err(e)) => Err(e.to_string()),
-        Err(_) => Err("timed out".into()),
-    };
-    let kafka = {
-        let k = s.kafka.clone();
-        tokio::task::spawn_blocking(move || -> Result<(), String> {
-            use rdkafka::producer::Producer as _;
-            let p: rdkafka::producer::BaseProducer =
-                k.client_config().create().map_err(|e| e.to_string())?;
-            p.client()
-                .fetch_metadata(None, Duration::from_secs(3))
-                .map(|_| ())
-                .map_err(|e| e.to_string())
-        })
-        .await
-        .unwrap_or_else(|e| Err(e.to_string()))
-    };
-    // A DLQ nobody archives is a black hole: without a live archiver, not ready.
-    let archiver = match crate::instances::archiver_health(&s.db).await {
-        Ok(a) if !a.late => Ok(()),
-        Ok(a) => Err(match a.last_seen_secs {
-            Some(secs) => format!("late: last seen {secs:.0} s ago"),
-            None => "missing: no archiver seen in the last hour (run `outbox dlq archive`)".into(),
-        }),
-        Err(e) => Err(e.to_string()),
-    };
-    let ready = pg.is_ok() && kafka.is_ok() && archiver.is_ok();
-    let show = |r: &Result<(), String>| match r {
-        Ok(()) => json!("ok"),
-        Err(e) => json!(e),
+    let Some(r) = s.ready.report().await else {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(json!({"ready": false, "starting": true})),
+        )
+            .into_response();
     };
     (
-        if ready {
+        if r.ready() {
             StatusCode::OK
         } else {
             StatusCode::SERVICE_UNAVAILABLE
         },
-        Json(json!({"ready": ready, "postgres": show(&pg), "kafka": show(&kafka), "archiver": show(&archiver)})),
+        Json(r.to_json()),
     )
         .into_response()
 }
@@ -159,7 +122,7 @@ pub(super) struct RequeueBody {
 pub(super) async fn outbox_requeue(
     State(s): State<AppState>,
     Extension(c): Extension<Caller>,
-    b: Result<Json<Value>, JsonRejection>,
+    Strict(b): Strict,
 ) -> ApiResult {
     let b: RequeueBody = exact(b, &[&["id", "failed"]])?;
     let which = match (b.id, b.failed) {
@@ -214,7 +177,7 @@ fn breaker_error(e: crate::instances::BreakerActionError) -> ApiError {
 pub(super) async fn breaker_open(
     State(s): State<AppState>,
     Extension(c): Extension<Caller>,
-    b: Result<Json<Value>, JsonRejection>,
+    Strict(b): Strict,
 ) -> ApiResult {
     let b: BreakerBody = exact(b, &[&["group", "dependency", "reason", "open_for_secs"]])?;
     let open_for = Duration::from_secs(b.open_for_secs.unwrap_or(300));
@@ -235,7 +198,7 @@ pub(super) async fn breaker_open(
 pub(super) async fn breaker_close(
     State(s): State<AppState>,
     Extension(c): Extension<Caller>,
-    b: Result<Json<Value>, JsonRejection>,
+    Strict(b): Strict,
 ) -> ApiResult {
     let b: BreakerBody = exact(b, &[&["group", "dependency", "reason"]])?;
     crate::instances::close_breaker(
@@ -256,17 +219,62 @@ pub(super) struct TraceQuery {
     q: String,
 }
 
-/// A message's journey (viewers included: ids, statuses and errors, never bodies).
+/// A message's journey. Viewers trace by message id or `#letter` only and see no keys: ids,
+/// statuses and errors, never contents. Operators also search keys and body values (among the
+/// newest rows). Either way the search runs on a small pool under a statement timeout.
 pub(super) async fn trace(
     State(s): State<AppState>,
+    Extension(c): Extension<Caller>,
     q: Result<Query<TraceQuery>, QueryRejection>,
 ) -> ApiResult {
+    use crate::journey::{self, Search};
     let Query(q) = q.map_err(|e| ApiError(StatusCode::BAD_REQUEST, e.body_text()))?;
-    let found = crate::journey::trace(&s.db, &q.q)
+    if q.q.chars().count() > journey::MAX_QUERY {
+        return Err(ApiError(
+            StatusCode::BAD_REQUEST,
+            format!("q: at most {} characters", journey::MAX_QUERY),
+        ));
+    }
+    let search = if c.role >= Role::Operator {
+        Search::Content
+    } else if q.q.trim().is_empty() || journey::is_id_query(&q.q) {
+        Search::Ids
+    } else {
+        return Err(ApiError(
+            StatusCode::FORBIDDEN,
+            format!(
+                "{} is a viewer: trace by message id or #letter id; searching keys and bodies \
+                 needs an operator",
+                c.holder
+            ),
+        ));
+    };
+    let unavailable = |e: String| ApiError(StatusCode::SERVICE_UNAVAILABLE, e);
+    let conn = s.pool.get().await.map_err(|e| unavailable(e.to_string()))?;
+    conn.batch_execute(TRACE_TIMEOUT_SQL)
         .await
-        .map_err(|e| ApiError(StatusCode::SERVICE_UNAVAILABLE, e.to_string()))?;
+        .map_err(|e| unavailable(e.to_string()))?;
+    let mut found = journey::trace_on(&conn, &s.db, &q.q, search)
+        .await
+        .map_err(|e| {
+            if e.code() == Some(&tokio_postgres::error::SqlState::QUERY_CANCELED) {
+                unavailable(format!(
+                    "the search took longer than {TRACE_TIMEOUT_SECS} s: trace by message id \
+                     or #letter id"
+                ))
+            } else {
+                unavailable(e.to_string())
+            }
+        })?;
+    if search == Search::Ids {
+        found.iter_mut().for_each(journey::MessageJourney::redact_keys);
+    }
     ok(json!({ "query": q.q, "messages": found }))
 }
+
+/// The longest a trace search may run.
+const TRACE_TIMEOUT_SECS: u32 = 5;
+const TRACE_TIMEOUT_SQL: &str = "SET statement_timeout = '5s'";
 
 pub(super) async fn dlq_summary(State(s): State<AppState>) -> ApiResult {
     ok(s.dlq.summary().await?)
@@ -445,7 +453,7 @@ const REPLAY_FIELDS: [&str; 13] = [
 pub(super) async fn dlq_replay(
     State(s): State<AppState>,
     Extension(c): Extension<Caller>,
-    b: Result<Json<Value>, JsonRejection>,
+    Strict(b): Strict,
 ) -> ApiResult {
     let b: ReplayBody = exact(b, &[&FILTER_FIELDS, &REPLAY_FIELDS])?;
     let f = filter_of(&b.filter.query(), b.ids.clone())?;
@@ -470,9 +478,23 @@ pub(super) async fn dlq_replay(
         loop_guard: d.loop_guard,
         force: b.force,
         all: b.all,
-        marks_retention: b
-            .marks_retention_secs
-            .map_or(d.marks_retention, Duration::from_secs),
+        marks_retention: match b.marks_retention_secs.map(Duration::from_secs) {
+            // The window decides which letters need `accept_duplicates`: a request may only
+            // narrow it (stricter), never widen it past how long marks are kept, or a field
+            // would stand in for the confirmation.
+            Some(m) if m > d.marks_retention => {
+                return Err(ApiError(
+                    StatusCode::BAD_REQUEST,
+                    format!(
+                        "marks_retention_secs: at most {} (how long processed marks are kept); \
+                         to replay older letters, give accept_duplicates",
+                        d.marks_retention.as_secs()
+                    ),
+                ))
+            }
+            Some(m) => m,
+            None => d.marks_retention,
+        },
         accept_duplicates: b.accept_duplicates,
         watch: b.watch_secs.map_or(d.watch, Duration::from_secs),
         confirm_kinds: b.confirm_kinds,
@@ -498,10 +520,14 @@ async fn spawn_job(s: &AppState, id: i64) -> bool {
     if !jobs.lock().await.insert(id) {
         return false;
     }
+    let runner = tokio::spawn(async move { dlq.run_job(&kafka, id, &stop, &mut |_| {}).await });
+    // The job leaves the running set however its runner ends, a panic included: otherwise
+    // it could never be resumed on this server again.
     tokio::spawn(async move {
-        match dlq.run_job(&kafka, id, &stop, &mut |_| {}).await {
-            Ok(o) => tracing::info!(job = id, outcome = ?o, "replay job ended"),
-            Err(e) => tracing::warn!(job = id, error = %e, "replay job failed; resume it"),
+        match runner.await {
+            Ok(Ok(o)) => tracing::info!(job = id, outcome = ?o, "replay job ended"),
+            Ok(Err(e)) => tracing::warn!(job = id, error = %e, "replay job failed; resume it"),
+            Err(e) => tracing::error!(job = id, error = %e, "replay job's runner died; resume it"),
         }
         jobs.lock().await.remove(&id);
     });
@@ -520,7 +546,7 @@ pub(super) struct DropBody {
 }
 
 /// A drop's or a restore's body: the selection, `all`, and the reason.
-fn drop_args(b: Result<Json<Value>, JsonRejection>) -> Result<(Filter, bool, String), ApiError> {
+fn drop_args(b: Value) -> Result<(Filter, bool, String), ApiError> {
     let b: DropBody = exact(b, &[&FILTER_FIELDS, &["reason", "all"]])?;
     let f = filter_of(&b.filter.query(), b.ids)?;
     Ok((f, b.all, b.reason.unwrap_or_default()))
@@ -529,7 +555,7 @@ fn drop_args(b: Result<Json<Value>, JsonRejection>) -> Result<(Filter, bool, Str
 pub(super) async fn dlq_drop(
     State(s): State<AppState>,
     Extension(c): Extension<Caller>,
-    b: Result<Json<Value>, JsonRejection>,
+    Strict(b): Strict,
 ) -> ApiResult {
     let (f, all, reason) = drop_args(b)?;
     ok(s.dlq.drop_letters(&f, all, &reason, &c.holder).await?)
@@ -539,7 +565,7 @@ pub(super) async fn dlq_drop(
 pub(super) async fn dlq_restore(
     State(s): State<AppState>,
     Extension(c): Extension<Caller>,
-    b: Result<Json<Value>, JsonRejection>,
+    Strict(b): Strict,
 ) -> ApiResult {
     let (f, all, reason) = drop_args(b)?;
     ok(s.dlq.restore_letters(&f, all, &reason, &c.holder).await?)
@@ -653,7 +679,7 @@ pub(super) struct PurgeBody {
 pub(super) async fn dlq_purge(
     State(s): State<AppState>,
     Extension(c): Extension<Caller>,
-    b: Result<Json<Value>, JsonRejection>,
+    Strict(b): Strict,
 ) -> ApiResult {
     let b: PurgeBody = exact(b, &[&["retention_secs"]])?;
     let retention = b.retention_secs.map_or(

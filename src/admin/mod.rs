@@ -8,8 +8,15 @@
 
 mod auth;
 mod handlers;
+mod input;
+mod ready;
+mod server;
 
-pub use auth::{token_hash, Auth, Caller, Role};
+pub use auth::{token_hash, Auth, Caller, Role, MIN_TOKEN_CHARS};
+pub use server::{
+    ServeOptions, DEFAULT_HEADER_TIMEOUT, DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_CONNECTIONS,
+    DEFAULT_MAX_IN_FLIGHT,
+};
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -103,6 +110,14 @@ pub(crate) struct AppState {
     /// Cancelled at shutdown: replay jobs running in the server pause.
     pub stop: CancellationToken,
     pub jobs: Arc<tokio::sync::Mutex<std::collections::HashSet<i64>>>,
+    /// The server's bounds and allowed host names.
+    pub limits: Arc<ServeOptions>,
+    /// Slots for API requests working at once.
+    pub in_flight: Arc<tokio::sync::Semaphore>,
+    /// `/readyz`'s last look at the dependencies.
+    pub ready: ready::Readiness,
+    /// Connections for content searches (`/api/trace`), bounded.
+    pub pool: deadpool_postgres::Pool,
 }
 
 /// An error answer: status and `{"error": message}`.
@@ -216,9 +231,20 @@ async fn authorize(
     Ok(next.run(req).await)
 }
 
-/// The admin router over `db` and `kafka` with `auth`. Jobs started through it pause when
-/// `stop` is cancelled.
+/// The admin router over `db` and `kafka` with `auth`, with the default [`ServeOptions`].
+/// Jobs started through it pause when `stop` is cancelled.
 pub fn app(db: &DbConfig, kafka: &KafkaConfig, auth: Auth, stop: CancellationToken) -> Router {
+    app_with(db, kafka, auth, &ServeOptions::default(), stop)
+}
+
+/// [`app`] with `opts`' allowed hosts and in-flight bound.
+pub fn app_with(
+    db: &DbConfig,
+    kafka: &KafkaConfig,
+    auth: Auth,
+    opts: &ServeOptions,
+    stop: CancellationToken,
+) -> Router {
     let mut db = db.clone();
     // Audit rows written through the API say so (`dlq_audit.via`).
     db.set_application_name(API_APPLICATION_NAME);
@@ -228,8 +254,16 @@ pub fn app(db: &DbConfig, kafka: &KafkaConfig, auth: Auth, stop: CancellationTok
         kafka: kafka.clone(),
         dlq: Dlq::new(db),
         auth: Arc::new(auth),
+        ready: ready::Readiness::new(db, kafka, stop.clone()),
         stop,
         jobs: Arc::default(),
+        limits: Arc::new(opts.clone()),
+        in_flight: Arc::new(tokio::sync::Semaphore::new(opts.max_in_flight.max(1))),
+        pool: {
+            let mut small = db.clone();
+            small.pool_size = 2;
+            crate::db::pool(&small).expect("a pool over a parsed DbConfig always builds")
+        },
     };
     use handlers as h;
 
@@ -266,6 +300,14 @@ pub fn app(db: &DbConfig, kafka: &KafkaConfig, auth: Auth, stop: CancellationTok
         ))
         .fallback(|| async { ApiError(StatusCode::NOT_FOUND, "no such route".into()) })
         .layer(DefaultBodyLimit::max(MAX_BODY))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            server::bound_and_guard,
+        ))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            server::check_host,
+        ))
         .layer(axum::middleware::from_fn(security_headers))
         .with_state(state)
 }
@@ -305,8 +347,8 @@ async fn security_headers(req: Request, next: Next) -> Response {
     res
 }
 
-/// Serves the admin API on `listen` until `shutdown` resolves; refreshes the DLQ and outbox
-/// gauges every 15 s.
+/// Serves the admin API on `listen` until `shutdown` resolves, with the default
+/// [`ServeOptions`]; refreshes the DLQ and outbox gauges every 15 s.
 ///
 /// # Errors
 /// When the address cannot be bound.
@@ -317,6 +359,21 @@ pub async fn serve(
     auth: Auth,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
+    serve_with(listen, db, kafka, auth, &ServeOptions::default(), shutdown).await
+}
+
+/// [`serve`] with `opts`' bounds and allowed host names.
+///
+/// # Errors
+/// When the address cannot be bound.
+pub async fn serve_with(
+    listen: SocketAddr,
+    db: &DbConfig,
+    kafka: &KafkaConfig,
+    auth: Auth,
+    opts: &ServeOptions,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
     crate::metrics::install().map_err(std::io::Error::other)?;
     if auth.is_insecure() {
         tracing::warn!("admin API running WITHOUT authentication (--insecure-no-auth): anyone who can reach {listen} can replay and drop dead letters");
@@ -325,7 +382,7 @@ pub async fn serve(
         tracing::warn!(%listen, "admin API listening beyond loopback");
     }
     let stop = CancellationToken::new();
-    let app = app(db, kafka, auth, stop.clone());
+    let app = app_with(db, kafka, auth, opts, stop.clone());
     let listener = tokio::net::TcpListener::bind(listen).await?;
     tracing::info!(%listen, "admin API and dashboard listening");
     let dlq = Dlq::new(db);
@@ -345,12 +402,11 @@ pub async fn serve(
         }
     });
     let s2 = stop.clone();
-    axum::serve(listener, app)
-        .with_graceful_shutdown(async move {
-            shutdown.await;
-            s2.cancel();
-        })
-        .await
+    server::run(listener, app, opts, async move {
+        shutdown.await;
+        s2.cancel();
+    })
+    .await
 }
 
 #[cfg(test)]

@@ -1,6 +1,9 @@
 //! `outbox dlq archive`: consume dead-letter topics into `dead_letters`.
 //!
-//! The archiver reads under its own group ([`ARCHIVE_GROUP`]), inserts a batch of records in
+//! The archiver reads the dead-letter topics it is given (or, asked explicitly, every topic
+//! ending in the DLQ suffix) under a group that names its deployment (database and schema,
+//! [`Archiver::default_group`]), so archivers of several deployments on one cluster never read
+//! each other's letters or move each other's offsets. It inserts a batch of records in
 //! one transaction (`ON CONFLICT (dlq_topic, partition, offset) DO NOTHING`), and commits the
 //! batch's offsets only after that transaction committed. A crash between the two re-reads the
 //! batch and inserts nothing twice; a crash before the insert loses nothing.
@@ -29,7 +32,7 @@ use crate::wire::{
     X_ORIGINAL_TOPIC,
 };
 
-/// The archiver's consumer group.
+/// The prefix of the archiver's consumer group: `outbox-dlq-archive.<database>.<schema>`.
 pub const ARCHIVE_GROUP: &str = "outbox-dlq-archive";
 /// Records per insert transaction.
 const BATCH: usize = 500;
@@ -153,15 +156,23 @@ impl Row {
                 .any(|(k, _)| k == UNREADABLE_HEADERS)
                 .then(|| "a header name is not valid UTF-8".to_owned())
         });
-        let original_topic = h(X_ORIGINAL_TOPIC)
-            .filter(|t| !t.is_empty())
-            .unwrap_or_else(|| {
-                topic
-                    .strip_suffix(&format!(".{suffix}"))
-                    .unwrap_or(topic)
-                    .to_owned()
-            });
-        let original_topic = super::headers::no_nul(&original_topic);
+        // Headers are whatever the record's producer wrote. A DLQ topic is named after the
+        // topic its letters came from: that name wins over the header (a replay goes there,
+        // so a header must not choose where); the header serves only for a DLQ topic of
+        // another suffix, and only when it is a valid topic name.
+        let original_topic = match topic.strip_suffix(&format!(".{suffix}")) {
+            Some(t) if !t.is_empty() => t.to_owned(),
+            _ => h(X_ORIGINAL_TOPIC)
+                .filter(|t| crate::topic::validate_topic(t).is_ok())
+                .unwrap_or_else(|| topic.to_owned()),
+        };
+        let now = SystemTime::now();
+        // A letter cannot have failed in the future, nor first failed after it failed.
+        let failed_at = time(X_FAILED_AT)
+            .or(record_time)
+            .unwrap_or(now)
+            .min(now);
+        let first_failed_at = time(X_FIRST_FAILED_AT).map(|t| t.min(failed_at));
         Self {
             dlq_topic: topic.to_owned(),
             partition,
@@ -169,7 +180,9 @@ impl Row {
             original_topic,
             original_partition: h(X_ORIGINAL_PARTITION).and_then(|v| v.parse().ok()),
             original_offset: h(X_ORIGINAL_OFFSET).and_then(|v| v.parse().ok()),
-            group: h(X_CONSUMER_GROUP),
+            // A group name as Kafka allows it (at most 255 characters, printable).
+            group: h(X_CONSUMER_GROUP)
+                .filter(|g| g.chars().count() <= 255 && !g.chars().any(char::is_control)),
             key,
             body,
             headers: to_json(headers),
@@ -177,13 +190,19 @@ impl Row {
             message_id: h(HEADER_MESSAGE_ID),
             error_group: error.as_deref().map(normalize_error).unwrap_or_default(),
             error,
-            error_kind: h(X_ERROR_KIND),
+            // The kinds the framework writes; anything else is `unknown` (the header itself
+            // stays in `headers`).
+            error_kind: h(X_ERROR_KIND).map(|k| {
+                if super::filter::KINDS.contains(&k.as_str()) {
+                    k
+                } else {
+                    "unknown".to_owned()
+                }
+            }),
             attempts: h(X_ATTEMPTS).and_then(|v| v.parse().ok()),
             dlq_retries: h(X_DLQ_RETRIES).and_then(|v| v.parse().ok()).unwrap_or(0),
-            first_failed_at: time(X_FIRST_FAILED_AT),
-            failed_at: time(X_FAILED_AT)
-                .or(record_time)
-                .unwrap_or_else(SystemTime::now),
+            first_failed_at,
+            failed_at,
             replay_job: h(crate::wire::X_REPLAY_JOB).and_then(|v| v.parse().ok()),
             replay_of: h(crate::wire::X_REPLAY_OF).and_then(|v| v.parse().ok()),
         }
@@ -193,24 +212,53 @@ impl Row {
 type Tp = (String, i32);
 
 impl Archiver {
-    /// An archiver of `topics` (empty: every topic ending in `.dlq` on the cluster).
+    /// An archiver of the dead-letter topics `topics` (say which: a cluster shared by several
+    /// deployments holds other teams' letters too; [`Archiver::every_dlq_topic`] reads them
+    /// all, explicitly).
     ///
     /// # Errors
-    /// [`DlqError::Invalid`] for an invalid topic name.
+    /// [`DlqError::Invalid`] for no topic or an invalid topic name.
     pub fn new(db: &DbConfig, kafka: &KafkaConfig, topics: Vec<String>) -> Result<Self, DlqError> {
+        if topics.is_empty() {
+            return invalid(
+                "name the dead-letter topics to archive (a topics file or topic names); \
+                 reading every DLQ topic on the cluster must be asked for explicitly",
+            );
+        }
         for t in &topics {
             if let Err(e) = crate::topic::validate_topic(t) {
                 return invalid(e.to_string());
             }
         }
-        Ok(Self {
+        Ok(Self::of(db, kafka, topics))
+    }
+
+    /// An archiver of every topic on the cluster ending in the DLQ suffix, new ones included.
+    /// On a cluster shared by several deployments it archives their letters too: prefer
+    /// [`Archiver::new`] with this deployment's topics.
+    pub fn every_dlq_topic(db: &DbConfig, kafka: &KafkaConfig) -> Self {
+        Self::of(db, kafka, Vec::new())
+    }
+
+    fn of(db: &DbConfig, kafka: &KafkaConfig, topics: Vec<String>) -> Self {
+        Self {
             dlq: Dlq::new(db),
             kafka: kafka.clone(),
             topics,
             suffix: DEFAULT_DLQ_SUFFIX.into(),
             retention: crate::cleanup::DEFAULT_ARCHIVE_RETENTION,
-            group: ARCHIVE_GROUP.into(),
-        })
+            group: Self::default_group(db),
+        }
+    }
+
+    /// The default consumer group: [`ARCHIVE_GROUP`]`.<database>.<schema>`, one per
+    /// deployment (a deployment is an outbox schema in a database).
+    pub fn default_group(db: &DbConfig) -> String {
+        format!(
+            "{ARCHIVE_GROUP}.{}.{}",
+            db.database_name().unwrap_or("postgres"),
+            db.schema.name()
+        )
     }
 
     /// Dead-letter topic suffix (default `dlq`), for "every DLQ topic" and original topics.
@@ -227,7 +275,7 @@ impl Archiver {
         self
     }
 
-    /// The consumer group (default [`ARCHIVE_GROUP`]); for tests and side-by-side archives.
+    /// The consumer group (default [`Archiver::default_group`]).
     #[must_use]
     pub fn group(mut self, group: &str) -> Self {
         self.group = group.into();
@@ -556,7 +604,7 @@ impl Dlq {
                 .await?;
             for r in &back {
                 let (job, topic, running): (i64, String, bool) = (r.get(0), r.get(1), r.get(2));
-                metrics::counter!(crate::metrics::DLQ_REPLAY_CAME_BACK, "topic" => topic.clone())
+                metrics::counter!(crate::metrics::DLQ_REPLAY_CAME_BACK, "topic" => crate::metrics::bounded("topic", &topic))
                     .increment(1);
                 if !running {
                     tracing::warn!(job, %topic, "a letter of a finished replay job came back to the DLQ: the fix did not hold for it");
@@ -571,6 +619,7 @@ impl Dlq {
             {
                 let topic: String = r.get(0);
                 let (all, fresh): (i64, i64) = (r.get(1), r.get(2));
+                let topic = crate::metrics::bounded("topic", &topic);
                 metrics::counter!(crate::metrics::DLQ_ARCHIVED, "topic" => topic.clone())
                     .increment(all as u64);
                 metrics::counter!(crate::metrics::DLQ_NEW_ERROR_GROUPS, "topic" => topic.clone())

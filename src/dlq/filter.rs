@@ -101,6 +101,16 @@ impl Where {
     }
 }
 
+/// The `x-error-kind` values the framework writes; the archive records any other as
+/// `unknown`.
+pub(crate) const KINDS: [&str; 5] = [
+    "transient-exhausted",
+    "permanent",
+    "decode",
+    "panic",
+    "unavailable",
+];
+
 /// Parses RFC 3339 (`2026-11-30T08:00:00Z`, also without zone = UTC) or a duration ago (`90m`).
 fn parse_time(what: &str, s: &str) -> Result<SystemTime, DlqError> {
     crate::message::parse_instant(s).map_err(|e| DlqError::Invalid(format!("invalid {what} {e}")))
@@ -148,16 +158,9 @@ impl Filter {
             }
         }
         if let Some(k) = &self.kind {
-            const KINDS: [&str; 5] = [
-                "transient-exhausted",
-                "permanent",
-                "decode",
-                "panic",
-                "unavailable",
-            ];
-            if !KINDS.contains(&k.as_str()) {
+            if !KINDS.contains(&k.as_str()) && k != "unknown" {
                 return invalid(format!(
-                    "invalid kind {k:?}: expected one of {}",
+                    "invalid kind {k:?}: expected one of {}, unknown",
                     KINDS.join(", ")
                 ));
             }

@@ -419,19 +419,33 @@ impl Dlq {
         let c = self.pool.get().await?;
         let rows = c.query(&self.sql(sql::dead_letters::GAUGES), &[]).await?;
         let mut oldest: std::collections::HashMap<String, f64> = std::collections::HashMap::new();
-        let mut seen = std::collections::HashSet::new();
+        // Label values from headers are capped (several raw values may share `other`): sum
+        // their counts per series before setting it.
+        let mut counts: std::collections::HashMap<(String, String, String, String), f64> =
+            std::collections::HashMap::new();
         for r in &rows {
             let (topic, group, kind, status): (String, String, String, String) =
                 (r.get(0), r.get(1), r.get(2), r.get(3));
             let n: i64 = r.get(4);
-            seen.insert((topic.clone(), group.clone(), kind.clone(), status.clone()));
-            metrics::gauge!(crate::metrics::DLQ_MESSAGES,
-                "topic" => topic.clone(), "group" => group, "kind" => kind, "status" => status.clone())
-            .set(n as f64);
+            let topic = crate::metrics::bounded("topic", &topic);
+            let key = (
+                topic.clone(),
+                crate::metrics::bounded("group", &group),
+                crate::metrics::bounded("kind", &kind),
+                status.clone(),
+            );
+            *counts.entry(key).or_default() += n as f64;
             let e = oldest.entry(topic).or_insert(0.0);
             if status == "new" {
                 *e = e.max(r.get::<_, Option<f64>>(5).unwrap_or(0.0));
             }
+        }
+        let mut seen = std::collections::HashSet::new();
+        for ((topic, group, kind, status), n) in counts {
+            seen.insert((topic.clone(), group.clone(), kind.clone(), status.clone()));
+            metrics::gauge!(crate::metrics::DLQ_MESSAGES,
+                "topic" => topic, "group" => group, "kind" => kind, "status" => status)
+            .set(n);
         }
         // Series that emptied since the last refresh go to 0 rather than keep their last value.
         let mut known = self.gauges_seen.lock().expect("gauges lock");

@@ -10,6 +10,38 @@
 
 #[cfg(feature = "prometheus")]
 mod exporter;
+
+/// Distinct values a label may take in one process; past this, new values are recorded as
+/// `other`. Label values that come from message headers (a DLQ letter's topic, group, kind)
+/// are chosen by whoever produced the record: without a cap, a hostile or broken producer
+/// makes one series per value and the exporter's memory grows without end.
+pub const MAX_LABEL_VALUES: usize = 200;
+/// The longest label value kept as it is; longer ones are recorded as `other`.
+const MAX_LABEL_CHARS: usize = 255;
+
+/// `value` as a value of label `label`: itself while the label has had fewer than
+/// [`MAX_LABEL_VALUES`] distinct values and it is short and printable, else `other`.
+pub fn bounded(label: &'static str, value: &str) -> String {
+    use std::collections::{HashMap, HashSet};
+    use std::sync::{Mutex, OnceLock};
+    static SEEN: OnceLock<Mutex<HashMap<&'static str, HashSet<String>>>> = OnceLock::new();
+    if value.chars().count() > MAX_LABEL_CHARS || value.chars().any(char::is_control) {
+        return "other".into();
+    }
+    let mut seen = SEEN
+        .get_or_init(Mutex::default)
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let set = seen.entry(label).or_default();
+    if set.contains(value) {
+        return value.to_owned();
+    }
+    if set.len() >= MAX_LABEL_VALUES {
+        return "other".into();
+    }
+    set.insert(value.to_owned());
+    value.to_owned()
+}
 #[cfg(feature = "prometheus")]
 pub use exporter::{install, router, serve};
 
@@ -129,3 +161,22 @@ pub const ALL: [&str; 33] = [
     "outbox_build_info",
     "outbox_up",
 ];
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn label_values_from_headers_are_capped() {
+        for i in 0..super::MAX_LABEL_VALUES + 50 {
+            let v = super::bounded("test_label", &format!("v{i}"));
+            if i < super::MAX_LABEL_VALUES {
+                assert_eq!(v, format!("v{i}"));
+            } else {
+                assert_eq!(v, "other");
+            }
+        }
+        // Values seen before keep their own series.
+        assert_eq!(super::bounded("test_label", "v3"), "v3");
+        assert_eq!(super::bounded("other_label", "a\nb"), "other");
+        assert_eq!(super::bounded("other_label", &"x".repeat(300)), "other");
+    }
+}

@@ -115,10 +115,18 @@ pub async fn run(
                 Err(e @ SchemaError::Registry { .. }) => FileVerdict::Invalid(e.to_string()),
                 Err(e) => return Err(e),
             }
-        } else if matches!(
-            client.latest(&file.subject).await,
-            Err(SchemaError::Registry { status: 404, .. })
-        ) {
+        } else if match client.latest(&file.subject).await {
+            // Only the registry's own "no such subject" (or "no version") means new; any
+            // other 404 — an HTML page, a wrong base path, another API — is a wrong URL and
+            // fails the check instead of passing it on silence.
+            Err(e) if RegistryClient::subject_missing(&e) => true,
+            Err(SchemaError::Registry {
+                status: 404,
+                code,
+                message,
+            }) => return Err(client.wrong_url(code, &message)),
+            _ => false,
+        } {
             // Asked first: some registries answer "compatible" for a subject they lack.
             FileVerdict::New
         } else {

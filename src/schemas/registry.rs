@@ -13,6 +13,12 @@ use super::{Format, SchemaError};
 
 /// How long one registry call may take before the registry counts as unreachable.
 const CALL_TIMEOUT: Duration = Duration::from_secs(5);
+/// The largest registry answer read: a schema is kilobytes; anything past this is refused
+/// rather than held in memory (a wrong or hostile URL could stream without end).
+pub const MAX_ANSWER: usize = 4 * 1024 * 1024;
+/// The most of a registry's error text quoted in an error (printed once, control characters
+/// escaped).
+const MAX_ERROR_TEXT: usize = 300;
 const CONTENT_TYPE: &str = "application/vnd.schemaregistry.v1+json";
 
 /// A schema as the registry returns it.
@@ -50,8 +56,74 @@ struct ErrorBody {
 /// A registry at one base URL (`http://host:port/apis/ccompat/v7` for Apicurio).
 #[derive(Clone)]
 pub struct RegistryClient {
+    /// Without credentials: this is what errors and logs show.
     base: String,
+    /// `Basic …` from the URL's `user:password@`, sent on every call and never shown.
+    auth: Option<hyper::header::HeaderValue>,
     http: Client<HttpConnector, Full<Bytes>>,
+}
+
+/// `text` cut to [`MAX_ERROR_TEXT`] characters with control characters escaped: a registry's
+/// text (or whatever answers at a wrong URL) is quoted, never obeyed.
+fn quoted(text: &str) -> String {
+    let mut out = String::new();
+    for (i, c) in text.chars().enumerate() {
+        if i == MAX_ERROR_TEXT {
+            out.push('…');
+            break;
+        }
+        if c.is_control() {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// Splits `http://user:pw@host/…` into the URL without `user:pw@` and a Basic auth value.
+fn split_userinfo(url: &str) -> Result<(String, Option<hyper::header::HeaderValue>), SchemaError> {
+    use base64::Engine as _;
+    let Some(rest) = url.strip_prefix("http://") else {
+        return Ok((url.to_owned(), None));
+    };
+    let authority_end = rest.find('/').unwrap_or(rest.len());
+    let Some(at) = rest[..authority_end].rfind('@') else {
+        return Ok((url.to_owned(), None));
+    };
+    let userinfo = &rest[..at];
+    let (user, pass) = userinfo.split_once(':').unwrap_or((userinfo, ""));
+    let decode = |s: &str| -> Result<String, SchemaError> {
+        percent_decode(s).ok_or_else(|| {
+            SchemaError::Config(
+                "schema registry URL: its user:password part is not valid percent-encoding                  (not shown)"
+                    .into(),
+            )
+        })
+    };
+    let token = base64::engine::general_purpose::STANDARD
+        .encode(format!("{}:{}", decode(user)?, decode(pass)?));
+    let mut value = hyper::header::HeaderValue::from_str(&format!("Basic {token}"))
+        .map_err(|_| SchemaError::Config("schema registry URL: bad credentials (not shown)".into()))?;
+    value.set_sensitive(true);
+    Ok((format!("http://{}", &rest[at + 1..]), Some(value)))
+}
+
+fn percent_decode(s: &str) -> Option<String> {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' {
+            let hex = std::str::from_utf8(b.get(i + 1..i + 3)?).ok()?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).ok()
 }
 
 impl std::fmt::Debug for RegistryClient {
@@ -78,11 +150,18 @@ impl RegistryClient {
     ///
     /// # Errors
     /// [`SchemaError::Config`] for a URL that is not `http://…`.
+    ///
+    /// Credentials in the URL (`http://user:password@host:port/…`, percent-encoded as in any
+    /// URL) are sent as HTTP Basic authentication and never shown: [`Self::url`], errors and
+    /// `Debug` name the URL without them.
     pub fn new(base: &str) -> Result<Self, SchemaError> {
+        let (base, auth) = split_userinfo(base.trim())?;
         let base = base.trim_end_matches('/').to_owned();
         if !base.starts_with("http://") {
+            // The scheme alone: anything after it may hold credentials.
+            let scheme: String = base.chars().take_while(|c| *c != ':').take(10).collect();
             return Err(SchemaError::Config(format!(
-                "schema registry URL {base:?}: only http:// is supported (put a TLS proxy in front for https)"
+                "schema registry URL ({scheme}:…): only http:// is supported (put a TLS proxy in front for https)"
             )));
         }
         base.parse::<hyper::Uri>()
@@ -90,7 +169,7 @@ impl RegistryClient {
         let http = Client::builder(TokioExecutor::new())
             .pool_idle_timeout(Duration::from_secs(30))
             .build_http();
-        Ok(Self { base, http })
+        Ok(Self { base, auth, http })
     }
 
     /// The base URL.
@@ -105,11 +184,15 @@ impl RegistryClient {
         body: Option<serde_json::Value>,
     ) -> Result<Bytes, SchemaError> {
         let uri = format!("{}{path}", self.base);
-        let req = hyper::Request::builder()
+        let mut req = hyper::Request::builder()
             .method(method)
             .uri(&uri)
             .header("accept", CONTENT_TYPE)
-            .header("content-type", CONTENT_TYPE)
+            .header("content-type", CONTENT_TYPE);
+        if let Some(a) = &self.auth {
+            req = req.header(hyper::header::AUTHORIZATION, a.clone());
+        }
+        let req = req
             .body(Full::new(Bytes::from(
                 body.map(|b| b.to_string()).unwrap_or_default(),
             )))
@@ -121,11 +204,20 @@ impl RegistryClient {
                 .await
                 .map_err(|e| SchemaError::Unavailable(format!("{uri}: {e}")))?;
             let status = resp.status();
-            let bytes = resp
-                .into_body()
+            // Read at most MAX_ANSWER bytes, whatever the answer's length says.
+            let bytes = http_body_util::Limited::new(resp.into_body(), MAX_ANSWER)
                 .collect()
                 .await
-                .map_err(|e| SchemaError::Unavailable(format!("{uri}: {e}")))?
+                .map_err(|e| {
+                    if e.is::<http_body_util::LengthLimitError>() {
+                        SchemaError::Unavailable(format!(
+                            "{uri}: the answer is larger than {} MiB: is this a schema registry?",
+                            MAX_ANSWER >> 20
+                        ))
+                    } else {
+                        SchemaError::Unavailable(format!("{uri}: {e}"))
+                    }
+                })?
                 .to_bytes();
             Ok::<_, SchemaError>((status, bytes))
         };
@@ -137,20 +229,25 @@ impl RegistryClient {
         if status.is_success() {
             return Ok(bytes);
         }
-        let e: ErrorBody = serde_json::from_slice(&bytes).unwrap_or(ErrorBody {
-            error_code: i64::from(status.as_u16()),
-            message: String::from_utf8_lossy(&bytes).chars().take(300).collect(),
-        });
+        // A registry's error is JSON with an `error_code` (40401, 40403, 42201…); anything
+        // else (an HTML 404, a proxy's page) is not the registry speaking: code 0.
+        let e: ErrorBody = serde_json::from_slice(&bytes)
+            .ok()
+            .filter(|e: &ErrorBody| e.error_code != 0)
+            .unwrap_or(ErrorBody {
+                error_code: 0,
+                message: String::from_utf8_lossy(&bytes).into_owned(),
+            });
+        let message = quoted(&e.message);
         if status.is_server_error() {
             return Err(SchemaError::Unavailable(format!(
-                "{uri}: HTTP {status}: {}",
-                e.message
+                "{uri}: HTTP {status}: {message}"
             )));
         }
         Err(SchemaError::Registry {
             status: status.as_u16(),
             code: e.error_code,
-            message: e.message,
+            message,
         })
     }
 
@@ -259,14 +356,81 @@ impl RegistryClient {
             Ok(b) => serde_json::from_slice::<Compat>(&b)
                 .map(|c| Some(c.is_compatible))
                 .map_err(|e| SchemaError::Unavailable(format!("registry answer: {e}"))),
-            Err(SchemaError::Registry { status: 404, .. }) => Ok(None),
+            // Only the registry's own "no such subject" means new; a 404 without it (an HTML
+            // page, another API's 404, a wrong base path) is a wrong URL, never "anything goes".
+            Err(SchemaError::Registry {
+                status: 404,
+                code: SUBJECT_NOT_FOUND,
+                ..
+            }) => Ok(None),
+            Err(SchemaError::Registry {
+                status: 404,
+                code,
+                message,
+            }) if code != VERSION_NOT_FOUND => Err(self.wrong_url(code, &message)),
+            Err(SchemaError::Registry {
+                status: 404,
+                code: VERSION_NOT_FOUND,
+                ..
+            }) => Ok(None),
             Err(e) => Err(e),
         }
     }
 }
 
+impl RegistryClient {
+    /// A 404 that is not the registry's "no such subject": the base URL points elsewhere.
+    pub(super) fn wrong_url(&self, code: i64, message: &str) -> SchemaError {
+        SchemaError::Config(format!(
+            "{}: HTTP 404 without the registry's \"subject not found\" (40401){}: is this the \
+             base URL of a Confluent-compatible registry API (Apicurio: …/apis/ccompat/v7)?",
+            self.base,
+            if code == 0 {
+                String::new()
+            } else {
+                format!(", error code {code}: {message}")
+            }
+        ))
+    }
+
+    /// Whether `e` is the registry saying the subject has no schema (40401, or 40402 for a
+    /// subject whose versions were all deleted).
+    pub(super) fn subject_missing(e: &SchemaError) -> bool {
+        matches!(e, SchemaError::Registry { status: 404, code, .. }
+            if *code == SUBJECT_NOT_FOUND || *code == VERSION_NOT_FOUND)
+    }
+}
+
+/// Confluent's error code for a subject the registry does not hold.
+pub const SUBJECT_NOT_FOUND: i64 = 40401;
+/// Confluent's error code for a version the subject does not have (a subject whose versions
+/// were all deleted answers so).
+const VERSION_NOT_FOUND: i64 = 40402;
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn url_credentials_become_basic_auth_and_are_never_shown() {
+        let c = super::RegistryClient::new("http://us%3Aer:p%40ss@127.0.0.1:1/apis/ccompat/v7/")
+            .unwrap();
+        assert_eq!(c.url(), "http://127.0.0.1:1/apis/ccompat/v7");
+        assert!(!format!("{c:?}").contains("p%40ss"));
+        let a = c.auth.as_ref().unwrap();
+        // base64("us:er:p@ss")
+        assert_eq!(a.to_str().unwrap(), "Basic dXM6ZXI6cEBzcw==");
+        let e = super::RegistryClient::new("https://u:hunter2@h:1").unwrap_err();
+        assert!(!e.to_string().contains("hunter2"), "{e}");
+        let plain = super::RegistryClient::new("http://h:1/x").unwrap();
+        assert!(plain.auth.is_none());
+    }
+
+    #[test]
+    fn quoted_error_text_is_short_and_inert() {
+        let q = super::quoted(&format!("\u{1b}[2J{}", "x".repeat(10_000)));
+        assert!(q.starts_with("\\u{1b}[2J"), "{q}");
+        assert!(q.chars().count() <= 310);
+    }
+
     #[test]
     fn subjects_are_escaped() {
         assert_eq!(

@@ -55,11 +55,13 @@ pub(crate) const CAUSE_GROUPS: &str = "SELECT g.*, d.error AS example_error FROM
                      JOIN {s}.dead_letters d ON d.id = g.example_id
                      ORDER BY g.n DESC, g.last_seen DESC";
 
-/// Counts and oldest age per topic, group, kind and status, for the DLQ gauges.
+/// Counts and oldest age per topic, group, kind and status, for the DLQ gauges. The age counts
+/// from when the archive took the letter in (`archived_at`, this process's clock), not from
+/// a time a record's producer wrote in a header.
 pub(crate) const GAUGES: &str =
     "SELECT original_topic, coalesce(consumer_group, ''), coalesce(error_kind, ''),
                             status, count(*),
-                            extract(epoch FROM now() - min(coalesce(first_failed_at, failed_at)))::float8
+                            extract(epoch FROM now() - min(archived_at))::float8
                      FROM {s}.dead_letters GROUP BY 1, 2, 3, 4";
 
 /// The audit log, newest first.

@@ -76,6 +76,20 @@ SELECT consumer_group, count(*)::bigint FROM {s}.processed_messages
  WHERE processed_at < now() - make_interval(secs => $1)
  GROUP BY consumer_group ORDER BY consumer_group";
 
-/// Which groups handled message `$1` (any topic), and when: a journey's consumer side.
-pub(crate) const JOURNEY_MARKS: &str = "SELECT consumer_group, topic, message_id, processed_at
-   FROM {s}.processed_messages WHERE message_id = ANY($1) ORDER BY processed_at";
+/// Which groups handled messages `$1` (any topic), and when: a journey's consumer side. The
+/// key is (group, topic, message id), so the (group, topic) pairs are walked first, one index
+/// probe each (a loose index scan: there are few pairs), and each pair is probed for the ids:
+/// a handful of index lookups instead of reading every mark.
+pub(crate) const JOURNEY_MARKS: &str = "\
+WITH RECURSIVE pairs(g, t) AS (
+    (SELECT consumer_group, topic FROM {s}.processed_messages ORDER BY 1, 2 LIMIT 1)
+  UNION ALL
+    SELECT n.consumer_group, n.topic FROM pairs, LATERAL (
+        SELECT p.consumer_group, p.topic FROM {s}.processed_messages p
+         WHERE (p.consumer_group, p.topic) > (pairs.g, pairs.t)
+         ORDER BY 1, 2 LIMIT 1) n
+)
+SELECT m.consumer_group, m.topic, m.message_id, m.processed_at
+  FROM pairs JOIN {s}.processed_messages m
+    ON m.consumer_group = pairs.g AND m.topic = pairs.t AND m.message_id = ANY($1)
+ ORDER BY m.processed_at";

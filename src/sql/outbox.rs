@@ -214,16 +214,23 @@ pub(crate) const AUDIT_REQUEUE_SENT: &str = "\
 INSERT INTO {s}.dlq_audit (actor, action, filter, count, reason)
      VALUES ($1, 'requeue-sent', $2, $3, $4) RETURNING id";
 
-/// A message's journey starts here: outbox rows whose message id (`$1`), key (`$1`), or any
-/// string value in the body (`$1`, when `$2`) matches, newest first, at most `$3`. The body
-/// search scans the table; an operator's lookup, bounded by the limit.
+/// A message's journey starts here: outbox rows whose message id is `$1` (indexed), and, when
+/// `$2` (a content search), rows among the newest `$4` whose key is `$1` or, when `$5`, whose
+/// body holds `$1` as a string value; newest first, at most `$3`. The content part reads at
+/// most `$4` rows by the primary key, whatever the outbox's size.
 pub(crate) const JOURNEY_FIND: &str = "\
-SELECT o.id, o.topic, o.message_key, o.headers->>'message_id', o.headers->>'message_type',
-       o.status, o.attempts, o.last_error, o.created_at, o.sent_at, o.payload IS NULL
-  FROM {s}.outbox o
- WHERE o.headers->>'message_id' = $1 OR o.message_key = $1
-    OR ($2 AND jsonb_path_exists(o.payload, '$.** ? (@ == $v)', jsonb_build_object('v', $1::text)))
- ORDER BY o.id DESC LIMIT $3";
+(SELECT o.id, o.topic, o.message_key, o.headers->>'message_id', o.headers->>'message_type',
+        o.status, o.attempts, o.last_error, o.created_at, o.sent_at, o.payload IS NULL
+   FROM {s}.outbox o
+  WHERE o.headers->>'message_id' = $1)
+UNION
+(SELECT o.id, o.topic, o.message_key, o.headers->>'message_id', o.headers->>'message_type',
+        o.status, o.attempts, o.last_error, o.created_at, o.sent_at, o.payload IS NULL
+   FROM {s}.outbox o
+  WHERE $2 AND o.id > (SELECT coalesce(max(id), 0) FROM {s}.outbox) - $4
+    AND (o.message_key = $1
+         OR ($5 AND jsonb_path_exists(o.payload, '$.** ? (@ == $v)', jsonb_build_object('v', $1::text)))))
+ ORDER BY 1 DESC LIMIT $3";
 
 /// The outbox rows of message ids `$1`.
 pub(crate) const JOURNEY_ROWS: &str = "\

@@ -167,6 +167,31 @@ fn stated(
     config
 }
 
+/// The dead-letter topic of entry `t` under defaults `d`.
+fn dlq_name(t: &TopicEntry, d: &Defaults) -> String {
+    let suffix = t
+        .dlq_suffix
+        .as_ref()
+        .or(d.dlq_suffix.as_ref())
+        .map_or(DEFAULT_DLQ_SUFFIX, String::as_str);
+    format!("{}.{suffix}", t.name)
+}
+
+/// The dead-letter topics a topics file declares (one per `[[topic]]`): what a deployment's
+/// archiver reads.
+///
+/// # Errors
+/// As [`plan`].
+pub fn dead_letter_topics(toml_text: &str) -> Result<Vec<String>, TopicsError> {
+    plan(toml_text)?;
+    let file: File = toml::from_str(toml_text).map_err(|e| TopicsError::Parse(e.to_string()))?;
+    Ok(file
+        .topics
+        .iter()
+        .map(|t| dlq_name(t, &file.defaults))
+        .collect())
+}
+
 /// Parses a topics file and expands each entry into the main topic, the retry chain of each
 /// declared consumer group, and the dead-letter topic.
 ///
@@ -236,12 +261,7 @@ pub fn plan(toml_text: &str) -> Result<Vec<TopicSpec>, TopicsError> {
                 });
             }
         }
-        let suffix = t
-            .dlq_suffix
-            .as_ref()
-            .or(d.dlq_suffix.as_ref())
-            .map_or(DEFAULT_DLQ_SUFFIX, String::as_str);
-        let dlq = format!("{}.{suffix}", t.name);
+        let dlq = dlq_name(&t, &d);
         validate_topic(&dlq)?;
         let dlq_retention = match t.dlq_retention.as_ref().or(d.dlq_retention.as_ref()) {
             Some(r) => millis(r, "dlq_retention")?,
@@ -268,6 +288,24 @@ pub fn plan(toml_text: &str) -> Result<Vec<TopicSpec>, TopicsError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_dead_letter_topics_of_a_file_are_its_own() {
+        let t = dead_letter_topics(
+            r#"
+            [defaults]
+            dlq_suffix = "dead"
+            [[topic]]
+            name = "orders.created"
+            [[topic]]
+            name = "payments.settled"
+            dlq_suffix = "dlq"
+            "#,
+        )
+        .unwrap();
+        assert_eq!(t, ["orders.created.dead", "payments.settled.dlq"]);
+        assert!(dead_letter_topics("[[topic]]\nname = \"bad name\"").is_err());
+    }
 
     #[test]
     fn a_file_with_schema_settings_plans_the_same_topics() {

@@ -65,6 +65,8 @@ pub(crate) struct UsageError(pub(crate) String);
 pub(crate) fn db_config(a: &DbArgs) -> Result<DbConfig, UsageError> {
     let mut db =
         DbConfig::new(&a.database_url, &a.schema).map_err(|e| UsageError(e.to_string()))?;
+    // Whatever error text later quotes the URL back, its password is never printed.
+    crate::redact::register(db.secret_values().iter().map(String::as_str));
     // Audit rows written by the CLI say so (`dlq_audit.via`); the admin server names its own.
     // A name given in the URL wins: the operator asked to tell this process's sessions apart.
     if !a.database_url.contains("application_name=") {
@@ -79,6 +81,10 @@ pub(crate) fn kafka_config(a: &KafkaArgs) -> Result<KafkaConfig, UsageError> {
     for p in &a.kafka_property {
         k.set_from_pair(p).map_err(|e| UsageError(e.to_string()))?;
     }
+    crate::redact::register(k.secret_values());
+    // A misspelt or unknown property refuses to start (exit 2) rather than fail later with
+    // librdkafka's message, which quotes the value back.
+    k.validate().map_err(|e| UsageError(e.to_string()))?;
     Ok(k)
 }
 

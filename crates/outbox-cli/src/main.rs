@@ -8,6 +8,7 @@ use std::process::ExitCode;
 mod args;
 mod commands;
 mod progress;
+mod redact;
 
 use std::io::Write as _;
 
@@ -87,16 +88,17 @@ fn main() -> ExitCode {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| "info,tokio_postgres=warn,refinery_core=warn,deadpool=error".into());
     match cli.log_format {
+        // No colours: a log line's ESC bytes could then only come from data (see redact.rs).
         LogFormat::Text => tracing_subscriber::fmt()
             .with_env_filter(filter)
-            .with_writer(std::io::stderr)
-            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .with_writer(|| redact::Stderr)
+            .with_ansi(false)
             .init(),
         LogFormat::Json => tracing_subscriber::fmt()
             .json()
             .with_current_span(true)
             .with_env_filter(filter)
-            .with_writer(std::io::stderr)
+            .with_writer(|| redact::Stderr)
             .init(),
     }
     let rt = match tokio::runtime::Builder::new_multi_thread()
@@ -117,9 +119,14 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            let text = redact::clean(&format!("error: {e:#}\n"));
+            let _ = std::io::stderr().write_all(&terminal_safe(text.as_bytes()));
             let usage = e.downcast_ref::<UsageError>().is_some()
-                || e.downcast_ref::<outbox::ConfigError>().is_some();
+                || e.downcast_ref::<outbox::ConfigError>().is_some()
+                || matches!(
+                    e.downcast_ref::<outbox::schemas::SchemaError>(),
+                    Some(outbox::schemas::SchemaError::Config(_))
+                );
             ExitCode::from(if usage { 2 } else { 1 })
         }
     }

@@ -448,7 +448,7 @@ async function viewTrace(q) {
   const or = (v) => v == null ? "–" : String(v);
   const journeys = r.messages.map(m => {
     const steps = [];
-    for (const o of m.outbox) steps.push(["outbox", "#" + o.id + " " + o.status + " → " + o.topic + " (key " + or(o.key) +
+    for (const o of m.outbox) steps.push(["outbox", "#" + o.id + " " + o.status + " → " + o.topic + " (key " + (o.key_redacted ? "hidden from viewers" : or(o.key)) +
       ", " + o.attempts + " attempt(s), committed " + o.created_at + ", sent " + or(o.sent_at) + ")" + (o.last_error ? " — " + o.last_error : "")]);
     if (!m.outbox.length) steps.push(["outbox", "no row (cleaned up, or not published through the outbox)"]);
     for (const h of m.handled) steps.push(["handled", h.group + " from " + h.topic + " at " + h.at]);

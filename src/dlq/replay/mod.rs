@@ -36,6 +36,12 @@ mod state;
 pub(crate) use pacer::Pacer;
 pub(crate) use runner::enqueue;
 
+/// The slowest replay: one letter every 1,000 s. Slower schedules cannot be paced (and are
+/// better served by replaying fewer letters).
+pub const MIN_RATE: f64 = 0.001;
+/// The fastest replay, messages per second.
+pub const MAX_RATE: f64 = 1_000_000.0;
+
 /// Default replay rate, messages per second.
 pub const DEFAULT_RATE: f64 = 100.0;
 /// Default canary size.
@@ -112,9 +118,9 @@ impl Default for ReplayOptions {
 impl ReplayOptions {
     fn validate(&self) -> Result<(), DlqError> {
         check_actor(&self.actor)?;
-        if !(self.rate.is_finite() && self.rate > 0.0 && self.rate <= 1_000_000.0) {
+        if !(self.rate.is_finite() && (MIN_RATE..=MAX_RATE).contains(&self.rate)) {
             return invalid(format!(
-                "invalid rate {}: give messages per second, 0 < rate <= 1000000",
+                "invalid rate {}: give messages per second, {MIN_RATE} to {MAX_RATE}",
                 self.rate
             ));
         }

@@ -25,6 +25,14 @@ pub struct Args {
     /// Serve without authentication (anyone reaching the address can replay and drop).
     #[arg(long)]
     insecure_no_auth: bool,
+    /// A host name this server is reached by (repeatable, or comma-separated in the
+    /// variable); `localhost` and IP addresses always are. Requests naming any other host
+    /// are refused (DNS rebinding).
+    #[arg(long = "allowed-host", env = "OUTBOX_ALLOWED_HOSTS", value_delimiter = ',')]
+    allowed_hosts: Vec<String>,
+    /// Open connections at most.
+    #[arg(long, default_value_t = outbox::admin::DEFAULT_MAX_CONNECTIONS)]
+    max_connections: usize,
 }
 
 pub async fn run(args: Args, _out: &mut dyn Write) -> anyhow::Result<()> {
@@ -35,7 +43,15 @@ pub async fn run(args: Args, _out: &mut dyn Write) -> anyhow::Result<()> {
         admin_token,
         tokens_file,
         insecure_no_auth,
+        allowed_hosts,
+        max_connections,
     } = args;
+    if let Some(t) = &admin_token {
+        crate::redact::register([t.trim()]);
+    }
+    if max_connections == 0 {
+        return Err(UsageError("--max-connections must be at least 1".into()).into());
+    }
     let db = db_config(&db)?;
     let kafka = kafka_config(&kafka)?;
     let auth = match (insecure_no_auth, tokens_file, admin_token) {
@@ -59,7 +75,14 @@ pub async fn run(args: Args, _out: &mut dyn Write) -> anyhow::Result<()> {
             .into())
         }
     };
-    outbox::admin::serve(listen, &db, &kafka, auth, shutdown_signal())
+    let mut opts = outbox::admin::ServeOptions::default();
+    opts.allowed_hosts = allowed_hosts
+        .iter()
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
+        .collect();
+    opts.max_connections = max_connections;
+    outbox::admin::serve_with(listen, &db, &kafka, auth, &opts, shutdown_signal())
         .await
         .map_err(|e| UsageError(format!("--listen {listen}: {e}")))?;
 

@@ -17,9 +17,17 @@ pub struct Args {
     db: DbArgs,
     #[command(flatten)]
     kafka: KafkaArgs,
-    /// DLQ topics to archive (repeatable); default every *.dlq on the cluster.
+    /// A dead-letter topic to archive (repeatable).
     #[arg(long = "topic")]
     topics: Vec<String>,
+    /// Archive the dead-letter topics this topics file declares (the file `topics apply`
+    /// takes).
+    #[arg(long, env = "OUTBOX_TOPICS_FILE")]
+    topics_file: Option<std::path::PathBuf>,
+    /// Archive every topic on the cluster ending in the DLQ suffix, other deployments'
+    /// included (on a shared cluster, prefer --topics-file).
+    #[arg(long, conflicts_with_all = ["topics", "topics_file"])]
+    all_dlq_topics: bool,
     /// Archive what is there now, then exit.
     #[arg(long)]
     once: bool,
@@ -29,9 +37,10 @@ pub struct Args {
     /// Dead-letter topic suffix.
     #[arg(long, default_value = "dlq")]
     dlq_suffix: String,
-    /// The archiver's consumer group.
-    #[arg(long, default_value = outbox::dlq::ARCHIVE_GROUP)]
-    archive_group: String,
+    /// The archiver's consumer group [default: outbox-dlq-archive.<database>.<schema>, one per
+    /// deployment].
+    #[arg(long)]
+    archive_group: Option<String>,
     /// Serve Prometheus /metrics on this address (sidecar mode).
     #[arg(long)]
     metrics_addr: Option<std::net::SocketAddr>,
@@ -41,7 +50,9 @@ pub async fn run(args: Args, out: &mut dyn Write) -> anyhow::Result<()> {
     let Args {
         db,
         kafka,
-        topics,
+        mut topics,
+        topics_file,
+        all_dlq_topics,
         once,
         retention,
         dlq_suffix,
@@ -52,11 +63,28 @@ pub async fn run(args: Args, out: &mut dyn Write) -> anyhow::Result<()> {
     serve_metrics(metrics_addr, &stop).await?;
     let db = db_config(&db)?;
     let kafka = kafka_config(&kafka)?;
-    let a = Archiver::new(&db, &kafka, topics)
-        .map_err(lift)?
-        .suffix(&dlq_suffix)
-        .retention(retention)
-        .group(&archive_group);
+    if let Some(f) = &topics_file {
+        let text = std::fs::read_to_string(f)
+            .map_err(|e| UsageError(format!("cannot read {}: {e}", f.display())))?;
+        topics.extend(
+            outbox::topics::dead_letter_topics(&text)
+                .map_err(|e| UsageError(format!("{}: {e}", f.display())))?,
+        );
+    }
+    let a = if all_dlq_topics {
+        Archiver::every_dlq_topic(&db, &kafka)
+    } else if topics.is_empty() {
+        return Err(UsageError(
+            "say which dead-letter topics to archive: --topics-file FILE, --topic NAME, or \
+             --all-dlq-topics (every *.dlq on the cluster, other deployments' included)"
+                .into(),
+        )
+        .into());
+    } else {
+        Archiver::new(&db, &kafka, topics).map_err(|e| UsageError(e.to_string()))?
+    };
+    let group = archive_group.unwrap_or_else(|| Archiver::default_group(&db));
+    let a = a.suffix(&dlq_suffix).retention(retention).group(&group);
     let r = if once {
         let mut m = Meter::new("archive");
         let r = a

@@ -1,0 +1,7 @@
+-- Finding a message by its id (`outbox trace`, the dashboard's trace, `/api/trace`) must not
+-- read the whole outbox: at volume that is a sequential scan of millions of rows per lookup.
+-- This build holds writes to the outbox while it runs: on an outbox of millions of rows,
+-- create the index first without blocking writes, then migrate (IF NOT EXISTS makes this
+-- step a no-op):
+--   CREATE INDEX CONCURRENTLY outbox_message_id_idx ON <schema>.outbox ((headers->>'message_id'));
+CREATE INDEX IF NOT EXISTS outbox_message_id_idx ON outbox ((headers->>'message_id'));

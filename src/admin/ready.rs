@@ -1,0 +1,169 @@
+//! `/readyz` answered from state the server keeps: one task probes Postgres (over one kept
+//! connection), Kafka (one kept client) and the archiver's heartbeat every
+//! [`PROBE_EVERY`], and the route reads the last result. However often, and by however
+//! many, `/readyz` is called, it costs no connection and no client of its own.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{DbConfig, KafkaConfig};
+
+/// How often the prober looks.
+pub const PROBE_EVERY: Duration = Duration::from_secs(5);
+/// How long one look at Postgres or Kafka may take.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// One look at each dependency: `Ok` or why not (secrets taken out).
+#[derive(Debug, Clone)]
+pub(crate) struct Report {
+    pub postgres: Result<(), String>,
+    pub kafka: Result<(), String>,
+    pub archiver: Result<(), String>,
+}
+
+impl Report {
+    pub(crate) fn ready(&self) -> bool {
+        self.postgres.is_ok() && self.kafka.is_ok() && self.archiver.is_ok()
+    }
+
+    pub(crate) fn to_json(&self) -> Value {
+        let show = |r: &Result<(), String>| match r {
+            Ok(()) => json!("ok"),
+            Err(e) => json!(e),
+        };
+        json!({"ready": self.ready(), "postgres": show(&self.postgres),
+               "kafka": show(&self.kafka), "archiver": show(&self.archiver)})
+    }
+}
+
+/// The last report, and the prober that keeps it (started by the first reader).
+#[derive(Clone)]
+pub(crate) struct Readiness {
+    rx: watch::Receiver<Option<Report>>,
+    start: Arc<Mutex<Option<Box<dyn FnOnce() + Send>>>>,
+}
+
+impl Readiness {
+    /// A prober over `db` and `kafka` that stops with `stop`; it starts on first use.
+    pub(crate) fn new(db: &DbConfig, kafka: &KafkaConfig, stop: CancellationToken) -> Self {
+        let (tx, rx) = watch::channel(None);
+        let (db, kafka) = (db.clone(), kafka.clone());
+        let start: Box<dyn FnOnce() + Send> = Box::new(move || {
+            tokio::spawn(probe_loop(db, kafka, tx, stop));
+        });
+        Self {
+            rx,
+            start: Arc::new(Mutex::new(Some(start))),
+        }
+    }
+
+    /// The last report; right after start, waits (briefly) for the first.
+    pub(crate) async fn report(&self) -> Option<Report> {
+        if let Some(start) = self
+            .start
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take()
+        {
+            start();
+        }
+        let mut rx = self.rx.clone();
+        let first = rx.wait_for(Option::is_some);
+        let _ = tokio::time::timeout(PROBE_TIMEOUT * 3, first).await;
+        self.rx.borrow().clone()
+    }
+}
+
+async fn probe_loop(
+    db: DbConfig,
+    kafka: KafkaConfig,
+    tx: watch::Sender<Option<Report>>,
+    stop: CancellationToken,
+) {
+    let mut pg: Option<tokio_postgres::Client> = None;
+    // One client for the process's life: librdkafka reconnects by itself.
+    let producer: Result<Arc<rdkafka::producer::BaseProducer>, String> = kafka
+        .client_config()
+        .create()
+        .map(Arc::new)
+        .map_err(|e| kafka.redact(&e.to_string()));
+    loop {
+        let (postgres, archiver) = probe_postgres(&db, &mut pg).await;
+        let kafka_state = match &producer {
+            Err(e) => Err(e.clone()),
+            Ok(p) => {
+                let p = p.clone();
+                tokio::task::spawn_blocking(move || {
+                    use rdkafka::producer::Producer as _;
+                    p.client()
+                        .fetch_metadata(None, PROBE_TIMEOUT)
+                        .map(|_| ())
+                        .map_err(|e| e.to_string())
+                })
+                .await
+                .unwrap_or_else(|e| Err(e.to_string()))
+                .map_err(|e| kafka.redact(&e))
+            }
+        };
+        let report = Report {
+            postgres: postgres.map_err(|e| db.redact(&e)),
+            kafka: kafka_state,
+            archiver: archiver.map_err(|e| db.redact(&e)),
+        };
+        if tx.send(Some(report)).is_err() {
+            return;
+        }
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = tokio::time::sleep(PROBE_EVERY) => {}
+        }
+    }
+}
+
+/// Postgres and the archiver's heartbeat, over one connection kept between looks.
+async fn probe_postgres(
+    db: &DbConfig,
+    pg: &mut Option<tokio_postgres::Client>,
+) -> (Result<(), String>, Result<(), String>) {
+    if pg.as_ref().is_none_or(tokio_postgres::Client::is_closed) {
+        *pg = match tokio::time::timeout(PROBE_TIMEOUT, crate::db::connect(db)).await {
+            Ok(Ok(c)) => Some(c),
+            Ok(Err(e)) => return (Err(e.to_string()), Err("postgres unreachable".into())),
+            Err(_) => return (Err("timed out".into()), Err("postgres unreachable".into())),
+        };
+    }
+    let Some(c) = pg.as_ref() else {
+        return (Err("no connection".into()), Err("postgres unreachable".into()));
+    };
+    let look = async {
+        c.simple_query("SELECT 1").await.map_err(|e| e.to_string())?;
+        crate::instances::archiver_health_on(c, db)
+            .await
+            .map_err(|e| e.to_string())
+    };
+    match tokio::time::timeout(PROBE_TIMEOUT, look).await {
+        Err(_) => {
+            *pg = None;
+            (Err("timed out".into()), Err("postgres timed out".into()))
+        }
+        Ok(Err(e)) => {
+            *pg = None;
+            (Err(e), Err("postgres unreachable".into()))
+        }
+        // A DLQ nobody archives is a black hole: without a live archiver, not ready.
+        Ok(Ok(a)) if !a.late => (Ok(()), Ok(())),
+        Ok(Ok(a)) => (
+            Ok(()),
+            Err(match a.last_seen_secs {
+                Some(secs) => format!("late: last seen {secs:.0} s ago"),
+                None => {
+                    "missing: no archiver seen in the last hour (run `outbox dlq archive`)".into()
+                }
+            }),
+        ),
+    }
+}

@@ -1,0 +1,324 @@
+//! The admin server's connections, bounded for whoever connects: at most
+//! [`ServeOptions::max_connections`] at once (more are closed at accept), request headers
+//! within [`ServeOptions::header_timeout`], no connection idle past
+//! [`ServeOptions::idle_timeout`], at most [`ServeOptions::max_in_flight`] API requests
+//! working at once (the rest wait briefly, then 503), a `Host` allow-list against DNS
+//! rebinding, and a panic in a handler answered with 500 instead of a closed connection.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use axum::extract::{Request, State};
+use axum::http::{header, StatusCode};
+use axum::middleware::Next;
+use axum::response::Response;
+use futures::FutureExt as _;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use super::{ApiError, AppState};
+
+/// Default [`ServeOptions::max_connections`].
+pub const DEFAULT_MAX_CONNECTIONS: usize = 128;
+/// Default [`ServeOptions::header_timeout`].
+pub const DEFAULT_HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+/// Default [`ServeOptions::idle_timeout`].
+pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+/// Default [`ServeOptions::max_in_flight`].
+pub const DEFAULT_MAX_IN_FLIGHT: usize = 16;
+/// How long a request waits for a working slot before it is answered 503.
+const IN_FLIGHT_WAIT: Duration = Duration::from_secs(10);
+/// How long open connections get to finish at shutdown.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+
+/// Limits and names of the admin server.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct ServeOptions {
+    /// Host names (besides `localhost` and IP literals, always accepted) that requests may
+    /// name in `Host`: the names operators and probes reach this server by. Any other name is
+    /// refused with 403, so a web page whose DNS name is rebound to this address cannot read
+    /// it through a victim's browser.
+    pub allowed_hosts: Vec<String>,
+    /// Open connections at most; more are closed as they are accepted.
+    pub max_connections: usize,
+    /// A request's headers must arrive within this.
+    pub header_timeout: Duration,
+    /// A connection with nothing read or written for this long is closed.
+    pub idle_timeout: Duration,
+    /// Requests working at once at most (each may hold a Postgres connection).
+    pub max_in_flight: usize,
+}
+
+impl Default for ServeOptions {
+    fn default() -> Self {
+        Self {
+            allowed_hosts: Vec::new(),
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+            header_timeout: DEFAULT_HEADER_TIMEOUT,
+            idle_timeout: DEFAULT_IDLE_TIMEOUT,
+            max_in_flight: DEFAULT_MAX_IN_FLIGHT,
+        }
+    }
+}
+
+/// Whether a `Host` header value may be served: absent, an IP literal, `localhost`, or one of
+/// `allowed` (any port, names compared without case).
+pub(crate) fn host_allowed(host: Option<&str>, allowed: &[String]) -> bool {
+    let Some(host) = host else { return true };
+    let name = if let Some(rest) = host.strip_prefix('[') {
+        // [v6]:port
+        return rest
+            .split_once(']')
+            .is_some_and(|(ip, _)| ip.parse::<std::net::Ipv6Addr>().is_ok());
+    } else {
+        host.rsplit_once(':').map_or(host, |(h, _)| h)
+    };
+    let name = name.trim_end_matches('.');
+    name.parse::<std::net::Ipv4Addr>().is_ok()
+        || name.eq_ignore_ascii_case("localhost")
+        || allowed.iter().any(|a| a.eq_ignore_ascii_case(name))
+}
+
+/// Refuses requests naming a host that is not allowed, on every route.
+pub(crate) async fn check_host(
+    State(s): State<AppState>,
+    req: Request,
+    next: Next,
+) -> Result<Response, ApiError> {
+    let host = req
+        .headers()
+        .get(header::HOST)
+        .map(|h| h.to_str().unwrap_or("\u{fffd}"));
+    if !host_allowed(host, &s.limits.allowed_hosts) {
+        return Err(ApiError(
+            StatusCode::FORBIDDEN,
+            "this Host is not served here: start the server with --allowed-host NAME for each \
+             name it is reached by"
+                .into(),
+        ));
+    }
+    super::input::check_query(req.uri().query())?;
+    Ok(next.run(req).await)
+}
+
+/// At most `max_in_flight` requests work at once; a 500 from a handler's panic; secrets taken
+/// out of server-error texts (a library's error may quote a property back).
+pub(crate) async fn bound_and_guard(
+    State(s): State<AppState>,
+    req: Request,
+    next: Next,
+) -> Result<Response, ApiError> {
+    // Health, readiness, metrics and the page's files cost nothing that needs bounding (and a
+    // liveness probe must not queue behind slow API calls).
+    let permit = if req.uri().path().starts_with("/api/") {
+        Some(
+            tokio::time::timeout(IN_FLIGHT_WAIT, s.in_flight.clone().acquire_owned())
+                .await
+                .ok()
+                .and_then(Result::ok)
+                .ok_or_else(|| {
+                    ApiError(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        "the server is busy: try again".into(),
+                    )
+                })?,
+        )
+    } else {
+        None
+    };
+    let res = std::panic::AssertUnwindSafe(next.run(req))
+        .catch_unwind()
+        .await;
+    drop(permit);
+    let res = match res {
+        Ok(r) => r,
+        Err(_) => {
+            tracing::error!("an admin request panicked; answered 500");
+            return Err(ApiError(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "internal error (logged)".into(),
+            ));
+        }
+    };
+    if !res.status().is_server_error() {
+        return Ok(res);
+    }
+    let (parts, body) = res.into_parts();
+    let bytes = axum::body::to_bytes(body, super::MAX_BODY * 16)
+        .await
+        .unwrap_or_default();
+    let text = String::from_utf8_lossy(&bytes);
+    let clean = s.db.redact(&s.kafka.redact(&text));
+    Ok(Response::from_parts(parts, axum::body::Body::from(clean)))
+}
+
+/// A stream that records when it last moved a byte.
+struct Watched<S> {
+    io: S,
+    epoch: Instant,
+    last: Arc<AtomicU64>,
+}
+
+impl<S> Watched<S> {
+    fn touch(&self) {
+        self.last
+            .store(self.epoch.elapsed().as_millis() as u64, Ordering::Relaxed);
+    }
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Watched<S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let r = Pin::new(&mut self.io).poll_read(cx, buf);
+        if buf.filled().len() > before {
+            self.touch();
+        }
+        r
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Watched<S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        let r = Pin::new(&mut self.io).poll_write(cx, buf);
+        if matches!(r, Poll::Ready(Ok(n)) if n > 0) {
+            self.touch();
+        }
+        r
+    }
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+}
+
+/// Serves `app` on `listener` with `opts`' bounds until `shutdown` resolves, then gives open
+/// connections [`SHUTDOWN_GRACE`] to finish.
+pub(crate) async fn run(
+    listener: tokio::net::TcpListener,
+    app: axum::Router,
+    opts: &ServeOptions,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let slots = Arc::new(Semaphore::new(opts.max_connections.max(1)));
+    let stop = CancellationToken::new();
+    let tracker = TaskTracker::new();
+    tokio::pin!(shutdown);
+    loop {
+        let (stream, peer): (tokio::net::TcpStream, SocketAddr) = tokio::select! {
+            () = &mut shutdown => break,
+            r = listener.accept() => match r {
+                Ok(s) => s,
+                Err(e) => {
+                    // Out of descriptors and the like: wait rather than spin.
+                    tracing::warn!(error = %e, "admin accept failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+        };
+        let Ok(permit) = slots.clone().try_acquire_owned() else {
+            tracing::debug!(%peer, "admin connection refused: at the connection cap");
+            drop(stream);
+            continue;
+        };
+        let _ = stream.set_nodelay(true);
+        let (app, stop, opts) = (app.clone(), stop.clone(), opts.clone());
+        tracker.spawn(async move {
+            let epoch = Instant::now();
+            let last = Arc::new(AtomicU64::new(0));
+            let io = Watched {
+                io: stream,
+                epoch,
+                last: last.clone(),
+            };
+            let svc = hyper_util::service::TowerToHyperService::new(app);
+            let mut builder = hyper::server::conn::http1::Builder::new();
+            builder
+                .timer(TokioTimer::new())
+                .header_read_timeout(opts.header_timeout);
+            let conn = builder.serve_connection(TokioIo::new(io), svc);
+            tokio::pin!(conn);
+            let idle = opts.idle_timeout;
+            let mut check = tokio::time::interval(Duration::from_secs(1).min(idle));
+            loop {
+                tokio::select! {
+                    r = conn.as_mut() => {
+                        if let Err(e) = r {
+                            tracing::debug!(%peer, error = %e, "admin connection ended");
+                        }
+                        break;
+                    }
+                    _ = check.tick() => {
+                        let quiet = epoch.elapsed().saturating_sub(
+                            Duration::from_millis(last.load(Ordering::Relaxed)));
+                        if quiet >= idle {
+                            tracing::debug!(%peer, "admin connection idle: closed");
+                            break;
+                        }
+                    }
+                    () = stop.cancelled() => {
+                        conn.as_mut().graceful_shutdown();
+                        let _ = tokio::time::timeout(SHUTDOWN_GRACE, conn.as_mut()).await;
+                        break;
+                    }
+                }
+            }
+            drop(permit);
+        });
+    }
+    stop.cancel();
+    tracker.close();
+    tracker.wait().await;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::host_allowed;
+
+    #[test]
+    fn hosts_by_ip_localhost_or_allow_list_only() {
+        let allowed = vec!["outbox-admin.svc".to_owned()];
+        for ok in [
+            None,
+            Some("127.0.0.1:8080"),
+            Some("10.1.2.3"),
+            Some("[::1]:8080"),
+            Some("localhost:8080"),
+            Some("LOCALHOST"),
+            Some("outbox-admin.svc:8080"),
+            Some("Outbox-Admin.SVC."),
+        ] {
+            assert!(host_allowed(ok, &allowed), "{ok:?}");
+        }
+        for bad in [
+            Some("evil.example:8080"),
+            Some("evil.example"),
+            Some("localhost.evil.example"),
+            Some("127.0.0.1.nip.io"),
+            Some("[evil]:80"),
+            Some(""),
+        ] {
+            assert!(!host_allowed(bad, &allowed), "{bad:?}");
+        }
+    }
+}
