@@ -459,7 +459,14 @@ impl KafkaConfig {
         let mut v: Vec<&str> = self
             .properties
             .iter()
-            .filter(|(k, v)| !is_plain_property(k) && !v.is_empty())
+            // A number or a boolean is a setting, whatever the property's name.
+            .filter(|(k, v)| {
+                !is_plain_property(k)
+                    && !v.is_empty()
+                    && !v.eq_ignore_ascii_case("true")
+                    && !v.eq_ignore_ascii_case("false")
+                    && v.parse::<f64>().is_err()
+            })
             .map(|(_, v)| v.as_str())
             .collect();
         v.sort_by_key(|s| std::cmp::Reverse(s.len()));

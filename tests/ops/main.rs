@@ -8,5 +8,6 @@ mod browser;
 mod cli;
 mod compose;
 mod demo;
+mod hostile;
 mod layout;
 mod observability;

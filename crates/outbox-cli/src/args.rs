@@ -66,7 +66,14 @@ pub(crate) fn db_config(a: &DbArgs) -> Result<DbConfig, UsageError> {
     let mut db =
         DbConfig::new(&a.database_url, &a.schema).map_err(|e| UsageError(e.to_string()))?;
     // Whatever error text later quotes the URL back, its password is never printed.
-    crate::redact::register(db.secret_values().iter().map(String::as_str));
+    // The password as a URL carries it (`:pw@`, raw or percent-encoded): a bare password may
+    // be a common word ("outbox" in the dev setup) that would blank out ordinary text.
+    for pw in db.secret_values() {
+        crate::redact::register([
+            format!(":{pw}@").as_str(),
+            format!(":{}@", crate::redact::percent_encode(&pw)).as_str(),
+        ]);
+    }
     // Audit rows written by the CLI say so (`dlq_audit.via`); the admin server names its own.
     // A name given in the URL wins: the operator asked to tell this process's sessions apart.
     if !a.database_url.contains("application_name=") {

@@ -26,6 +26,18 @@ pub(crate) fn register<'a>(values: impl IntoIterator<Item = &'a str>) {
     s.sort_by_key(|v| std::cmp::Reverse(v.len()));
 }
 
+/// `s` as a URL's userinfo carries it: every byte but unreserved ones percent-encoded.
+pub(crate) fn percent_encode(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                char::from(b).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
 /// `text` with every registered secret replaced by `<redacted>`.
 pub(crate) fn clean(text: &str) -> String {
     let s = secrets().lock().unwrap_or_else(std::sync::PoisonError::into_inner);

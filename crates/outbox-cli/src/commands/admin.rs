@@ -1,6 +1,7 @@
 //! `outbox admin`: The HTTP admin API, the web dashboard and /metrics.
 
 use std::io::Write;
+use std::time::Duration;
 
 use clap::Args as ClapArgs;
 
@@ -30,9 +31,15 @@ pub struct Args {
     /// are refused (DNS rebinding).
     #[arg(long = "allowed-host", env = "OUTBOX_ALLOWED_HOSTS", value_delimiter = ',')]
     allowed_hosts: Vec<String>,
-    /// Open connections at most.
+    /// Open connections at most; more are closed as they arrive.
     #[arg(long, default_value_t = outbox::admin::DEFAULT_MAX_CONNECTIONS)]
     max_connections: usize,
+    /// A request's headers must arrive within this.
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    header_timeout: std::time::Duration,
+    /// A connection with nothing read or written for this long is closed.
+    #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+    idle_timeout: std::time::Duration,
 }
 
 pub async fn run(args: Args, _out: &mut dyn Write) -> anyhow::Result<()> {
@@ -45,12 +52,20 @@ pub async fn run(args: Args, _out: &mut dyn Write) -> anyhow::Result<()> {
         insecure_no_auth,
         allowed_hosts,
         max_connections,
+        header_timeout,
+        idle_timeout,
     } = args;
     if let Some(t) = &admin_token {
         crate::redact::register([t.trim()]);
     }
     if max_connections == 0 {
         return Err(UsageError("--max-connections must be at least 1".into()).into());
+    }
+    if header_timeout.is_zero() || idle_timeout < Duration::from_secs(1) {
+        return Err(UsageError(
+            "--header-timeout must be above 0 and --idle-timeout at least 1s".into(),
+        )
+        .into());
     }
     let db = db_config(&db)?;
     let kafka = kafka_config(&kafka)?;
@@ -82,6 +97,8 @@ pub async fn run(args: Args, _out: &mut dyn Write) -> anyhow::Result<()> {
         .filter(|h| !h.is_empty())
         .collect();
     opts.max_connections = max_connections;
+    opts.header_timeout = header_timeout;
+    opts.idle_timeout = idle_timeout;
     outbox::admin::serve_with(listen, &db, &kafka, auth, &opts, shutdown_signal())
         .await
         .map_err(|e| UsageError(format!("--listen {listen}: {e}")))?;

@@ -87,8 +87,9 @@ pub(super) fn parse_rate(s: &str) -> Result<f64, String> {
     let v: f64 = s
         .parse()
         .map_err(|_| format!("{s:?} is not a rate: give messages per second"))?;
-    if !(v.is_finite() && v > 0.0 && v <= 1_000_000.0) {
-        return Err(format!("{s:?} is out of range: 0 < rate <= 1000000"));
+    let (min, max) = (outbox::dlq::MIN_RATE, outbox::dlq::MAX_RATE);
+    if !(v.is_finite() && (min..=max).contains(&v)) {
+        return Err(format!("{s:?} is out of range: {min} to {max} per second"));
     }
     Ok(v)
 }

@@ -1,0 +1,708 @@
+//! Hostile input, probed the way a stranger and a careless operator would: every admin route a
+//! viewer or nobody can reach, with hostile values (durations, NUL bytes, duplicate keys,
+//! oversize names, foreign Host headers, trickling sockets), every CLI verb with a misspelt
+//! secret property, a hostile schema registry on loopback, and letters whose headers lie. Each
+//! test is named after the behaviour it holds; RELIABILITY.md's "Hostile input" table lists
+//! them with the probe each replaced.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use outbox_testkit::*;
+
+const SECRET: &str = "S3cretXYZ-do-not-print";
+const VIEWER: &str = "hostile-viewer-token-aaaa";
+const OPERATOR: &str = "hostile-operator-token-bbbb";
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+fn run(cmd: &mut Command) -> Output {
+    cmd.stdin(Stdio::null()).output().expect("spawn outbox")
+}
+
+/// One raw HTTP/1.1 exchange (the test chooses every header, Host included): status and body.
+fn raw(port: u16, request: &str) -> (u16, String) {
+    let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) else {
+        return (0, String::new());
+    };
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    if s.write_all(request.as_bytes()).is_err() {
+        return (0, String::new());
+    }
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out);
+    let text = String::from_utf8_lossy(&out).into_owned();
+    let status = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = text
+        .split_once("\r\n\r\n")
+        .map_or(String::new(), |(_, b)| b.to_owned());
+    (status, body)
+}
+
+fn get(port: u16, path: &str, token: Option<&str>, host: &str) -> (u16, String) {
+    let auth = token.map_or(String::new(), |t| format!("Authorization: Bearer {t}\r\n"));
+    raw(
+        port,
+        &format!("GET {path} HTTP/1.1\r\nHost: {host}\r\n{auth}Connection: close\r\n\r\n"),
+    )
+}
+
+fn post(port: u16, path: &str, token: &str, body: &str) -> (u16, String) {
+    raw(
+        port,
+        &format!(
+            "POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nAuthorization: Bearer {token}\r\n\
+             Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        ),
+    )
+}
+
+struct Admin {
+    child: Child,
+    port: u16,
+    log: std::path::PathBuf,
+}
+
+impl Drop for Admin {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Admin {
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// TCP connections the server holds to Postgres (its own sockets, from /proc).
+    fn postgres_connections(&self) -> usize {
+        let pid = self.child.id();
+        let inodes: std::collections::HashSet<String> =
+            std::fs::read_dir(format!("/proc/{pid}/fd"))
+                .map(|d| {
+                    d.filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+                        .filter_map(|l| {
+                            let l = l.to_string_lossy().into_owned();
+                            Some(l.strip_prefix("socket:[")?.strip_suffix(']')?.to_owned())
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
+        let mut n = 0;
+        for table in ["tcp", "tcp6"] {
+            let t = std::fs::read_to_string(format!("/proc/{pid}/net/{table}")).unwrap_or_default();
+            for line in t.lines().skip(1) {
+                let f: Vec<&str> = line.split_whitespace().collect();
+                // remote address ends in :1538 (5432), state 01 (established), our inode.
+                if f.len() > 9 && f[2].ends_with(":1538") && f[3] == "01" && inodes.contains(f[9])
+                {
+                    n += 1;
+                }
+            }
+        }
+        n
+    }
+}
+
+/// An admin server with a viewer and an operator, a secret among its Kafka properties, and
+/// the given extra flags; its log goes to a file.
+async fn admin(db: &outbox::DbConfig, extra: &[&str]) -> Admin {
+    let dir = std::env::temp_dir().join(format!("outbox-hostile-{}", hex(8)));
+    std::fs::create_dir_all(&dir).unwrap();
+    let tokens = dir.join("tokens");
+    std::fs::write(
+        &tokens,
+        format!(
+            "vera viewer {}\nolga operator {}\n",
+            outbox::admin::token_hash(VIEWER),
+            outbox::admin::token_hash(OPERATOR)
+        ),
+    )
+    .unwrap();
+    let log = dir.join("admin.log");
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let mut args = vec![
+        "admin",
+        "--listen",
+        &listen,
+        "--tokens-file",
+        tokens.to_str().unwrap(),
+        "-X",
+    ];
+    let secret_prop = format!("sasl.password={SECRET}");
+    args.push(&secret_prop);
+    args.extend_from_slice(extra);
+    let child = outbox_command(db)
+        .args(&args)
+        .env("RUST_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let a = Admin { child, port, log };
+    wait_until(Duration::from_secs(30), "admin listening", || async {
+        tokio::task::spawn_blocking(move || get(port, "/healthz", None, "127.0.0.1").0 == 200)
+            .await
+            .unwrap()
+    })
+    .await;
+    a
+}
+
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+    tokio::task::spawn_blocking(f).await.unwrap()
+}
+
+#[test]
+fn a_misspelt_kafka_property_refuses_to_start_every_verb_and_its_value_is_never_printed() {
+    let db = outbox::DbConfig::new(&database_url(), "public").unwrap();
+    let prop = format!("sasl.passwrd={SECRET}");
+    let topics = std::env::temp_dir().join(format!("hostile-topics-{}.toml", hex(6)));
+    std::fs::write(&topics, "[[topic]]\nname = \"hostile.probe\"\n").unwrap();
+    let topics = topics.to_str().unwrap().to_owned();
+    for verb in [
+        vec!["admin", "--insecure-no-auth", "--listen", "127.0.0.1:0"],
+        vec!["relay"],
+        vec!["topics", "apply", &topics],
+        vec!["dlq", "archive", "--once", "--topic", "hostile.probe.dlq"],
+        vec!["dlq", "replay", "--id", "1"],
+    ] {
+        let o = run(outbox_command(&db).args(&verb).args(["-X", &prop]));
+        let t = text(&o);
+        assert_eq!(o.status.code(), Some(2), "{verb:?}: {t}");
+        assert!(t.contains("sasl.passwrd"), "{verb:?} names the property: {t}");
+        assert!(!t.contains(SECRET), "{verb:?} printed the secret: {t}");
+    }
+    // A property librdkafka takes, refused by the broker later: the value is never printed
+    // either (the broker here speaks PLAINTEXT; the client insists on SASL).
+    let o = run(outbox_command(&db).args([
+        "topics",
+        "apply",
+        &topics,
+        "--dry-run",
+        "-X",
+        "security.protocol=SASL_PLAINTEXT",
+        "-X",
+        "sasl.mechanism=PLAIN",
+        "-X",
+        "sasl.username=u",
+        "-X",
+        &format!("sasl.password={SECRET}"),
+    ]));
+    assert!(!text(&o).contains(SECRET), "{}", text(&o));
+    // No `=`: there is no telling a name from a pasted secret.
+    let o = run(outbox_command(&db).args(["relay", "-X", SECRET]));
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(!text(&o).contains(SECRET), "{}", text(&o));
+}
+
+#[test]
+fn configuration_errors_exit_2_and_hash_token_hashes_what_the_server_compares() {
+    let db = outbox::DbConfig::new(&database_url(), "public").unwrap();
+    for (what, args, env) in [
+        (
+            "bootstrap",
+            vec!["topics", "apply", "/nonexistent.toml"],
+            ("KAFKA_BOOTSTRAP_SERVERS", "nonsense"),
+        ),
+        (
+            "database url",
+            vec!["status"],
+            ("DATABASE_URL", "postgres://u:pw@127.0.0.1:notaport/db"),
+        ),
+        (
+            "registry url",
+            vec!["schemas", "check", "."],
+            ("SCHEMA_REGISTRY_URL", "ftp://user:hunter2@h/x"),
+        ),
+        ("tokens", vec!["admin", "--tokens-file", "/nonexistent"], ("X", "")),
+        ("archive topics", vec!["dlq", "archive", "--once"], ("X", "")),
+        (
+            "archive topics file",
+            vec!["dlq", "archive", "--once", "--topics-file", "/nonexistent"],
+            ("X", ""),
+        ),
+    ] {
+        let o = run(outbox_command(&db).args(&args).env(env.0, env.1));
+        assert_eq!(o.status.code(), Some(2), "{what}: {}", text(&o));
+        assert!(!text(&o).contains("hunter2"), "{what}: {}", text(&o));
+    }
+    let hash = |input: &str| {
+        let mut c = outbox_command(&db)
+            .arg("hash-token")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        c.stdin.take().unwrap().write_all(input.as_bytes()).unwrap();
+        c.wait_with_output().unwrap()
+    };
+    let short = hash("abc\n");
+    assert_eq!(short.status.code(), Some(2), "{}", text(&short));
+    assert!(text(&short).contains("at least 16"), "{}", text(&short));
+    let padded = hash("  a-long-enough-token-1234  \n");
+    assert!(padded.status.success(), "{}", text(&padded));
+    assert_eq!(
+        String::from_utf8_lossy(&padded.stdout).trim(),
+        outbox::admin::token_hash("a-long-enough-token-1234")
+    );
+}
+
+/// A registry on loopback that answers as `mode` says and records each request's headers.
+fn hostile_registry(mode: &'static str) -> (u16, std::sync::Arc<std::sync::Mutex<Vec<String>>>) {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let s2 = seen.clone();
+    std::thread::spawn(move || {
+        for conn in l.incoming() {
+            let Ok(mut c) = conn else { return };
+            let mut buf = vec![0u8; 64 * 1024];
+            let n = c.read(&mut buf).unwrap_or(0);
+            s2.lock()
+                .unwrap()
+                .push(String::from_utf8_lossy(&buf[..n]).into_owned());
+            let _ = match mode {
+                "html404" => c.write_all(
+                    b"HTTP/1.1 404 Not Found\r\nContent-Type: text/html\r\nContent-Length: 22\r\nConnection: close\r\n\r\n<h1>no such page</h1>\n",
+                ),
+                "huge" => {
+                    // 300 MB announced, streamed until the client hangs up.
+                    let _ = c.write_all(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 314572800\r\nConnection: close\r\n\r\n{\"schema\":\"");
+                    let chunk = vec![b'x'; 1 << 20];
+                    for _ in 0..300 {
+                        if c.write_all(&chunk).is_err() {
+                            break;
+                        }
+                    }
+                    Ok(())
+                }
+                _ => {
+                    // A 5xx whose text would clear a terminal, 10 MB long.
+                    let mut body = b"\x1b[2J\x1b]0;owned\x07".to_vec();
+                    body.extend(std::iter::repeat_n(b'y', 10 << 20));
+                    let _ = c.write_all(
+                        format!(
+                            "HTTP/1.1 503 Service Unavailable\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                            body.len()
+                        )
+                        .as_bytes(),
+                    );
+                    c.write_all(&body)
+                }
+            };
+        }
+    });
+    (port, seen)
+}
+
+#[test]
+fn a_registry_that_is_not_one_fails_the_gate_and_its_answers_are_capped_and_inert() {
+    let db = outbox::DbConfig::new(&database_url(), "public").unwrap();
+    let dir = std::env::temp_dir().join(format!("hostile-schemas-{}", hex(6)));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("orders.created-value.json"),
+        r#"{"type": "object", "properties": {"id": {"type": "string"}}}"#,
+    )
+    .unwrap();
+    let check = |port: u16, userinfo: &str| {
+        run(outbox_command(&db)
+            .args(["schemas", "check", dir.to_str().unwrap()])
+            .env(
+                "SCHEMA_REGISTRY_URL",
+                format!("http://{userinfo}127.0.0.1:{port}/apis/ccompat/v7"),
+            ))
+    };
+    // A 404 that is not the registry's "no such subject": a wrong URL fails the gate.
+    let (port, seen) = hostile_registry("html404");
+    let o = check(port, "alice:pa%24%24w0rd@");
+    assert_ne!(o.status.code(), Some(0), "{}", text(&o));
+    assert!(text(&o).contains("40401"), "{}", text(&o));
+    // Credentials in the URL are Basic auth (base64 of alice:pa$$w0rd), never printed.
+    let req = seen.lock().unwrap().join("\n").to_ascii_lowercase();
+    assert!(
+        req.contains("authorization: basic ywxpy2u6cgekjhcwcmq="),
+        "{req}"
+    );
+    assert!(
+        !text(&o).contains("pa$$w0rd") && !text(&o).contains("pa%24%24w0rd"),
+        "{}",
+        text(&o)
+    );
+    // An answer without end is cut at the cap.
+    let (port, _) = hostile_registry("huge");
+    let started = Instant::now();
+    let o = check(port, "");
+    assert_ne!(o.status.code(), Some(0), "{}", text(&o));
+    assert!(text(&o).contains("larger than 4 MiB"), "{}", text(&o));
+    assert!(started.elapsed() < Duration::from_secs(30));
+    // A 5xx's text is quoted short, its control characters shown, not obeyed.
+    let (port, _) = hostile_registry("5xx");
+    let o = check(port, "");
+    assert_ne!(o.status.code(), Some(0), "{}", text(&o));
+    let t = text(&o);
+    assert!(!t.contains('\u{1b}') && !t.contains('\u{7}'), "{t:?}");
+    assert!(t.len() < 4000, "{} bytes of error", t.len());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readiness_leaks_no_secret_costs_no_connection_and_refuses_foreign_hosts() {
+    let db = fresh_db().await;
+    let a = admin(&db, &["--allowed-host", "outbox-admin.internal"]).await;
+    let port = a.port;
+    let (code, body) = blocking(move || get(port, "/readyz", None, "127.0.0.1")).await;
+    assert!(code == 200 || code == 503, "{code} {body}");
+    assert!(body.contains("\"postgres\":\"ok\""), "{body}");
+    assert!(!body.contains(SECRET), "{body}");
+    // DNS rebinding: a page whose name now points here reads nothing, on any route.
+    for path in ["/readyz", "/healthz", "/metrics", "/", "/api/whoami"] {
+        let (code, body) = blocking(move || get(port, path, Some(VIEWER), "evil.example:80")).await;
+        assert_eq!(code, 403, "{path}: {body}");
+    }
+    for host in ["localhost", "10.0.0.7:8080", "Outbox-Admin.Internal:8080"] {
+        let (code, _) = blocking(move || get(port, "/healthz", None, host)).await;
+        assert_eq!(code, 200, "{host}");
+    }
+    // 40 concurrent readiness calls open no connection: the answer comes from the last look.
+    let before = a.postgres_connections();
+    let calls: Vec<_> = (0..40)
+        .map(|_| tokio::task::spawn_blocking(move || get(port, "/readyz", None, "127.0.0.1").0))
+        .collect();
+    for c in calls {
+        let code = c.await.unwrap();
+        assert!(code == 200 || code == 503, "{code}");
+    }
+    let after = a.postgres_connections();
+    assert!(before >= 1, "the prober keeps a connection");
+    assert!(after <= before, "connections {before} → {after}");
+    assert!(!a.log().contains(SECRET), "{}", a.log());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn trickling_and_idle_sockets_are_closed_and_connections_are_capped() {
+    let db = fresh_db().await;
+    let a = admin(
+        &db,
+        &[
+            "--max-connections",
+            "20",
+            "--header-timeout",
+            "2s",
+            "--idle-timeout",
+            "3s",
+        ],
+    )
+    .await;
+    let port = a.port;
+    // 20 sockets that send half a request line and stop: the cap is reached.
+    let trickling: Vec<TcpStream> = (0..20)
+        .map(|_| {
+            let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+            s.write_all(b"GET /healthz HTTP/1.1\r\nHo").unwrap();
+            s
+        })
+        .collect();
+    // Wait until the server has accepted them all: then a 21st is closed at once.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let refused = blocking(move || get(port, "/healthz", None, "127.0.0.1")).await;
+    assert_eq!(refused.0, 0, "a connection past the cap was served: {refused:?}");
+    // Each trickling socket is closed by the header timeout.
+    let started = Instant::now();
+    let closed = blocking(move || {
+        trickling
+            .into_iter()
+            .map(|mut s| {
+                s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+                let mut b = [0u8; 1024];
+                // EOF, a reset or a 408 answer: the server let go.
+                matches!(s.read(&mut b), Ok(_) | Err(_))
+                    && started.elapsed() < Duration::from_secs(30)
+            })
+            .filter(|c| *c)
+            .count()
+    })
+    .await;
+    assert_eq!(closed, 20);
+    // Served again once they are gone.
+    wait_until(Duration::from_secs(15), "served again", || async move {
+        blocking(move || get(port, "/healthz", None, "127.0.0.1").0 == 200).await
+    })
+    .await;
+    // An idle keep-alive connection is closed after the idle timeout.
+    let idle_closed = blocking(move || {
+        let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        s.write_all(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+            .unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        let t = Instant::now();
+        let mut all = Vec::new();
+        let _ = s.read_to_end(&mut all);
+        (t.elapsed(), String::from_utf8_lossy(&all).into_owned())
+    })
+    .await;
+    assert!(idle_closed.1.starts_with("HTTP/1.1 200"), "{}", idle_closed.1);
+    assert!(
+        idle_closed.0 < Duration::from_secs(25),
+        "idle connection held {:?}",
+        idle_closed.0
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_viewer_sees_ids_statuses_and_errors_never_contents() {
+    let db = fresh_db().await;
+    let c = client(&db).await;
+    let msg = outbox::Message::new(
+        "orders.created",
+        "order_created",
+        "cust-4242",
+        serde_json::json!({"email": "alice@example.com", "total_cents": 100}),
+    );
+    let id = msg.message_id().to_string();
+    outbox::enqueue(&c, &msg).await.unwrap();
+    let a = admin(&db, &[]).await;
+    let port = a.port;
+    // Content and key searches are an operator's; a viewer gets 403, not an oracle.
+    for q in ["alice@example.com", "alice@example.co", "cust-4242"] {
+        let path = format!("/api/trace?q={}", q.replace('@', "%40"));
+        let (code, body) = blocking(move || get(port, &path, Some(VIEWER), "127.0.0.1")).await;
+        assert_eq!(code, 403, "{q}: {body}");
+        assert!(!body.contains("cust-4242") || q == "cust-4242", "{body}");
+    }
+    // By message id: the journey, without the key.
+    let path = format!("/api/trace?q={id}");
+    let (code, body) = blocking(move || get(port, &path, Some(VIEWER), "127.0.0.1")).await;
+    assert_eq!(code, 200, "{body}");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let row = &v["messages"][0]["outbox"][0];
+    assert_eq!(row["key"], serde_json::Value::Null, "{body}");
+    assert_eq!(row["key_redacted"], true, "{body}");
+    assert!(!body.contains("cust-4242") && !body.contains("alice"), "{body}");
+    // An operator searches contents: an exact value finds it, a near one does not.
+    let found = |q: &'static str| async move {
+        let path = format!("/api/trace?q={}", q.replace('@', "%40"));
+        let (code, body) = blocking(move || get(port, &path, Some(OPERATOR), "127.0.0.1")).await;
+        assert_eq!(code, 200, "{body}");
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+        v["messages"].as_array().unwrap().len()
+    };
+    assert_eq!(found("alice@example.com").await, 1);
+    assert_eq!(found("alice@example.co").await, 0);
+    assert_eq!(found("cust-4242").await, 1);
+    // Over-long and NUL-carrying queries are refused as input, not as an outage.
+    let long = format!("/api/trace?q={}", "a".repeat(1001));
+    let (code, _) = blocking(move || get(port, &long, Some(OPERATOR), "127.0.0.1")).await;
+    assert_eq!(code, 400);
+    let (code, body) =
+        blocking(move || get(port, "/api/trace?q=a%00b", Some(OPERATOR), "127.0.0.1")).await;
+    assert_eq!(code, 400, "{body}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_values_get_a_clear_4xx_never_a_panic_and_confirmations_hold() {
+    let db = fresh_db().await;
+    let a = admin(&db, &[]).await;
+    let port = a.port;
+    // Instants before 1970: answered (the beginning), not a closed connection.
+    for since in ["99999999h", "10000y"] {
+        let path = format!("/api/dlq/messages?since={since}");
+        let (code, body) = blocking(move || get(port, &path, Some(VIEWER), "127.0.0.1")).await;
+        assert_eq!(code, 200, "since={since}: {body}");
+    }
+    let p = |path: &'static str, body: String| async move {
+        blocking(move || post(port, path, OPERATOR, &body)).await
+    };
+    let (code, body) = p(
+        "/api/dlq/drop",
+        r#"{"since": "10000y", "reason": "probe"}"#.into(),
+    )
+    .await;
+    assert!((200..500).contains(&code), "{code} {body}");
+    let (code, body) = p(
+        "/api/dlq/replay",
+        r#"{"since": "10000y", "dry_run": true}"#.into(),
+    )
+    .await;
+    assert!((200..500).contains(&code), "{code} {body}");
+    // A rate no schedule can pace.
+    let (code, body) = p(
+        "/api/dlq/replay",
+        r#"{"ids": [1], "rate": 1e-300}"#.into(),
+    )
+    .await;
+    assert_eq!(code, 400, "{body}");
+    assert!(body.contains("rate"), "{body}");
+    // A request field cannot stand in for accept_duplicates.
+    let (code, body) = p(
+        "/api/dlq/replay",
+        r#"{"ids": [1], "marks_retention_secs": 999999999, "dry_run": true}"#.into(),
+    )
+    .await;
+    assert_eq!(code, 400, "{body}");
+    assert!(body.contains("accept_duplicates"), "{body}");
+    // Duplicate keys: one body, one meaning.
+    let (code, body) = p(
+        "/api/dlq/drop",
+        r#"{"ids": [1], "ids": [2], "reason": "x"}"#.into(),
+    )
+    .await;
+    assert_eq!(code, 400, "{body}");
+    assert!(body.contains("\\\"ids\\\" appears twice"), "{body}");
+    // NUL in a reason or a name: bad input, not "db error".
+    let (code, body) = p(
+        "/api/breakers/open",
+        r#"{"group": "g", "dependency": "d", "reason": "a\u0000b"}"#.into(),
+    )
+    .await;
+    assert_eq!(code, 400, "{body}");
+    // A name longer than any group can be.
+    let long = "n".repeat(60_000);
+    let (code, body) = p(
+        "/api/breakers/open",
+        format!(r#"{{"group": "{long}", "dependency": "d", "reason": "probe"}}"#),
+    )
+    .await;
+    assert_eq!(code, 400, "{body}");
+    // Text that would forge a log line or drive a terminal is logged as one inert line.
+    let (code, body) = p(
+        "/api/breakers/open",
+        r#"{"group": "g-forge", "dependency": "d", "reason": "x\u001b[2Jy\nINFO forged line"}"#
+            .into(),
+    )
+    .await;
+    assert_eq!(code, 200, "{body}");
+    wait_until(Duration::from_secs(10), "the breaker's log line", || async {
+        a.log().contains("g-forge")
+    })
+    .await;
+    let log = a.log();
+    let line = log.lines().find(|l| l.contains("g-forge")).unwrap();
+    assert!(line.contains("\\nINFO forged line"), "{line}");
+    assert!(!log.contains('\u{1b}'), "{log:?}");
+    assert!(!log.lines().any(|l| l.starts_with("INFO forged")), "{log}");
+    // Still alive, no panic logged.
+    assert_eq!(
+        blocking(move || get(port, "/healthz", None, "127.0.0.1"))
+            .await
+            .0,
+        200
+    );
+    assert!(!a.log().contains("panicked"), "{}", a.log());
+}
+
+#[tokio::test]
+async fn the_cli_takes_instants_before_1970_without_panicking() {
+    let db = fresh_db().await;
+    for args in [
+        vec!["dlq", "list", "--since", "10000y"],
+        vec!["dlq", "list", "--since", "99999999h", "--json"],
+    ] {
+        let o = run(outbox_command(&db).args(&args));
+        assert_eq!(o.status.code(), Some(0), "{args:?}: {}", text(&o));
+    }
+    let o = run(outbox_command(&db).args([
+        "dlq",
+        "replay",
+        "--since",
+        "10000y",
+        "--rate",
+        "1e-300",
+        "--dry-run",
+    ]));
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(!text(&o).contains("panicked"), "{}", text(&o));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_archiver_reads_only_its_deployments_topics_and_trusts_no_header() {
+    let db = fresh_db().await;
+    let c = client(&db).await;
+    let (ours, theirs) = (topic_name(), topic_name());
+    create_topic(&format!("{ours}.dlq"), 1).await;
+    create_topic(&format!("{theirs}.dlq"), 1).await;
+    // Ours: a letter whose headers lie about everything they can.
+    let kind = format!("kind-{}", hex(6));
+    produce(
+        &format!("{ours}.dlq"),
+        Some(b"k"),
+        &[
+            ("x-original-topic", b"someone.elses.topic"),
+            ("x-consumer-group", b"g\nforged"),
+            ("x-error-kind", kind.as_bytes()),
+            ("x-error", b"boom"),
+            ("x-first-failed-at", b"1970-01-01T00:00:00Z"),
+            ("x-failed-at", b"2999-01-01T00:00:00Z"),
+        ],
+        Some(b"{}"),
+    )
+    .await;
+    produce(&format!("{theirs}.dlq"), Some(b"k"), &[], Some(b"{}")).await;
+    let file = std::env::temp_dir().join(format!("hostile-archive-{}.toml", hex(6)));
+    std::fs::write(&file, format!("[[topic]]\nname = \"{ours}\"\n")).unwrap();
+    let o = run(outbox_command(&db).args([
+        "dlq",
+        "archive",
+        "--once",
+        "--topics-file",
+        file.to_str().unwrap(),
+    ]));
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains("archived=1"), "{}", text(&o));
+    let rows = c
+        .query(
+            "SELECT original_topic, consumer_group, error_kind, \
+                    extract(epoch FROM now() - first_failed_at)::float8, \
+                    extract(epoch FROM failed_at - now())::float8 FROM dead_letters",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(rows.len(), 1, "only our topic is archived");
+    let r = &rows[0];
+    assert_eq!(r.get::<_, String>(0), ours, "the DLQ topic names the origin");
+    assert_eq!(r.get::<_, Option<String>>(1), None, "a group name with a newline");
+    assert_eq!(r.get::<_, Option<String>>(2).as_deref(), Some("unknown"));
+    assert!(r.get::<_, f64>(4) <= 1.0, "failed_at in the future");
+    // The oldest-age gauge counts from archiving, whatever `x-first-failed-at` says (1970
+    // would pin it at 56 years); the kind label is a known one.
+    let a = admin(&db, &[]).await;
+    let port = a.port;
+    let series = format!("outbox_dlq_oldest_age_seconds{{topic=\"{ours}\"}}");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let (age, metrics) = loop {
+        let (_, m) = blocking(move || get(port, "/metrics", None, "127.0.0.1")).await;
+        let age = m
+            .lines()
+            .find(|l| l.starts_with(&series))
+            .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok());
+        if age.is_some() || Instant::now() > deadline {
+            break (age, m);
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert!(!metrics.contains(&kind), "a producer's kind became a label");
+    assert!(age.expect("the gauge") < 3600.0, "oldest age {age:?}");
+    // Their topic's offsets were not touched, under our deployment's group.
+    let group = outbox::dlq::Archiver::default_group(&db);
+    assert!(group.ends_with(&format!(".{}", db.schema.name())), "{group}");
+    assert_eq!(committed(&group, &format!("{theirs}.dlq"), 0).await, None);
+    assert!(committed(&group, &format!("{ours}.dlq"), 0).await.is_some());
+}
