@@ -244,10 +244,7 @@ pub async fn trace_on(
     ids.push(q.to_owned());
     let key = content.then(|| q.as_bytes().to_vec());
     let letters_by = c
-        .query(
-            &s(dead_letters::JOURNEY_LETTERS),
-            &[&ids, &key, &letter_id],
-        )
+        .query(&s(dead_letters::JOURNEY_LETTERS), &[&ids, &key, &letter_id])
         .await?;
     for r in &letters_by {
         if let Some(id) = r.get::<_, Option<String>>(1) {

@@ -267,7 +267,9 @@ pub(super) async fn trace(
             }
         })?;
     if search == Search::Ids {
-        found.iter_mut().for_each(journey::MessageJourney::redact_keys);
+        found
+            .iter_mut()
+            .for_each(journey::MessageJourney::redact_keys);
     }
     ok(json!({ "query": q.q, "messages": found }))
 }

@@ -420,3 +420,15 @@ mod tests {
         assert_eq!(super::api_words("no flags here"), "no flags here");
     }
 }
+
+/// A request body through the strict JSON parser: the value, or the status it is refused with.
+#[cfg(test)]
+pub(crate) fn parse_body_for_tests(b: &[u8]) -> Result<serde_json::Value, u16> {
+    input::parse(b).map_err(|e| e.0.as_u16())
+}
+
+/// Whether a `Host` header value is served by a server that allows `outbox.internal`.
+#[cfg(test)]
+pub(crate) fn host_allowed_for_tests(host: &str) -> bool {
+    server::host_allowed(Some(host), &["outbox.internal".to_owned()])
+}

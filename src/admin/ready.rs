@@ -137,10 +137,15 @@ async fn probe_postgres(
         };
     }
     let Some(c) = pg.as_ref() else {
-        return (Err("no connection".into()), Err("postgres unreachable".into()));
+        return (
+            Err("no connection".into()),
+            Err("postgres unreachable".into()),
+        );
     };
     let look = async {
-        c.simple_query("SELECT 1").await.map_err(|e| e.to_string())?;
+        c.simple_query("SELECT 1")
+            .await
+            .map_err(|e| e.to_string())?;
         crate::instances::archiver_health_on(c, db)
             .await
             .map_err(|e| e.to_string())

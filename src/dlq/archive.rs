@@ -168,10 +168,7 @@ impl Row {
         };
         let now = SystemTime::now();
         // A letter cannot have failed in the future, nor first failed after it failed.
-        let failed_at = time(X_FAILED_AT)
-            .or(record_time)
-            .unwrap_or(now)
-            .min(now);
+        let failed_at = time(X_FAILED_AT).or(record_time).unwrap_or(now).min(now);
         let first_failed_at = time(X_FIRST_FAILED_AT).map(|t| t.min(failed_at));
         Self {
             dlq_topic: topic.to_owned(),

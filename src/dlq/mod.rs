@@ -34,7 +34,9 @@ pub use normalize::normalize_error;
 pub use query::{AuditEntry, CauseGroup, DeadLetter, LetterRow, Order, Summary, TopicSummary};
 pub use replay::{
     DryRun, Job, JobStatus, Progress, ReplayOptions, RunOutcome, DEFAULT_CANARY,
-    DEFAULT_CANARY_WAIT, DEFAULT_LOOP_GUARD, DEFAULT_MAX_REFAIL, DEFAULT_RATE, DEFAULT_WATCH, MAX_RATE, MIN_RATE};
+    DEFAULT_CANARY_WAIT, DEFAULT_LOOP_GUARD, DEFAULT_MAX_REFAIL, DEFAULT_RATE, DEFAULT_WATCH,
+    MAX_RATE, MIN_RATE,
+};
 
 use deadpool_postgres::Pool;
 
@@ -146,4 +148,28 @@ pub(crate) fn check_actor(actor: &str) -> Result<(), DlqError> {
         ));
     }
     Ok(())
+}
+
+/// The archive row of a letter on `<topic>.dlq` carrying `headers`.
+#[cfg(test)]
+pub(crate) fn archive_row_for_tests(
+    topic: &str,
+    headers: &[(String, Option<Vec<u8>>)],
+) -> archive::Row {
+    archive::Row::from_parts(
+        &format!("{topic}.dlq"),
+        0,
+        0,
+        None,
+        None,
+        headers,
+        None,
+        crate::wire::DEFAULT_DLQ_SUFFIX,
+    )
+}
+
+/// Whether the archive may record `kind` as a letter's kind.
+#[cfg(test)]
+pub(crate) fn is_known_kind(kind: &str) -> bool {
+    filter::KINDS.contains(&kind) || kind == "unknown"
 }

@@ -42,6 +42,8 @@ mod binary;
 pub mod files;
 pub mod frame;
 mod json_schema;
+#[cfg(test)]
+pub(crate) mod probe;
 mod protobuf;
 mod registry;
 

@@ -101,10 +101,15 @@ fn split_userinfo(url: &str) -> Result<(String, Option<hyper::header::HeaderValu
             )
         })
     };
-    let token = base64::engine::general_purpose::STANDARD
-        .encode(format!("{}:{}", decode(user)?, decode(pass)?));
-    let mut value = hyper::header::HeaderValue::from_str(&format!("Basic {token}"))
-        .map_err(|_| SchemaError::Config("schema registry URL: bad credentials (not shown)".into()))?;
+    let token = base64::engine::general_purpose::STANDARD.encode(format!(
+        "{}:{}",
+        decode(user)?,
+        decode(pass)?
+    ));
+    let mut value =
+        hyper::header::HeaderValue::from_str(&format!("Basic {token}")).map_err(|_| {
+            SchemaError::Config("schema registry URL: bad credentials (not shown)".into())
+        })?;
     value.set_sensitive(true);
     Ok((format!("http://{}", &rest[at + 1..]), Some(value)))
 }
@@ -251,7 +256,7 @@ impl RegistryClient {
         })
     }
 
-    fn parse(bytes: &[u8], id: Option<u32>) -> Result<Registered, SchemaError> {
+    pub(crate) fn parse(bytes: &[u8], id: Option<u32>) -> Result<Registered, SchemaError> {
         let b: SchemaBody = serde_json::from_slice(bytes).map_err(|e| {
             SchemaError::Unavailable(format!("registry answer is not a schema: {e}"))
         })?;

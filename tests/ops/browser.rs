@@ -489,7 +489,7 @@ async fn the_tiles_lead_to_every_process_partition_and_breaker_and_the_list_sort
                 ("x-original-topic", topic.as_bytes()),
                 ("x-consumer-group", b"billing"),
                 ("x-error", format!("letter number {i}").as_bytes()),
-                ("x-error-kind", b"transient"),
+                ("x-error-kind", b"transient-exhausted"),
             ],
             Some(b"{}"),
         )

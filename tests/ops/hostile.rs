@@ -108,8 +108,7 @@ impl Admin {
             for line in t.lines().skip(1) {
                 let f: Vec<&str> = line.split_whitespace().collect();
                 // remote address ends in :1538 (5432), state 01 (established), our inode.
-                if f.len() > 9 && f[2].ends_with(":1538") && f[3] == "01" && inodes.contains(f[9])
-                {
+                if f.len() > 9 && f[2].ends_with(":1538") && f[3] == "01" && inodes.contains(f[9]) {
                     n += 1;
                 }
             }
@@ -186,7 +185,10 @@ fn a_misspelt_kafka_property_refuses_to_start_every_verb_and_its_value_is_never_
         let o = run(outbox_command(&db).args(&verb).args(["-X", &prop]));
         let t = text(&o);
         assert_eq!(o.status.code(), Some(2), "{verb:?}: {t}");
-        assert!(t.contains("sasl.passwrd"), "{verb:?} names the property: {t}");
+        assert!(
+            t.contains("sasl.passwrd"),
+            "{verb:?} names the property: {t}"
+        );
         assert!(!t.contains(SECRET), "{verb:?} printed the secret: {t}");
     }
     // A property librdkafka takes, refused by the broker later: the value is never printed
@@ -231,8 +233,16 @@ fn configuration_errors_exit_2_and_hash_token_hashes_what_the_server_compares() 
             vec!["schemas", "check", "."],
             ("SCHEMA_REGISTRY_URL", "ftp://user:hunter2@h/x"),
         ),
-        ("tokens", vec!["admin", "--tokens-file", "/nonexistent"], ("X", "")),
-        ("archive topics", vec!["dlq", "archive", "--once"], ("X", "")),
+        (
+            "tokens",
+            vec!["admin", "--tokens-file", "/nonexistent"],
+            ("X", ""),
+        ),
+        (
+            "archive topics",
+            vec!["dlq", "archive", "--once"],
+            ("X", ""),
+        ),
         (
             "archive topics file",
             vec!["dlq", "archive", "--once", "--topics-file", "/nonexistent"],
@@ -423,7 +433,10 @@ async fn trickling_and_idle_sockets_are_closed_and_connections_are_capped() {
     // Wait until the server has accepted them all: then a 21st is closed at once.
     tokio::time::sleep(Duration::from_millis(500)).await;
     let refused = blocking(move || get(port, "/healthz", None, "127.0.0.1")).await;
-    assert_eq!(refused.0, 0, "a connection past the cap was served: {refused:?}");
+    assert_eq!(
+        refused.0, 0,
+        "a connection past the cap was served: {refused:?}"
+    );
     // Each trickling socket is closed by the header timeout.
     let started = Instant::now();
     let closed = blocking(move || {
@@ -458,7 +471,11 @@ async fn trickling_and_idle_sockets_are_closed_and_connections_are_capped() {
         (t.elapsed(), String::from_utf8_lossy(&all).into_owned())
     })
     .await;
-    assert!(idle_closed.1.starts_with("HTTP/1.1 200"), "{}", idle_closed.1);
+    assert!(
+        idle_closed.1.starts_with("HTTP/1.1 200"),
+        "{}",
+        idle_closed.1
+    );
     assert!(
         idle_closed.0 < Duration::from_secs(25),
         "idle connection held {:?}",
@@ -495,7 +512,10 @@ async fn a_viewer_sees_ids_statuses_and_errors_never_contents() {
     let row = &v["messages"][0]["outbox"][0];
     assert_eq!(row["key"], serde_json::Value::Null, "{body}");
     assert_eq!(row["key_redacted"], true, "{body}");
-    assert!(!body.contains("cust-4242") && !body.contains("alice"), "{body}");
+    assert!(
+        !body.contains("cust-4242") && !body.contains("alice"),
+        "{body}"
+    );
     // An operator searches contents: an exact value finds it, a near one does not.
     let found = |q: &'static str| async move {
         let path = format!("/api/trace?q={}", q.replace('@', "%40"));
@@ -543,11 +563,7 @@ async fn hostile_values_get_a_clear_4xx_never_a_panic_and_confirmations_hold() {
     .await;
     assert!((200..500).contains(&code), "{code} {body}");
     // A rate no schedule can pace.
-    let (code, body) = p(
-        "/api/dlq/replay",
-        r#"{"ids": [1], "rate": 1e-300}"#.into(),
-    )
-    .await;
+    let (code, body) = p("/api/dlq/replay", r#"{"ids": [1], "rate": 1e-300}"#.into()).await;
     assert_eq!(code, 400, "{body}");
     assert!(body.contains("rate"), "{body}");
     // A request field cannot stand in for accept_duplicates.
@@ -589,9 +605,11 @@ async fn hostile_values_get_a_clear_4xx_never_a_panic_and_confirmations_hold() {
     )
     .await;
     assert_eq!(code, 200, "{body}");
-    wait_until(Duration::from_secs(10), "the breaker's log line", || async {
-        a.log().contains("g-forge")
-    })
+    wait_until(
+        Duration::from_secs(10),
+        "the breaker's log line",
+        || async { a.log().contains("g-forge") },
+    )
     .await;
     let log = a.log();
     let line = log.lines().find(|l| l.contains("g-forge")).unwrap();
@@ -677,8 +695,16 @@ async fn the_archiver_reads_only_its_deployments_topics_and_trusts_no_header() {
         .unwrap();
     assert_eq!(rows.len(), 1, "only our topic is archived");
     let r = &rows[0];
-    assert_eq!(r.get::<_, String>(0), ours, "the DLQ topic names the origin");
-    assert_eq!(r.get::<_, Option<String>>(1), None, "a group name with a newline");
+    assert_eq!(
+        r.get::<_, String>(0),
+        ours,
+        "the DLQ topic names the origin"
+    );
+    assert_eq!(
+        r.get::<_, Option<String>>(1),
+        None,
+        "a group name with a newline"
+    );
     assert_eq!(r.get::<_, Option<String>>(2).as_deref(), Some("unknown"));
     assert!(r.get::<_, f64>(4) <= 1.0, "failed_at in the future");
     // The oldest-age gauge counts from archiving, whatever `x-first-failed-at` says (1970
@@ -702,7 +728,10 @@ async fn the_archiver_reads_only_its_deployments_topics_and_trusts_no_header() {
     assert!(age.expect("the gauge") < 3600.0, "oldest age {age:?}");
     // Their topic's offsets were not touched, under our deployment's group.
     let group = outbox::dlq::Archiver::default_group(&db);
-    assert!(group.ends_with(&format!(".{}", db.schema.name())), "{group}");
+    assert!(
+        group.ends_with(&format!(".{}", db.schema.name())),
+        "{group}"
+    );
     assert_eq!(committed(&group, &format!("{theirs}.dlq"), 0).await, None);
     assert!(committed(&group, &format!("{ours}.dlq"), 0).await.is_some());
 }

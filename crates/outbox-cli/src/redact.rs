@@ -16,7 +16,9 @@ fn secrets() -> &'static Mutex<Vec<String>> {
 
 /// Registers `values` as secrets for the rest of the process.
 pub(crate) fn register<'a>(values: impl IntoIterator<Item = &'a str>) {
-    let mut s = secrets().lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let mut s = secrets()
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     for v in values {
         // One- and two-character values would blank out ordinary text; no real secret is so short.
         if v.len() >= 3 && !s.iter().any(|x| x == v) {
@@ -40,7 +42,9 @@ pub(crate) fn percent_encode(s: &str) -> String {
 
 /// `text` with every registered secret replaced by `<redacted>`.
 pub(crate) fn clean(text: &str) -> String {
-    let s = secrets().lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let s = secrets()
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let mut out = text.to_owned();
     for v in s.iter() {
         if out.contains(v.as_str()) {
@@ -101,9 +105,6 @@ mod tests {
             "WARN refused <redacted> topic=\"a\\nINFO forged\" pw\n"
         );
         let line = super::log_line(b"reason=\x1b[2Jcleared\n");
-        assert_eq!(
-            String::from_utf8(line).unwrap(),
-            "reason=\\x1b[2Jcleared\n"
-        );
+        assert_eq!(String::from_utf8(line).unwrap(), "reason=\\x1b[2Jcleared\n");
     }
 }

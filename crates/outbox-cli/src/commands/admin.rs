@@ -29,7 +29,11 @@ pub struct Args {
     /// A host name this server is reached by (repeatable, or comma-separated in the
     /// variable); `localhost` and IP addresses always are. Requests naming any other host
     /// are refused (DNS rebinding).
-    #[arg(long = "allowed-host", env = "OUTBOX_ALLOWED_HOSTS", value_delimiter = ',')]
+    #[arg(
+        long = "allowed-host",
+        env = "OUTBOX_ALLOWED_HOSTS",
+        value_delimiter = ','
+    )]
     allowed_hosts: Vec<String>,
     /// Open connections at most; more are closed as they arrive.
     #[arg(long, default_value_t = outbox::admin::DEFAULT_MAX_CONNECTIONS)]
