@@ -24,8 +24,25 @@ fn text(o: &Output) -> String {
     )
 }
 
+/// Runs a command to its end; one still running after a minute (a server that should have
+/// refused to start) is killed and fails the test.
 fn run(cmd: &mut Command) -> Output {
-    cmd.stdin(Stdio::null()).output().expect("spawn outbox")
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn outbox");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let o = child.wait_with_output().unwrap();
+            panic!("still running after 60 s: {}", text(&o));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    child.wait_with_output().unwrap()
 }
 
 /// One raw HTTP/1.1 exchange (the test chooses every header, Host included): status and body.
