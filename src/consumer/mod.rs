@@ -389,6 +389,11 @@ impl Consumer {
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> Result<(), ConsumerError> {
         self.check_drivers()?;
+        // A refused property fails here, by name: librdkafka's own message quotes the value,
+        // which may be a secret.
+        self.kafka
+            .validate()
+            .map_err(|e| ConsumerError::Config(e.to_string()))?;
         let partitions = Arc::new(Mutex::new(Partitions::default()));
         let cc = self.client_config();
         let last_final = Arc::new(Mutex::new(HashMap::new()));

@@ -280,6 +280,10 @@ impl Archiver {
     }
 
     fn consumer(&self) -> Result<StreamConsumer, DlqError> {
+        // By name, never librdkafka's message (it quotes the value, maybe a secret).
+        self.kafka
+            .validate()
+            .map_err(|e| DlqError::Invalid(e.to_string()))?;
         let mut cc = self.kafka.client_config();
         cc.set("group.id", &self.group)
             .set("enable.auto.commit", "false")

@@ -96,6 +96,8 @@ pub async fn apply(
     specs: &[TopicSpec],
     fix: bool,
 ) -> Result<Vec<Applied>, TopicsError> {
+    // By name, never librdkafka's message (it quotes the value, maybe a secret).
+    kafka.validate()?;
     let admin: AdminClient<DefaultClientContext> = kafka.client_config().create()?;
     // Blocking librdkafka call; acceptable in a one-shot operator command.
     let md = admin

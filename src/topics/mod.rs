@@ -62,6 +62,9 @@ pub enum TopicsError {
     /// Kafka refused or could not be reached.
     #[error("kafka: {0}")]
     Kafka(#[from] rdkafka::error::KafkaError),
+    /// A Kafka property librdkafka refuses (named; its value never shown).
+    #[error(transparent)]
+    Config(#[from] crate::ConfigError),
     /// Existing topics differ from the file (what could be fixed was, with `--fix`).
     #[error("{0} topic(s) differ from the file: {1}")]
     Mismatch(usize, String),

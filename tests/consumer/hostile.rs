@@ -335,3 +335,30 @@ fn truncated_missing_and_contradictory_configuration_exit_2_with_a_message() {
         assert!(!text.contains("panicked"), "{text}");
     }
 }
+
+#[tokio::test]
+async fn a_consumer_with_a_misspelt_kafka_property_refuses_to_start_without_showing_its_value() {
+    let db = fresh_db().await;
+    let topic = topic_name();
+    create_topic_family(&topic, 1, &[]).await;
+    let mut k = kafka();
+    k.set_from_pair("sasl.passwrd=S3cret-consumer-probe")
+        .unwrap();
+    let consumer = Consumer::new(
+        &db,
+        &k,
+        ConsumerConfig::new(&format!("g-{}", hex(6)), [&topic]),
+    )
+    .unwrap()
+    .handler("t", Record2);
+    let e = tokio::time::timeout(
+        Duration::from_secs(30),
+        consumer.run(std::future::pending()),
+    )
+    .await
+    .expect("a refused property fails at start, not later")
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("sasl.passwrd"), "{e}");
+    assert!(!e.contains("S3cret-consumer-probe"), "{e}");
+}
