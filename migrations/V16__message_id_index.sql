@@ -5,3 +5,7 @@
 -- step a no-op):
 --   CREATE INDEX CONCURRENTLY outbox_message_id_idx ON <schema>.outbox ((headers->>'message_id'));
 CREATE INDEX IF NOT EXISTS outbox_message_id_idx ON outbox ((headers->>'message_id'));
+-- The journey's other lookups by message id and by letter: dead letters by message id (the
+-- archive's index leads with the topic), audit rows naming a letter (an array).
+CREATE INDEX IF NOT EXISTS dead_letters_message_id_idx ON dead_letters (message_id);
+CREATE INDEX IF NOT EXISTS dlq_audit_letters_idx ON dlq_audit USING gin (dead_letter_ids);

@@ -260,9 +260,18 @@ impl DbConfig {
         redact_values(text, pw.iter().map(String::as_str))
     }
 
-    /// The database name the URL names, if it names one.
+    /// Every session opened through this config cancels a statement running longer than
+    /// `timeout` (Postgres's `statement_timeout`, added to the URL's own `options`).
+    pub(crate) fn set_statement_timeout(&mut self, timeout: Duration) {
+        let own = self.pg.get_options().unwrap_or_default().to_owned();
+        self.pg
+            .options(format!("{own} -c statement_timeout={}", timeout.as_millis()).trim());
+    }
+
+    /// The database the URL names (or, as libpq defaults, the user's name).
     pub fn database_name(&self) -> Option<&str> {
-        self.pg.get_dbname()
+        // libpq's default database is the user's name.
+        self.pg.get_dbname().or_else(|| self.pg.get_user())
     }
 
     /// The values [`Self::redact`] hides (the password, when the URL has one), for a process
@@ -461,11 +470,11 @@ impl KafkaConfig {
             .iter()
             // A number or a boolean is a setting, whatever the property's name.
             .filter(|(k, v)| {
-                !is_plain_property(k)
-                    && !v.is_empty()
-                    && !v.eq_ignore_ascii_case("true")
-                    && !v.eq_ignore_ascii_case("false")
-                    && v.parse::<f64>().is_err()
+                let setting_like = v.eq_ignore_ascii_case("true")
+                    || v.eq_ignore_ascii_case("false")
+                    || v.bytes().all(|b| b.is_ascii_digit());
+                // A secret-named property is a secret whatever it looks like (`12345678`).
+                !is_plain_property(k) && !v.is_empty() && (is_secret_property(k) || !setting_like)
             })
             .map(|(_, v)| v.as_str())
             .collect();
@@ -603,6 +612,9 @@ mod tests {
         k.set_from_pair("security.protocol=SASL_PLAINTEXT").unwrap();
         k.set_from_pair("sasl.password=S3cret").unwrap();
         k.validate().unwrap();
+        // A secret-named property is a secret even when it looks like a number.
+        k.set_from_pair("ssl.key.password=12345678").unwrap();
+        assert_eq!(k.redact("pin 12345678"), "pin <redacted>");
         // Any value of a property not known to be plain is hidden, whatever its name.
         k.set_from_pair("sasl.passwrd=0therS3cret").unwrap();
         let shown = k.redact("refused: sasl.passwrd 0therS3cret and S3cret, SASL_PLAINTEXT");

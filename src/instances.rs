@@ -133,9 +133,18 @@ pub struct Overview {
 /// # Errors
 /// The Postgres error.
 pub async fn overview(db: &DbConfig) -> Result<Overview, tokio_postgres::Error> {
-    let outbox = crate::status(db).await?;
     let c = crate::db::connect(db).await?;
-    let instances = recent(&c, db).await?;
+    overview_on(&c, db).await
+}
+
+/// [`overview`] over a connection the caller holds.
+pub(crate) async fn overview_on(
+    c: &tokio_postgres::Client,
+    db: &DbConfig,
+) -> Result<Overview, tokio_postgres::Error> {
+    let outbox =
+        crate::status::status_on(c, db, crate::cleanup::DEFAULT_PROCESSED_RETENTION).await?;
+    let instances = recent(c, db).await?;
     let untrusted = c
         .query(&render(breakers::UNTRUSTED_ALL, &db.schema), &[])
         .await?

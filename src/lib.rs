@@ -70,7 +70,8 @@
 //! | `relay` | `relay` | [`Relay`]: take → send → mark (`mod.rs`); `batch.rs` claimed rows and their fates, `producer.rs` its settings and error meanings, `reports.rs` delivery reports, `polled.rs` the producers' polling thread, `pipeline.rs` batches overlapped, `tasks.rs` `run` and the background loops, `lanes.rs`, `floor.rs`, `config.rs`, `error.rs`, `send.rs` a batch handed to librdkafka and its fates, `exactly.rs` (exactly-once: a transactional producer per slot of lanes, the two-deep pipeline), `progress.rs` (progress records, fencing and recovery) |
 //! | `consumer` | `consumer` | [`consumer::Consumer`]: handlers, offsets, retries, dead letters, commit groups; `call.rs` call handlers (the call outside any transaction) and their mark writers; `sqlx.rs` the sqlx driver of handler transactions; `harness.rs` handlers run through the real path without a broker (`Consumer::harness`); `runtime.rs` the poll loop, `dispatch.rs` lanes to handler tasks, `context.rs` librdkafka callbacks; `consumer/breaker/` the shared breaker: its row (`mod.rs`), the runtime steering by it (`steer.rs`), parked letters and the drain (`drain.rs`) |
 //! | `dlq` | `dlq` | [`dlq::Dlq`]: archive, summary by cause, replay jobs, drop, audit; [`dlq::Archiver`] |
-//! | `admin` | `admin` | the HTTP admin API with bearer tokens and roles (`auth.rs`), the route table (`mod.rs`), `handlers.rs`, the dashboard (`ui/`), `/metrics`; `server.rs` the connections' bounds (cap, header and idle timeouts, in-flight limit, `Host` allow-list, panics answered 500), `input.rs` strict JSON bodies and query strings, `ready.rs` `/readyz` from the server's last look |
+//! | `admin` | `admin` | the HTTP admin API with bearer tokens and roles (`auth.rs`), the route table (`mod.rs`), `handlers.rs`, `trace.rs` (a message's journey: ids for viewers, contents for operators), the dashboard (`ui/`), `/metrics`; `server.rs` the server's options and middleware (in-flight limit, `Host` allow-list, panics answered 500), `input.rs` strict JSON bodies and query strings, `ready.rs` `/readyz` from the server's last look |
+//! | `serve` | `prometheus` | HTTP/1 serving with bounds (connection cap, header and idle timeouts) for the admin server and the `/metrics` listener (private) |
 //! | `proptests` | tests only | property tests of every parser that faces input (headers, filters, instants, bodies, frames, registry answers, Avro and Protobuf datums) |
 //!
 //! The `outbox` binary lives in its own package (`crates/outbox-cli`), so its dependencies
@@ -131,6 +132,8 @@ pub mod wire;
 
 #[cfg(test)]
 mod proptests;
+#[cfg(feature = "prometheus")]
+mod serve;
 
 pub use cleanup::{
     cleanup, cleanup_with_progress, CleanupConfig, CleanupError, CleanupReport,

@@ -96,6 +96,16 @@ pub async fn status_with(
     marks_retention: std::time::Duration,
 ) -> Result<OutboxStatus, tokio_postgres::Error> {
     let client = crate::db::connect(db).await?;
+    status_on(&client, db, marks_retention).await
+}
+
+/// [`status_with`] over a connection the caller holds (a pooled one, with its own statement
+/// timeout).
+pub(crate) async fn status_on(
+    client: &tokio_postgres::Client,
+    db: &DbConfig,
+    marks_retention: std::time::Duration,
+) -> Result<OutboxStatus, tokio_postgres::Error> {
     let s = Statements::new(&db.schema);
     let counts = client
         .query(&s.status_counts, &[])

@@ -105,7 +105,8 @@ pub(super) async fn whoami(Extension(c): Extension<Caller>) -> ApiResult {
 }
 
 pub(super) async fn outbox_status(State(s): State<AppState>) -> ApiResult {
-    let st = crate::status(&s.db)
+    let c = s.reads().await?;
+    let st = crate::status::status_on(&c, &s.db, crate::cleanup::DEFAULT_PROCESSED_RETENTION)
         .await
         .map_err(|e| ApiError(StatusCode::SERVICE_UNAVAILABLE, e.to_string()))?;
     ok(st)
@@ -150,7 +151,8 @@ pub(super) async fn outbox_requeue(
 /// The whole system at a glance: outbox, relays, consumer replicas (mode, paused, lag),
 /// breakers, the archiver.
 pub(super) async fn overview(State(s): State<AppState>) -> ApiResult {
-    let o = crate::instances::overview(&s.db)
+    let c = s.reads().await?;
+    let o = crate::instances::overview_on(&c, &s.db)
         .await
         .map_err(|e| ApiError(StatusCode::SERVICE_UNAVAILABLE, e.to_string()))?;
     ok(o)
@@ -212,71 +214,6 @@ pub(super) async fn breaker_close(
     .map_err(breaker_error)?;
     ok(json!({"closed": true}))
 }
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(super) struct TraceQuery {
-    q: String,
-}
-
-/// A message's journey. Viewers trace by message id or `#letter` only and see no keys: ids,
-/// statuses and errors, never contents. Operators also search keys and body values (among the
-/// newest rows). Either way the search runs on a small pool under a statement timeout.
-pub(super) async fn trace(
-    State(s): State<AppState>,
-    Extension(c): Extension<Caller>,
-    q: Result<Query<TraceQuery>, QueryRejection>,
-) -> ApiResult {
-    use crate::journey::{self, Search};
-    let Query(q) = q.map_err(|e| ApiError(StatusCode::BAD_REQUEST, e.body_text()))?;
-    if q.q.chars().count() > journey::MAX_QUERY {
-        return Err(ApiError(
-            StatusCode::BAD_REQUEST,
-            format!("q: at most {} characters", journey::MAX_QUERY),
-        ));
-    }
-    let search = if c.role >= Role::Operator {
-        Search::Content
-    } else if q.q.trim().is_empty() || journey::is_id_query(&q.q) {
-        Search::Ids
-    } else {
-        return Err(ApiError(
-            StatusCode::FORBIDDEN,
-            format!(
-                "{} is a viewer: trace by message id or #letter id; searching keys and bodies \
-                 needs an operator",
-                c.holder
-            ),
-        ));
-    };
-    let unavailable = |e: String| ApiError(StatusCode::SERVICE_UNAVAILABLE, e);
-    let conn = s.pool.get().await.map_err(|e| unavailable(e.to_string()))?;
-    conn.batch_execute(TRACE_TIMEOUT_SQL)
-        .await
-        .map_err(|e| unavailable(e.to_string()))?;
-    let mut found = journey::trace_on(&conn, &s.db, &q.q, search)
-        .await
-        .map_err(|e| {
-            if e.code() == Some(&tokio_postgres::error::SqlState::QUERY_CANCELED) {
-                unavailable(format!(
-                    "the search took longer than {TRACE_TIMEOUT_SECS} s: trace by message id \
-                     or #letter id"
-                ))
-            } else {
-                unavailable(e.to_string())
-            }
-        })?;
-    if search == Search::Ids {
-        found
-            .iter_mut()
-            .for_each(journey::MessageJourney::redact_keys);
-    }
-    ok(json!({ "query": q.q, "messages": found }))
-}
-
-/// The longest a trace search may run.
-const TRACE_TIMEOUT_SECS: u32 = 5;
-const TRACE_TIMEOUT_SQL: &str = "SET statement_timeout = '5s'";
 
 pub(super) async fn dlq_summary(State(s): State<AppState>) -> ApiResult {
     ok(s.dlq.summary().await?)

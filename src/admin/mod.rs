@@ -11,6 +11,7 @@ mod handlers;
 mod input;
 mod ready;
 mod server;
+mod trace;
 
 pub use auth::{token_hash, Auth, Caller, Role, MIN_TOKEN_CHARS};
 pub use server::{
@@ -116,8 +117,25 @@ pub(crate) struct AppState {
     pub in_flight: Arc<tokio::sync::Semaphore>,
     /// `/readyz`'s last look at the dependencies.
     pub ready: ready::Readiness,
-    /// Connections for content searches (`/api/trace`), bounded.
+    /// Connections for the API's reads (status, overview, trace): a few, each session under
+    /// [`READS_STATEMENT_TIMEOUT`], so what a viewer asks for holds a bounded number of
+    /// Postgres backends for a bounded time, also when the viewer hangs up mid-request.
     pub pool: deadpool_postgres::Pool,
+    /// Trace searches running at once.
+    pub trace_slots: Arc<tokio::sync::Semaphore>,
+}
+
+/// The statement timeout of the API's read connections.
+pub const READS_STATEMENT_TIMEOUT: Duration = Duration::from_secs(15);
+
+impl AppState {
+    /// A connection of the read pool (503 when none frees up in time).
+    pub(crate) async fn reads(&self) -> Result<deadpool_postgres::Object, ApiError> {
+        self.pool
+            .get()
+            .await
+            .map_err(|e| ApiError(StatusCode::SERVICE_UNAVAILABLE, e.to_string()))
+    }
 }
 
 /// An error answer: status and `{"error": message}`.
@@ -260,10 +278,12 @@ pub fn app_with(
         limits: Arc::new(opts.clone()),
         in_flight: Arc::new(tokio::sync::Semaphore::new(opts.max_in_flight.max(1))),
         pool: {
-            let mut small = db.clone();
-            small.pool_size = 2;
-            crate::db::pool(&small).expect("a pool over a parsed DbConfig always builds")
+            let mut reads = db.clone();
+            reads.pool_size = 4;
+            reads.set_statement_timeout(READS_STATEMENT_TIMEOUT);
+            crate::db::pool(&reads).expect("a pool over a parsed DbConfig always builds")
         },
+        trace_slots: Arc::new(tokio::sync::Semaphore::new(2)),
     };
     use handlers as h;
 
@@ -276,7 +296,7 @@ pub fn app_with(
         .route("/api/whoami", get(h::whoami))
         .route("/api/outbox/status", get(h::outbox_status))
         .route("/api/outbox/requeue", post(h::outbox_requeue))
-        .route("/api/trace", get(h::trace))
+        .route("/api/trace", get(trace::trace))
         .route("/api/overview", get(h::overview))
         .route("/api/breakers/open", post(h::breaker_open))
         .route("/api/breakers/close", post(h::breaker_close))
@@ -409,18 +429,6 @@ pub async fn serve_with(
     .await
 }
 
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn api_errors_name_fields_not_flags() {
-        assert_eq!(
-            super::api_words("give --accept-duplicates or --since, not --"),
-            "give accept_duplicates or since, not --"
-        );
-        assert_eq!(super::api_words("no flags here"), "no flags here");
-    }
-}
-
 /// A request body through the strict JSON parser: the value, or the status it is refused with.
 #[cfg(test)]
 pub(crate) fn parse_body_for_tests(b: &[u8]) -> Result<serde_json::Value, u16> {
@@ -431,4 +439,16 @@ pub(crate) fn parse_body_for_tests(b: &[u8]) -> Result<serde_json::Value, u16> {
 #[cfg(test)]
 pub(crate) fn host_allowed_for_tests(host: &str) -> bool {
     server::host_allowed(Some(host), &["outbox.internal".to_owned()])
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn api_errors_name_fields_not_flags() {
+        assert_eq!(
+            super::api_words("give --accept-duplicates or --since, not --"),
+            "give accept_duplicates or since, not --"
+        );
+        assert_eq!(super::api_words("no flags here"), "no flags here");
+    }
 }

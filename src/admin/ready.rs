@@ -23,11 +23,21 @@ pub(crate) struct Report {
     pub postgres: Result<(), String>,
     pub kafka: Result<(), String>,
     pub archiver: Result<(), String>,
+    /// When the look was taken.
+    pub at: std::time::Instant,
 }
 
 impl Report {
+    /// A look older than this means the prober stopped: not ready, whatever it saw.
+    const STALE: Duration =
+        Duration::from_secs(PROBE_EVERY.as_secs() * 3 + PROBE_TIMEOUT.as_secs() * 2);
+
+    fn fresh(&self) -> bool {
+        self.at.elapsed() < Self::STALE
+    }
+
     pub(crate) fn ready(&self) -> bool {
-        self.postgres.is_ok() && self.kafka.is_ok() && self.archiver.is_ok()
+        self.fresh() && self.postgres.is_ok() && self.kafka.is_ok() && self.archiver.is_ok()
     }
 
     pub(crate) fn to_json(&self) -> Value {
@@ -35,16 +45,24 @@ impl Report {
             Ok(()) => json!("ok"),
             Err(e) => json!(e),
         };
-        json!({"ready": self.ready(), "postgres": show(&self.postgres),
-               "kafka": show(&self.kafka), "archiver": show(&self.archiver)})
+        let mut v = json!({"ready": self.ready(), "postgres": show(&self.postgres),
+               "kafka": show(&self.kafka), "archiver": show(&self.archiver),
+               "checked_secs_ago": (self.at.elapsed().as_secs_f64() * 10.0).round() / 10.0});
+        if !self.fresh() {
+            v["stale"] = json!("the readiness probe has stopped looking");
+        }
+        v
     }
 }
+
+/// Starts the prober (once, by the first reader).
+type Start = Box<dyn FnOnce() + Send>;
 
 /// The last report, and the prober that keeps it (started by the first reader).
 #[derive(Clone)]
 pub(crate) struct Readiness {
     rx: watch::Receiver<Option<Report>>,
-    start: Arc<Mutex<Option<Box<dyn FnOnce() + Send>>>>,
+    start: Arc<Mutex<Option<Start>>>,
 }
 
 impl Readiness {
@@ -52,7 +70,7 @@ impl Readiness {
     pub(crate) fn new(db: &DbConfig, kafka: &KafkaConfig, stop: CancellationToken) -> Self {
         let (tx, rx) = watch::channel(None);
         let (db, kafka) = (db.clone(), kafka.clone());
-        let start: Box<dyn FnOnce() + Send> = Box::new(move || {
+        let start: Start = Box::new(move || {
             tokio::spawn(probe_loop(db, kafka, tx, stop));
         });
         Self {
@@ -99,6 +117,9 @@ async fn probe_loop(
                 let p = p.clone();
                 tokio::task::spawn_blocking(move || {
                     use rdkafka::producer::Producer as _;
+                    // Serve the client's own events (errors, statistics, OAUTHBEARER token
+                    // refreshes): unpolled, they pile up for the life of the process.
+                    p.poll(Duration::ZERO);
                     p.client()
                         .fetch_metadata(None, PROBE_TIMEOUT)
                         .map(|_| ())
@@ -113,6 +134,7 @@ async fn probe_loop(
             postgres: postgres.map_err(|e| db.redact(&e)),
             kafka: kafka_state,
             archiver: archiver.map_err(|e| db.redact(&e)),
+            at: std::time::Instant::now(),
         };
         if tx.send(Some(report)).is_err() {
             return;

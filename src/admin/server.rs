@@ -6,23 +6,13 @@
 //! rebinding, and a panic in a handler answered with 500 instead of a closed connection.
 
 use std::future::Future;
-use std::net::SocketAddr;
-use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
-use std::task::{Context, Poll};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use axum::extract::{Request, State};
 use axum::http::{header, StatusCode};
 use axum::middleware::Next;
 use axum::response::Response;
 use futures::FutureExt as _;
-use hyper_util::rt::{TokioIo, TokioTimer};
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::sync::Semaphore;
-use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
 
 use super::{ApiError, AppState};
 
@@ -36,8 +26,6 @@ pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 pub const DEFAULT_MAX_IN_FLIGHT: usize = 16;
 /// How long a request waits for a working slot before it is answered 503.
 const IN_FLIGHT_WAIT: Duration = Duration::from_secs(10);
-/// How long open connections get to finish at shutdown.
-const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 
 /// Limits and names of the admin server.
 #[derive(Debug, Clone)]
@@ -161,134 +149,19 @@ pub(crate) async fn bound_and_guard(
     Ok(Response::from_parts(parts, axum::body::Body::from(clean)))
 }
 
-/// A stream that records when it last moved a byte.
-struct Watched<S> {
-    io: S,
-    epoch: Instant,
-    last: Arc<AtomicU64>,
-}
-
-impl<S> Watched<S> {
-    fn touch(&self) {
-        self.last
-            .store(self.epoch.elapsed().as_millis() as u64, Ordering::Relaxed);
-    }
-}
-
-impl<S: AsyncRead + Unpin> AsyncRead for Watched<S> {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<std::io::Result<()>> {
-        let before = buf.filled().len();
-        let r = Pin::new(&mut self.io).poll_read(cx, buf);
-        if buf.filled().len() > before {
-            self.touch();
-        }
-        r
-    }
-}
-
-impl<S: AsyncWrite + Unpin> AsyncWrite for Watched<S> {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<std::io::Result<usize>> {
-        let r = Pin::new(&mut self.io).poll_write(cx, buf);
-        if matches!(r, Poll::Ready(Ok(n)) if n > 0) {
-            self.touch();
-        }
-        r
-    }
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.io).poll_flush(cx)
-    }
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.io).poll_shutdown(cx)
-    }
-}
-
-/// Serves `app` on `listener` with `opts`' bounds until `shutdown` resolves, then gives open
-/// connections [`SHUTDOWN_GRACE`] to finish.
+/// Serves `app` on `listener` with `opts`' bounds until `shutdown` resolves.
 pub(crate) async fn run(
     listener: tokio::net::TcpListener,
     app: axum::Router,
     opts: &ServeOptions,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let slots = Arc::new(Semaphore::new(opts.max_connections.max(1)));
-    let stop = CancellationToken::new();
-    let tracker = TaskTracker::new();
-    tokio::pin!(shutdown);
-    loop {
-        let (stream, peer): (tokio::net::TcpStream, SocketAddr) = tokio::select! {
-            () = &mut shutdown => break,
-            r = listener.accept() => match r {
-                Ok(s) => s,
-                Err(e) => {
-                    // Out of descriptors and the like: wait rather than spin.
-                    tracing::warn!(error = %e, "admin accept failed");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                    continue;
-                }
-            },
-        };
-        let Ok(permit) = slots.clone().try_acquire_owned() else {
-            tracing::debug!(%peer, "admin connection refused: at the connection cap");
-            drop(stream);
-            continue;
-        };
-        let _ = stream.set_nodelay(true);
-        let (app, stop, opts) = (app.clone(), stop.clone(), opts.clone());
-        tracker.spawn(async move {
-            let epoch = Instant::now();
-            let last = Arc::new(AtomicU64::new(0));
-            let io = Watched {
-                io: stream,
-                epoch,
-                last: last.clone(),
-            };
-            let svc = hyper_util::service::TowerToHyperService::new(app);
-            let mut builder = hyper::server::conn::http1::Builder::new();
-            builder
-                .timer(TokioTimer::new())
-                .header_read_timeout(opts.header_timeout);
-            let conn = builder.serve_connection(TokioIo::new(io), svc);
-            tokio::pin!(conn);
-            let idle = opts.idle_timeout;
-            let mut check = tokio::time::interval(Duration::from_secs(1).min(idle));
-            loop {
-                tokio::select! {
-                    r = conn.as_mut() => {
-                        if let Err(e) = r {
-                            tracing::debug!(%peer, error = %e, "admin connection ended");
-                        }
-                        break;
-                    }
-                    _ = check.tick() => {
-                        let quiet = epoch.elapsed().saturating_sub(
-                            Duration::from_millis(last.load(Ordering::Relaxed)));
-                        if quiet >= idle {
-                            tracing::debug!(%peer, "admin connection idle: closed");
-                            break;
-                        }
-                    }
-                    () = stop.cancelled() => {
-                        conn.as_mut().graceful_shutdown();
-                        let _ = tokio::time::timeout(SHUTDOWN_GRACE, conn.as_mut()).await;
-                        break;
-                    }
-                }
-            }
-            drop(permit);
-        });
-    }
-    stop.cancel();
-    tracker.close();
-    tracker.wait().await;
-    Ok(())
+    let limits = crate::serve::Limits {
+        max_connections: opts.max_connections,
+        header_timeout: opts.header_timeout,
+        idle_timeout: opts.idle_timeout,
+    };
+    crate::serve::run(listener, app, &limits, shutdown).await
 }
 
 #[cfg(test)]

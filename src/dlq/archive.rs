@@ -58,6 +58,8 @@ pub struct Archiver {
     dlq: Dlq,
     kafka: KafkaConfig,
     topics: Vec<String>,
+    /// Dead-letter topic → the topic its letters came from, when a topics file says.
+    origins: HashMap<String, String>,
     suffix: String,
     retention: Duration,
     group: String,
@@ -242,6 +244,7 @@ impl Archiver {
             dlq: Dlq::new(db),
             kafka: kafka.clone(),
             topics,
+            origins: HashMap::new(),
             suffix: DEFAULT_DLQ_SUFFIX.into(),
             retention: crate::cleanup::DEFAULT_ARCHIVE_RETENTION,
             group: Self::default_group(db),
@@ -256,6 +259,24 @@ impl Archiver {
             db.database_name().unwrap_or("postgres"),
             db.schema.name()
         )
+    }
+
+    /// The topic each dead-letter topic's letters came from (`(dlq topic, origin)`, as
+    /// [`crate::topics::dead_letter_topics`] reads them from a topics file): what a letter's
+    /// original topic is, whatever its suffix and whatever its headers claim.
+    #[must_use]
+    pub fn origins(mut self, pairs: impl IntoIterator<Item = (String, String)>) -> Self {
+        self.origins.extend(pairs);
+        self
+    }
+
+    /// The archive row of record `m`, its origin as the topics file names it when it does.
+    fn row(&self, m: &BorrowedMessage<'_>) -> Row {
+        let mut row = Row::from_message(m, &self.suffix);
+        if let Some(origin) = self.origins.get(&row.dlq_topic) {
+            row.original_topic.clone_from(origin);
+        }
+        row
     }
 
     /// Dead-letter topic suffix (default `dlq`), for "every DLQ topic" and original topics.
@@ -365,7 +386,7 @@ impl Archiver {
             match tokio::time::timeout_at(flush_at, c.recv()).await {
                 Ok(Ok(m)) => {
                     last_record = tokio::time::Instant::now();
-                    batch.push(Row::from_message(&m, &self.suffix));
+                    batch.push(self.row(&m));
                     if batch.len() < BATCH && tokio::time::Instant::now() < flush_at {
                         continue;
                     }
@@ -466,7 +487,7 @@ impl Archiver {
                 () = &mut shutdown => break,
                 r = tokio::time::timeout_at(flush_at, c.recv()) => match r {
                     Ok(Ok(m)) => {
-                        batch.push(Row::from_message(&m, &self.suffix));
+                        batch.push(self.row(&m));
                         if batch.len() < BATCH && tokio::time::Instant::now() < flush_at {
                             continue;
                         }

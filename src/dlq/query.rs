@@ -448,7 +448,10 @@ impl Dlq {
             .set(n);
         }
         // Series that emptied since the last refresh go to 0 rather than keep their last value.
-        let mut known = self.gauges_seen.lock().expect("gauges lock");
+        let mut known = self
+            .gauges_seen
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         for k in known.difference(&seen) {
             metrics::gauge!(crate::metrics::DLQ_MESSAGES,
                 "topic" => k.0.clone(), "group" => k.1.clone(), "kind" => k.2.clone(), "status" => k.3.clone())

@@ -77,9 +77,14 @@ pub async fn serve(
     let listener = tokio::net::TcpListener::bind(addr).await?;
     tracing::info!(%addr, "serving /metrics");
     Ok(tokio::spawn(async move {
-        if let Err(e) = axum::serve(listener, router())
-            .with_graceful_shutdown(shutdown)
-            .await
+        // Bounded like the admin server: the port is open to whoever reaches it.
+        if let Err(e) = crate::serve::run(
+            listener,
+            router(),
+            &crate::serve::Limits::metrics(),
+            shutdown,
+        )
+        .await
         {
             tracing::warn!(error = %e, "metrics server stopped");
         }

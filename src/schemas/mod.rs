@@ -172,7 +172,7 @@ impl TopicSchema {
 }
 
 /// The schema settings: where the registry is, and each topic's format.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct SchemaConfig {
     /// The registry's base URL, e.g. `http://127.0.0.1:18081/apis/ccompat/v7`.
     pub registry_url: String,
@@ -202,6 +202,17 @@ struct TopicsFile {
     defaults: FileDefaults,
     #[serde(default, rename = "topic")]
     topics: Vec<FileTopic>,
+}
+
+impl std::fmt::Debug for SchemaConfig {
+    // The URL may carry credentials (`http://user:password@…`): shown without them.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SchemaConfig")
+            .field("registry_url", &registry::shown_url(&self.registry_url))
+            .field("topics", &self.topics)
+            .field("refresh", &self.refresh)
+            .finish()
+    }
 }
 
 impl SchemaConfig {
@@ -411,7 +422,7 @@ pub struct Schemas {
 impl std::fmt::Debug for Schemas {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Schemas")
-            .field("registry", &self.inner.config.registry_url)
+            .field("registry", &self.inner.client.url())
             .field("topics", &self.inner.config.topics)
             .finish()
     }

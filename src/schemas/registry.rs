@@ -81,14 +81,24 @@ fn quoted(text: &str) -> String {
     out
 }
 
+/// `url` with anything between `://` and the last `@` (credentials, however malformed) shown
+/// as `…`: for messages about a URL that may carry a password.
+pub(crate) fn shown_url(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(s), Some(at)) if at > s => format!("{}://…@{}", &url[..s], &url[at + 1..]),
+        _ => url.to_owned(),
+    }
+}
+
 /// Splits `http://user:pw@host/…` into the URL without `user:pw@` and a Basic auth value.
 fn split_userinfo(url: &str) -> Result<(String, Option<hyper::header::HeaderValue>), SchemaError> {
     use base64::Engine as _;
     let Some(rest) = url.strip_prefix("http://") else {
         return Ok((url.to_owned(), None));
     };
-    let authority_end = rest.find('/').unwrap_or(rest.len());
-    let Some(at) = rest[..authority_end].rfind('@') else {
+    // The last `@` ends the credentials, also when a password holds a raw `/`, `?` or `#`
+    // (not valid in a URL, but typed): a host and path hold no `@`.
+    let Some(at) = rest.rfind('@') else {
         return Ok((url.to_owned(), None));
     };
     let userinfo = &rest[..at];
@@ -169,8 +179,9 @@ impl RegistryClient {
                 "schema registry URL ({scheme}:…): only http:// is supported (put a TLS proxy in front for https)"
             )));
         }
-        base.parse::<hyper::Uri>()
-            .map_err(|e| SchemaError::Config(format!("schema registry URL {base:?}: {e}")))?;
+        base.parse::<hyper::Uri>().map_err(|e| {
+            SchemaError::Config(format!("schema registry URL {:?}: {e}", shown_url(&base)))
+        })?;
         let http = Client::builder(TokioExecutor::new())
             .pool_idle_timeout(Duration::from_secs(30))
             .build_http();
@@ -425,6 +436,26 @@ mod tests {
         assert_eq!(a.to_str().unwrap(), "Basic dXM6ZXI6cEBzcw==");
         let e = super::RegistryClient::new("https://u:hunter2@h:1").unwrap_err();
         assert!(!e.to_string().contains("hunter2"), "{e}");
+        // A raw `/` or `#` in a password is still credentials, never quoted.
+        for url in [
+            "http://u:pa/ss@h:1/x",
+            "http://u:pa#ss@h:1",
+            "http://u:p@ss@h:notaport",
+        ] {
+            match super::RegistryClient::new(url) {
+                Ok(c) => {
+                    assert!(c.auth.is_some(), "{url}");
+                    assert!(!c.url().contains("pa"), "{url}: {}", c.url());
+                }
+                Err(e) => assert!(!e.to_string().contains("ss"), "{url}: {e}"),
+            }
+        }
+        let cfg = crate::schemas::SchemaConfig::from_topics_toml(
+            "http://u:hunter2@h:1/x",
+            "[[topic]]\nname = \"a.b\"\n",
+        )
+        .unwrap();
+        assert!(!format!("{cfg:?}").contains("hunter2"));
         let plain = super::RegistryClient::new("http://h:1/x").unwrap();
         assert!(plain.auth.is_none());
     }

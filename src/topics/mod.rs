@@ -180,18 +180,18 @@ fn dlq_name(t: &TopicEntry, d: &Defaults) -> String {
     format!("{}.{suffix}", t.name)
 }
 
-/// The dead-letter topics a topics file declares (one per `[[topic]]`): what a deployment's
-/// archiver reads.
+/// The dead-letter topics a topics file declares, each with the topic its letters come from
+/// (`(dlq topic, topic)`, one per `[[topic]]`): what a deployment's archiver reads.
 ///
 /// # Errors
 /// As [`plan`].
-pub fn dead_letter_topics(toml_text: &str) -> Result<Vec<String>, TopicsError> {
+pub fn dead_letter_topics(toml_text: &str) -> Result<Vec<(String, String)>, TopicsError> {
     plan(toml_text)?;
     let file: File = toml::from_str(toml_text).map_err(|e| TopicsError::Parse(e.to_string()))?;
     Ok(file
         .topics
         .iter()
-        .map(|t| dlq_name(t, &file.defaults))
+        .map(|t| (dlq_name(t, &file.defaults), t.name.clone()))
         .collect())
 }
 
@@ -306,7 +306,14 @@ mod tests {
             "#,
         )
         .unwrap();
-        assert_eq!(t, ["orders.created.dead", "payments.settled.dlq"]);
+        let pair = |d: &str, o: &str| (d.to_owned(), o.to_owned());
+        assert_eq!(
+            t,
+            [
+                pair("orders.created.dead", "orders.created"),
+                pair("payments.settled.dlq", "payments.settled")
+            ]
+        );
         assert!(dead_letter_topics("[[topic]]\nname = \"bad name\"").is_err());
     }
 

@@ -347,7 +347,7 @@ async fn a_consumer_with_a_misspelt_kafka_property_refuses_to_start_without_show
     let consumer = Consumer::new(
         &db,
         &k,
-        ConsumerConfig::new(&format!("g-{}", hex(6)), [&topic]),
+        ConsumerConfig::new(format!("g-{}", hex(6)), [&topic]),
     )
     .unwrap()
     .handler("t", Record2);

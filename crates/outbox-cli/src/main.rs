@@ -101,6 +101,12 @@ fn main() -> ExitCode {
             .with_writer(|| redact::Stderr)
             .init(),
     }
+    // A panic's message may quote data or a secret: it goes through the same cleaning as
+    // every log line.
+    std::panic::set_hook(Box::new(|info| {
+        let line = redact::log_line(format!("panic: {info}\n").as_bytes());
+        let _ = std::io::stderr().write_all(&line);
+    }));
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

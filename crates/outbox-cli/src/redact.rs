@@ -28,6 +28,44 @@ pub(crate) fn register<'a>(values: impl IntoIterator<Item = &'a str>) {
     s.sort_by_key(|v| std::cmp::Reverse(v.len()));
 }
 
+/// Registers the credentials a URL carries (`scheme://user:password@host…`): the whole
+/// `user:password` and the password, raw and decoded.
+pub(crate) fn register_url(url: &str) {
+    let (Some(start), Some(at)) = (url.find("://"), url.rfind('@')) else {
+        return;
+    };
+    if at <= start + 3 {
+        return;
+    }
+    let userinfo = &url[start + 3..at];
+    let password = userinfo.split_once(':').map_or("", |(_, p)| p);
+    let decoded = percent_decode(password);
+    register([userinfo, password, decoded.as_str()]);
+}
+
+fn percent_decode(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let hex = b
+            .get(i + 1..i + 3)
+            .and_then(|h| std::str::from_utf8(h).ok())
+            .and_then(|h| u8::from_str_radix(h, 16).ok());
+        match (b[i], hex) {
+            (b'%', Some(v)) => {
+                out.push(v);
+                i += 3;
+            }
+            (c, _) => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
 /// `s` as a URL's userinfo carries it: every byte but unreserved ones percent-encoded.
 pub(crate) fn percent_encode(s: &str) -> String {
     s.bytes()

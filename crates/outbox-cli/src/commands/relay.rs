@@ -106,6 +106,9 @@ pub async fn run(args: Args, _out: &mut dyn Write) -> anyhow::Result<()> {
         topics_file,
         schema_registry_url,
     } = args;
+    if let Some(url) = &schema_registry_url {
+        crate::redact::register_url(url);
+    }
     let schemas = match (&topics_file, &schema_registry_url) {
         (Some(file), Some(url)) => Some(
             outbox::schemas::SchemaConfig::from_topics_file(url, file)

@@ -45,6 +45,7 @@ pub async fn run(args: Args, out: &mut dyn Write) -> anyhow::Result<()> {
         SchemasAction::Check(a) => (a, false),
         SchemasAction::Register(a) => (a, true),
     };
+    crate::redact::register_url(&a.schema_registry_url);
     let client = outbox::schemas::RegistryClient::new(&a.schema_registry_url)
         .map_err(|e| UsageError(e.to_string()))?;
     let results = outbox::schemas::files::run(&client, &a.dir, register)

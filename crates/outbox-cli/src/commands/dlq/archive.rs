@@ -63,13 +63,13 @@ pub async fn run(args: Args, out: &mut dyn Write) -> anyhow::Result<()> {
     serve_metrics(metrics_addr, &stop).await?;
     let db = db_config(&db)?;
     let kafka = kafka_config(&kafka)?;
+    let mut origins = Vec::new();
     if let Some(f) = &topics_file {
         let text = std::fs::read_to_string(f)
             .map_err(|e| UsageError(format!("cannot read {}: {e}", f.display())))?;
-        topics.extend(
-            outbox::topics::dead_letter_topics(&text)
-                .map_err(|e| UsageError(format!("{}: {e}", f.display())))?,
-        );
+        origins = outbox::topics::dead_letter_topics(&text)
+            .map_err(|e| UsageError(format!("{}: {e}", f.display())))?;
+        topics.extend(origins.iter().map(|(dlq, _)| dlq.clone()));
     }
     let a = if all_dlq_topics {
         Archiver::every_dlq_topic(&db, &kafka)
@@ -84,7 +84,11 @@ pub async fn run(args: Args, out: &mut dyn Write) -> anyhow::Result<()> {
         Archiver::new(&db, &kafka, topics).map_err(|e| UsageError(e.to_string()))?
     };
     let group = archive_group.unwrap_or_else(|| Archiver::default_group(&db));
-    let a = a.suffix(&dlq_suffix).retention(retention).group(&group);
+    let a = a
+        .suffix(&dlq_suffix)
+        .retention(retention)
+        .group(&group)
+        .origins(origins);
     let r = if once {
         let mut m = Meter::new("archive");
         let r = a
