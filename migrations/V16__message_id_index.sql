@@ -9,3 +9,7 @@ CREATE INDEX IF NOT EXISTS outbox_message_id_idx ON outbox ((headers->>'message_
 -- archive's index leads with the topic), audit rows naming a letter (an array).
 CREATE INDEX IF NOT EXISTS dead_letters_message_id_idx ON dead_letters (message_id);
 CREATE INDEX IF NOT EXISTS dlq_audit_letters_idx ON dlq_audit USING gin (dead_letter_ids);
+-- A comeback carries its replay's job and letter: found by them when the runner marks the
+-- item sent after the archive filed the comeback.
+CREATE INDEX IF NOT EXISTS dead_letters_replay_idx ON dead_letters (replay_job, replay_of)
+    WHERE replay_job IS NOT NULL;

@@ -81,21 +81,24 @@ pub(crate) const SELECTION: &str = "SELECT d.id, coalesce({to}::text, d.original
                      AND j.status IN ('pending', 'running', 'paused'))
  ORDER BY d.id LIMIT {limit}";
 
-/// Marks the comebacks among the letters just archived (`$1`): a sent item of a job whose
-/// record failed again — matched by the replay's headers (`replay_job`, `replay_of`), or, for
-/// a letter without them, by original topic and message id after the send (a second of clock
-/// slack) — while the job runs or within its watch window after it. Returns one row per
+/// Marks the comebacks among the letters just archived (`$1`): an item of a job whose record
+/// failed again — matched by the replay's headers (`replay_job`, `replay_of`) whatever the
+/// item's state (a fast consumer and archiver can file the comeback before the runner's mark
+/// of the item commits), or, for a letter without them, a sent item by original topic and
+/// message id after the send (a second of clock slack; items marked later pick such letters
+/// up with [`LATE_COMEBACKS`]) — while the job runs or within its watch window after it. Returns one row per
 /// comeback: job, original topic, whether the job is still unfinished.
 pub(crate) const MATCH_COMEBACKS: &str = "WITH back AS (
     SELECT DISTINCT ON (i.job_id, i.dead_letter_id) i.job_id, i.dead_letter_id, d.id AS back_id,
            d.original_topic, j.status IN ('pending', 'running', 'paused') AS running
       FROM {s}.dead_letters d
-      JOIN {s}.dlq_replay_items i ON i.state = 'sent' AND i.came_back_id IS NULL
+      JOIN {s}.dlq_replay_items i ON i.came_back_id IS NULL
       JOIN {s}.dead_letters o ON o.id = i.dead_letter_id
       JOIN {s}.dlq_replay_jobs j ON j.id = i.job_id
      WHERE d.id = ANY($1)
        AND ((d.replay_job IS NOT NULL AND i.job_id = d.replay_job AND i.dead_letter_id = d.replay_of)
-         OR (d.replay_job IS NULL AND d.message_id IS NOT NULL AND o.message_id = d.message_id
+         OR (d.replay_job IS NULL AND i.state = 'sent' AND d.message_id IS NOT NULL
+             AND o.message_id = d.message_id
              AND o.original_topic = d.original_topic AND o.id < d.id
              AND d.failed_at >= i.sent_at - interval '1 second'))
        AND (j.status IN ('pending', 'running', 'paused')
@@ -104,6 +107,26 @@ pub(crate) const MATCH_COMEBACKS: &str = "WITH back AS (
 UPDATE {s}.dlq_replay_items it SET came_back_id = back.back_id, came_back_at = now()
   FROM back WHERE it.job_id = back.job_id AND it.dead_letter_id = back.dead_letter_id
 RETURNING it.job_id, back.original_topic, back.running";
+
+/// Comebacks of job `$1`'s items `$2` just marked sent that the archive already holds: a
+/// letter archived before the mark committed, matched as [`MATCH_COMEBACKS`] matches. Returns
+/// the original topic of each.
+pub(crate) const LATE_COMEBACKS: &str = "WITH back AS (
+    SELECT DISTINCT ON (i.dead_letter_id) i.job_id, i.dead_letter_id, d.id AS back_id,
+           d.original_topic
+      FROM {s}.dlq_replay_items i
+      JOIN {s}.dead_letters o ON o.id = i.dead_letter_id
+      JOIN {s}.dead_letters d ON d.id > o.id
+       AND ((d.replay_job = i.job_id AND d.replay_of = i.dead_letter_id)
+         OR (d.replay_job IS NULL AND d.message_id = o.message_id
+             AND d.original_topic = o.original_topic
+             AND d.failed_at >= i.sent_at - interval '1 second'))
+     WHERE i.job_id = $1 AND i.dead_letter_id = ANY($2) AND i.state = 'sent'
+       AND i.came_back_id IS NULL
+     ORDER BY i.dead_letter_id, d.id)
+UPDATE {s}.dlq_replay_items it SET came_back_id = back.back_id, came_back_at = now()
+  FROM back WHERE it.job_id = back.job_id AND it.dead_letter_id = back.dead_letter_id
+RETURNING back.original_topic";
 
 /// Sent and came-back counts of job `$1`, over its first `$2` items when set (the canary).
 pub(crate) const SENT_AND_CAME_BACK: &str = "SELECT count(*) FILTER (WHERE state = 'sent'),

@@ -73,6 +73,16 @@ impl Dlq {
                 .await?;
             tx.execute(&self.sql(sql::dead_letters::MARK_REPLAYED), &[&ids, &job])
                 .await?;
+            // Letters that failed again and were archived before this mark committed.
+            for r in tx
+                .query(&self.sql(sql::replay_jobs::LATE_COMEBACKS), &[&job, &ids])
+                .await?
+            {
+                let topic: String = r.get(0);
+                metrics::counter!(crate::metrics::DLQ_REPLAY_CAME_BACK,
+                    "topic" => crate::metrics::bounded("topic", &topic))
+                .increment(1);
+            }
         }
         for (id, err) in failed {
             tx.execute(
