@@ -174,6 +174,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         c.drain_rate = env("DRAIN_RATE", "10").parse()?;
         c.max_dlq_retries = env("MAX_DLQ_RETRIES", "5").parse()?;
         c.deadline = Duration::from_secs(env("DLQ_DEADLINE_SECS", "86400").parse()?);
+        // What the handler names in `HandlerError::unavailable`: operators see it in the
+        // dashboard's "Open a breaker…".
+        c.dependencies = vec!["loyalty-api".into()];
         c
     });
     let consumer = Consumer::new(&db, &kafka, config)?

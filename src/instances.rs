@@ -222,6 +222,10 @@ pub enum BreakerActionError {
     /// Bad input: empty names, no reason, a duration out of range.
     #[error("{0}")]
     Invalid(String),
+    /// The group or dependency is not one live replicas declare (the message names those
+    /// that are).
+    #[error("{0}")]
+    Unknown(String),
     /// No breaker row for that group and dependency.
     #[error("no breaker {1:?} for group {0:?}")]
     NotFound(String, String),
@@ -234,7 +238,7 @@ pub enum BreakerActionError {
 /// for a group id is 255).
 pub const MAX_BREAKER_NAME: usize = 255;
 
-fn check(group: &str, dependency: &str, reason: &str) -> Result<(), BreakerActionError> {
+pub(crate) fn check(group: &str, dependency: &str, reason: &str) -> Result<(), BreakerActionError> {
     if group.trim().is_empty() || dependency.trim().is_empty() {
         return Err(BreakerActionError::Invalid(
             "give the consumer group and the dependency".into(),
@@ -257,6 +261,59 @@ fn check(group: &str, dependency: &str, reason: &str) -> Result<(), BreakerActio
         return Err(BreakerActionError::Invalid(
             "a breaker action needs a reason (1 to 2000 characters)".into(),
         ));
+    }
+    Ok(())
+}
+
+/// Checks that a replica of consumer `group` has checked in within the hour and declares
+/// `dependency` ([`crate::consumer::BreakerConfig::dependencies`]): a breaker opened by hand
+/// for a misspelt group or a dependency the group never calls protects nothing.
+///
+/// # Errors
+/// [`BreakerActionError::Unknown`] naming what exists; Postgres errors.
+pub async fn check_breaker_target(
+    db: &DbConfig,
+    group: &str,
+    dependency: &str,
+) -> Result<(), BreakerActionError> {
+    check(group, dependency, "-")?;
+    let c = crate::db::connect(db).await?;
+    let declared: Vec<Option<String>> = c
+        .query(&render(instances::DECLARED, &db.schema), &[&group])
+        .await?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    if declared.is_empty() {
+        let groups: Vec<String> = c
+            .query(&render(instances::GROUPS, &db.schema), &[])
+            .await?
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        return Err(BreakerActionError::Unknown(format!(
+            "no replica of group {group:?} has checked in within the hour (groups that have: {}); \
+             confirm to open it anyway",
+            if groups.is_empty() {
+                "none".into()
+            } else {
+                groups.join(", ")
+            }
+        )));
+    }
+    let mut names: Vec<String> = declared.into_iter().flatten().collect();
+    names.sort_unstable();
+    names.dedup();
+    if !names.iter().any(|n| n == dependency) {
+        return Err(BreakerActionError::Unknown(format!(
+            "group {group:?} declares no dependency {dependency:?} (it declares: {}); confirm to \
+             open it anyway",
+            if names.is_empty() {
+                "none".into()
+            } else {
+                names.join(", ")
+            }
+        )));
     }
     Ok(())
 }

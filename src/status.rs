@@ -66,6 +66,10 @@ pub struct OpenBreakerRow {
     pub reason: Option<String>,
     /// Opens so far.
     pub generation: i64,
+    /// Who opened it: `operator <holder>`, or the replica whose calls failed.
+    pub opened_by: Option<String>,
+    /// How long ago it opened, seconds.
+    pub opened_secs_ago: Option<f64>,
 }
 
 impl OutboxStatus {
@@ -139,6 +143,8 @@ pub(crate) async fn status_on(
             closes_in_secs: r.get(2),
             reason: r.get(3),
             generation: r.get(4),
+            opened_by: r.get(5),
+            opened_secs_ago: r.get(6),
         })
         .collect();
     let overdue_marks = client

@@ -164,12 +164,16 @@ pub(super) struct BreakerBody {
     dependency: String,
     reason: Option<String>,
     open_for_secs: Option<u64>,
+    /// Open it although no live replica declares the group or dependency.
+    #[serde(default)]
+    confirm: bool,
 }
 
 fn breaker_error(e: crate::instances::BreakerActionError) -> ApiError {
     use crate::instances::BreakerActionError as E;
     match e {
         E::Invalid(m) => ApiError(StatusCode::BAD_REQUEST, m),
+        E::Unknown(m) => ApiError(StatusCode::CONFLICT, m),
         e @ E::NotFound(..) => ApiError(StatusCode::NOT_FOUND, e.to_string()),
         e => ApiError(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
     }
@@ -181,14 +185,27 @@ pub(super) async fn breaker_open(
     Extension(c): Extension<Caller>,
     Strict(b): Strict,
 ) -> ApiResult {
-    let b: BreakerBody = exact(b, &[&["group", "dependency", "reason", "open_for_secs"]])?;
+    let b: BreakerBody = exact(
+        b,
+        &[&["group", "dependency", "reason", "open_for_secs", "confirm"]],
+    )?;
     let open_for = Duration::from_secs(b.open_for_secs.unwrap_or(300));
+    let mut reason = b.reason.clone().unwrap_or_default();
+    crate::instances::check(&b.group, &b.dependency, &reason).map_err(breaker_error)?;
+    match crate::instances::check_breaker_target(&s.db, &b.group, &b.dependency).await {
+        Ok(()) => {}
+        // Opened anyway, on the operator's word: the breaker's reason says so.
+        Err(crate::instances::BreakerActionError::Unknown(_)) if b.confirm => {
+            reason.push_str(" (confirmed: no live replica declares it)");
+        }
+        Err(e) => return Err(breaker_error(e)),
+    }
     let generation = crate::instances::open_breaker(
         &s.db,
         &b.group,
         &b.dependency,
         open_for,
-        b.reason.as_deref().unwrap_or(""),
+        &reason,
         &c.holder,
     )
     .await

@@ -515,6 +515,12 @@ impl Consumer {
             );
             let (stats, breakers, c) = (self.stats.clone(), self.breakers.clone(), cancel.clone());
             let with_breaker = self.config.breaker.is_some();
+            let dependencies = self
+                .config
+                .breaker
+                .as_ref()
+                .map(|b| b.dependencies.clone())
+                .unwrap_or_default();
             tokio::spawn(async move {
                 loop {
                     let mode = if with_breaker {
@@ -530,6 +536,7 @@ impl Consumer {
                         "handled": ConsumerStats::get(&stats.handled),
                         "dead_lettered": ConsumerStats::get(&stats.dead_lettered),
                         "lag": lag,
+                        "dependencies": dependencies,
                     }))
                     .await;
                     tokio::select! {

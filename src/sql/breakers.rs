@@ -4,7 +4,8 @@
 /// Circuit breakers open now, for `outbox status`: group, dependency, seconds until the row
 /// expires, reason, generation.
 pub(crate) const OPEN_ALL: &str = "SELECT consumer_group, name,
-        extract(epoch FROM open_until - now())::float8, reason, generation
+        extract(epoch FROM open_until - now())::float8, reason, generation, opened_by,
+        extract(epoch FROM now() - opened_at)::float8
    FROM {s}.circuit_breakers WHERE open_until > now() ORDER BY 1, 2";
 
 /// An operator opens dependency `$2`'s breaker of group `$1` for `$3` seconds (reason `$4`, by

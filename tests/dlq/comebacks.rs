@@ -218,9 +218,10 @@ fn fast_replay(actor: &str, canary: u32) -> outbox::dlq::ReplayOptions {
 }
 
 fn of_topic(topic: &str) -> outbox::dlq::Filter {
-    let mut f = outbox::dlq::Filter::default();
-    f.topic = Some(topic.to_owned());
-    f
+    outbox::dlq::Filter {
+        topic: Some(topic.to_owned()),
+        ..Default::default()
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -500,6 +500,7 @@ async fn the_tiles_lead_to_every_process_partition_and_breaker_and_the_list_sort
     pg.execute(
         "INSERT INTO outbox_instances (kind, name, instance, state, seen_at) VALUES
            ('consumer', 'billing', 'pod-a:1', jsonb_build_object('mode', 'normal', 'in_flight', 5,
+              'dependencies', jsonb_build_array('payments-api'),
               'lag', jsonb_build_object($1::text || '/0', 4, $1::text || '/2', 9)), now()),
            ('consumer', 'billing', 'pod-b:1', jsonb_build_object('mode', 'normal',
               'lag', jsonb_build_object($1::text || '/1', 3)), now()),
@@ -535,14 +536,22 @@ async fn the_tiles_lead_to_every_process_partition_and_breaker_and_the_list_sort
         c.goto(&format!("{base}/#/system?show=breakers")).await.unwrap();
         wait_text(c, "#no-breakers", "All closed.").await;
         click(c, Locator::Id("open-breaker")).await;
-        for (id, v) in [("open-group", "billing"), ("open-dependency", "payments-api"),
-                        ("open-reason", "payments team asked for a pause")] {
-            c.find(Locator::Id(id)).await.unwrap().send_keys(v).await.unwrap();
-        }
+        // The group and dependency come from what the live replicas declare.
+        c.wait()
+            .for_element(Locator::Css("#open-group option[value=billing]"))
+            .await
+            .unwrap();
+        click(c, Locator::Css("#open-group option[value=billing]")).await;
+        click(c, Locator::Css("#open-dependency option[value=payments-api]")).await;
+        c.find(Locator::Id("open-reason")).await.unwrap()
+            .send_keys("payments team asked for a pause").await.unwrap();
+        shot(c, "open-breaker-dialog").await;
         click(c, Locator::Id("modal-confirm")).await;
         wait_text(c, "#flash-msg", "Breaker of payments-api for billing opened.").await;
         let b = wait_text(c, "#breaker-list tr", "payments-api").await;
-        assert!(b.text().await.unwrap().contains("payments team asked for a pause"));
+        let row = b.text().await.unwrap();
+        assert!(row.contains("payments team asked for a pause"), "{row}");
+        assert!(row.contains("opened by operator admin"), "who opened it is shown: {row}");
         shot(c, "system-breakers").await;
         click_in(c, "#breaker-list tr", "payments-api", Locator::Css(".close-breaker")).await;
         c.find(Locator::Id("breaker-reason")).await.unwrap().send_keys("back").await.unwrap();

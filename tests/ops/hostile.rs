@@ -661,7 +661,7 @@ async fn hostile_values_get_a_clear_4xx_never_a_panic_and_confirmations_hold() {
     // Text that would forge a log line or drive a terminal is logged as one inert line.
     let (code, body) = p(
         "/api/breakers/open",
-        r#"{"group": "g-forge", "dependency": "d", "reason": "x\u001b[2Jy\nINFO forged line"}"#
+        r#"{"group": "g-forge", "dependency": "d", "reason": "x\u001b[2Jy\nINFO forged line", "confirm": true}"#
             .into(),
     )
     .await;
@@ -830,4 +830,60 @@ async fn the_archiver_reads_only_its_deployments_topics_and_trusts_no_header() {
     );
     assert_eq!(committed(&group, &format!("{theirs}.dlq"), 0).await, None);
     assert!(committed(&group, &format!("{ours}.dlq"), 0).await.is_some());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_breaker_opened_by_hand_names_a_group_and_dependency_that_exist() {
+    let db = fresh_db().await;
+    let c = client(&db).await;
+    c.execute(
+        "INSERT INTO outbox_instances (kind, name, instance, state) VALUES
+           ('consumer', 'billing', 'pod-a:1', '{\"mode\": \"normal\", \"dependencies\": [\"payments-api\"]}'),
+           ('consumer', 'billing', 'pod-b:1', '{\"mode\": \"normal\", \"dependencies\": [\"payments-api\", \"ledger\"]}')",
+        &[],
+    )
+    .await
+    .unwrap();
+    let a = admin(&db, &[]).await;
+    let port = a.port;
+    let open = |body: &'static str| async move {
+        blocking(move || post(port, "/api/breakers/open", OPERATOR, body)).await
+    };
+    // A misspelt group or a dependency the group never calls: refused, naming what exists.
+    let (code, body) =
+        open(r#"{"group": "biling-servce", "dependency": "payments-api", "reason": "outage"}"#)
+            .await;
+    assert_eq!(code, 409, "{body}");
+    assert!(body.contains("billing"), "{body}");
+    let (code, body) =
+        open(r#"{"group": "billing", "dependency": "loyalty-api", "reason": "outage"}"#).await;
+    assert_eq!(code, 409, "{body}");
+    assert!(body.contains("ledger, payments-api"), "{body}");
+    assert_eq!(count(&c, "SELECT count(*) FROM circuit_breakers").await, 0);
+    // What the replicas declare opens; so does anything else, confirmed, and it says so.
+    let (code, body) =
+        open(r#"{"group": "billing", "dependency": "ledger", "reason": "outage"}"#).await;
+    assert_eq!(code, 200, "{body}");
+    let (code, body) = open(
+        r#"{"group": "billing", "dependency": "loyalty-api", "reason": "outage", "confirm": true}"#,
+    )
+    .await;
+    assert_eq!(code, 200, "{body}");
+    let o = outbox::instances::overview(&db).await.unwrap();
+    let rows: Vec<(String, Option<String>, Option<String>)> = o
+        .outbox
+        .open_breakers
+        .iter()
+        .map(|b| (b.dependency.clone(), b.opened_by.clone(), b.reason.clone()))
+        .collect();
+    assert_eq!(rows.len(), 2, "{rows:?}");
+    assert!(
+        rows.iter().all(|r| r.1.as_deref() == Some("operator olga")),
+        "{rows:?}"
+    );
+    let loyalty = rows.iter().find(|r| r.0 == "loyalty-api").unwrap();
+    assert!(
+        loyalty.2.as_deref().unwrap_or("").contains("confirmed"),
+        "{loyalty:?}"
+    );
 }

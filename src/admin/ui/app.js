@@ -241,7 +241,8 @@ async function viewSystem(params) {
   const breakers = el("table", { id: "breaker-list" },
     el("tr", {}, el("th", {}, "Group"), el("th", {}, "Dependency"), el("th", {}, "State"), el("th", {}, "Why"), el("th", { class: "num" }, "Opens"), el("th", {}, "")),
     o.outbox.open_breakers.map(b => el("tr", { "data-breaker": b.consumer_group + "/" + b.dependency },
-      el("td", {}, b.consumer_group), el("td", {}, b.dependency), el("td", {}, "open, closes in " + secsText(b.closes_in_secs)),
+      el("td", {}, b.consumer_group), el("td", {}, b.dependency), el("td", {}, "open, closes in " + secsText(b.closes_in_secs) +
+        (b.opened_by ? "; opened by " + b.opened_by : "") + (b.opened_secs_ago != null ? ", " + secsText(b.opened_secs_ago) + " ago" : "")),
       el("td", { class: "err" }, b.reason || "–"), el("td", { class: "num" }, String(b.generation)),
       el("td", {}, can("operator") ? el("button", { class: "close-breaker", onclick: () => closeBreakerDialog(b.consumer_group, b.dependency) }, "Close") : ""))),
     o.untrusted.map(u => el("tr", {}, el("td", {}, u.consumer_group), el("td", {}, u.dependency),
@@ -259,20 +260,42 @@ async function viewSystem(params) {
   return [el("h2", {}, "System"), ...sections];
 }
 
-function openBreakerDialog() {
-  const group = el("input", { id: "open-group", placeholder: "consumer group" });
-  const dependency = el("input", { id: "open-dependency", placeholder: "dependency (e.g. payments-api)" });
+// A breaker protects only what its group calls: the group and the dependency are chosen from
+// what live replicas declare in their heartbeats; anything else is typed and confirmed.
+async function openBreakerDialog() {
+  const o = await api("/api/overview");
+  const declared = {};
+  for (const i of o.instances.filter(i => i.kind === "consumer")) {
+    const deps = Array.isArray(i.state && i.state.dependencies) ? i.state.dependencies : [];
+    declared[i.name] = [...new Set([...(declared[i.name] || []), ...deps])].sort();
+  }
+  const group = el("select", { id: "open-group" }, Object.keys(declared).sort().map(g => el("option", { value: g }, g)));
+  const dependency = el("select", { id: "open-dependency" });
+  const fill = () => dependency.replaceChildren(...(declared[group.value] || []).map(d => el("option", { value: d }, d)));
+  group.addEventListener("change", fill);
+  fill();
+  const other = el("input", { id: "open-other", type: "checkbox" });
+  const otherGroup = el("input", { id: "open-other-group", placeholder: "consumer group" });
+  const otherDep = el("input", { id: "open-other-dependency", placeholder: "dependency" });
+  const typed = el("div", { id: "open-typed", hidden: true }, field("Group", otherGroup), field("Dependency", otherDep),
+    el("p", { class: "error" }, "No live replica declares this: a misspelt name protects nothing."));
+  other.addEventListener("change", () => { typed.hidden = !other.checked; });
   const minutes = el("input", { id: "open-minutes", type: "number", value: "5", min: "1" });
   const reason = el("input", { id: "open-reason", size: "50", placeholder: "why (required, audited)" });
   modal("Open a circuit breaker", [
     el("p", {}, "Every replica of the group stops calling the dependency: new messages wait parked (not retried, not dead-lettered) until it closes or you close it."),
-    field("Group", group), field("Dependency", dependency), field("Minutes", minutes), field("Reason", reason),
+    Object.keys(declared).length ? "" : el("p", { class: "muted" }, "No consumer replica has checked in within the hour."),
+    field("Group", group), field("Dependency", dependency),
+    el("p", {}, el("label", {}, other, " Another group or dependency (no live replica declares it)")), typed,
+    field("Minutes", minutes), field("Reason", reason),
   ], "Open breaker", async () => {
-    if (!group.value.trim() || !dependency.value.trim()) throw new Error("give the group and the dependency");
+    const g = other.checked ? otherGroup.value.trim() : group.value;
+    const d = other.checked ? otherDep.value.trim() : dependency.value;
+    if (!g || !d) throw new Error("choose the group and the dependency");
     if (!reason.value.trim()) throw new Error("a reason is required");
-    await api("/api/breakers/open", { method: "POST", body: { group: group.value.trim(), dependency: dependency.value.trim(),
-      reason: reason.value, open_for_secs: Math.round(Number(minutes.value) * 60) } });
-    flash("Breaker of " + dependency.value.trim() + " for " + group.value.trim() + " opened.");
+    await api("/api/breakers/open", { method: "POST", body: { group: g, dependency: d,
+      reason: reason.value, open_for_secs: Math.round(Number(minutes.value) * 60), confirm: other.checked } });
+    flash("Breaker of " + d + " for " + g + " opened.");
     route();
   });
 }

@@ -80,11 +80,16 @@ pub struct BreakerConfig {
     /// A letter whose first failure is older than this is dropped as `deadline_exceeded`
     /// (default 24 h).
     pub deadline: Duration,
+    /// The dependencies this group's handlers name in [`super::HandlerError::unavailable`],
+    /// declared in every replica's heartbeat: an operator opening a breaker by hand picks
+    /// from them, and a name no replica declares (a typo) is refused unless confirmed.
+    pub dependencies: Vec<String>,
 }
 
 impl Default for BreakerConfig {
     fn default() -> Self {
         Self {
+            dependencies: Vec::new(),
             check_interval: DEFAULT_BREAKER_CHECK_INTERVAL,
             open_for: DEFAULT_OPEN_FOR,
             max_open_for: Duration::from_secs(600),
