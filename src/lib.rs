@@ -57,6 +57,7 @@
 //! | `cleanup` | core | [`cleanup()`], [`CleanupConfig`]: retention deletes in bounded batches |
 //! | `status` | core | [`status()`] and [`requeue`]: operator views and repair |
 //! | `instances` | core | [`instances::overview`]: heartbeats of every relay, consumer and archiver; breakers opened or closed by hand |
+//! | `verdict` | core | [`verdict::verdicts`]: ok / warn / bad per part of the system, from the alert rules' thresholds, in words |
 //! | `journey` | core | [`journey::trace`]: one message's journey (outbox row, each group's outcome, replays, audit) |
 //! | `republish` | core | [`requeue_sent`]: publish sent rows again (a topic lost by the broker) |
 //! | `metrics` | core / `prometheus` | metric names; the recorder and `/metrics` with `prometheus` |
@@ -112,6 +113,7 @@ mod republish;
 mod schema;
 #[cfg(feature = "schemas")]
 pub mod schemas;
+pub mod verdict;
 
 /// The schema id of a payload in the Confluent wire format (magic byte 0, 4-byte id); a JSON
 /// text never starts with byte 0.

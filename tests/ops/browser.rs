@@ -627,3 +627,107 @@ async fn the_tiles_lead_to_every_process_partition_and_breaker_and_the_list_sort
     console.c.clone().close().await.unwrap();
     assert_eq!(result, 3);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_home_page_says_nothing_publishes_the_outbox_within_one_refresh_of_a_relay_dying() {
+    let db = fresh_db().await;
+    let pg = outbox_testkit::client(&db).await;
+    let topic = topic_name();
+    create_topic(&topic, 1).await;
+    let mut relay = Kill(
+        outbox_command(&db)
+            .args(["relay"])
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    wait_until(Duration::from_secs(30), "the relay's heartbeat", || async {
+        outbox::instances::overview(&db)
+            .await
+            .is_ok_and(|o| o.instances.iter().any(|i| i.kind == "relay" && i.alive))
+    })
+    .await;
+    let console = open_console(&db).await;
+    let (c, base) = (&console.c, console.base.clone());
+    let result = async {
+        sign_in(&console, TOKEN).await;
+        c.goto(&format!("{base}/#/")).await.unwrap();
+        wait_text(c, "#tile-relays", "1 alive").await;
+        let tile = c.find(Locator::Id("tile-relays")).await.unwrap();
+        assert!(tile
+            .attr("class")
+            .await
+            .unwrap()
+            .unwrap_or_default()
+            .contains("ok"));
+        assert!(
+            c.find(Locator::Id("banner-relays")).await.is_err(),
+            "no banner while one runs"
+        );
+        // The relay dies; rows keep arriving. The page is not reloaded: its own refresh
+        // must say so within one refresh of the heartbeat going stale.
+        relay.0.kill().unwrap();
+        let _ = relay.0.wait();
+        let killed = tokio::time::Instant::now();
+        pg.batch_execute(&format!(
+            "INSERT INTO outbox (topic, message_key, headers, payload)
+               SELECT '{topic}', 'k' || g, '{{\"message_type\": \"t\"}}', '{{}}' FROM generate_series(1, 30) g"
+        ))
+        .await
+        .unwrap();
+        let limit = outbox::instances::ALIVE_WITHIN
+            + outbox::instances::HEARTBEAT_EVERY
+            + Duration::from_secs(5) // one refresh of the page
+            + Duration::from_secs(3);
+        let banner = loop {
+            if let Ok(b) = c.find(Locator::Id("banner-relays")).await {
+                if let Ok(t) = b.text().await {
+                    break t;
+                }
+            }
+            assert!(
+                killed.elapsed() < limit,
+                "no banner {:?} after the relay died",
+                killed.elapsed()
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        };
+        assert!(
+            banner.starts_with("Nothing is publishing the outbox: 30 rows waiting, oldest"),
+            "{banner}"
+        );
+        let badge = c
+            .find(Locator::Id("nav-badge"))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        assert!(badge.contains("wrong"), "{badge}");
+        let tile = c.find(Locator::Id("tile-relays")).await.unwrap();
+        assert!(tile
+            .attr("class")
+            .await
+            .unwrap()
+            .unwrap_or_default()
+            .contains("bad"));
+        assert!(c
+            .find(Locator::Id("updated"))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+            .starts_with("updated "));
+        shot(c, "relay-dead-banner").await;
+        c.set_window_size(390, 844).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        shot(c, "relay-dead-banner-phone").await;
+        c.set_window_size(1400, 1000).await.unwrap();
+    };
+    result.await;
+    console.c.clone().close().await.unwrap();
+}

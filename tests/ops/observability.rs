@@ -468,3 +468,25 @@ async fn metrics_equal_the_work_done_stay_bounded_and_cover_the_dashboard_and_ru
         "not in outbox::metrics::ALL: {unknown:?}"
     );
 }
+
+#[test]
+fn the_consoles_verdicts_use_the_alert_rules_thresholds() {
+    // One source: the numbers the home page judges by are the ones the alerts fire on.
+    let rules = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/deploy/prometheus/alerts.yml"
+    ))
+    .unwrap();
+    for expr in [
+        format!(
+            "max(outbox_oldest_pending_age_seconds) > {}",
+            outbox::verdict::PENDING_AGE_BAD_SECS
+        ),
+        format!(
+            "max(outbox_rows{{status=\"failed\"}}) > {}",
+            outbox::verdict::FAILED_ROWS_BAD
+        ),
+    ] {
+        assert!(rules.contains(&expr), "alerts.yml has no `{expr}`");
+    }
+}

@@ -169,12 +169,25 @@ function dropDialog(selection, label, count) {
 const secsText = (v) => v == null ? "–" : (v < 90 ? Math.round(v) + " s" : v < 5400 ? Math.round(v / 60) + " min" : Math.round(v / 3600) + " h");
 const stateText = (st) => Object.entries(st || {}).filter(([k]) => k !== "lag")
   .map(([k, v]) => k + ": " + (typeof v === "object" ? JSON.stringify(v) : String(v))).join(", ");
+// The verdicts of an overview: the navigation's badge (parts not ok) and a lookup by tile.
+function showVerdicts(o) {
+  const bad = o.verdicts.filter(v => v.level === "bad").length;
+  const notOk = o.verdicts.filter(v => v.level !== "ok");
+  const b = $("#nav-badge");
+  b.hidden = !notOk.length;
+  b.className = bad ? "bad" : "warn";
+  b.textContent = notOk.length ? notOk.length + (bad ? " wrong" : " to look at") : "";
+  b.title = notOk.map(v => v.says).join("\n");
+  const level = {};
+  for (const v of o.verdicts) level[v.tile] = v.level;
+  return (tile) => level[tile] || "";
+}
+
 async function overviewStrip() {
   const o = await api("/api/overview");
   const alive = (kind) => o.instances.filter(i => i.kind === kind && i.alive);
   const count = (st) => (o.outbox.counts.find(c => c.status === st) || { count: 0 }).count;
   const secs = secsText;
-  const card = (id, title, ...body) => el("div", { class: "card tile", id }, el("h3", {}, title), ...body);
   const groups = {};
   for (const i of alive("consumer")) (groups[i.name] = groups[i.name] || []).push(i);
   const consumerRows = Object.entries(groups).map(([g, members]) => {
@@ -191,10 +204,13 @@ async function overviewStrip() {
     el("td", {}, can("operator") ? el("button", { class: "close-breaker", onclick: () => closeBreakerDialog(b.consumer_group, b.dependency) }, "Close") : "")));
   for (const u of o.untrusted) breakerRows.push(el("tr", {}, el("td", {}, u.consumer_group), el("td", {}, u.dependency),
     el("td", {}, "expired, probing" + (u.probe_by ? " (" + u.probe_by + ")" : "")), el("td", {}, "")));
-  const banner = o.archiver.late ? el("p", { class: "error", id: "archiver-banner" },
-    o.archiver.last_seen_secs == null ? "No DLQ archiver is running: new dead letters are not archived, nothing here shows them. Start `outbox dlq archive`."
-      : "The DLQ archiver last checked in " + secs(o.archiver.last_seen_secs) + " ago: new dead letters are not being archived.") : "";
-  return el("div", { id: "overview" }, banner, el("div", { class: "tiles" },
+  const verdict = showVerdicts(o);
+  // What is wrong, in words: the worst first.
+  const banners = o.verdicts.filter(v => v.level !== "ok").sort((a, b) => (b.level === "bad") - (a.level === "bad"))
+    .map(v => el("p", { class: "banner " + v.level + (v.level === "bad" ? " error" : ""),
+      id: v.tile === "archiver" ? "archiver-banner" : "banner-" + v.tile }, v.says));
+  const card = (id, title, ...body) => el("div", { class: "card tile " + verdict(id.replace("tile-", "")), id }, el("h3", {}, title), ...body);
+  return el("div", { id: "overview" }, ...banners, el("div", { class: "tiles" },
     card("tile-outbox", "Outbox", el("p", {}, count("pending") + " pending, " + count("failed") + " failed"),
       el("p", { class: "muted" }, "oldest pending " + secs(o.outbox.oldest_pending_age_secs)),
       el("a", { href: "#/outbox" }, "details")),
@@ -214,6 +230,7 @@ async function overviewStrip() {
 
 async function viewSystem(params) {
   const o = await api("/api/overview");
+  showVerdicts(o);
   const seen = (i) => el("td", { class: i.alive ? "" : "error" }, (i.alive ? "alive, " : "gone, ") + "seen " + secsText(i.seen_secs_ago) + " ago");
   const processes = (kind, id, empty) => {
     const rows = o.instances.filter(i => i.kind === kind);
@@ -514,6 +531,7 @@ async function viewJobs() {
     }));
   // A pending job is about to run (its runner has not marked it running yet, which under load
   // can take longer than this render): follow it too, or the view would stop at "pending".
+  jobsTimer = null;
   if (jobs.some(j => j.status === "running" || j.status === "pending")) jobsTimer = setTimeout(route, 1000);
   return [el("h2", {}, "Replay jobs"), jobs.length ? t : el("p", { class: "muted" }, "No replay jobs yet.")];
 }
@@ -545,9 +563,35 @@ async function viewAudit() {
       el("td", { class: "num" }, String(a.count)), el("td", {}, a.reason || ""), el("td", { class: "err muted" }, JSON.stringify(a.filter)))))];
 }
 
+// Views of live state refresh while the tab is visible, and say when they last did: on-call
+// must never look at a frozen picture without knowing it.
+const REFRESH_MS = 5000;
+let refreshTimer = null;
+function scheduleRefresh(name) {
+  clearTimeout(refreshTimer);
+  if (!["groups", "system", "jobs", "outbox"].includes(name) || document.visibilityState !== "visible") return;
+  refreshTimer = setTimeout(async () => {
+    if (name === "groups") {
+      // The strip alone: the cause list below keeps the operator's place.
+      try {
+        const strip = await overviewStrip();
+        const old = $("#overview");
+        if (old && document.body.dataset.ready === "groups") old.replaceWith(strip);
+        stamp();
+      } catch (e) { /* the next refresh tries again */ }
+      scheduleRefresh("groups");
+    } else route();
+  }, REFRESH_MS);
+}
+function stamp() {
+  $("#updated").textContent = "updated " + new Date().toLocaleTimeString([], { hour12: false });
+}
+document.addEventListener("visibilitychange", () => { if (document.visibilityState === "visible" && me) route(); });
+
 let routeSeq = 0;
 async function route() {
   clearTimeout(jobsTimer);
+  clearTimeout(refreshTimer);
   if (!me) return;
   // A slow view must not overwrite the one the operator navigated to meanwhile.
   const seq = ++routeSeq;
@@ -569,6 +613,9 @@ async function route() {
     if (seq !== routeSeq) return;
     $("#view").replaceChildren(...nodes.flat().filter(n => n !== ""));
     document.body.dataset.ready = name;
+    stamp();
+    // The jobs view follows a running job every second itself.
+    if (!(name === "jobs" && jobsTimer)) scheduleRefresh(name);
   } catch (e) {
     if (seq === routeSeq && e.message !== "unauthorized") $("#view").replaceChildren(el("p", { class: "error", id: "view-error" }, e.message));
   }
