@@ -126,8 +126,6 @@ pub struct Overview {
     pub untrusted: Vec<Untrusted>,
     /// The archiver.
     pub archiver: ArchiverHealth,
-    /// The verdict on each part, from the alert rules' thresholds ([`crate::verdict`]).
-    pub verdicts: Vec<crate::verdict::Verdict>,
 }
 
 /// Reads the overview of the outbox in `db.schema`.
@@ -158,15 +156,12 @@ pub(crate) async fn overview_on(
         })
         .collect();
     let archiver = archiver_of(&instances);
-    let mut o = Overview {
+    Ok(Overview {
         outbox,
         instances,
         untrusted,
         archiver,
-        verdicts: Vec::new(),
-    };
-    o.verdicts = crate::verdict::verdicts(&o);
-    Ok(o)
+    })
 }
 
 fn archiver_of(instances: &[Instance]) -> ArchiverHealth {

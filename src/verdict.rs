@@ -26,7 +26,7 @@ pub enum Level {
 
 /// The verdict on one tile of the home page.
 #[derive(Debug, Clone, Serialize)]
-pub struct Verdict {
+pub struct TileVerdict {
     /// The tile: `outbox`, `relays`, `consumers`, `breakers`, `archiver`.
     pub tile: &'static str,
     /// How bad.
@@ -54,8 +54,8 @@ fn rows(n: i64) -> String {
 }
 
 /// The verdict on each tile of `o`, worst first within the list's fixed tile order.
-pub fn verdicts(o: &Overview) -> Vec<Verdict> {
-    let v = |tile, level, says: Option<String>| Verdict { tile, level, says };
+pub fn verdicts(o: &Overview) -> Vec<TileVerdict> {
+    let v = |tile, level, says: Option<String>| TileVerdict { tile, level, says };
     let pending = o.outbox.count("pending");
     let failed = o.outbox.count("failed");
     let oldest = o.outbox.oldest_pending_age_secs.unwrap_or(0.0);

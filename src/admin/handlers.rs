@@ -155,7 +155,12 @@ pub(super) async fn overview(State(s): State<AppState>) -> ApiResult {
     let o = crate::instances::overview_on(&c, &s.db)
         .await
         .map_err(|e| ApiError(StatusCode::SERVICE_UNAVAILABLE, e.to_string()))?;
-    ok(o)
+    // With the verdict on each part, from the alert rules' thresholds.
+    let verdicts = crate::verdict::verdicts(&o);
+    let mut v = serde_json::to_value(o)
+        .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
+    v["verdicts"] = json!(verdicts);
+    ok(v)
 }
 
 #[derive(Deserialize)]
