@@ -34,6 +34,7 @@ pub(crate) fn instance_name() -> String {
 pub(crate) struct Heartbeat {
     pool: deadpool_postgres::Pool,
     sql: String,
+    stopped: String,
     forget: String,
     kind: &'static str,
     name: String,
@@ -51,10 +52,25 @@ impl Heartbeat {
         Self {
             pool,
             sql: render(instances::BEAT, schema),
+            stopped: render(instances::STOPPED, schema),
             forget: render(instances::FORGET, schema),
             kind,
             name: name.to_owned(),
             instance: instance_name(),
+        }
+    }
+
+    /// The last heartbeat of a clean stop: the overview shows the process stopped at once,
+    /// instead of alive until its heartbeat ages out.
+    pub(crate) async fn stopped(&self) {
+        let Ok(c) = self.pool.get().await else {
+            return;
+        };
+        if let Err(e) = c
+            .execute(&self.stopped, &[&self.kind, &self.name, &self.instance])
+            .await
+        {
+            tracing::debug!(error = %e, "stop not recorded");
         }
     }
 
@@ -89,8 +105,10 @@ pub struct Instance {
     pub state: Value,
     /// Seconds since its last heartbeat.
     pub seen_secs_ago: f64,
-    /// Heartbeat within [`ALIVE_WITHIN`].
+    /// Heartbeat within [`ALIVE_WITHIN`] and not stopped.
     pub alive: bool,
+    /// It stopped cleanly (its last heartbeat said so).
+    pub stopped: bool,
 }
 
 /// An expired breaker waiting for its probe.
@@ -165,7 +183,11 @@ pub(crate) async fn overview_on(
 }
 
 fn archiver_of(instances: &[Instance]) -> ArchiverHealth {
-    let archivers: Vec<&Instance> = instances.iter().filter(|i| i.kind == "archiver").collect();
+    // A cleanly stopped archiver archives nothing: it does not count as seen.
+    let archivers: Vec<&Instance> = instances
+        .iter()
+        .filter(|i| i.kind == "archiver" && !i.stopped)
+        .collect();
     let last = archivers
         .iter()
         .map(|i| i.seen_secs_ago)
@@ -186,13 +208,16 @@ async fn recent(
         .iter()
         .map(|r| {
             let ago: f64 = r.get(4);
+            let state: Value = r.get(3);
+            let stopped = state.get("stopped").and_then(Value::as_bool) == Some(true);
             Instance {
                 kind: r.get(0),
                 name: r.get(1),
                 instance: r.get(2),
-                state: r.get(3),
+                state,
                 seen_secs_ago: ago,
-                alive: ago <= ALIVE_WITHIN.as_secs_f64(),
+                alive: ago <= ALIVE_WITHIN.as_secs_f64() && !stopped,
+                stopped,
             }
         })
         .collect())

@@ -540,7 +540,10 @@ impl Consumer {
                     }))
                     .await;
                     tokio::select! {
-                        () = c.cancelled() => return,
+                        () = c.cancelled() => {
+                            beat.stopped().await;
+                            return;
+                        }
                         () = tokio::time::sleep(crate::instances::HEARTBEAT_EVERY) => {}
                     }
                 }

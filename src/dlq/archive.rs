@@ -525,6 +525,7 @@ impl Archiver {
             }
         }
         self.flush(&c, &mut batch, &mut report).await?;
+        beat.stopped().await;
         info!(
             archived = report.archived,
             duplicates = report.duplicates,

@@ -257,7 +257,10 @@ impl Relay {
                     )
                     .await;
                     tokio::select! {
-                        () = c.cancelled() => return,
+                        () = c.cancelled() => {
+                            beat.stopped().await;
+                            return;
+                        }
                         () = tokio::time::sleep(crate::instances::HEARTBEAT_EVERY) => {}
                     }
                 }

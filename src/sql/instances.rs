@@ -6,6 +6,11 @@ pub(crate) const BEAT: &str = "INSERT INTO {s}.outbox_instances (kind, name, ins
  VALUES ($1, $2, $3, $4)
  ON CONFLICT (kind, name, instance) DO UPDATE SET seen_at = now(), state = excluded.state";
 
+/// (`$1` kind, `$2` name, `$3` instance) stopped cleanly: not alive from now on, not "gone".
+pub(crate) const STOPPED: &str = "UPDATE {s}.outbox_instances
+    SET state = coalesce(state, '{}'::jsonb) || '{\"stopped\": true}'::jsonb, seen_at = now()
+  WHERE kind = $1 AND name = $2 AND instance = $3";
+
 /// Rows of processes gone for a day.
 pub(crate) const FORGET: &str =
     "DELETE FROM {s}.outbox_instances WHERE seen_at < now() - interval '1 day'";

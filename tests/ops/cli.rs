@@ -950,3 +950,52 @@ async fn message_data_never_drives_the_terminal_and_head_1_ends_the_listing_quie
         o.status
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_and_an_archiver_stopped_cleanly_show_stopped_at_once_not_alive() {
+    let db = fresh_db().await;
+    let topic = topic_name();
+    create_topic(&format!("{topic}.dlq"), 1).await;
+    let spawn = |args: &[&str]| {
+        outbox_cmd(&db)
+            .args(args)
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap()
+    };
+    let dlq_topic = format!("{topic}.dlq");
+    let mut relay = spawn(&["relay"]);
+    let mut archiver = spawn(&["dlq", "archive", "--topic", &dlq_topic]);
+    wait_until(Duration::from_secs(30), "both alive", || async {
+        outbox::instances::overview(&db).await.is_ok_and(|o| {
+            ["relay", "archiver"]
+                .iter()
+                .all(|k| o.instances.iter().any(|i| i.kind == *k && i.alive))
+        })
+    })
+    .await;
+    for p in [&relay, &archiver] {
+        let o = Command::new("kill")
+            .args(["-TERM", &p.id().to_string()])
+            .output()
+            .unwrap();
+        assert!(o.status.success());
+    }
+    assert!(relay.wait().unwrap().success());
+    assert!(archiver.wait().unwrap().success());
+    // At once, not when the heartbeat ages out (30 s): stopped, not alive, not "gone".
+    let o = outbox::instances::overview(&db).await.unwrap();
+    for kind in ["relay", "archiver"] {
+        let i = o.instances.iter().find(|i| i.kind == kind).unwrap();
+        assert!(i.stopped && !i.alive, "{kind}: {i:?}");
+    }
+    assert!(o.archiver.late, "a stopped archiver archives nothing");
+    let relays = outbox::verdict::verdicts(&o)
+        .into_iter()
+        .find(|v| v.tile == "relays")
+        .unwrap();
+    assert_eq!(relays.level, outbox::verdict::Level::Warn, "{relays:?}");
+}

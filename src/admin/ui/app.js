@@ -231,7 +231,8 @@ async function overviewStrip() {
 async function viewSystem(params) {
   const o = await api("/api/overview");
   showVerdicts(o);
-  const seen = (i) => el("td", { class: i.alive ? "" : "error" }, (i.alive ? "alive, " : "gone, ") + "seen " + secsText(i.seen_secs_ago) + " ago");
+  const seen = (i) => el("td", { class: i.alive || i.stopped ? "" : "error" },
+    (i.alive ? "alive, seen " : i.stopped ? "stopped cleanly " : "gone, seen ") + secsText(i.seen_secs_ago) + " ago");
   const processes = (kind, id, empty) => {
     const rows = o.instances.filter(i => i.kind === kind);
     return rows.length ? el("table", { id }, el("tr", {}, el("th", {}, "Instance"), el("th", {}, "Name"), el("th", {}, "Heartbeat"), el("th", {}, "State")),
