@@ -301,8 +301,18 @@ pub async fn check_breaker_target(
     group: &str,
     dependency: &str,
 ) -> Result<(), BreakerActionError> {
-    check(group, dependency, "-")?;
     let c = crate::db::connect(db).await?;
+    check_breaker_target_on(&c, db, group, dependency).await
+}
+
+/// [`check_breaker_target`] over a connection the caller holds.
+pub(crate) async fn check_breaker_target_on(
+    c: &tokio_postgres::Client,
+    db: &DbConfig,
+    group: &str,
+    dependency: &str,
+) -> Result<(), BreakerActionError> {
+    check(group, dependency, "-")?;
     let declared: Vec<Option<String>> = c
         .query(&render(instances::DECLARED, &db.schema), &[&group])
         .await?

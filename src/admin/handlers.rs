@@ -197,7 +197,11 @@ pub(super) async fn breaker_open(
     let open_for = Duration::from_secs(b.open_for_secs.unwrap_or(300));
     let mut reason = b.reason.clone().unwrap_or_default();
     crate::instances::check(&b.group, &b.dependency, &reason).map_err(breaker_error)?;
-    match crate::instances::check_breaker_target(&s.db, &b.group, &b.dependency).await {
+    let target = {
+        let c = s.reads().await?;
+        crate::instances::check_breaker_target_on(&c, &s.db, &b.group, &b.dependency).await
+    };
+    match target {
         Ok(()) => {}
         // Opened anyway, on the operator's word: the breaker's reason says so.
         Err(crate::instances::BreakerActionError::Unknown(_)) if b.confirm => {

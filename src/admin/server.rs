@@ -62,14 +62,13 @@ impl Default for ServeOptions {
 /// `allowed` (any port, names compared without case).
 pub(crate) fn host_allowed(host: Option<&str>, allowed: &[String]) -> bool {
     let Some(host) = host else { return true };
-    let name = if let Some(rest) = host.strip_prefix('[') {
+    if let Some(v6) = host.strip_prefix('[') {
         // [v6]:port
-        return rest
+        return v6
             .split_once(']')
             .is_some_and(|(ip, _)| ip.parse::<std::net::Ipv6Addr>().is_ok());
-    } else {
-        host.rsplit_once(':').map_or(host, |(h, _)| h)
-    };
+    }
+    let name = host.rsplit_once(':').map_or(host, |(h, _)| h);
     let name = name.trim_end_matches('.');
     name.parse::<std::net::Ipv4Addr>().is_ok()
         || name.eq_ignore_ascii_case("localhost")

@@ -59,7 +59,7 @@ pub(super) async fn trace(
         .try_acquire_owned()
         .map_err(|_| unavailable("two searches are running: try again".into()))?;
     let conn = s.reads().await?;
-    conn.batch_execute(TRACE_TIMEOUT_SQL)
+    conn.batch_execute(&format!("SET statement_timeout = '{TRACE_TIMEOUT_SECS}s'"))
         .await
         .map_err(|e| unavailable(e.to_string()))?;
     let too_long = || {
@@ -95,6 +95,5 @@ pub(super) async fn trace(
 
 /// The longest a trace search may run.
 const TRACE_TIMEOUT_SECS: u32 = 5;
-const TRACE_TIMEOUT_SQL: &str = "SET statement_timeout = '5s'";
 /// Back to the pool's own timeout after a search.
 const READS_TIMEOUT_SQL: &str = "RESET statement_timeout";

@@ -47,7 +47,7 @@ pub(crate) mod probe;
 mod protobuf;
 mod registry;
 
-pub use registry::{Registered, RegistryClient};
+pub use registry::{url_secrets, Registered, RegistryClient};
 
 /// How often a subject's latest schema is fetched again (a new version takes effect within
 /// this bound).

@@ -84,29 +84,45 @@ fn quoted(text: &str) -> String {
 /// `url` with anything between `://` and the last `@` (credentials, however malformed) shown
 /// as `…`: for messages about a URL that may carry a password.
 pub(crate) fn shown_url(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(s), Some(at)) if at > s => format!("{}://…@{}", &url[..s], &url[at + 1..]),
-        _ => url.to_owned(),
+    match userinfo_span(url) {
+        Some((s, at)) => format!("{}…{}", &url[..s], &url[at..]),
+        None => url.to_owned(),
     }
+}
+
+/// Where a URL's credentials are: from just after `://` to the last `@` (a host and path hold
+/// no `@`, and a typed password may hold a raw `/`, `?` or `#`).
+fn userinfo_span(url: &str) -> Option<(usize, usize)> {
+    let start = url.find("://")? + 3;
+    let at = url.rfind('@').filter(|at| *at > start)?;
+    Some((start, at))
+}
+
+/// The secrets a URL carries, for a process that cleans what it prints: the whole
+/// `user:password`, and the password raw and percent-decoded.
+pub fn url_secrets(url: &str) -> Vec<String> {
+    let Some((start, at)) = userinfo_span(url) else {
+        return Vec::new();
+    };
+    let userinfo = &url[start..at];
+    let password = userinfo.split_once(':').map_or("", |(_, p)| p);
+    let decoded = percent_decode(password).unwrap_or_default();
+    vec![userinfo.to_owned(), password.to_owned(), decoded]
 }
 
 /// Splits `http://user:pw@host/…` into the URL without `user:pw@` and a Basic auth value.
 fn split_userinfo(url: &str) -> Result<(String, Option<hyper::header::HeaderValue>), SchemaError> {
     use base64::Engine as _;
-    let Some(rest) = url.strip_prefix("http://") else {
+    let span = userinfo_span(url).filter(|_| url.starts_with("http://"));
+    let Some((start, at)) = span else {
         return Ok((url.to_owned(), None));
     };
-    // The last `@` ends the credentials, also when a password holds a raw `/`, `?` or `#`
-    // (not valid in a URL, but typed): a host and path hold no `@`.
-    let Some(at) = rest.rfind('@') else {
-        return Ok((url.to_owned(), None));
-    };
-    let userinfo = &rest[..at];
+    let userinfo = &url[start..at];
     let (user, pass) = userinfo.split_once(':').unwrap_or((userinfo, ""));
     let decode = |s: &str| -> Result<String, SchemaError> {
         percent_decode(s).ok_or_else(|| {
             SchemaError::Config(
-                "schema registry URL: its user:password part is not valid percent-encoding                  (not shown)"
+                "schema registry URL: its user:password part is not valid percent-encoding (not shown)"
                     .into(),
             )
         })
@@ -121,7 +137,7 @@ fn split_userinfo(url: &str) -> Result<(String, Option<hyper::header::HeaderValu
             SchemaError::Config("schema registry URL: bad credentials (not shown)".into())
         })?;
     value.set_sensitive(true);
-    Ok((format!("http://{}", &rest[at + 1..]), Some(value)))
+    Ok((format!("http://{}", &url[at + 1..]), Some(value)))
 }
 
 fn percent_decode(s: &str) -> Option<String> {
@@ -149,15 +165,15 @@ impl std::fmt::Debug for RegistryClient {
     }
 }
 
+/// Every byte but the unreserved ones (`A-Z a-z 0-9 - _ . ~`) percent-encoded.
+pub(crate) const UNRESERVED: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'_')
+    .remove(b'.')
+    .remove(b'~');
+
 fn encode_subject(s: &str) -> String {
-    s.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
-                char::from(b).to_string()
-            }
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
+    percent_encoding::utf8_percent_encode(s, UNRESERVED).to_string()
 }
 
 impl RegistryClient {

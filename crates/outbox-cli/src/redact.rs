@@ -28,54 +28,21 @@ pub(crate) fn register<'a>(values: impl IntoIterator<Item = &'a str>) {
     s.sort_by_key(|v| std::cmp::Reverse(v.len()));
 }
 
-/// Registers the credentials a URL carries (`scheme://user:password@host…`): the whole
-/// `user:password` and the password, raw and decoded.
+/// Registers the credentials a URL carries (`scheme://user:password@host…`), as the
+/// registry client reads them.
 pub(crate) fn register_url(url: &str) {
-    let (Some(start), Some(at)) = (url.find("://"), url.rfind('@')) else {
-        return;
-    };
-    if at <= start + 3 {
-        return;
-    }
-    let userinfo = &url[start + 3..at];
-    let password = userinfo.split_once(':').map_or("", |(_, p)| p);
-    let decoded = percent_decode(password);
-    register([userinfo, password, decoded.as_str()]);
-}
-
-fn percent_decode(s: &str) -> String {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        let hex = b
-            .get(i + 1..i + 3)
-            .and_then(|h| std::str::from_utf8(h).ok())
-            .and_then(|h| u8::from_str_radix(h, 16).ok());
-        match (b[i], hex) {
-            (b'%', Some(v)) => {
-                out.push(v);
-                i += 3;
-            }
-            (c, _) => {
-                out.push(c);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
+    let secrets = outbox::schemas::url_secrets(url);
+    register(secrets.iter().map(String::as_str));
 }
 
 /// `s` as a URL's userinfo carries it: every byte but unreserved ones percent-encoded.
 pub(crate) fn percent_encode(s: &str) -> String {
-    s.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
-                char::from(b).to_string()
-            }
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
+    const UNRESERVED: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
+        .remove(b'-')
+        .remove(b'_')
+        .remove(b'.')
+        .remove(b'~');
+    percent_encoding::utf8_percent_encode(s, UNRESERVED).to_string()
 }
 
 /// `text` with every registered secret replaced by `<redacted>`.
