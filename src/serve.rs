@@ -116,7 +116,7 @@ pub(crate) async fn run(
 ) -> std::io::Result<()> {
     // Whatever a library caller set: a zero would disable the bound or spin the watchdog.
     let limits = Limits {
-        max_connections: limits.max_connections.max(1),
+        max_connections: limits.max_connections.clamp(1, Semaphore::MAX_PERMITS),
         header_timeout: limits.header_timeout.max(Duration::from_millis(100)),
         idle_timeout: limits.idle_timeout.max(Duration::from_secs(1)),
     };

@@ -276,7 +276,10 @@ pub fn app_with(
         stop,
         jobs: Arc::default(),
         limits: Arc::new(opts.clone()),
-        in_flight: Arc::new(tokio::sync::Semaphore::new(opts.max_in_flight.max(1))),
+        in_flight: Arc::new(tokio::sync::Semaphore::new(
+            opts.max_in_flight
+                .clamp(1, tokio::sync::Semaphore::MAX_PERMITS),
+        )),
         pool: {
             let mut reads = db.clone();
             reads.pool_size = 4;

@@ -264,6 +264,36 @@ fn configuration_errors_exit_2_and_hash_token_hashes_what_the_server_compares() 
             ("X", ""),
         ),
         (
+            "no connections",
+            vec!["admin", "--insecure-no-auth", "--max-connections", "0"],
+            ("X", ""),
+        ),
+        (
+            "absurd connections",
+            vec![
+                "admin",
+                "--insecure-no-auth",
+                "--max-connections",
+                "18446744073709551615",
+            ],
+            ("X", ""),
+        ),
+        (
+            "zero header timeout",
+            vec!["admin", "--insecure-no-auth", "--header-timeout", "0s"],
+            ("X", ""),
+        ),
+        (
+            "absurd idle timeout",
+            vec!["admin", "--insecure-no-auth", "--idle-timeout", "10000y"],
+            ("X", ""),
+        ),
+        (
+            "malformed topics file",
+            vec!["dlq", "archive", "--once", "--topics-file", "/etc/hostname"],
+            ("X", ""),
+        ),
+        (
             "archive topics file",
             vec!["dlq", "archive", "--once", "--topics-file", "/nonexistent"],
             ("X", ""),

@@ -62,14 +62,15 @@ pub async fn run(args: Args, _out: &mut dyn Write) -> anyhow::Result<()> {
     if let Some(t) = &admin_token {
         crate::redact::register([t.trim()]);
     }
-    if max_connections == 0 {
-        return Err(UsageError("--max-connections must be at least 1".into()).into());
+    if !(1..=100_000).contains(&max_connections) {
+        return Err(UsageError("--max-connections: 1 to 100000".into()).into());
     }
-    if header_timeout.is_zero() || idle_timeout < Duration::from_secs(1) {
-        return Err(UsageError(
-            "--header-timeout must be above 0 and --idle-timeout at least 1s".into(),
-        )
-        .into());
+    let hour = Duration::from_secs(3600);
+    if header_timeout.is_zero() || header_timeout > hour {
+        return Err(UsageError("--header-timeout: above 0, at most 1h".into()).into());
+    }
+    if idle_timeout < Duration::from_secs(1) || idle_timeout > 24 * hour {
+        return Err(UsageError("--idle-timeout: 1s to 24h".into()).into());
     }
     let db = db_config(&db)?;
     let kafka = kafka_config(&kafka)?;
