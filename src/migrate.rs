@@ -17,7 +17,7 @@ use crate::db;
 
 /// The embedded migrations, in version order. A file in `migrations/` missing here fails the
 /// unit test `every_file_is_embedded`.
-const MIGRATIONS: [(i32, &str, &str); 16] = [
+const MIGRATIONS: [(i32, &str, &str); 17] = [
     (1, "outbox", include_str!("../migrations/V1__outbox.sql")),
     (
         2,
@@ -89,6 +89,11 @@ const MIGRATIONS: [(i32, &str, &str); 16] = [
         16,
         "message_id_index",
         include_str!("../migrations/V16__message_id_index.sql"),
+    ),
+    (
+        17,
+        "job_timeline_and_edits",
+        include_str!("../migrations/V17__job_timeline_and_edits.sql"),
     ),
 ];
 

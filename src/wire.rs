@@ -39,6 +39,10 @@ pub const X_FIRST_FAILED_AT: &str = "x-first-failed-at";
 pub const X_REPLAY_JOB: &str = "x-replay-job";
 /// On a replayed record: the archive id of the letter it replays.
 pub const X_REPLAY_OF: &str = "x-replay-of";
+/// On a message an operator edited and retried from the dashboard: the message id of the
+/// original (the edited one has a new id). The retry's `x-replay-job`/`x-replay-of` name the
+/// letter it was edited from.
+pub const X_EDITED_FROM: &str = "x-edited-from";
 
 /// Every header the framework manages; replays strip them all.
 pub const SERVICE_HEADERS: [&str; 11] = [

@@ -14,9 +14,9 @@ use super::input::Strict;
 use super::{ApiError, AppState, Caller, Role};
 use crate::dlq::{Filter, Order, ReplayOptions, Status};
 
-type ApiResult = Result<Response, ApiError>;
+pub(super) type ApiResult = Result<Response, ApiError>;
 
-fn ok(v: impl serde::Serialize) -> ApiResult {
+pub(super) fn ok(v: impl serde::Serialize) -> ApiResult {
     Ok(Json(v).into_response())
 }
 
@@ -35,7 +35,7 @@ const FILTER_FIELDS: [&str; 9] = [
 
 /// A JSON object body whose every field is one of `known`: a misspelt field is refused with
 /// 400 naming it, never ignored (an ignored filter widens the selection).
-fn exact<T: serde::de::DeserializeOwned>(v: Value, known: &[&[&str]]) -> Result<T, ApiError> {
+pub(super) fn exact<T: serde::de::DeserializeOwned>(v: Value, known: &[&[&str]]) -> Result<T, ApiError> {
     let Some(obj) = v.as_object() else {
         return Err(ApiError(
             StatusCode::UNPROCESSABLE_ENTITY,
@@ -475,7 +475,7 @@ pub(super) async fn dlq_replay(
 
 /// Runs a job on a task of the server (it pauses when the server stops). False when this
 /// server already runs it (checked and recorded under one lock).
-async fn spawn_job(s: &AppState, id: i64) -> bool {
+pub(super) async fn spawn_job(s: &AppState, id: i64) -> bool {
     let (dlq, kafka, stop, jobs) = (
         s.dlq.clone(),
         s.kafka.clone(),
@@ -539,7 +539,7 @@ pub(super) async fn dlq_restore(
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct LimitQuery {
-    limit: Option<i64>,
+    pub(super) limit: Option<i64>,
 }
 
 pub(super) async fn dlq_audit(
@@ -548,91 +548,6 @@ pub(super) async fn dlq_audit(
 ) -> ApiResult {
     let Query(q) = q.map_err(|e| ApiError(StatusCode::BAD_REQUEST, e.body_text()))?;
     ok(s.dlq.audit(q.limit.unwrap_or(100)).await?)
-}
-
-pub(super) async fn dlq_jobs(
-    State(s): State<AppState>,
-    q: Result<Query<LimitQuery>, QueryRejection>,
-) -> ApiResult {
-    let Query(q) = q.map_err(|e| ApiError(StatusCode::BAD_REQUEST, e.body_text()))?;
-    ok(s.dlq.jobs(q.limit.unwrap_or(50)).await?)
-}
-
-fn job_id(id: &str) -> Result<i64, ApiError> {
-    id.parse()
-        .map_err(|_| ApiError(StatusCode::BAD_REQUEST, format!("{id:?} is not a job id")))
-}
-
-pub(super) async fn dlq_job(State(s): State<AppState>, Path(id): Path<String>) -> ApiResult {
-    ok(s.dlq.job(job_id(&id)?).await?)
-}
-
-/// The job named in the path, if the caller may act on it: operators act on their own jobs,
-/// admins on anyone's.
-async fn own_job(s: &AppState, c: &Caller, id: &str) -> Result<crate::dlq::Job, ApiError> {
-    let j = s.dlq.job(job_id(id)?).await?;
-    if c.role < Role::Admin && j.created_by != c.holder {
-        return Err(ApiError(
-            StatusCode::FORBIDDEN,
-            format!(
-                "job {} belongs to {}; acting on others' jobs needs admin",
-                j.id, j.created_by
-            ),
-        ));
-    }
-    Ok(j)
-}
-
-pub(super) async fn dlq_job_pause(
-    State(s): State<AppState>,
-    Extension(c): Extension<Caller>,
-    Path(id): Path<String>,
-) -> ApiResult {
-    let j = own_job(&s, &c, &id).await?;
-    ok(s.dlq.pause_job(j.id, &c.holder).await?)
-}
-
-pub(super) async fn dlq_job_cancel(
-    State(s): State<AppState>,
-    Extension(c): Extension<Caller>,
-    Path(id): Path<String>,
-) -> ApiResult {
-    let j = own_job(&s, &c, &id).await?;
-    ok(s.dlq.cancel_job(j.id, &c.holder).await?)
-}
-
-pub(super) async fn dlq_job_resume(
-    State(s): State<AppState>,
-    Extension(c): Extension<Caller>,
-    Path(id): Path<String>,
-) -> ApiResult {
-    let j = own_job(&s, &c, &id).await?;
-    let id = j.id;
-    use crate::dlq::JobStatus as J;
-    if !matches!(j.status, J::Pending | J::Paused | J::Running) {
-        return Err(ApiError(
-            StatusCode::CONFLICT,
-            format!(
-                "job {id} is {:?}: only pending, running or paused jobs resume",
-                j.status
-            )
-            .to_lowercase(),
-        ));
-    }
-    // Right after a pause, this server's runner may still be waiting for its pacer (up to
-    // 1/rate s) before it sees the pause and ends: a paused job waits for it, briefly, rather
-    // than answering "already running".
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
-    while !spawn_job(&s, id).await {
-        if j.status != J::Paused || tokio::time::Instant::now() >= deadline {
-            return Err(ApiError(
-                StatusCode::CONFLICT,
-                format!("job {id} is already running here"),
-            ));
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    Ok((StatusCode::ACCEPTED, Json(s.dlq.job(id).await?)).into_response())
 }
 
 #[derive(Deserialize)]

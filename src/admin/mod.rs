@@ -7,8 +7,10 @@
 //! out, errors as `{"error": "…"}` with a status code.
 
 mod auth;
+mod edit;
 mod handlers;
 mod input;
+mod jobs;
 mod ready;
 mod server;
 mod trace;
@@ -89,12 +91,16 @@ pub const ROUTES: &[RouteSpec] = &[
     r("GET", "/api/dlq/summary", At(Role::Viewer)),
     r("GET", "/api/dlq/messages", At(Role::Viewer)),
     r("GET", "/api/dlq/messages/{id}", At(Role::Viewer)),
+    r("GET", "/api/dlq/messages/{id}/editable", At(Role::Operator)),
+    r("POST", "/api/dlq/messages/{id}/edit-retry", At(Role::Operator)),
     r("POST", "/api/dlq/replay", At(Role::Operator)),
     r("POST", "/api/dlq/drop", At(Role::Operator)),
     r("POST", "/api/dlq/restore", At(Role::Operator)),
     r("GET", "/api/dlq/audit", At(Role::Viewer)),
     r("GET", "/api/dlq/jobs", At(Role::Viewer)),
     r("GET", "/api/dlq/jobs/{id}", At(Role::Viewer)),
+    r("GET", "/api/dlq/jobs/{id}/items", At(Role::Viewer)),
+    r("GET", "/api/dlq/jobs/{id}/events", At(Role::Viewer)),
     r("POST", "/api/dlq/jobs/{id}/pause", At(Role::Operator)),
     r("POST", "/api/dlq/jobs/{id}/resume", At(Role::Operator)),
     r("POST", "/api/dlq/jobs/{id}/cancel", At(Role::Operator)),
@@ -306,15 +312,19 @@ pub fn app_with(
         .route("/api/dlq/summary", get(h::dlq_summary))
         .route("/api/dlq/messages", get(h::dlq_messages))
         .route("/api/dlq/messages/{id}", get(h::dlq_message))
+        .route("/api/dlq/messages/{id}/editable", get(edit::editable))
+        .route("/api/dlq/messages/{id}/edit-retry", post(edit::edit_retry))
         .route("/api/dlq/replay", post(h::dlq_replay))
         .route("/api/dlq/drop", post(h::dlq_drop))
         .route("/api/dlq/restore", post(h::dlq_restore))
         .route("/api/dlq/audit", get(h::dlq_audit))
-        .route("/api/dlq/jobs", get(h::dlq_jobs))
-        .route("/api/dlq/jobs/{id}", get(h::dlq_job))
-        .route("/api/dlq/jobs/{id}/pause", post(h::dlq_job_pause))
-        .route("/api/dlq/jobs/{id}/resume", post(h::dlq_job_resume))
-        .route("/api/dlq/jobs/{id}/cancel", post(h::dlq_job_cancel))
+        .route("/api/dlq/jobs", get(jobs::dlq_jobs))
+        .route("/api/dlq/jobs/{id}", get(jobs::dlq_job))
+        .route("/api/dlq/jobs/{id}/items", get(jobs::dlq_job_items))
+        .route("/api/dlq/jobs/{id}/events", get(jobs::dlq_job_events))
+        .route("/api/dlq/jobs/{id}/pause", post(jobs::dlq_job_pause))
+        .route("/api/dlq/jobs/{id}/resume", post(jobs::dlq_job_resume))
+        .route("/api/dlq/jobs/{id}/cancel", post(jobs::dlq_job_cancel))
         .route("/api/dlq/purge", post(h::dlq_purge))
         .merge(crate::metrics::router().with_state(()))
         .route_layer(axum::middleware::from_fn_with_state(

@@ -44,6 +44,10 @@ pub struct ServeOptions {
     pub idle_timeout: Duration,
     /// Requests working at once at most (each may hold a Postgres connection).
     pub max_in_flight: usize,
+    /// The topics' schemas: an edited retry of a letter on a topic with a schema is checked
+    /// against it and encoded as the relay would; its body is shown decoded for editing.
+    #[cfg(feature = "schemas")]
+    pub schemas: Option<crate::schemas::Schemas>,
 }
 
 impl Default for ServeOptions {
@@ -54,6 +58,8 @@ impl Default for ServeOptions {
             header_timeout: DEFAULT_HEADER_TIMEOUT,
             idle_timeout: DEFAULT_IDLE_TIMEOUT,
             max_in_flight: DEFAULT_MAX_IN_FLIGHT,
+            #[cfg(feature = "schemas")]
+            schemas: None,
         }
     }
 }

@@ -33,9 +33,9 @@ pub use headers::{HeaderValue, X_REPLAYED_AT};
 pub use normalize::normalize_error;
 pub use query::{AuditEntry, CauseGroup, DeadLetter, LetterRow, Order, Summary, TopicSummary};
 pub use replay::{
-    DryRun, Job, JobStatus, Progress, ReplayOptions, RunOutcome, DEFAULT_CANARY,
+    DryRun, Edit, EditedRetry, Job, JobEvent, JobItem, JobStatus, Progress, ReplayOptions, RunOutcome, DEFAULT_CANARY,
     DEFAULT_CANARY_WAIT, DEFAULT_LOOP_GUARD, DEFAULT_MAX_REFAIL, DEFAULT_RATE, DEFAULT_WATCH,
-    MAX_RATE, MIN_RATE,
+    MAX_EDITED_BODY, MAX_JOB_REASON, MAX_RATE, MIN_RATE,
 };
 
 use deadpool_postgres::Pool;

@@ -85,6 +85,13 @@ pub(crate) const AUDIT_REPLAY: &str =
     "INSERT INTO {s}.dlq_audit (actor, action, filter, count, dead_letter_ids)
                      VALUES ($1, 'replay', $2, $3, $4) RETURNING id";
 
+/// The audit row of a job's pause, resume or cancel (`$2`), naming the job and its unsent
+/// letters.
+pub(crate) const AUDIT_JOB_ACTION: &str =
+    "INSERT INTO {s}.dlq_audit (actor, action, filter, count, dead_letter_ids, reason)
+     SELECT $1, $2, jsonb_build_object('job', $3::bigint), count(*), coalesce(array_agg(dead_letter_id), '{}'), $4
+       FROM {s}.dlq_replay_items WHERE job_id = $3 AND state = 'pending'";
+
 /// Names the replay job in its audit row once the job has an id.
 pub(crate) const AUDIT_NAME_JOB: &str =
     "UPDATE {s}.dlq_audit SET reason = 'replay job ' || $2::bigint WHERE id = $1";
@@ -161,3 +168,12 @@ pub(crate) const JOURNEY_AUDIT: &str = "SELECT id, at, actor, via, action, count
 pub(crate) const AUDIT_BREAKER: &str =
     "INSERT INTO {s}.dlq_audit (actor, action, filter, count, reason)
  VALUES ($1, $2, $3, 1, $4) RETURNING id";
+
+/// The audit row of an edit and retry (`$2`: the letter, the new message id, what changed).
+pub(crate) const AUDIT_EDIT: &str =
+    "INSERT INTO {s}.dlq_audit (actor, action, filter, count, dead_letter_ids, reason)
+     VALUES ($1, 'edit-retry', $2, 1, ARRAY[$3::bigint], $4) RETURNING id";
+
+/// Names the job an edit and retry created in its audit row's selection.
+pub(crate) const AUDIT_EDIT_JOB: &str =
+    "UPDATE {s}.dlq_audit SET filter = filter || jsonb_build_object('job', $2::bigint) WHERE id = $1";

@@ -14,10 +14,28 @@ pub(crate) const JOBS: &str = "SELECT j.*, c.* FROM {s}.dlq_replay_jobs j
                      WHERE $1::bigint IS NULL OR j.id = $1
                      ORDER BY j.id DESC LIMIT $2";
 
-/// A state change of a job, only from the states `$4` allows (a finished job stays finished).
-pub(crate) const SET_STATUS: &str =
-    "UPDATE {s}.dlq_replay_jobs SET status = $2, status_reason = $3, updated_at = now()
-                     WHERE id = $1 AND status = ANY($4)";
+/// A state change of a job, only from the states `$4` allows (a finished job stays finished),
+/// recorded on the job's timeline. Returns one row when it changed.
+pub(crate) const SET_STATUS: &str = "WITH u AS (
+    UPDATE {s}.dlq_replay_jobs SET status = $2, status_reason = $3, updated_at = now()
+     WHERE id = $1 AND status = ANY($4)
+ RETURNING id, status, status_reason)
+INSERT INTO {s}.dlq_replay_job_events (job_id, status, reason)
+SELECT id, status, status_reason FROM u RETURNING job_id";
+
+/// A job's timeline: every status it took, oldest first.
+pub(crate) const EVENTS: &str = "SELECT at, status, reason FROM {s}.dlq_replay_job_events
+  WHERE job_id = $1 ORDER BY at, status";
+
+/// A job's items in send order from seq `$2` on, with the letter each sent and the comeback it
+/// became; `$3` rows at most.
+pub(crate) const ITEMS: &str = "SELECT i.seq, i.dead_letter_id, i.state, i.sent_at, i.error, i.came_back_id,
+        i.came_back_at, i.edited_body IS NOT NULL OR i.edited_headers IS NOT NULL AS edited,
+        d.original_topic, d.consumer_group, d.error_kind, d.error_group, d.message_id,
+        b.error AS came_back_error
+   FROM {s}.dlq_replay_items i JOIN {s}.dead_letters d ON d.id = i.dead_letter_id
+   LEFT JOIN {s}.dead_letters b ON b.id = i.came_back_id
+  WHERE i.job_id = $1 AND i.seq >= $2 ORDER BY i.seq LIMIT $3";
 
 /// A new job with its options.
 pub(crate) const INSERT_JOB: &str =
@@ -35,9 +53,11 @@ pub(crate) const SKIP_DROPPED: &str = "UPDATE {s}.dlq_replay_items i SET state =
                  FROM {s}.dead_letters d WHERE d.id = i.dead_letter_id AND i.job_id = $1 AND i.state = 'pending'
                    AND d.status = 'dropped'";
 
-/// The next pending items in send order, with what sending them needs.
+/// The next pending items in send order, with what sending them needs: an edited retry's
+/// body and headers instead of its letter's.
 pub(crate) const NEXT_PENDING: &str = "SELECT d.id, coalesce(j.to_topic, d.original_topic) AS topic, d.message_key,
-                            d.body, d.headers, d.dlq_retries, coalesce(d.first_failed_at, d.failed_at) AS first_failed
+                            CASE WHEN i.edited_body IS NOT NULL THEN i.edited_body ELSE d.body END AS body,
+                            coalesce(i.edited_headers, d.headers) AS headers, d.dlq_retries, coalesce(d.first_failed_at, d.failed_at) AS first_failed
                      FROM {s}.dlq_replay_items i JOIN {s}.dead_letters d ON d.id = i.dead_letter_id
                      JOIN {s}.dlq_replay_jobs j ON j.id = i.job_id
                      WHERE i.job_id = $1 AND i.state = 'pending' ORDER BY i.seq LIMIT $2";
@@ -73,7 +93,7 @@ pub(crate) const SELECTION: &str = "SELECT d.id, coalesce({to}::text, d.original
    -- How long ago the message first failed: the groups reading the topic handled it then, and
    -- their processed marks age from about that moment.
    extract(epoch FROM now() - least(d.first_failed_at, d.failed_at, d.archived_at))::float8 AS age_secs,
-   d.error_kind
+   d.error_kind, d.consumer_group, d.error_group
  FROM {s}.dead_letters d
  WHERE {where} AND d.status <> 'dropped'
    AND NOT EXISTS (SELECT 1 FROM {s}.dlq_replay_items i JOIN {s}.dlq_replay_jobs j ON j.id = i.job_id
@@ -138,3 +158,9 @@ pub(crate) const JOURNEY_REPLAYS: &str = "SELECT i.job_id, i.dead_letter_id, i.s
         i.came_back_id, j.status, j.created_by
    FROM {s}.dlq_replay_items i JOIN {s}.dlq_replay_jobs j ON j.id = i.job_id
   WHERE i.dead_letter_id = ANY($1) ORDER BY i.job_id, i.seq";
+
+/// The one item of an edit-and-retry job: the letter, and the body and headers to send
+/// instead of its own.
+pub(crate) const INSERT_EDITED_ITEM: &str = "INSERT INTO {s}.dlq_replay_items
+        (job_id, dead_letter_id, seq, state, edited_body, edited_headers)
+ VALUES ($1, $2, 1, 'pending', $3, $4)";

@@ -878,7 +878,7 @@ async fn a_canary_that_comes_back_pauses_the_job_and_refails_stop_it() {
     let mut o = opts("tester");
     o.rate = 10.0;
     o.limit = Some(50);
-    dlq.cancel_job(job.id, "tester").await.unwrap();
+    dlq.cancel_job(job.id, "tester", None).await.unwrap();
     let job2 = dlq.create_job(&f, &o).await.unwrap();
     let outcome = dlq
         .run_job(&kafka(), job2.id, &CancellationToken::new(), &mut |_| {})

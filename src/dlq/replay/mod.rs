@@ -28,10 +28,13 @@ use crate::config::KafkaConfig;
 use crate::message::rfc3339;
 use crate::wire::X_FIRST_FAILED_AT;
 
+mod edit;
 mod pacer;
 mod runner;
 mod select;
 mod state;
+pub use edit::{Edit, EditedRetry, MAX_EDITED_BODY};
+pub use state::MAX_JOB_REASON;
 
 pub(crate) use pacer::Pacer;
 pub(crate) use runner::enqueue;
@@ -157,6 +160,11 @@ pub struct DryRun {
     pub risky_kinds: Vec<(String, i64)>,
     /// Letters per target topic.
     pub by_topic: Vec<(String, i64)>,
+    /// Letters per consumer group that dead-lettered them, most first (at most 10; "" for
+    /// none).
+    pub by_group: Vec<(String, i64)>,
+    /// Letters per cause (normalised error), most first (at most 10).
+    pub by_cause: Vec<(String, i64)>,
     /// The first letters, oldest first (at most 20).
     pub sample: Vec<LetterRow>,
 }
@@ -235,7 +243,57 @@ pub struct Job {
     pub skipped: i64,
     /// Sent and dead-lettered again afterwards.
     pub came_back: i64,
+    /// Paused by its canary: letters it sent came back, so the cause is not fixed. Cancel is
+    /// the advice; resuming sends the rest into the same failure.
+    pub canary_failed: bool,
 }
+
+/// One status a job took: its timeline on the job page.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct JobEvent {
+    /// When (RFC 3339).
+    pub at: String,
+    /// The status it took.
+    pub status: String,
+    /// Why: who paused or cancelled it and their reason, what the canary saw.
+    pub reason: Option<String>,
+}
+
+/// One letter of a job and what became of it.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct JobItem {
+    /// Send order, from 1.
+    pub seq: i32,
+    /// The dead letter it sends.
+    pub letter: i64,
+    /// `pending`, `sent`, `failed` or `skipped`.
+    pub state: String,
+    /// When the broker acknowledged it.
+    pub sent_at: Option<String>,
+    /// Why it failed or was skipped.
+    pub error: Option<String>,
+    /// The dead letter it came back as.
+    pub came_back_as: Option<i64>,
+    /// When that comeback was linked.
+    pub came_back_at: Option<String>,
+    /// The comeback's error.
+    pub came_back_error: Option<String>,
+    /// Sent with an operator's edited body or headers (edit and retry).
+    pub edited: bool,
+    /// The letter's original topic.
+    pub topic: String,
+    /// The group that dead-lettered it.
+    pub group: Option<String>,
+    /// Its error kind.
+    pub kind: Option<String>,
+    /// Its cause (the normalised error).
+    pub cause: Option<String>,
+    /// Its message id.
+    pub message_id: Option<String>,
+}
+
+/// The start of the status reason of a job its canary paused.
+pub(crate) const CANARY_FAILED: &str = "canary: ";
 
 /// A running job's counts, reported after each chunk.
 #[derive(Debug, Clone, Copy, Default, Serialize, PartialEq, Eq)]

@@ -169,7 +169,7 @@ impl Dlq {
                 let (sent, back) = self.refail(id, Some(canary)).await?;
                 if back > 0 {
                     let why =
-                        format!("canary: {back} of {sent} replayed letters came back to the DLQ");
+                        format!("{CANARY_FAILED}{back} of {sent} replayed letters came back to the DLQ");
                     self.set_status(id, &["running"], "paused", Some(&why))
                         .await?;
                     self.canary_done(id).await?;

@@ -19,6 +19,10 @@ pub(super) struct Selected {
     pub(super) age: std::time::Duration,
     /// Its `x-error-kind`.
     pub(super) kind: Option<String>,
+    /// The group that dead-lettered it.
+    pub(super) group: Option<String>,
+    /// Its cause (normalised error).
+    pub(super) cause: Option<String>,
 }
 
 /// Kinds of letters a replay alone does not fix.
@@ -69,6 +73,8 @@ impl Dlq {
                 target: r.get(1),
                 age: std::time::Duration::from_secs_f64(r.get::<_, f64>(3).max(0.0)),
                 kind: r.get(4),
+                group: r.get(5),
+                cause: r.get(6),
             })
             .collect())
     }
@@ -160,6 +166,19 @@ impl Dlq {
         }
         let mut by_topic: Vec<(String, i64)> = by_topic.into_iter().collect();
         by_topic.sort();
+        // The confirmation is written for the selection: which causes, which groups.
+        let tally = |f: &dyn Fn(&Selected) -> Option<String>| {
+            let mut m: HashMap<String, i64> = HashMap::new();
+            for s in &go {
+                *m.entry(f(s).unwrap_or_default()).or_default() += 1;
+            }
+            let mut v: Vec<(String, i64)> = m.into_iter().collect();
+            v.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+            v.truncate(10);
+            v
+        };
+        let by_group = tally(&|s| s.group.clone());
+        let by_cause = tally(&|s| s.cause.clone());
         let sample_ids: Vec<i64> = go.iter().take(20).map(|s| s.id).collect();
         let sample = if sample_ids.is_empty() {
             Vec::new()
@@ -181,6 +200,8 @@ impl Dlq {
             older_than_marks: risks.older_than_marks,
             risky_kinds: risks.kinds,
             by_topic,
+            by_group,
+            by_cause,
             sample,
         })
     }

@@ -4,6 +4,27 @@
 use super::*;
 use crate::sql;
 
+/// The longest reason an operator may give for a job action (it is audited and shown).
+pub const MAX_JOB_REASON: usize = 1000;
+
+fn check_reason(reason: Option<&str>) -> Result<Option<&str>, DlqError> {
+    match reason.map(str::trim) {
+        None | Some("") => Ok(None),
+        Some(r) if r.chars().count() > MAX_JOB_REASON || r.contains('\0') => invalid(format!(
+            "invalid reason: at most {MAX_JOB_REASON} characters, no NUL"
+        )),
+        Some(r) => Ok(Some(r)),
+    }
+}
+
+/// "paused by alice: the fix is not deployed yet": the job's status reason.
+fn said(what: &str, actor: &str, reason: Option<&str>) -> String {
+    match reason {
+        Some(r) => format!("{what} by {actor}: {r}"),
+        None => format!("{what} by {actor}"),
+    }
+}
+
 impl Dlq {
     /// One job with its counts.
     ///
@@ -59,6 +80,10 @@ impl Dlq {
                 failed: r.get("failed"),
                 skipped: r.get("skipped"),
                 came_back: r.get("came_back"),
+                canary_failed: r.get::<_, &str>("status") == "paused"
+                    && !r.get::<_, bool>("canary_done")
+                    && r.get::<_, Option<&str>>("status_reason")
+                        .is_some_and(|w| w.starts_with(CANARY_FAILED)),
             })
             .collect())
     }
@@ -70,26 +95,95 @@ impl Dlq {
         to: &str,
         reason: Option<&str>,
     ) -> Result<bool, DlqError> {
-        let c = self.pool.get().await?;
+        self.set_status_audited(id, from, to, reason, None).await
+    }
+
+    /// A status change and, when `audit` names an action and actor, its audit row, in one
+    /// transaction: an operator's pause or cancel is on the record exactly when it happened.
+    async fn set_status_audited(
+        &self,
+        id: i64,
+        from: &[&str],
+        to: &str,
+        reason: Option<&str>,
+        audit: Option<(&str, &str, Option<&str>)>,
+    ) -> Result<bool, DlqError> {
+        let mut c = self.pool.get().await?;
+        let tx = c.transaction().await?;
         let from: Vec<String> = from.iter().map(|s| (*s).to_owned()).collect();
-        let n = c
+        let n = tx
             .execute(
                 &self.sql(sql::replay_jobs::SET_STATUS),
                 &[&id, &to, &reason, &from],
             )
             .await?;
+        if n == 1 {
+            if let Some((action, actor, why)) = audit {
+                tx.execute(
+                    &self.sql(sql::dead_letters::AUDIT_JOB_ACTION),
+                    &[&actor, &action, &id, &why],
+                )
+                .await?;
+            }
+        }
+        tx.commit().await?;
         Ok(n == 1)
     }
 
-    /// Pauses a pending or running job (its runner stops after the letters in flight).
+    /// Records a resume of job `id` by `actor` in the audit log (the runner's start changes
+    /// the status).
+    ///
+    /// # Errors
+    /// [`DlqError::Invalid`] when the job has ended or does not exist, or the actor is empty.
+    pub async fn audit_resume(
+        &self,
+        id: i64,
+        actor: &str,
+        reason: Option<&str>,
+    ) -> Result<(), DlqError> {
+        check_actor(actor)?;
+        let reason = check_reason(reason)?;
+        let j = self.job(id).await?;
+        if !matches!(
+            j.status,
+            JobStatus::Pending | JobStatus::Running | JobStatus::Paused
+        ) {
+            return invalid(
+                format!("job {id} is {:?}: only pending, running or paused jobs resume", j.status)
+                    .to_lowercase(),
+            );
+        }
+        let c = self.pool.get().await?;
+        c.execute(
+            &self.sql(sql::dead_letters::AUDIT_JOB_ACTION),
+            &[&actor, &"job-resume", &id, &reason],
+        )
+        .await?;
+        Ok(())
+    }
+
+    /// Pauses a pending or running job (its runner stops after the letters in flight), audited
+    /// with `reason`.
     ///
     /// # Errors
     /// [`DlqError::Invalid`] when the job does not exist or cannot be paused.
-    pub async fn pause_job(&self, id: i64, actor: &str) -> Result<Job, DlqError> {
+    pub async fn pause_job(
+        &self,
+        id: i64,
+        actor: &str,
+        reason: Option<&str>,
+    ) -> Result<Job, DlqError> {
         check_actor(actor)?;
-        let why = format!("paused by {actor}");
+        let reason = check_reason(reason)?;
+        let why = said("paused", actor, reason);
         if !self
-            .set_status(id, &["pending", "running"], "paused", Some(&why))
+            .set_status_audited(
+                id,
+                &["pending", "running"],
+                "paused",
+                Some(&why),
+                Some(("job-pause", actor, reason)),
+            )
             .await?
         {
             let j = self.job(id).await?;
@@ -104,19 +198,26 @@ impl Dlq {
         self.job(id).await
     }
 
-    /// Cancels a job; its unsent letters stay `new`.
+    /// Cancels a job, audited with `reason`; its unsent letters stay `new`.
     ///
     /// # Errors
     /// [`DlqError::Invalid`] when the job does not exist or has ended.
-    pub async fn cancel_job(&self, id: i64, actor: &str) -> Result<Job, DlqError> {
+    pub async fn cancel_job(
+        &self,
+        id: i64,
+        actor: &str,
+        reason: Option<&str>,
+    ) -> Result<Job, DlqError> {
         check_actor(actor)?;
-        let why = format!("cancelled by {actor}");
+        let reason = check_reason(reason)?;
+        let why = said("cancelled", actor, reason);
         if !self
-            .set_status(
+            .set_status_audited(
                 id,
                 &["pending", "running", "paused"],
                 "cancelled",
                 Some(&why),
+                Some(("job-cancel", actor, reason)),
             )
             .await?
         {
@@ -124,6 +225,62 @@ impl Dlq {
             return invalid(format!("job {id} has ended ({:?})", j.status).to_lowercase());
         }
         self.job(id).await
+    }
+
+    /// A job's timeline: each status it took, when, and why, oldest first.
+    ///
+    /// # Errors
+    /// [`DlqError::Invalid`] when there is no such job.
+    pub async fn job_events(&self, id: i64) -> Result<Vec<JobEvent>, DlqError> {
+        self.job(id).await?;
+        let c = self.pool.get().await?;
+        Ok(c.query(&self.sql(sql::replay_jobs::EVENTS), &[&id])
+            .await?
+            .iter()
+            .map(|r| JobEvent {
+                at: ts(r, "at"),
+                status: r.get("status"),
+                reason: r.get("reason"),
+            })
+            .collect())
+    }
+
+    /// A job's items in send order from `from_seq` on (at most `limit`, 1 to 1000): the letter
+    /// each sent, its state, and the letter it came back as.
+    ///
+    /// # Errors
+    /// [`DlqError::Invalid`] for a bad limit or an unknown job.
+    pub async fn job_items(
+        &self,
+        id: i64,
+        from_seq: i32,
+        limit: i64,
+    ) -> Result<Vec<JobItem>, DlqError> {
+        if !(1..=1000).contains(&limit) {
+            return invalid(format!("invalid limit {limit}: give 1 to 1000"));
+        }
+        self.job(id).await?;
+        let c = self.pool.get().await?;
+        Ok(c.query(&self.sql(sql::replay_jobs::ITEMS), &[&id, &from_seq, &limit])
+            .await?
+            .iter()
+            .map(|r| JobItem {
+                seq: r.get("seq"),
+                letter: r.get("dead_letter_id"),
+                state: r.get("state"),
+                sent_at: ts_opt(r, "sent_at"),
+                error: r.get("error"),
+                came_back_as: r.get("came_back_id"),
+                came_back_at: ts_opt(r, "came_back_at"),
+                came_back_error: r.get("came_back_error"),
+                edited: r.get("edited"),
+                topic: r.get("original_topic"),
+                group: r.get("consumer_group"),
+                kind: r.get("error_kind"),
+                cause: r.get("error_group"),
+                message_id: r.get("message_id"),
+            })
+            .collect())
     }
 
     /// Letters of `job` sent and since dead-lettered again: records them, returns

@@ -44,6 +44,13 @@ pub struct Args {
     /// A connection with nothing read or written for this long is closed.
     #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
     idle_timeout: std::time::Duration,
+    /// The topics file whose `format` entries say which topics carry a schema: an edited
+    /// retry on such a topic is checked against its schema and encoded as the relay would.
+    #[arg(long, requires = "schema_registry_url")]
+    topics_file: Option<String>,
+    /// The schema registry's Confluent-compatible API (with --topics-file).
+    #[arg(long, env = "SCHEMA_REGISTRY_URL")]
+    schema_registry_url: Option<String>,
 }
 
 pub async fn run(args: Args, _out: &mut dyn Write) -> anyhow::Result<()> {
@@ -58,7 +65,12 @@ pub async fn run(args: Args, _out: &mut dyn Write) -> anyhow::Result<()> {
         max_connections,
         header_timeout,
         idle_timeout,
+        topics_file,
+        schema_registry_url,
     } = args;
+    if let Some(url) = &schema_registry_url {
+        crate::redact::register_url(url);
+    }
     if let Some(t) = &admin_token {
         crate::redact::register([t.trim()]);
     }
@@ -104,6 +116,13 @@ pub async fn run(args: Args, _out: &mut dyn Write) -> anyhow::Result<()> {
     opts.max_connections = max_connections;
     opts.header_timeout = header_timeout;
     opts.idle_timeout = idle_timeout;
+    if let (Some(file), Some(url)) = (&topics_file, &schema_registry_url) {
+        opts.schemas = Some(
+            outbox::schemas::SchemaConfig::from_topics_file(url, file)
+                .and_then(outbox::schemas::Schemas::new)
+                .map_err(|e| UsageError(e.to_string()))?,
+        );
+    }
     outbox::admin::serve_with(listen, &db, &kafka, auth, &opts, shutdown_signal())
         .await
         .map_err(|e| UsageError(format!("--listen {listen}: {e}")))?;

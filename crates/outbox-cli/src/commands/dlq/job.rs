@@ -17,9 +17,12 @@ pub enum JobAction {
         db: DbArgs,
         /// Job id.
         id: i64,
-        /// Who (recorded in the job's reason).
+        /// Who (recorded in the job's reason and the audit log).
         #[arg(long)]
         actor: Option<String>,
+        /// Why (audited).
+        #[arg(long)]
+        reason: Option<String>,
     },
     /// Run a paused, pending or orphaned job in the foreground.
     Resume {
@@ -29,6 +32,12 @@ pub enum JobAction {
         kafka: KafkaArgs,
         /// Job id.
         id: i64,
+        /// Who (audited).
+        #[arg(long)]
+        actor: Option<String>,
+        /// Why (audited).
+        #[arg(long)]
+        reason: Option<String>,
     },
     /// Cancel a job; unsent letters stay new.
     Cancel {
@@ -36,9 +45,12 @@ pub enum JobAction {
         db: DbArgs,
         /// Job id.
         id: i64,
-        /// Who (recorded in the job's reason).
+        /// Who (recorded in the job's reason and the audit log).
         #[arg(long)]
         actor: Option<String>,
+        /// Why (audited).
+        #[arg(long)]
+        reason: Option<String>,
     },
     /// One job and its counts.
     Show {
@@ -55,10 +67,15 @@ pub enum JobAction {
 /// Runs one `outbox dlq job` command.
 pub async fn run(action: JobAction, out: &mut dyn Write) -> anyhow::Result<()> {
     match action {
-        JobAction::Pause { db, id, actor } => {
+        JobAction::Pause {
+            db,
+            id,
+            actor,
+            reason,
+        } => {
             let dlq = Dlq::new(&db_config(&db)?);
             let j = dlq
-                .pause_job(id, &actor_or_default(actor))
+                .pause_job(id, &actor_or_default(actor), reason.as_deref())
                 .await
                 .map_err(lift)?;
             writeln!(
@@ -67,10 +84,15 @@ pub async fn run(action: JobAction, out: &mut dyn Write) -> anyhow::Result<()> {
                 j.id, j.sent, j.pending
             )?;
         }
-        JobAction::Cancel { db, id, actor } => {
+        JobAction::Cancel {
+            db,
+            id,
+            actor,
+            reason,
+        } => {
             let dlq = Dlq::new(&db_config(&db)?);
             let j = dlq
-                .cancel_job(id, &actor_or_default(actor))
+                .cancel_job(id, &actor_or_default(actor), reason.as_deref())
                 .await
                 .map_err(lift)?;
             writeln!(
@@ -79,9 +101,18 @@ pub async fn run(action: JobAction, out: &mut dyn Write) -> anyhow::Result<()> {
                 j.id, j.sent, j.pending
             )?;
         }
-        JobAction::Resume { db, kafka, id } => {
+        JobAction::Resume {
+            db,
+            kafka,
+            id,
+            actor,
+            reason,
+        } => {
             let dlq = Dlq::new(&db_config(&db)?);
             let kafka = kafka_config(&kafka)?;
+            dlq.audit_resume(id, &actor_or_default(actor), reason.as_deref())
+                .await
+                .map_err(lift)?;
             run_job(&dlq, &kafka, id, out).await?;
         }
         JobAction::Show { db, id, json } => {
