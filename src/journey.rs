@@ -243,13 +243,23 @@ pub async fn trace_on(
     let mut ids: Vec<String> = found.iter().filter_map(|r| r.get(3)).collect();
     ids.push(q.to_owned());
     let key = content.then(|| q.as_bytes().to_vec());
-    let letters_by = c
+    let mut letters_by = c
         .query(&s(dead_letters::JOURNEY_LETTERS), &[&ids, &key, &letter_id])
         .await?;
+    let before = ids.len();
     for r in &letters_by {
         if let Some(id) = r.get::<_, Option<String>>(1) {
-            ids.push(id);
+            if !ids.contains(&id) {
+                ids.push(id);
+            }
         }
+    }
+    // `#letter` names one letter: its journey is its message's, every letter of it included
+    // (the first failure, the comebacks), found by the message id the letter carries.
+    if letter_id.is_some() && ids.len() > before {
+        letters_by = c
+            .query(&s(dead_letters::JOURNEY_LETTERS), &[&ids, &key, &letter_id])
+            .await?;
     }
     let marks_by = c.query(&s(marks::JOURNEY_MARKS), &[&ids]).await?;
     // Message ids that exist somewhere (the raw query is only a candidate).

@@ -41,8 +41,9 @@ pub(super) struct Ctx {
     pub(super) assigned: Arc<std::sync::atomic::AtomicBool>,
     /// One log line per Kafka outage (librdkafka's callbacks and poll errors).
     pub(super) kafka_outage: Arc<crate::outage::Outage>,
-    /// The last lag per `topic/partition` librdkafka reported, for the heartbeat.
-    pub(super) lag: Arc<Mutex<std::collections::BTreeMap<String, i64>>>,
+    /// The last lag per `topic/partition` librdkafka reported, in messages and in seconds
+    /// (the age bound of the oldest unconsumed message), for the heartbeat.
+    pub(super) lag: Arc<Mutex<std::collections::BTreeMap<String, (i64, f64)>>>,
 }
 
 /// Whether partitions of a topic flow in `mode`: DLQ topics only while draining or probing,
@@ -90,16 +91,16 @@ impl ClientContext for Ctx {
                 ];
                 metrics::gauge!(crate::metrics::CONSUMER_LAG, &labels)
                     .set(part.consumer_lag as f64);
-                self.lag
-                    .lock()
-                    .expect("lag lock")
-                    .insert(format!("{topic}/{p}"), part.consumer_lag);
                 let secs = if part.consumer_lag == 0 {
                     0.0
                 } else {
                     last.get(&(topic.clone(), *p))
                         .map_or(0.0, |ts| (now - ts).max(0) as f64 / 1000.0)
                 };
+                self.lag
+                    .lock()
+                    .expect("lag lock")
+                    .insert(format!("{topic}/{p}"), (part.consumer_lag, secs));
                 metrics::gauge!(crate::metrics::CONSUMER_LAG_SECONDS, &labels).set(secs);
             }
         }

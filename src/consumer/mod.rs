@@ -506,7 +506,7 @@ impl Consumer {
         ));
         {
             // The heartbeat the admin server's overview reads: mode, paused partitions,
-            // messages in flight, lag per partition.
+            // messages in flight, lag per partition in messages and seconds.
             let beat = crate::instances::Heartbeat::new(
                 pool.clone(),
                 &self.db.schema,
@@ -528,7 +528,12 @@ impl Consumer {
                     } else {
                         Mode::Normal
                     };
-                    let lag = lag.lock().expect("lag lock").clone();
+                    let (lag, lag_secs): (serde_json::Map<_, _>, serde_json::Map<_, _>) = lag
+                        .lock()
+                        .expect("lag lock")
+                        .iter()
+                        .map(|(k, (n, secs))| ((k.clone(), (*n).into()), (k.clone(), (*secs).into())))
+                        .unzip();
                     beat.beat(serde_json::json!({
                         "mode": mode,
                         "paused_partitions": ConsumerStats::get(&stats.paused_partitions),
@@ -536,6 +541,7 @@ impl Consumer {
                         "handled": ConsumerStats::get(&stats.handled),
                         "dead_lettered": ConsumerStats::get(&stats.dead_lettered),
                         "lag": lag,
+                        "lag_secs": lag_secs,
                         "dependencies": dependencies,
                     }))
                     .await;
