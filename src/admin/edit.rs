@@ -31,7 +31,8 @@ pub(super) async fn editable(State(s): State<AppState>, Path(id): Path<String>) 
     let headers: Vec<Value> = l
         .headers
         .iter()
-        .filter(|(k, _)| !crate::wire::SERVICE_HEADERS.contains(&k.as_str()))
+        // The framework sets these on the retry itself: not for editing.
+        .filter(|(k, _)| !crate::dlq::framework_header(k))
         .map(|(k, v)| match v {
             HeaderValue::Null => json!([k, null]),
             HeaderValue::Bytes(b) => match std::str::from_utf8(b) {

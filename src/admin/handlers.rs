@@ -62,7 +62,14 @@ pub(super) async fn index() -> Html<&'static str> {
 pub(super) async fn app_js() -> Response {
     (
         [(header::CONTENT_TYPE, "text/javascript; charset=utf-8")],
-        include_str!("ui/app.js"),
+        // One script in this order: the parts use the helpers of app.js, boot.js starts it.
+        concat!(
+            include_str!("ui/app.js"),
+            include_str!("ui/words.js"),
+            include_str!("ui/jobs.js"),
+            include_str!("ui/edit.js"),
+            include_str!("ui/boot.js"),
+        ),
     )
         .into_response()
 }

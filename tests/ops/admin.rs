@@ -7,14 +7,14 @@ use std::time::Duration;
 use outbox::admin::{Access, Role, ROUTES};
 use outbox_testkit::*;
 
-const VIEWER: &str = "viewer-token-aaaaaaaaaaaa";
-const OPERATOR: &str = "operator-token-bbbbbbbbbbbb";
-const OPERATOR2: &str = "operator-token-cccccccccccc";
-const ADMIN: &str = "admin-token-dddddddddddd";
+pub(crate) const VIEWER: &str = "viewer-token-aaaaaaaaaaaa";
+pub(crate) const OPERATOR: &str = "operator-token-bbbbbbbbbbbb";
+pub(crate) const OPERATOR2: &str = "operator-token-cccccccccccc";
+pub(crate) const ADMIN: &str = "admin-token-dddddddddddd";
 
-struct Server {
+pub(crate) struct Server {
     child: Child,
-    port: u16,
+    pub(crate) port: u16,
 }
 impl Drop for Server {
     fn drop(&mut self) {
@@ -23,7 +23,7 @@ impl Drop for Server {
     }
 }
 
-async fn start(db: &outbox::DbConfig) -> Server {
+pub(crate) async fn start(db: &outbox::DbConfig) -> Server {
     let dir = std::env::temp_dir().join(format!("outbox-admin-{}", hex(8)));
     std::fs::create_dir_all(&dir).unwrap();
     let tokens = dir.join("tokens");
@@ -62,7 +62,7 @@ async fn start(db: &outbox::DbConfig) -> Server {
 }
 
 /// (status, body) of one request.
-async fn http(
+pub(crate) async fn http(
     port: u16,
     method: &str,
     path: &str,

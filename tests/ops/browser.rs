@@ -10,10 +10,10 @@ use std::time::Duration;
 use fantoccini::{Client, ClientBuilder, Locator};
 use outbox_testkit::*;
 
-const TOKEN: &str = "browser-test-token-0123456789";
-const VIEWER_TOKEN: &str = "browser-viewer-token-987654321";
+pub(crate) const TOKEN: &str = "browser-test-token-0123456789";
+pub(crate) const VIEWER_TOKEN: &str = "browser-viewer-token-987654321";
 
-async fn shot(c: &Client, name: &str) {
+pub(crate) async fn shot(c: &Client, name: &str) {
     let dir = format!("{}/target/screenshots", env!("CARGO_MANIFEST_DIR"));
     std::fs::create_dir_all(&dir).unwrap();
     let png = c.screenshot().await.unwrap();
@@ -22,7 +22,7 @@ async fn shot(c: &Client, name: &str) {
 
 /// Clicks the element `at` finds. The dashboard re-renders its views on each refresh, so an
 /// element found just before one is gone by the click (stale): it is found again.
-async fn click(c: &Client, at: Locator<'_>) {
+pub(crate) async fn click(c: &Client, at: Locator<'_>) {
     retry_stale(&format!("{at:?}"), || async {
         c.find(at).await?.click().await.map(drop)
     })
@@ -31,7 +31,7 @@ async fn click(c: &Client, at: Locator<'_>) {
 
 /// Clicks `inner` within the element `css` whose text contains `text`, found again when a
 /// refresh re-rendered it in between (see [`click`]).
-async fn click_in(c: &Client, css: &str, text: &str, inner: Locator<'_>) {
+pub(crate) async fn click_in(c: &Client, css: &str, text: &str, inner: Locator<'_>) {
     retry_stale(&format!("{inner:?} in {css} {text:?}"), || async {
         wait_text(c, css, text)
             .await
@@ -64,7 +64,7 @@ where
 }
 
 /// Waits until `css` matches an element whose text contains `text`.
-async fn wait_text(c: &Client, css: &str, text: &str) -> fantoccini::elements::Element {
+pub(crate) async fn wait_text(c: &Client, css: &str, text: &str) -> fantoccini::elements::Element {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     loop {
         if let Ok(els) = c.find_all(Locator::Css(css)).await {
@@ -83,14 +83,14 @@ async fn wait_text(c: &Client, css: &str, text: &str) -> fantoccini::elements::E
 }
 
 /// The admin server with an admin and a viewer token, and a headless Chromium session.
-struct Console {
-    c: Client,
-    base: String,
+pub(crate) struct Console {
+    pub(crate) c: Client,
+    pub(crate) base: String,
     _admin: Kill,
     _driver: Kill,
 }
 
-async fn open_console(db: &outbox::DbConfig) -> Console {
+pub(crate) async fn open_console(db: &outbox::DbConfig) -> Console {
     let port = free_port();
     let tokens = std::env::temp_dir().join(format!("browser-tokens-{}", hex(6)));
     std::fs::write(
@@ -157,8 +157,18 @@ async fn open_console(db: &outbox::DbConfig) -> Console {
     }
 }
 
+/// Whether the dialog's confirm button can be clicked.
+pub(crate) async fn confirm_enabled(c: &Client) -> bool {
+    c.find(Locator::Id("modal-confirm"))
+        .await
+        .unwrap()
+        .is_enabled()
+        .await
+        .unwrap()
+}
+
 /// Signs in with `token` on a fresh page.
-async fn sign_in(console: &Console, token: &str) {
+pub(crate) async fn sign_in(console: &Console, token: &str) {
     let c = &console.c;
     c.goto(&format!("{}/", console.base)).await.unwrap();
     let field = c.wait().for_element(Locator::Id("token")).await.unwrap();
@@ -305,21 +315,17 @@ async fn an_operator_finds_a_dead_letter_group_opens_a_message_and_replays_it() 
 
         // Replay it: the confirmation shows the dry-run count; no canary for one letter.
         click(c, Locator::Id("replay-one")).await;
-        wait_text(c, "#replay-count", "1 letter(s) will be sent back").await;
+        wait_text(c, "#replay-says", "1 letter dead-lettered by billing, cause “customer <n> not found”, will be sent back to").await;
         // A permanent letter: the dialog says why it is risky and wants it confirmed.
-        wait_text(c, "#replay-risk-kinds", "1 permanent letter(s)").await;
+        wait_text(c, "#replay-risk-kinds", "1 permanent letter: the handler refused them").await;
         shot(c, "replay-confirmation").await;
-        click(c, Locator::Id("modal-confirm")).await;
-        wait_text(
-            c,
-            "#modal-error",
-            "confirm that the fix for these letters is deployed",
-        )
-        .await;
+        // The button is disabled until the risk is ticked.
+        assert!(!confirm_enabled(c).await, "replay offered before the tick");
         click(c, Locator::Id("replay-confirm-kinds")).await;
+        assert!(confirm_enabled(c).await, "replay not offered after the tick");
         click(c, Locator::Id("modal-confirm")).await;
-        // The jobs view follows the job to its end.
-        wait_text(c, "#jobs .job-status", "completed").await;
+        // The job's page follows the job to its end.
+        wait_text(c, "#job-status", "completed").await;
         wait_text(c, "#flash-msg", "started").await;
         shot(c, "replay-jobs").await;
 
@@ -347,7 +353,7 @@ async fn an_operator_finds_a_dead_letter_group_opens_a_message_and_replays_it() 
         .await
         .unwrap();
         wait_text(c, "#messages tr", "schema v1 not supported").await;
-        wait_text(c, "#match-count", "3 letter(s) match").await;
+        wait_text(c, "#match-count", "3 letters match").await;
         c.wait()
             .for_element(Locator::Id("restore-these"))
             .await
@@ -363,7 +369,7 @@ async fn an_operator_finds_a_dead_letter_group_opens_a_message_and_replays_it() 
             .unwrap();
         shot(c, "restore-confirmation").await;
         click(c, Locator::Id("modal-confirm")).await;
-        wait_text(c, "#flash-msg", "3 letter(s) restored to new.").await;
+        wait_text(c, "#flash-msg", "3 letters restored to new.").await;
         let back_to_new = dlq
             .list(
                 &{
@@ -426,9 +432,8 @@ async fn an_operator_finds_a_dead_letter_group_opens_a_message_and_replays_it() 
         // fail again and refuses without the confirmation.
         c.goto(&format!("{base}/#/")).await.unwrap();
         click_in(c, "#groups tr", "body is not valid JSON", Locator::Css("button.replay-group")).await;
-        wait_text(c, "#replay-risk-kinds", "2 decode letter(s)").await;
-        click(c, Locator::Id("modal-confirm")).await;
-        wait_text(c, "#modal-error", "confirm that the fix for these letters is deployed").await;
+        wait_text(c, "#replay-risk-kinds", "2 decode letters: the bytes fail the same way again").await;
+        assert!(!confirm_enabled(c).await, "a decode replay offered without the tick");
         shot(c, "replay-decode-refused").await;
         click(c, Locator::Id("modal-cancel")).await;
         // The home view and a message at phone width fit the screen.
@@ -581,7 +586,7 @@ async fn the_tiles_lead_to_every_process_partition_and_breaker_and_the_list_sort
             .map(|r| r.get(0))
             .collect();
         c.goto(&format!("{base}/#/messages?topic={topic}&limit=2")).await.unwrap();
-        wait_text(c, "#match-count", "3 letter(s) match; showing 2 per page, newest first.").await;
+        wait_text(c, "#match-count", "3 letters match; showing 2 per page, newest first.").await;
         assert_eq!(first_cell(c).await, format!("#{}", ids[2]));
         click(c, Locator::Id("sort-toggle")).await;
         wait_text(c, "#match-count", "oldest first").await;
@@ -595,9 +600,9 @@ async fn the_tiles_lead_to_every_process_partition_and_breaker_and_the_list_sort
         // The replay dialog at phone width fits the screen, its buttons within reach.
         c.set_window_size(390, 844).await.unwrap();
         c.goto(&format!("{base}/#/messages?topic={topic}")).await.unwrap();
-        wait_text(c, "#match-count", "3 letter(s) match").await;
+        wait_text(c, "#match-count", "3 letters match").await;
         wait_text(c, "button", "Replay these").await.click().await.unwrap();
-        wait_text(c, "#replay-count", "3 letter(s) will be sent back").await;
+        wait_text(c, "#replay-says", "3 letters dead-lettered by").await;
         let fit = c
             .execute(
                 "const b = document.querySelector('#modal .box').getBoundingClientRect();

@@ -83,21 +83,37 @@ function signOut() {
 }
 
 // ---- modal: confirmation with inputs ----
-function modal(title, body, confirmText, onConfirm) {
+// `opts.ready` says whether the confirmation may be given yet (the button stays disabled
+// until then), re-checked whenever one of `opts.watch` changes.
+function modal(title, body, confirmText, onConfirm, opts = {}) {
   const box = $("#modal-box");
   const err = el("p", { class: "error", id: "modal-error" });
+  const ready = opts.ready || (() => true);
   const go = el("button", { class: "primary", id: "modal-confirm", onclick: async () => {
     go.disabled = true;
-    try { await onConfirm(); closeModal(); } catch (e) { err.textContent = e.message; go.disabled = false; }
+    try { await onConfirm(); closeModal(); } catch (e) { err.textContent = e.message; go.disabled = !ready(); }
   } }, confirmText);
+  const recheck = () => { go.disabled = !ready(); };
+  for (const w of opts.watch || []) { w.addEventListener("input", recheck); w.addEventListener("change", recheck); }
+  recheck();
   box.replaceChildren(el("h2", {}, title), ...body, err,
-    el("div", { class: "row" }, go, el("button", { id: "modal-cancel", onclick: closeModal }, "Cancel")));
+    el("div", { class: "row" }, go, el("button", { id: "modal-cancel", onclick: closeModal }, "Close")));
   $("#modal").classList.add("open");
 }
 function closeModal() { $("#modal").classList.remove("open"); }
 const field = (label, input) => el("div", { class: "row" }, el("label", {}, label), input);
 
 // ---- replay / drop of a selection ----
+// What a replay alone cannot fix, per kind of letter in the selection.
+const KIND_RISK = {
+  decode: (n) => plural(n, "decode letter") + ": the bytes fail the same way again unless the consumer's decoding changed (or edit them: Edit and retry).",
+  permanent: (n) => plural(n, "permanent letter") + ": the handler refused them; they succeed only once its fix is deployed.",
+  panic: (n) => plural(n, "panic letter") + ": the handler crashed on them; they succeed only once its fix is deployed.",
+};
+
+// The confirmation is written for this selection: how many letters, which causes and groups,
+// where they go, and what the canary will do; the button stays disabled until every risk is
+// ticked.
 async function replayDialog(selection, label) {
   const dry = await api("/api/dlq/replay", { method: "POST", body: Object.assign({ dry_run: true }, selection) });
   const rate = el("input", { id: "replay-rate", type: "number", value: "100", min: "1" });
@@ -105,37 +121,48 @@ async function replayDialog(selection, label) {
   // "replay before the fix" is likeliest and cheapest to catch.
   const canary = el("input", { id: "replay-canary", type: "number", min: "0",
     value: String(dry.count > 1 ? Math.min(10, Math.max(1, Math.ceil(dry.count / 10))) : 0) });
-  const targets = dry.by_topic.map(([t, n]) => n + " → " + t).join(", ");
-  // What a replay alone cannot fix is confirmed explicitly, with the reason.
-  const kinds = (dry.risky_kinds || []).map(([k, n]) => n + " " + k).join(", ");
+  const named = (pairs, what) => pairs.filter(([k]) => k).map(([k, n]) => (pairs.length > 1 ? n + " " : "") + what(k)).join(", ");
+  const causes = named(dry.by_cause || [], (c) => "“" + c + "”");
+  const groups = named(dry.by_group || [], (g) => g);
+  const targets = dry.by_topic.map(([t, n]) => (dry.by_topic.length > 1 ? n + " to " : "to ") + t).join(", ");
+  const says = el("p", { id: "replay-says" }, plural(dry.count, "letter") + (groups ? " dead-lettered by " + groups : "") +
+    (causes ? ", cause " + causes : "") + ", will be sent back " + (targets || "to their topics") + "." +
+    (dry.skipped_loop_guard ? " " + plural(dry.skipped_loop_guard, "letter") + " skipped: already replayed 3 times." : ""));
+  const canarySays = el("p", { id: "replay-canary-says", class: "muted" });
+  const explain = () => {
+    const c = Math.min(Number(canary.value) || 0, dry.count);
+    canarySays.textContent = c > 0
+      ? "The canary: " + (c === 1 ? "the first letter goes" : "the first " + c + " letters go") + " alone, then the job waits 30 s. " +
+        "If any comes back to the DLQ, the job pauses and the other " + plural(Math.max(0, dry.count - c), "letter") +
+        " stay new; the job's page then advises cancelling."
+      : "No canary: all " + plural(dry.count, "letter") + " go at once, at the rate below.";
+  };
+  canary.addEventListener("input", explain);
+  explain();
+  const risky = (dry.risky_kinds || []).filter(([k]) => KIND_RISK[k]);
   const confirmKinds = el("input", { id: "replay-confirm-kinds", type: "checkbox" });
   const confirmOld = el("input", { id: "replay-accept-duplicates", type: "checkbox" });
   const risks = [];
-  if (kinds) risks.push(el("p", { class: "warn", id: "replay-risk-kinds" },
-    el("label", {}, confirmKinds, " This selection holds " + kinds + " letter(s). A decode letter's bytes fail the same way " +
-      "again unless the consumer changed; a permanent or panic letter succeeds only once its fix is deployed. " +
-      "Tick to confirm the fix is deployed.")));
+  if ((dry.risky_kinds || []).length) risks.push(el("div", { class: "warn", id: "replay-risk-kinds" },
+    ...risky.map(([k, n]) => el("p", { "data-kind": k }, KIND_RISK[k](n))),
+    el("label", {}, confirmKinds, " The fix for these letters is deployed.")));
   if (dry.older_than_marks) risks.push(el("p", { class: "warn", id: "replay-risk-old" },
-    el("label", {}, confirmOld, " " + dry.older_than_marks + " letter(s) are older than the consumers keep processed marks: " +
+    el("label", {}, confirmOld, " " + plural(dry.older_than_marks, "letter") + " are older than the consumers keep processed marks: " +
       "a group that already handled them would handle them again. Tick to accept that (it is audited).")));
+  const ready = () => dry.count > 0 && (!(dry.risky_kinds || []).length || confirmKinds.checked) && (!dry.older_than_marks || confirmOld.checked);
   modal("Replay " + label, [
-    ...risks,
-    el("p", { id: "replay-count" }, dry.count + " letter(s) will be sent back to their original topic" +
-      (targets ? " (" + targets + ")" : "") + "." +
-      (dry.skipped_loop_guard ? " " + dry.skipped_loop_guard + " skipped: already replayed 3 times." : "")),
+    says, ...risks,
     el("p", { class: "muted" }, "The selection is frozen now; letters arriving later are not part of this job."),
     field("Rate (msg/s)", rate),
-    field("Canary", canary),
-  ], "Replay " + dry.count, async () => {
-    if (dry.count === 0) throw new Error("nothing to replay");
-    if (kinds && !confirmKinds.checked) throw new Error("confirm that the fix for these letters is deployed");
-    if (dry.older_than_marks && !confirmOld.checked) throw new Error("accept that old letters may be handled twice");
+    field("Canary", canary), canarySays,
+  ], "Replay " + plural(dry.count, "letter"), async () => {
+    if (!ready()) throw new Error(dry.count ? "tick every risk above first" : "nothing to replay");
     const job = await api("/api/dlq/replay", { method: "POST", body: Object.assign({
       rate: Number(rate.value), canary: Number(canary.value), canary_wait_secs: 30,
       confirm_kinds: confirmKinds.checked, accept_duplicates: confirmOld.checked }, selection) });
-    flash("Replay job " + job.id + " started (" + job.pending + " letters).");
-    location.hash = "#/jobs";
-  });
+    flash("Replay job " + job.id + " started (" + plural(job.pending, "letter") + ").");
+    location.hash = "#/job/" + job.id;
+  }, { ready, watch: [confirmKinds, confirmOld] });
 }
 
 function restoreDialog(selection, label) {
@@ -146,7 +173,7 @@ function restoreDialog(selection, label) {
   ], "Restore", async () => {
     if (!reason.value.trim()) throw new Error("a reason is required");
     const r = await api("/api/dlq/restore", { method: "POST", body: Object.assign({ reason: reason.value }, selection) });
-    flash(r.restored + " letter(s) restored to new.");
+    flash(plural(r.restored, "letter") + " restored to new.");
     route();
   });
 }
@@ -154,12 +181,12 @@ function restoreDialog(selection, label) {
 function dropDialog(selection, label, count) {
   const reason = el("input", { id: "drop-reason", size: "50", placeholder: "why (required, audited)" });
   modal("Drop " + label, [
-    el("p", {}, (count != null ? count + " new letter(s)" : "The selected letters") + " will be marked dropped. They stay in the archive until retention."),
+    el("p", {}, (count != null ? plural(count, "new letter") : "The selected letters") + " will be marked dropped. They stay in the archive until retention."),
     field("Reason", reason),
   ], "Drop", async () => {
     if (!reason.value.trim()) throw new Error("a reason is required");
     const r = await api("/api/dlq/drop", { method: "POST", body: Object.assign({ reason: reason.value }, selection) });
-    flash(r.dropped + " letter(s) dropped.");
+    flash(plural(r.dropped, "letter") + " dropped.");
     route();
   });
 }
@@ -228,6 +255,9 @@ async function overviewStrip() {
 
 // ---- the tiles' details: every process, every partition's lag, every breaker ----
 
+// The handled count per group at the last render of the system view: throughput is the
+// difference to the next one.
+const handledBefore = {};
 async function viewSystem(params) {
   const o = await api("/api/overview");
   showVerdicts(o);
@@ -242,18 +272,36 @@ async function viewSystem(params) {
   // One card per consumer group: its replicas, then each partition's lag and who reads it.
   const names = [...new Set(o.instances.filter(i => i.kind === "consumer").map(i => i.name))]
     .filter(g => !params.get("group") || g === params.get("group"));
+  const now = Date.now();
   const groups = names.map(g => {
     const members = o.instances.filter(i => i.kind === "consumer" && i.name === g);
-    const lag = members.filter(m => m.alive).flatMap(m => Object.entries(m.state.lag || {}).map(([p, l]) => [p, l, m.instance]))
+    const live = members.filter(m => m.alive);
+    const lag = live.flatMap(m => Object.entries(m.state.lag || {}).map(([p, l]) => [p, l, m.instance, (m.state.lag_secs || {})[p]]))
       .sort((a, b) => a[0].localeCompare(b[0], undefined, { numeric: true }));
-    return el("div", { class: "card", "data-group": g }, el("h3", {}, g),
+    // Main topics' lag and the retry topics' backlog apart: a backlog waiting for its delay is
+    // not a consumer falling behind.
+    const isRetry = (p) => /\.retry-\d+[smh]\//.test(p);
+    const mainLag = lag.filter(x => !isRetry(x[0])).reduce((n, x) => n + x[1], 0);
+    const backlog = lag.filter(x => isRetry(x[0])).reduce((n, x) => n + x[1], 0);
+    const oldest = Math.max(0, ...lag.filter(x => !isRetry(x[0]) && x[3] != null).map(x => x[3]));
+    // Throughput from the handled counts of two refreshes in a row.
+    const handled = live.reduce((n, m) => n + (m.state.handled || 0), 0);
+    const prev = handledBefore[g];
+    handledBefore[g] = [now, handled];
+    const rate = prev && now > prev[0] && handled >= prev[1] ? (handled - prev[1]) / ((now - prev[0]) / 1000) : null;
+    const stats = el("p", { class: "group-stats", "data-stats": g },
+      el("span", { class: "stat-lag" }, "Lag " + plural(mainLag, "message") + (mainLag ? ", the oldest waiting up to " + secsText(oldest) : "")), " · ",
+      el("span", { class: "stat-backlog" }, "retry backlog " + plural(backlog, "message")), " · ",
+      el("span", { class: "stat-rate" }, rate == null ? "throughput: measuring (next refresh)" : "throughput " + (rate < 10 ? rate.toFixed(1) : Math.round(rate)) + " msg/s"));
+    return el("div", { class: "card", "data-group": g }, el("h3", {}, g), stats,
       el("table", { class: "members" }, el("tr", {}, el("th", {}, "Replica"), el("th", {}, "Mode"), el("th", { class: "num" }, "Paused partitions"),
         el("th", { class: "num" }, "In flight"), el("th", { class: "num" }, "Handled"), el("th", { class: "num" }, "Dead-lettered"), el("th", {}, "Heartbeat")),
         members.map(m => el("tr", {}, el("td", {}, m.instance), el("td", { class: "mode" }, String(m.state.mode ?? "–")),
           el("td", { class: "num" }, String(m.state.paused_partitions ?? "–")), el("td", { class: "num" }, String(m.state.in_flight ?? "–")),
           el("td", { class: "num" }, String(m.state.handled ?? "–")), el("td", { class: "num" }, String(m.state.dead_lettered ?? "–")), seen(m)))),
-      lag.length ? el("table", { class: "lag" }, el("tr", {}, el("th", {}, "Partition"), el("th", { class: "num" }, "Lag"), el("th", {}, "Read by")),
-        lag.map(([p, l, who]) => el("tr", {}, el("td", {}, p), el("td", { class: "num" }, String(l)), el("td", {}, who))))
+      lag.length ? el("table", { class: "lag" }, el("tr", {}, el("th", {}, "Partition"), el("th", { class: "num" }, "Lag"), el("th", { class: "num" }, "Oldest waits"), el("th", {}, "Read by")),
+        lag.map(([p, l, who, secs]) => el("tr", {}, el("td", {}, p), el("td", { class: "num" }, String(l)),
+          el("td", { class: "num" }, secs == null ? "–" : secsText(secs)), el("td", {}, who))))
         : el("p", { class: "muted" }, "no partitions assigned"));
   });
   const breakers = el("table", { id: "breaker-list" },
@@ -341,7 +389,7 @@ async function viewGroups() {
       el("td", {}, t.original_topic), el("td", {}, t.consumer_group || "–"),
       el("td", { class: "num" }, String(t.new)), el("td", { class: "num" }, String(t.replayed)),
       el("td", { class: "num" }, String(t.dropped)), el("td", {}, age(t.oldest_new_age_secs)))));
-  const groups = el("table", { id: "groups" },
+  const groups = el("table", { id: "groups", class: "stack" },
     el("tr", {}, el("th", { class: "num" }, "Count"), el("th", {}, "Cause"), el("th", {}, "Kind"),
       el("th", {}, "Topic / group"), el("th", {}, "First seen"), el("th", {}, "Last seen"),
       el("th", {}, "Sample"), el("th", {}, "")),
@@ -349,15 +397,15 @@ async function viewGroups() {
       const sel = { error_group: g.error_group, topic: g.original_topic, group: g.consumer_group || undefined,
         kind: g.error_kind || undefined };
       return el("tr", { "data-group": String(i) },
-        el("td", { class: "num count" }, String(g.count)),
-        el("td", { class: "err" }, g.error_group || "(no error text)",
+        el("td", { class: "num count", "data-label": "Count" }, String(g.count)),
+        el("td", { class: "err", "data-label": "Cause" }, g.error_group || "(no error text)",
           el("div", { class: "muted" }, g.example_error || "")),
-        el("td", {}, el("span", { class: "pill" }, g.error_kind || "–")),
-        el("td", {}, g.original_topic, el("div", { class: "muted" }, g.consumer_group || "")),
-        el("td", { title: g.first_seen }, ago(g.first_seen)),
-        el("td", { title: g.last_seen }, ago(g.last_seen)),
-        el("td", {}, el("a", { href: "#/message/" + g.example_id, class: "sample" }, "#" + g.example_id)),
-        el("td", {},
+        el("td", { "data-label": "Kind" }, el("span", { class: "pill" }, g.error_kind || "–")),
+        el("td", { "data-label": "Topic / group" }, g.original_topic, el("div", { class: "muted" }, g.consumer_group || "")),
+        el("td", { "data-label": "First seen" }, when(g.first_seen)),
+        el("td", { "data-label": "Last seen" }, when(g.last_seen)),
+        el("td", { "data-label": "Sample" }, el("a", { href: "#/message/" + g.example_id, class: "sample" }, "#" + g.example_id)),
+        el("td", { class: "actions" },
           el("a", { href: "#/messages?" + new URLSearchParams(Object.entries(Object.assign({ status: "new" }, sel)).filter(([, v]) => v)) }, "list"), " ",
           // A decode letter's bytes fail the same way again: replaying is not the main action.
           can("operator") ? el("button", { class: g.error_kind === "decode" ? "replay-group" : "primary replay-group",
@@ -400,7 +448,14 @@ async function viewMessages(params) {
   });
   const q = new URLSearchParams(params);
   if (!q.get("limit")) q.set("limit", "50");
-  const page = await api("/api/dlq/messages?" + q);
+  // A filter the server refuses (a typo in "since", an unknown status) is said beside the
+  // form, which stays as typed: the view never blanks.
+  let page;
+  try { page = await api("/api/dlq/messages?" + q); }
+  catch (e) {
+    if (e.message === "unauthorized") throw e;
+    return [el("h2", {}, "Dead letters"), form, el("p", { class: "error", id: "filter-error" }, "This filter does not work: " + e.message)];
+  }
   const sel = {};
   for (const k of ["topic", "group", "error_contains", "error_group", "kind", "since", "until"]) if (params.get(k)) sel[k] = params.get(k);
   // Listing dropped letters offers their restore; every other action works on new letters.
@@ -427,7 +482,7 @@ async function viewMessages(params) {
       el("th", {}, "Topic"), el("th", {}, "Group"), el("th", {}, "Error")),
     page.messages.map(m => el("tr", {},
       el("td", {}, el("a", { href: "#/message/" + m.id }, "#" + m.id)),
-      el("td", { title: m.failed_at }, ago(m.failed_at)), el("td", {}, m.status),
+      el("td", {}, when(m.failed_at)), el("td", {}, m.status),
       el("td", {}, m.error_kind || "–"), el("td", {}, m.original_topic), el("td", {}, m.consumer_group || "–"),
       el("td", { class: "err" }, m.error || ""))));
   // Actions need a narrowing filter: never "every letter" from one click.
@@ -437,7 +492,7 @@ async function viewMessages(params) {
       el("button", { class: "primary", onclick: () => replayDialog(sel, "the filtered letters") }, "Replay these (new only)"), " ",
       el("button", { class: "danger", onclick: () => dropDialog(sel, "the filtered letters") }, "Drop these"));
   const total = el("p", { id: "match-count", class: "muted" }, page.total > 10000 ? "More than 10,000 letters match."
-    : page.total + " letter(s) match" + (page.total > page.messages.length ? "; showing " + page.messages.length + " per page, " + (oldest ? "oldest" : "newest") + " first." : "."));
+    : plural(page.total, "letter") + " match" + (page.total === 1 ? "es" : "") + (page.total > page.messages.length ? "; showing " + page.messages.length + " per page, " + (oldest ? "oldest" : "newest") + " first." : "."));
   return [el("h2", {}, "Dead letters"), form, total, actions, rows, el("p", {}, more)];
 }
 
@@ -453,8 +508,8 @@ async function viewMessage(id) {
   const facts = [["Status", m.status + (m.status_reason ? " — " + m.status_reason : "")],
     ["Original", m.original_topic + " [" + (m.original_partition ?? "?") + "] @" + (m.original_offset ?? "?")],
     ["Consumer group", m.consumer_group], ["Kind", m.error_kind], ["Error", m.error],
-    ["Attempts", m.attempts], ["DLQ retries", m.dlq_retries], ["First failed", m.first_failed_at],
-    ["Failed", m.failed_at], ["Archived", m.archived_at], ["Message id", m.message_id],
+    ["Attempts", m.attempts], ["DLQ retries", m.dlq_retries], ["First failed", whenText(m.first_failed_at)],
+    ["Failed", whenText(m.failed_at)], ["Archived", whenText(m.archived_at)], ["Message id", m.message_id],
     ["Type", m.message_type], ["DLQ record", m.dlq_topic + " [" + m.partition + "] @" + m.offset],
     ["Times replayed", m.times_replayed]];
   const headers = el("table", { id: "headers" }, el("tr", {}, el("th", {}, "Header"), el("th", {}, "Value")),
@@ -464,8 +519,11 @@ async function viewMessage(id) {
   const sel = { ids: [m.id] };
   return [
     el("h2", { id: "message-title" }, "Dead letter #" + m.id),
+    el("p", {}, el("a", { href: "#/trace?q=" + encodeURIComponent("#" + m.id), id: "trace-letter" }, "Its whole journey →")),
     can("operator") && m.status !== "dropped" ? el("p", {},
       el("button", { class: "primary", id: "replay-one", onclick: () => replayDialog(sel, "dead letter #" + m.id) }, "Replay"), " ",
+      // The poison letter no code fix will make valid: corrected by hand, sent as a new message.
+      el("a", { class: "button", id: "edit-one", href: "#/edit/" + m.id }, "Edit and retry"), " ",
       m.status === "new" ? el("button", { class: "danger", id: "drop-one", onclick: () => dropDialog(sel, "dead letter #" + m.id, 1) }, "Drop") : "") :
     can("operator") ? el("p", {},
       el("button", { class: "primary", id: "restore-one", onclick: () => restoreDialog(sel, "dead letter #" + m.id) }, "Restore (undo the drop)")) : "",
@@ -487,54 +545,36 @@ async function viewTrace(q) {
   const r = await api("/api/trace?q=" + encodeURIComponent(q));
   if (!r.messages.length) return [...head, el("p", { id: "trace-none" }, "Nothing found for " + q + ".")];
   const or = (v) => v == null ? "–" : String(v);
+  // One message's journey as a timeline: every step in time order, with how long it took
+  // since the step before and since the first.
   const journeys = r.messages.map(m => {
     const steps = [];
-    for (const o of m.outbox) steps.push(["outbox", "#" + o.id + " " + o.status + " → " + o.topic + " (key " + (o.key_redacted ? "hidden from viewers" : or(o.key)) +
-      ", " + o.attempts + " attempt(s), committed " + o.created_at + ", sent " + or(o.sent_at) + ")" + (o.last_error ? " — " + o.last_error : "")]);
-    if (!m.outbox.length) steps.push(["outbox", "no row (cleaned up, or not published through the outbox)"]);
-    for (const h of m.handled) steps.push(["handled", h.group + " from " + h.topic + " at " + h.at]);
-    for (const l of m.dead_letters) steps.push(["dead letter", el("span", {},
-      el("a", { href: "#/message/" + l.id }, "#" + l.id), " by " + or(l.group) + " (" + or(l.kind) + ") at " + l.failed_at + ": " +
-      or(l.error) + " — now " + l.status + (l.status_reason ? " (" + l.status_reason + ")" : "") +
-      (l.comeback_of ? " — came back from job " + l.comeback_of[0] : ""))]);
-    for (const p of m.replays) steps.push(["replay", "job " + p.job + " (" + p.job_status + ", by " + p.by + ") sent letter #" + p.letter +
-      " " + p.state + (p.came_back_as ? " — came back as #" + p.came_back_as : "")]);
-    for (const a of m.audit) steps.push(["audit", a.at + " " + a.action + " by " + a.actor + " via " + a.via + (a.reason ? " — " + a.reason : "")]);
+    const add = (at, kind, text) => steps.push({ at, kind, text });
+    for (const o of m.outbox) {
+      add(o.created_at, "committed", "outbox row #" + o.id + " → " + o.topic + " (key " + (o.key_redacted ? "hidden from viewers" : or(o.key)) + ")");
+      if (o.sent_at) add(o.sent_at, "published", "by the relay after " + plural(o.attempts, "attempt"));
+      else add(null, "outbox", "#" + o.id + " " + o.status + " after " + plural(o.attempts, "attempt") + (o.last_error ? " — " + o.last_error : ""));
+    }
+    if (!m.outbox.length) add(null, "outbox", "no row (cleaned up, or not published through the outbox)");
+    for (const h of m.handled) add(h.at, "handled", h.group + " from " + h.topic);
+    for (const l of m.dead_letters) add(l.failed_at, "dead-lettered", el("span", {},
+      el("a", { href: "#/message/" + l.id }, "#" + l.id), " by " + or(l.group) + " (" + or(l.kind) + "): " + or(l.error) +
+      " — now " + l.status + (l.status_reason ? " (" + l.status_reason + ")" : "") + (l.comeback_of ? " — came back from job " + l.comeback_of[0] : "")));
+    for (const p of m.replays) add(p.sent_at || null, "replayed", el("span", {}, el("a", { href: "#/job/" + p.job }, "job " + p.job),
+      " (" + p.job_status + ", by " + p.by + ") sent letter #" + p.letter + " — " + p.state + (p.came_back_as ? ", came back as #" + p.came_back_as : "")));
+    for (const a of m.audit) add(a.at, "audit", a.action + " by " + a.actor + " via " + a.via + (a.reason ? " — " + a.reason : ""));
+    const timed = steps.filter(x => x.at).sort((x, y) => Date.parse(x.at) - Date.parse(y.at));
+    const ordered = [...timed, ...steps.filter(x => !x.at)];
+    const first = timed.length ? Date.parse(timed[0].at) : null;
     return el("div", { class: "card journey" }, el("h3", {}, "Message " + or(m.message_id)),
-      el("table", { class: "steps" }, steps.map(([k, v]) => el("tr", {}, el("th", {}, k), el("td", { class: "err" }, v)))));
+      el("table", { class: "steps timeline stack" }, el("tr", {}, el("th", {}, "When"), el("th", {}, "After"), el("th", {}, "Total"), el("th", {}, "Step"), el("th", {}, "")),
+        ordered.map((x, i) => el("tr", { "data-step": x.kind },
+          el("td", { "data-label": "When" }, x.at ? clock(x.at) : "–"),
+          el("td", { class: "num", "data-label": "After" }, x.at && i && ordered[i - 1].at ? "+" + span(Date.parse(x.at) - Date.parse(ordered[i - 1].at)) : "–"),
+          el("td", { class: "num", "data-label": "Total" }, x.at && first != null ? span(Date.parse(x.at) - first) : "–"),
+          el("th", {}, x.kind), el("td", { class: "err" }, x.text)))));
   });
-  return [...head, el("p", { id: "trace-count" }, r.messages.length + " message(s)"), ...journeys];
-}
-
-let jobsTimer = null;
-async function viewJobs() {
-  const jobs = await api("/api/dlq/jobs");
-  const act = (j, what) => async () => {
-    try { await api("/api/dlq/jobs/" + j.id + "/" + what, { method: "POST" }); flash("Job " + j.id + ": " + what + " requested."); route(); }
-    catch (e) { flash(e.message, true); }
-  };
-  const t = el("table", { id: "jobs" },
-    el("tr", {}, el("th", {}, "Job"), el("th", {}, "Status"), el("th", {}, "Progress"), el("th", { class: "num" }, "Sent"),
-      el("th", { class: "num" }, "Failed"), el("th", { class: "num" }, "Came back"), el("th", {}, "By"), el("th", {}, "Created"), el("th", {}, "")),
-    jobs.map(j => {
-      const done = j.sent + j.failed + j.skipped;
-      return el("tr", { "data-job": String(j.id) },
-        el("td", {}, "#" + j.id), el("td", { class: "job-status" }, j.status, el("div", { class: "muted" }, j.status_reason || "")),
-        el("td", {}, el("div", { class: "progress" }, el("div", { style: "width:" + (j.total ? Math.round(100 * done / j.total) : 0) + "%" })),
-          el("span", { class: "muted" }, done + " / " + j.total)),
-        el("td", { class: "num" }, String(j.sent)), el("td", { class: "num" }, String(j.failed)),
-        el("td", { class: "num" }, String(j.came_back)), el("td", {}, j.created_by), el("td", { title: j.created_at }, ago(j.created_at)),
-        el("td", {}, can("operator") && ["running", "pending"].includes(j.status) ? el("button", { onclick: act(j, "pause") }, "Pause") : "",
-          " ", can("operator") && ["paused", "pending"].includes(j.status) ? el("button", { onclick: act(j, "resume") }, "Resume") : "",
-          " ", can("operator") && ["running", "pending", "paused"].includes(j.status) ? el("button", { class: "danger", onclick: () => modal("Cancel replay job " + j.id, [
-            el("p", {}, "Letters not sent yet stay new; what was sent stays sent. A cancelled job cannot be resumed.")],
-            "Cancel the job", async () => { await act(j, "cancel")(); }) }, "Cancel") : ""));
-    }));
-  // A pending job is about to run (its runner has not marked it running yet, which under load
-  // can take longer than this render): follow it too, or the view would stop at "pending".
-  jobsTimer = null;
-  if (jobs.some(j => j.status === "running" || j.status === "pending")) jobsTimer = setTimeout(route, 1000);
-  return [el("h2", {}, "Replay jobs"), jobs.length ? t : el("p", { class: "muted" }, "No replay jobs yet.")];
+  return [...head, el("p", { id: "trace-count" }, plural(r.messages.length, "message")), ...journeys];
 }
 
 async function viewOutbox() {
@@ -551,17 +591,9 @@ async function viewOutbox() {
     s.failed_by_error.length && can("operator") ? el("button", { class: "primary", onclick: () => modal("Requeue failed rows",
       [el("p", {}, "Every failed row goes back to pending. Fix the cause first.")], "Requeue", async () => {
         const r = await api("/api/outbox/requeue", { method: "POST", body: { failed: true } });
-        flash(r.requeued + " row(s) requeued."); route();
+        flash(plural(r.requeued, "row") + " requeued."); route();
       }) }, "Requeue all failed") : "",
   ];
-}
-
-async function viewAudit() {
-  const rows = await api("/api/dlq/audit");
-  return [el("h2", {}, "Audit log"), el("table", { id: "audit" },
-    el("tr", {}, el("th", {}, "When"), el("th", {}, "Who"), el("th", {}, "Action"), el("th", { class: "num" }, "Letters"), el("th", {}, "Reason"), el("th", {}, "Selection")),
-    rows.map(a => el("tr", {}, el("td", { title: a.at }, ago(a.at)), el("td", {}, a.actor), el("td", {}, a.action),
-      el("td", { class: "num" }, String(a.count)), el("td", {}, a.reason || ""), el("td", { class: "err muted" }, JSON.stringify(a.filter)))))];
 }
 
 // Views of live state refresh while the tab is visible, and say when they last did: on-call
@@ -601,6 +633,8 @@ async function route() {
   const params = new URLSearchParams(query || "");
   let name = "groups", render;
   if (path.startsWith("/message/")) { name = "messages"; render = () => viewMessage(path.slice(9)); }
+  else if (path.startsWith("/edit/")) { name = "messages"; render = () => viewEdit(path.slice(6)); }
+  else if (path.startsWith("/job/")) { name = "jobs"; render = () => viewJob(path.slice(5)); }
   else if (path === "/messages") { name = "messages"; render = () => viewMessages(params); }
   else if (path === "/jobs") { name = "jobs"; render = viewJobs; }
   else if (path === "/outbox") { name = "outbox"; render = viewOutbox; }
@@ -621,7 +655,3 @@ async function route() {
     if (seq === routeSeq && e.message !== "unauthorized") $("#view").replaceChildren(el("p", { class: "error", id: "view-error" }, e.message));
   }
 }
-
-$("#login-form").addEventListener("submit", signIn);
-window.addEventListener("hashchange", route);
-start();

@@ -151,17 +151,21 @@ impl Dlq {
     }
 }
 
+/// Headers the framework sets on an edited retry (service headers, `message_id`,
+/// `x-edited-from`, the replay's): never taken from the letter or the operator.
+pub(crate) fn framework_header(k: &str) -> bool {
+    SERVICE_HEADERS.contains(&k)
+        || [HEADER_MESSAGE_ID, X_EDITED_FROM].contains(&k)
+        || k.starts_with("x-replay")
+}
+
 /// The headers an edited retry carries before the framework's own: the operator's, or the
 /// letter's, without service headers, `message_id` or an earlier edit's `x-edited-from`.
 fn edited_headers(
     original: &DeadLetter,
     given: Option<&[(String, Option<String>)]>,
 ) -> Result<Vec<(String, Option<Vec<u8>>)>, DlqError> {
-    let framework = |k: &str| {
-        SERVICE_HEADERS.contains(&k)
-            || [HEADER_MESSAGE_ID, X_EDITED_FROM].contains(&k)
-            || k.starts_with("x-replay")
-    };
+    let framework = framework_header;
     match given {
         Some(h) => {
             if h.len() > 100 {

@@ -33,6 +33,7 @@ mod pacer;
 mod runner;
 mod select;
 mod state;
+pub(crate) use edit::framework_header;
 pub use edit::{Edit, EditedRetry, MAX_EDITED_BODY};
 pub use state::MAX_JOB_REASON;
 

@@ -81,7 +81,6 @@ impl Dlq {
                 skipped: r.get("skipped"),
                 came_back: r.get("came_back"),
                 canary_failed: r.get::<_, &str>("status") == "paused"
-                    && !r.get::<_, bool>("canary_done")
                     && r.get::<_, Option<&str>>("status_reason")
                         .is_some_and(|w| w.starts_with(CANARY_FAILED)),
             })
