@@ -117,14 +117,15 @@ pub(super) async fn dlq_job_cancel(
     headers: HeaderMap,
     body: Bytes,
 ) -> ApiResult {
+    let reason = reason_of(&headers, &body)?;
+    let j = own_job(&s, &c, &id).await?;
     // Cancelling cannot be undone: the operator says why.
-    let Some(reason) = reason_of(&headers, &body)? else {
+    let Some(reason) = reason else {
         return Err(ApiError(
             StatusCode::BAD_REQUEST,
             "cancelling a job needs a reason: {\"reason\": \"…\"}".into(),
         ));
     };
-    let j = own_job(&s, &c, &id).await?;
     ok(s.dlq.cancel_job(j.id, &c.holder, Some(&reason)).await?)
 }
 

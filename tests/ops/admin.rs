@@ -321,7 +321,7 @@ async fn viewers_never_see_bodies_bad_bodies_get_4xx_and_api_replays_are_audited
         assert!(e["error"].is_string(), "{b}");
     }
     // A typo never widens a selection: every body refuses an unknown field with 400 naming
-    // it, on every mutating route that takes a body (the others are the job actions).
+    // it, on every mutating route (the job actions take an optional body).
     let with_body = [
         (
             "/api/outbox/requeue",
@@ -351,16 +351,23 @@ async fn viewers_never_see_bodies_bad_bodies_get_4xx_and_api_replays_are_audited
             "/api/breakers/close",
             "{\"group\":\"g\",\"dependency\":\"d\",\"reason\":\"r\",\"eror_group\":\"x\"}",
         ),
+        ("/api/dlq/jobs/{id}/pause", "{\"reason\":\"r\",\"eror_group\":\"x\"}"),
+        ("/api/dlq/jobs/{id}/resume", "{\"reason\":\"r\",\"eror_group\":\"x\"}"),
+        ("/api/dlq/jobs/{id}/cancel", "{\"reason\":\"r\",\"eror_group\":\"x\"}"),
+        (
+            "/api/dlq/messages/{id}/edit-retry",
+            "{\"body_text\":\"{}\",\"reason\":\"r\",\"eror_group\":\"x\"}",
+        ),
     ];
     for r in ROUTES.iter().filter(|r| r.method == "POST") {
         assert!(
-            with_body.iter().any(|(p, _)| *p == r.path) || r.path.starts_with("/api/dlq/jobs/"),
+            with_body.iter().any(|(p, _)| *p == r.path),
             "{} is not covered by the unknown-field check",
             r.path
         );
     }
     for (path, body) in with_body {
-        let (code, b) = http(s.port, "POST", path, Some(ADMIN), Some(body)).await;
+        let (code, b) = http(s.port, "POST", &concrete(path), Some(ADMIN), Some(body)).await;
         assert_eq!(code, 400, "{path}: {b}");
         assert!(
             b.contains("unknown field \\\"eror_group\\\""),
@@ -431,10 +438,11 @@ async fn viewers_never_see_bodies_bad_bodies_get_4xx_and_api_replays_are_audited
         "POST",
         &format!("/api/dlq/jobs/{job_id}/cancel"),
         Some(ADMIN),
-        None,
+        Some("{\"reason\":\"too late\"}"),
     )
     .await;
     assert_eq!(code, 400, "a completed job cannot be cancelled: {b}");
+    assert!(b.contains("has ended"), "{b}");
     // Drop through the API: audited with the holder and the reason.
     let (code, b) = http(
         s.port,

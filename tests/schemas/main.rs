@@ -5,6 +5,7 @@
 
 mod cli;
 mod contract;
+mod edit;
 mod interop;
 mod outage;
 
