@@ -723,10 +723,12 @@ async fn the_selection_is_frozen_and_jobs_pause_resume_and_cancel() {
         &job.id.to_string(),
         "--actor",
         "bob",
+        "--reason",
+        "checking billing",
     ]));
     assert!(o2.status.success(), "{}", text(&o2));
     let outcome = runner.await.unwrap().unwrap();
-    assert_eq!(outcome, RunOutcome::Paused("paused by bob".into()));
+    assert_eq!(outcome, RunOutcome::Paused("paused by bob: checking billing".into()));
     let paused = dlq.job(job.id).await.unwrap();
     assert!(paused.sent >= 3 && paused.sent < 20, "{paused:?}");
     let o3 = run(outbox_command(&db).args(["dlq", "job", "resume", &job.id.to_string()]));
@@ -753,8 +755,22 @@ async fn the_selection_is_frozen_and_jobs_pause_resume_and_cancel() {
     assert_eq!(o4.status.code(), Some(2), "{}", text(&o4));
     let j2 = dlq.create_job(&f, &o).await.unwrap();
     assert_eq!(j2.pending, 5);
-    let o5 = run(outbox_command(&db).args(["dlq", "job", "cancel", &j2.id.to_string()]));
+    let o5 = run(outbox_command(&db).args([
+        "dlq", "job", "cancel", &j2.id.to_string(), "--actor", "bob", "--reason", "wrong selection",
+    ]));
     assert!(o5.status.success(), "{}", text(&o5));
+    // Each action is in the audit log with who and why; a refused resume is not.
+    let audit: Vec<(String, String, Option<String>)> = c
+        .query("SELECT action, actor, reason FROM dlq_audit WHERE action LIKE 'job-%' ORDER BY id", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .collect();
+    assert_eq!(audit.len(), 3, "{audit:?}");
+    assert_eq!(audit[0], ("job-pause".into(), "bob".into(), Some("checking billing".into())));
+    assert_eq!(audit[1].0, "job-resume");
+    assert_eq!(audit[2], ("job-cancel".into(), "bob".into(), Some("wrong selection".into())));
     let o6 = run(outbox_command(&db).args(["dlq", "job", "resume", &j2.id.to_string()]));
     assert_eq!(o6.status.code(), Some(2), "{}", text(&o6));
     assert!(text(&o6).contains("cancelled"), "{}", text(&o6));

@@ -251,8 +251,20 @@ async fn an_edited_letter_goes_out_as_a_new_message_naming_the_original_and_both
     assert_eq!(items[0]["edited"], true, "{b}");
     assert!(items[0]["came_back_as"].is_i64(), "{b}");
 
-    // A dropped letter is not edited.
+    // A letter waiting in an unfinished job is not edited (the job would send it too).
     let dlq = outbox::dlq::Dlq::new(&db);
+    let mut opts = outbox::dlq::ReplayOptions::default();
+    opts.canary = 0;
+    opts.confirm_kinds = true;
+    let waiting = dlq
+        .create_job(&outbox::dlq::Filter { ids: vec![other], ..Default::default() }, &opts)
+        .await
+        .unwrap();
+    let (code, b) = http(s.port, "POST", &edit(&other.to_string()), Some(OPERATOR), Some(r#"{"body_text":"{}","reason":"x"}"#)).await;
+    assert_eq!(code, 400, "{b}");
+    assert!(b.contains("waiting in an unfinished replay job"), "{b}");
+    dlq.cancel_job(waiting.id, "t", Some("test")).await.unwrap();
+    // A dropped letter is not edited.
     dlq.drop_letters(&outbox::dlq::Filter { ids: vec![other], ..Default::default() }, false, "noise", "t")
         .await
         .unwrap();

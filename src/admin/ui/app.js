@@ -580,7 +580,7 @@ async function viewTrace(q) {
 async function viewOutbox() {
   const s = await api("/api/outbox/status");
   const counts = el("table", { id: "outbox-counts" }, el("tr", {}, el("th", {}, "Status"), el("th", { class: "num" }, "Rows"), el("th", {}, "Oldest")),
-    s.counts.map(c => el("tr", {}, el("td", {}, c.status), el("td", { class: "num" }, String(c.count)), el("td", {}, c.oldest || "–"))));
+    s.counts.map(c => el("tr", {}, el("td", {}, c.status), el("td", { class: "num" }, String(c.count)), el("td", {}, when(c.oldest)))));
   const failed = el("table", {}, el("tr", {}, el("th", { class: "num" }, "Rows"), el("th", {}, "Ids"), el("th", {}, "Last error")),
     s.failed_by_error.map(g => el("tr", {}, el("td", { class: "num" }, String(g.count)), el("td", {}, g.min_id + "…" + g.max_id), el("td", { class: "err" }, g.last_error))));
   return [
