@@ -551,6 +551,21 @@ async fn the_tiles_lead_to_every_process_partition_and_breaker_and_the_list_sort
         c.find(Locator::Id("open-reason")).await.unwrap()
             .send_keys("payments team asked for a pause").await.unwrap();
         shot(c, "open-breaker-dialog").await;
+        // At phone width the dialog and its button fit the screen.
+        c.set_window_size(390, 844).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let fit = c
+            .execute(
+                "const go = document.getElementById('modal-confirm').getBoundingClientRect();
+                 return [go.left, go.right, window.innerWidth];",
+                vec![],
+            )
+            .await
+            .unwrap();
+        let f: Vec<f64> = fit.as_array().unwrap().iter().map(|v| v.as_f64().unwrap()).collect();
+        assert!(f[0] >= 0.0 && f[1] <= f[2], "the breaker dialog's button is off a phone's screen: {f:?}");
+        shot(c, "open-breaker-dialog-phone").await;
+        c.set_window_size(1400, 1000).await.unwrap();
         click(c, Locator::Id("modal-confirm")).await;
         wait_text(c, "#flash-msg", "Breaker of payments-api for billing opened.").await;
         let b = wait_text(c, "#breaker-list tr", "payments-api").await;
@@ -558,6 +573,10 @@ async fn the_tiles_lead_to_every_process_partition_and_breaker_and_the_list_sort
         assert!(row.contains("payments team asked for a pause"), "{row}");
         assert!(row.contains("opened by operator admin"), "who opened it is shown: {row}");
         shot(c, "system-breakers").await;
+        c.set_window_size(390, 844).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        shot(c, "system-breakers-phone").await;
+        c.set_window_size(1400, 1000).await.unwrap();
         click_in(c, "#breaker-list tr", "payments-api", Locator::Css(".close-breaker")).await;
         c.find(Locator::Id("breaker-reason")).await.unwrap().send_keys("back").await.unwrap();
         click(c, Locator::Id("modal-confirm")).await;
