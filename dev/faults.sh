@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The whole fault suite of RELIABILITY.md at full size, with each test's figures printed:
+# The whole fault suite of docs/RELIABILITY.md at full size, with each test's figures printed:
 # relay kill -9 loop (100,000 messages), Kafka and Postgres outages with relay and consumer
 # running, a broker killed in the 3-node cluster, consumer kill -9, per-key order across
 # relays, hostile input, TLS/SASL and the secret scan. (CI runs the same tests, the relay-crash

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The 30-minute soak of BENCHMARKS.md (not run in CI): 2,000 msg/s, cleanup every minute,
+# The 30-minute soak of docs/BENCHMARKS.md (not run in CI): 2,000 msg/s, cleanup every minute,
 # a transaction held open for the first 10 minutes. Output: one JSON line per minute + summary.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."

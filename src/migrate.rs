@@ -7,7 +7,7 @@
 //! recognise one migrated by this runner. It is written here rather than taken from refinery
 //! because refinery's runner brings URL, regex and date parsing (about 40 crates and more
 //! than half of an enqueue-only service's build time) to do what these 100 lines do for one
-//! driver and one directory. `tests/layout.rs` checks the checksums against refinery's own.
+//! driver and one directory. `tests/ops/layout.rs` checks the checksums against refinery's own.
 
 use std::hash::{Hash, Hasher};
 use std::time::SystemTime;

@@ -34,7 +34,7 @@ pub const LANES: i32 = 64;
 /// partition verification on a first produce, EndTxn, a marker per partition). On a trickle
 /// most rows land in different slots, so with 8 slots a pass of ~5 rows ran ~4 transactions
 /// and waited for the slowest: the commit → `read_committed` p99 at 500 msg/s was 46 – 114 ms
-/// against 37 – 47 ms with 4 slots and 35 – 37 ms with 2 (BENCHMARKS.md, round 12). 4 keeps
+/// against 37 – 47 ms with 4 slots and 35 – 37 ms with 2 (docs/BENCHMARKS_HISTORY.md, round 12). 4 keeps
 /// up to four relays sharing the work; a fifth is a standby.
 ///
 /// Every relay of a deployment must agree on it (it names the transactional ids and the

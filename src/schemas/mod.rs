@@ -24,7 +24,7 @@
 //! Schemas by subject are cached and refreshed every [`SchemaConfig::refresh`] (a stale
 //! schema is kept while the registry is unreachable); schemas by id are immutable and cached
 //! for good. How each format maps JSON: [`avro`](self#avro), Protobuf's JSON mapping, JSON
-//! Schema as is — see the README's "Schemas" section.
+//! Schema as is — see docs/SCHEMAS.md.
 //!
 //! # Avro
 //! The JSON rules for Avro (unions, bytes, decimals, logical types) are in the table of the

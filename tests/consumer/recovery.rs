@@ -188,7 +188,7 @@ async fn poison_messages_are_dead_lettered_once_across_repeated_sigkills() {
 }
 
 /// The evaluation of Kafka 4's consumer group protocol (KIP-848) with the bundled librdkafka:
-/// `cargo test --test consumer recovery::kip848 -- --ignored --nocapture` (figures in BENCHMARKS.md).
+/// `cargo test --test consumer recovery::kip848 -- --ignored --nocapture` (figures in docs/BENCHMARKS_HISTORY.md).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "an evaluation, run by hand"]
 async fn kip848_consumer_protocol_recovery() {

@@ -177,7 +177,7 @@ async fn a_replay_before_the_fix_sees_every_comeback_after_the_job_too_and_the_a
     ))
     .unwrap();
     let test = format!(
-        "rule_files: [{rules}]\nevaluation_interval: 1m\ntests:\n  - interval: 1m\n    input_series:\n      - series: 'outbox_dlq_replay_came_back_total{{topic=\"{topic}\"}}'\n        values: '{before}x5 {after}x10'\n    alert_rule_test:\n      - eval_time: 8m\n        alertname: OutboxReplayComingBack\n        exp_alerts:\n          - exp_labels: {{severity: warning, topic: \"{topic}\"}}\n            exp_annotations:\n              summary: \"Replayed dead letters of {topic} are coming back\"\n              description: \"{n} replayed letter(s) of {topic} were dead-lettered again in the last 15 minutes: the fix did not hold (replay before the fix?).\"\n              runbook: \"README.md#runbook-the-dlq-alert-fired--what-now\"\n",
+        "rule_files: [{rules}]\nevaluation_interval: 1m\ntests:\n  - interval: 1m\n    input_series:\n      - series: 'outbox_dlq_replay_came_back_total{{topic=\"{topic}\"}}'\n        values: '{before}x5 {after}x10'\n    alert_rule_test:\n      - eval_time: 8m\n        alertname: OutboxReplayComingBack\n        exp_alerts:\n          - exp_labels: {{severity: warning, topic: \"{topic}\"}}\n            exp_annotations:\n              summary: \"Replayed dead letters of {topic} are coming back\"\n              description: \"{n} replayed letter(s) of {topic} were dead-lettered again in the last 15 minutes: the fix did not hold (replay before the fix?).\"\n              runbook: \"docs/DEAD_LETTERS.md#runbook-the-dlq-alert-fired--what-now\"\n",
         rules = rules.display(),
         n = after - before
     );

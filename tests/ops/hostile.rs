@@ -2,7 +2,7 @@
 //! viewer or nobody can reach, with hostile values (durations, NUL bytes, duplicate keys,
 //! oversize names, foreign Host headers, trickling sockets), every CLI verb with a misspelt
 //! secret property, a hostile schema registry on loopback, and letters whose headers lie. Each
-//! test is named after the behaviour it holds; RELIABILITY.md's "Hostile input" table lists
+//! test is named after the behaviour it holds; docs/RELIABILITY.md's "Hostile input" table lists
 //! them with the probe each replaced.
 
 use std::io::{Read, Write};

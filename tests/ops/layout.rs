@@ -441,3 +441,33 @@ fn no_two_public_types_share_a_name() {
         .collect();
     assert!(dup.is_empty(), "{}", dup.join("\n"));
 }
+
+#[test]
+fn the_module_map_in_lib_rs_names_every_source_file() {
+    // The `//! # Layout` map is how a reader finds code: a file it does not name is a file
+    // nobody finds. Top-level modules are named as `module`; files inside one by file name.
+    let lib = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("src/lib.rs")).unwrap();
+    let map: String = lib
+        .lines()
+        .skip_while(|l| !l.starts_with("//! # Layout"))
+        .take_while(|l| l.starts_with("//!"))
+        .collect::<Vec<_>>()
+        .join("\n");
+    assert!(!map.is_empty(), "src/lib.rs has no `//! # Layout` section");
+    let mut missing = Vec::new();
+    for (rel, _) in src_files().into_iter().filter(|(p, _)| p.starts_with("/src/") || p.starts_with("src/")) {
+        let rel = rel.trim_start_matches('/').trim_start_matches("src/").to_owned();
+        let parts: Vec<&str> = rel.split('/').collect();
+        let named = match parts.as_slice() {
+            ["lib.rs"] => true,
+            [file] => map.contains(&format!("`{}`", file.trim_end_matches(".rs"))),
+            [dir, "mod.rs"] => map.contains(&format!("`{dir}`")),
+            [.., file] => map.contains(*file),
+            [] => true,
+        };
+        if !named {
+            missing.push(rel);
+        }
+    }
+    assert!(missing.is_empty(), "files the lib.rs layout map does not name:\n{}", missing.join("\n"));
+}

@@ -1,5 +1,5 @@
 //! The relay's hot statements use the partial indexes, so their cost follows the queue, not the
-//! number of sent rows kept for retention. Plans are printed for BENCHMARKS.md
+//! number of sent rows kept for retention. Plans are printed for docs/BENCHMARKS_HISTORY.md
 //! (`cargo test --test relay plans:: -- --nocapture`).
 
 use std::time::Duration;
