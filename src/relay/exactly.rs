@@ -37,15 +37,11 @@ use tracing::warn;
 use std::collections::HashMap;
 
 use super::lanes::{slot_of, SLOTS};
-use super::progress::progress_key;
+use super::progress::{ProgressRecord, TXN_CALL_TIMEOUT};
 use super::*;
 
-/// What a recovery, a commit or an abort may take before the slot gives up for this pass.
-pub(super) const TXN_CALL_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a commit waits for librdkafka to count no message in flight (see `commit`).
 const FLUSH_WAIT: Duration = Duration::from_millis(50);
-/// How far back from the end of a progress partition the last record is looked for first.
-pub(super) const PROGRESS_TAIL: i64 = 256;
 /// The most rows one exactly-once claim takes. A slot's progress record names its batch's ids
 /// and the previous batch's (while their marks are unconfirmed): with every row in one slot
 /// and 13-digit ids, 2 × 32,000 ids make ~0.9 MB, within the producer's 1 MB
@@ -429,7 +425,7 @@ impl Relay {
         }
         // The rows, then the progress record naming them (and the slot's previous batch while
         // its marks are unconfirmed), all handed over before any report is awaited.
-        let key = progress_key(self.db.schema.name(), slot);
+        let key = ProgressRecord::key(self.db.schema.name(), slot);
         let (mut fates, progress) = self
             .produce_rows(
                 producer,

@@ -12,7 +12,6 @@ use rdkafka::util::Timeout;
 use rdkafka::{Offset, TopicPartitionList};
 use tracing::{info, warn};
 
-use super::exactly::{PROGRESS_TAIL, TXN_CALL_TIMEOUT};
 use super::lanes::SLOTS;
 use super::*;
 
@@ -150,7 +149,7 @@ impl Relay {
         .set("enable.partition.eof", "true")
         .set("isolation.level", "read_committed");
         let consumer: BaseConsumer<EofQuiet> = cc.create_with_context(EofQuiet)?;
-        let key = progress_key(self.db.schema.name(), slot);
+        let key = ProgressRecord::key(self.db.schema.name(), slot);
         let topic = topic.to_owned();
         tokio::task::spawn_blocking(move || -> Result<Vec<i64>, RelayError> {
             let (low, high) =
@@ -174,8 +173,42 @@ impl Relay {
     }
 }
 
-pub(super) fn progress_key(schema: &str, slot: i32) -> String {
-    format!("{schema}/{slot}")
+/// What a recovery, a commit or an abort may take before the slot gives up for this pass.
+pub(super) const TXN_CALL_TIMEOUT: Duration = Duration::from_secs(30);
+/// How far back from the end of a progress partition the last record is looked for first.
+pub(super) const PROGRESS_TAIL: i64 = 256;
+
+/// A slot's progress record, written in each of its transactions: the ids the transaction
+/// published (and the previous batch's, while their marks are unconfirmed). The record's
+/// format lives here alone: the sender encodes it, the recovery decodes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct ProgressRecord {
+    /// The slot, which is also the record's partition.
+    pub(super) slot: i32,
+    /// The outbox ids committed with it.
+    pub(super) ids: Vec<i64>,
+}
+
+impl ProgressRecord {
+    /// The record's key: the schema and the slot (schemas share a progress topic).
+    pub(super) fn key(schema: &str, slot: i32) -> String {
+        format!("{schema}/{slot}")
+    }
+
+    /// The record's value.
+    pub(super) fn encode(&self) -> String {
+        serde_json::json!({ "slot": self.slot, "ids": self.ids }).to_string()
+    }
+
+    /// The ids of a record's value; none for a value that is not one (a record written by
+    /// hand, or damaged, names nothing to mark).
+    pub(super) fn decode_ids(payload: &[u8]) -> Vec<i64> {
+        let v: serde_json::Value = serde_json::from_slice(payload).unwrap_or_default();
+        v["ids"]
+            .as_array()
+            .map(|a| a.iter().filter_map(serde_json::Value::as_i64).collect())
+            .unwrap_or_default()
+    }
 }
 
 /// The progress reader's callbacks: reaching the end of the partition is how it knows it is
@@ -213,14 +246,7 @@ fn read_tail(
     while std::time::Instant::now() < deadline {
         match consumer.poll(Duration::from_millis(200)) {
             Some(Ok(m)) if m.key() == Some(key.as_bytes()) => {
-                let v: serde_json::Value =
-                    serde_json::from_slice(m.payload().unwrap_or_default()).unwrap_or_default();
-                last = Some(
-                    v["ids"]
-                        .as_array()
-                        .map(|a| a.iter().filter_map(serde_json::Value::as_i64).collect())
-                        .unwrap_or_default(),
-                );
+                last = Some(ProgressRecord::decode_ids(m.payload().unwrap_or_default()));
             }
             // Another schema's record in the shared progress partition.
             Some(Ok(_)) => {}
@@ -230,4 +256,23 @@ fn read_tail(
         }
     }
     Err(RelayError::Kafka(KafkaError::Canceled))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ProgressRecord;
+
+    #[test]
+    fn a_progress_record_decodes_to_the_ids_it_was_encoded_with() {
+        let r = ProgressRecord {
+            slot: 3,
+            ids: vec![7, 9_000_000_000_001, 12],
+        };
+        assert_eq!(ProgressRecord::decode_ids(r.encode().as_bytes()), r.ids);
+        assert_eq!(ProgressRecord::key("billing", 3), "billing/3");
+        // Not a record: names nothing to mark.
+        for junk in [&b""[..], b"{", b"[1,2]", b"{\"ids\":\"1,2\"}"] {
+            assert!(ProgressRecord::decode_ids(junk).is_empty());
+        }
+    }
 }

@@ -181,7 +181,11 @@ impl Relay {
                 )
                 .collect();
             // The progress partition is the slot's own.
-            let body = serde_json::json!({ "slot": partition, "ids": ids }).to_string();
+            let body = super::progress::ProgressRecord {
+                slot: partition,
+                ids,
+            }
+            .encode();
             let record = BaseRecord::with_opaque_to(topic, batch.opaque(rows.len()))
                 .partition(partition)
                 .key(key.as_bytes())
