@@ -44,7 +44,7 @@ use tokio_util::sync::CancellationToken;
 use super::config::MAX_COMMIT_GROUP;
 use super::handler::{BoxFuture, Delivered, HandlerError};
 use super::inbox::InboxOutcome;
-use super::process::connection;
+use super::tx::connection;
 use super::Shared;
 use crate::backoff::Backoff;
 
@@ -412,7 +412,7 @@ async fn write_group(
     // A record that caught its own statement's error and returned `Ok` left the transaction
     // aborted, and `COMMIT` would then roll back without an error: every message of the group
     // would be reported done with nothing written. A statement fails in an aborted transaction.
-    super::process::live(&tx).await?;
+    super::tx::live(&tx).await?;
     tx.commit().await?;
     shared.pg_outage.ok();
     Ok(new
@@ -448,7 +448,7 @@ async fn write_one(shared: &Shared, p: &Pending) -> Result<InboxOutcome, Written
             Ok(Err(e)) => return Err(e),
             Err(panic) => return Ok(Err(panic)),
         }
-        super::process::live(&tx).await?;
+        super::tx::live(&tx).await?;
         tx.commit().await?;
         Ok::<_, HandlerError>(Ok(InboxOutcome::Processed))
     };

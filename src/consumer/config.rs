@@ -7,7 +7,6 @@ use std::time::Duration;
 use rdkafka::error::KafkaError;
 
 use super::retry::RetryStrategy;
-use super::runtime::DEFAULT_PAUSE_AFTER;
 use crate::wire::retry_topic;
 
 /// Default handler concurrency: messages in work at once. Call handlers (an external API,
@@ -20,6 +19,13 @@ pub const DEFAULT_TRANSACTIONS: usize = 16;
 /// Default bound on accepted-but-unfinished messages before partitions are paused.
 pub const DEFAULT_MAX_BUFFERED: usize = 4096;
 pub use crate::wire::DEFAULT_DLQ_SUFFIX;
+
+/// Default for [`ConsumerConfig::pause_after`]: how long the runtime may sit at
+/// `max_buffered` with no handler finishing before it pauses every partition. A full buffer
+/// that keeps draining costs nothing: librdkafka's bounded prefetch queue absorbs it, whereas a
+/// pause discards the prefetched data and refetches it on resume (measured: pausing at every
+/// saturation capped a 16-way consumer at ~1,000 msg/s).
+pub const DEFAULT_PAUSE_AFTER: Duration = Duration::from_secs(2);
 
 /// Consumer settings. `group` must be given explicitly: a group derived from a host name
 /// changes with every deployment and silently re-reads or skips the topic.

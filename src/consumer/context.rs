@@ -13,7 +13,7 @@ use tracing::{info, warn};
 use super::breaker::{Breakers, Mode};
 use super::offsets::OffsetTracker;
 
-use super::runtime::{now_ms, Tp};
+use super::envelope::{now_ms, Tp};
 
 /// Shared with the rebalance callback: which partitions we own and their offset trackers.
 #[derive(Default)]

@@ -7,10 +7,13 @@ use futures::FutureExt;
 use tokio::sync::mpsc;
 use tracing::warn;
 
-use super::breaker::{process_drain, Mode};
+use super::breaker::Mode;
+use super::drain::process_drain;
 use super::group::process_group;
-use super::process::{process, process_batch, Fate};
-use super::runtime::{Done, DoneItem, Envelope, LaneKey, Runtime};
+use super::envelope::Fate;
+use super::process::{process, process_batch};
+use super::envelope::{Done, DoneItem, Envelope, LaneKey};
+use super::runtime::Runtime;
 use super::HandlerRef;
 
 impl Runtime<'_> {

@@ -30,22 +30,12 @@ use std::sync::Arc;
 
 use super::handler::{Delivered, Handler, HandlerError};
 use super::inbox::InboxOutcome;
-use super::process::{
-    connection, count, handle_span, handler_seconds, process, process_from, Fate, Tried,
-};
-use super::runtime::Envelope;
+use super::envelope::{Envelope, Fate, InGroup};
+use super::process::{process, process_from};
+use super::tx::{connection, count, handle_span, handler_seconds};
 use super::stats::ConsumerStats;
 use super::{HandlerRef, Shared};
 
-/// How one message of a group ended inside the group's transaction.
-pub(super) enum InGroup {
-    Processed,
-    Duplicate,
-    /// Its handler failed or panicked: processed alone, this try counting as its first.
-    Failed(Tried),
-    /// Not tried (the group failed, or it is not a per-message handler's): processed alone.
-    Alone,
-}
 
 /// Processes `envs` (heads of different lanes) as one commit group; returns each one's fate.
 pub(super) async fn process_group(envs: &[&Envelope], shared: &Shared) -> Vec<Fate> {
@@ -149,7 +139,7 @@ async fn run_group(envs: &[&Envelope], shared: &Shared) -> Result<Vec<InGroup>, 
     }
     // A handler that swallowed its statement's error left the transaction aborted; `COMMIT`
     // would roll back without an error and every member would count as handled.
-    super::process::live(&tx).await?;
+    super::tx::live(&tx).await?;
     tx.commit().await?;
     shared.pg_outage.ok();
     Ok(outcomes)

@@ -31,9 +31,10 @@ use std::sync::{Arc, Mutex};
 use tokio_util::sync::CancellationToken;
 
 use super::handler::Delivered;
-use super::process::{process, Fate};
+use super::envelope::Fate;
+use super::process::process;
 use super::record::{decode, origin, Raw};
-use super::runtime::Envelope;
+use super::envelope::Envelope;
 use super::stats::ConsumerStats;
 use super::{call, Consumer, ConsumerError, DeadLetterKind, Shared, Sink};
 use crate::message::Message;

@@ -28,6 +28,8 @@ mod breaker;
 mod call;
 mod config;
 mod context;
+mod drain;
+mod envelope;
 mod dead_letter;
 mod dispatch;
 mod group;
@@ -45,6 +47,8 @@ mod setup;
 #[cfg(feature = "sqlx")]
 mod sqlx;
 mod stats;
+mod steer;
+mod tx;
 mod upkeep;
 
 #[cfg(feature = "sqlx")]
@@ -70,7 +74,7 @@ pub use retry::{
     retry_suffix, RetryStrategy, DEFAULT_IN_PLACE_ATTEMPTS, DEFAULT_IN_PLACE_BASE,
     DEFAULT_IN_PLACE_MAX, DEFAULT_RETRY_DELAYS,
 };
-pub use runtime::DEFAULT_PAUSE_AFTER;
+pub use config::DEFAULT_PAUSE_AFTER;
 pub use stats::ConsumerStats;
 pub use upkeep::{cleanup_marks, MarksCleaned, MarksCleanup};
 

@@ -17,38 +17,13 @@ use super::handler::{BatchHandler, Delivered, HandlerError};
 use super::inbox::InboxOutcome;
 use super::record::{Origin, Raw};
 use super::retry::RetryStrategy;
-use super::runtime::Envelope;
+use super::envelope::{Envelope, Fate, Tried};
+use super::tx::{connection, count, handle_span, handler_seconds, live};
 use super::stats::ConsumerStats;
 use super::{HandlerRef, Shared};
 use crate::backoff::Backoff;
 
-/// How processing of one message ended.
-#[derive(Clone, Copy)]
-pub(super) enum Fate {
-    /// Handled, duplicate, skipped, forwarded or dead-lettered with the broker's ack.
-    Final,
-    /// Given up at shutdown: not final, the offset stays before it.
-    Abandoned,
-}
 
-/// A pooled connection for a handler's transaction; none to be had means our database is down.
-pub(super) async fn connection(shared: &Shared) -> Result<deadpool_postgres::Object, HandlerError> {
-    shared
-        .pool
-        .get()
-        .await
-        .map_err(|e| HandlerError::database_unavailable(format!("postgres pool: {e}")))
-}
-
-/// Fails when `tx` is aborted (a statement failed and its error was swallowed): its `COMMIT`
-/// would silently roll back.
-pub(super) async fn live(tx: &tokio_postgres::Transaction<'_>) -> Result<(), HandlerError> {
-    tx.batch_execute("SELECT 1").await.map_err(|e| {
-        HandlerError::transient(format!(
-            "the transaction was aborted by a statement whose error was not returned: {e}"
-        ))
-    })
-}
 
 /// The handler's transaction: mark first, then the handler; both commit or neither.
 pub(super) async fn run_in_tx(
@@ -213,47 +188,11 @@ pub(super) fn panic_text(p: &(dyn std::any::Any + Send)) -> String {
         .unwrap_or_else(|| "handler panicked".into())
 }
 
-/// Counts one outcome (`outbox_consumer_messages_total`), labelled by the original topic.
-pub(super) fn count(shared: &Shared, topic: &str, outcome: &'static str, n: u64) {
-    metrics::counter!(crate::metrics::CONSUMER_MESSAGES,
-        "topic" => topic.to_owned(), "group" => shared.config.group.clone(), "outcome" => outcome)
-    .increment(n);
-}
-
-pub(super) fn handler_seconds(shared: &Shared, topic: &str, started: std::time::Instant) {
-    metrics::histogram!(crate::metrics::CONSUMER_HANDLER_SECONDS,
-        "topic" => topic.to_owned(), "group" => shared.config.group.clone())
-    .record(started.elapsed().as_secs_f64());
-}
-
-/// The handler span: a `traceparent` header makes its trace the parent.
-pub(super) fn handle_span(d: &Delivered, shared: &Shared) -> tracing::Span {
-    let tp = d
-        .headers
-        .iter()
-        .find(|(k, _)| k == crate::trace::TRACEPARENT)
-        .and_then(|(_, v)| v.as_deref())
-        .and_then(|v| std::str::from_utf8(v).ok())
-        .and_then(crate::trace::TraceParent::parse);
-    tracing::info_span!(
-        "outbox.handle",
-        topic = %d.topic,
-        partition = d.partition,
-        offset = d.offset,
-        group = %shared.config.group,
-        message_type = %d.message_type,
-        message_id = %d.message_id,
-        trace_id = tp.as_ref().map(|t| t.trace_id.as_str()),
-        parent_id = tp.as_ref().map(|t| t.parent_id.as_str()),
-    )
-}
 
 pub(super) async fn process(env: &Envelope, shared: &Shared) -> Fate {
     process_from(env, shared, None).await
 }
 
-/// What one try of a handler in its transaction gave (a panic is the `Err`).
-pub(super) type Tried = std::thread::Result<Result<InboxOutcome, HandlerError>>;
 
 /// [`process`], when the first try already happened elsewhere (in a commit group, see
 /// `group.rs`) and gave `first`: it counts as attempt 1.
@@ -358,10 +297,10 @@ pub(super) async fn process_from(
                 // as long), no in-place retries against it.
                 b.probes.fetch_add(1, Ordering::Relaxed);
                 b.open(dep, err.message()).await;
-                return super::breaker::park(raw, origin, shared, err.message(), calls).await;
+                return park(raw, origin, shared, err.message(), calls).await;
             }
             if b.is_open(dep) || b.mode() != Mode::Normal {
-                return super::breaker::park(raw, origin, shared, err.message(), calls).await;
+                return park(raw, origin, shared, err.message(), calls).await;
             }
             if dep_attempt < b.config.attempts && !rate_crossed {
                 attempt -= 1;
@@ -374,7 +313,7 @@ pub(super) async fn process_from(
                 continue;
             }
             b.open(dep, err.message()).await;
-            return super::breaker::park(raw, origin, shared, err.message(), calls).await;
+            return park(raw, origin, shared, err.message(), calls).await;
         }
         if !err.is_transient() {
             warn!(message_id = %d.message_id, error = %err, "permanent failure: dead-lettering");
@@ -605,4 +544,28 @@ pub(super) async fn produce_until_acked(
             }
         }
     }
+}
+
+/// Parks a message whose dependency is down: a dead letter of kind `unavailable`, drained when
+/// the breaker closes.
+pub(super) async fn park(
+    raw: &Raw,
+    origin: &Origin,
+    shared: &Shared,
+    error: &str,
+    attempts: u32,
+) -> Fate {
+    let f = dead_letter(
+        raw,
+        origin,
+        shared,
+        DeadLetterKind::Unavailable,
+        error,
+        attempts,
+    )
+    .await;
+    if let (Fate::Final, Some(b)) = (f, shared.breaker()) {
+        b.parked.fetch_add(1, Ordering::Relaxed);
+    }
+    f
 }

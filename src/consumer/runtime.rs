@@ -4,7 +4,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use rdkafka::consumer::{Consumer as _, StreamConsumer};
 use rdkafka::error::KafkaError;
@@ -17,34 +17,13 @@ use tracing::{debug, info, warn};
 
 use super::breaker::{DrainPacer, Mode};
 pub(super) use super::context::*;
-use super::handler::Delivered;
 use super::offsets::OffsetTracker;
-use super::process::Fate;
-use super::record::{decode, origin, Origin, Raw};
+use super::envelope::{now_ms, Done, DoneItem, Envelope, Fate, LaneId, LaneKey, Tp};
+use super::record::{decode, origin, Raw};
 use super::retry::RetryStrategy;
 use super::stats::ConsumerStats;
 use super::Shared;
 use crate::kafka::tpl_of;
-
-pub(crate) type Tp = (String, i32);
-
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub(super) enum LaneId {
-    Key(Vec<u8>),
-    Offset(i64),
-}
-pub(super) type LaneKey = (String, i32, LaneId);
-
-pub(super) struct Envelope {
-    pub(super) raw: Raw,
-    pub(super) epoch: u64,
-    pub(super) due: Option<Instant>,
-    pub(super) origin: Origin,
-    /// Decoded before dispatch: a decode error never reaches a handler or spends retries.
-    pub(super) decoded: Result<Delivered, String>,
-    /// A parked letter of this group, read from a DLQ topic during a drain.
-    pub(super) drain: bool,
-}
 
 #[derive(Default)]
 pub(super) struct Lane {
@@ -52,23 +31,7 @@ pub(super) struct Lane {
     pub(super) busy: bool,
 }
 
-/// The outcome of one task (one message, or a batch of messages from different lanes).
-pub(super) struct Done {
-    pub(super) items: Vec<DoneItem>,
-    /// The task held a transaction slot.
-    pub(super) tx: bool,
-}
-
-pub(super) struct DoneItem {
-    pub(super) lane: LaneKey,
-    pub(super) tp: Tp,
-    pub(super) offset: i64,
-    pub(super) epoch: u64,
-    pub(super) fate: Fate,
-    /// The record's timestamp (ms), for the lag-in-seconds gauge.
-    pub(super) timestamp_ms: Option<i64>,
-}
-
+/// The poll loop's state: partitions, lanes, what is running and what waits.
 pub(super) struct Runtime<'c> {
     pub(super) consumer: &'c StreamConsumer<Ctx>,
     pub(super) partitions: Arc<Mutex<Partitions>>,
@@ -100,18 +63,6 @@ pub(super) struct Runtime<'c> {
     pub(super) steer_at: Instant,
     pub(super) assigned: Arc<std::sync::atomic::AtomicBool>,
     pub(super) kafka_outage: Arc<crate::outage::Outage>,
-}
-
-/// Default for [`ConsumerConfig::pause_after`](super::ConsumerConfig::pause_after): how long the runtime may sit at
-/// `max_buffered` with no handler finishing before it pauses every partition. A full buffer
-/// that keeps draining costs nothing: librdkafka's bounded prefetch queue absorbs it, whereas a pause discards the prefetched data and refetches it on resume
-/// (measured: pausing at every saturation capped a 16-way consumer at ~1,000 msg/s).
-pub const DEFAULT_PAUSE_AFTER: Duration = Duration::from_secs(2);
-
-pub(super) fn now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64)
 }
 
 impl<'c> Runtime<'c> {
@@ -361,7 +312,7 @@ impl Runtime<'_> {
         };
         warn!(topic = %raw.topic, partition = raw.partition, offset = raw.offset, group = %other, "retry record of another consumer group: ignored");
         ConsumerStats::inc(&self.shared.stats.foreign_retries);
-        super::process::count(&self.shared, main, "foreign_retry", 1);
+        super::tx::count(&self.shared, main, "foreign_retry", 1);
         true
     }
 

@@ -1,7 +1,7 @@
 //! Framed records (the Confluent wire format) decoded through the schema registry before any
 //! handler sees them: `record.rs` leaves their body empty; the message task fills it in here.
 
-use super::runtime::Envelope;
+use super::envelope::Envelope;
 use super::Shared;
 #[cfg(feature = "schemas")]
 use crate::backoff::Backoff;

@@ -1,4 +1,5 @@
-//! The crate's shape, checked: the top-level modules form a one-way graph, a service built with
+//! The crate's shape, checked: the top-level modules and the children of every module form
+//! one-way graphs, the module map names every file, a service built with
 //! `default-features = false` links no Kafka, HTTP or CLI crates, each feature builds alone, and
 //! the migration runner records what refinery (which earlier releases ran) records.
 
@@ -402,15 +403,126 @@ fn doc_comments_stand_on_their_own() {
     assert!(cites.is_empty(), "{}", cites.join("\n"));
 }
 
-#[test]
-fn no_source_file_outgrows_one_concept() {
-    // ~600 lines is where the files split so far mixed concerns; 700 leaves room to grow.
-    let big: Vec<String> = src_files()
-        .into_iter()
-        .filter(|(_, t)| t.lines().count() > 700)
-        .map(|(p, t)| format!("{p}: {} lines", t.lines().count()))
+/// Within one directory of `src/` (a module with children), which child refers to which: a
+/// child file's `super::sibling` and `crate::<path>::sibling`, a child directory's
+/// `super::super::sibling` and `crate::<path>::sibling` (comments excluded). The parent
+/// (`mod.rs`, or `lib.rs` for `src/`) is not a child.
+fn child_edges(dir: &Path) -> BTreeMap<String, BTreeSet<String>> {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let path: Vec<String> = dir
+        .strip_prefix(&src)
+        .unwrap()
+        .components()
+        .map(|c| c.as_os_str().to_string_lossy().into_owned())
         .collect();
-    assert!(big.is_empty(), "{}", big.join("\n"));
+    let crate_path = std::iter::once("crate".to_owned()).chain(path).collect::<Vec<_>>().join("::");
+    let mut children: BTreeMap<String, Vec<(std::path::PathBuf, usize)>> = BTreeMap::new();
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        let name = p.file_name().unwrap().to_string_lossy().into_owned();
+        if p.is_dir() {
+            let mut fs = Vec::new();
+            rust_files(&p, &mut fs);
+            let depth_of = |f: &Path| f.strip_prefix(&p).unwrap().components().count();
+            children
+                .entry(name)
+                .or_default()
+                .extend(fs.iter().map(|f| (f.clone(), depth_of(f))));
+        } else if name.ends_with(".rs") && name != "mod.rs" && name != "lib.rs" {
+            children.entry(name.trim_end_matches(".rs").to_owned()).or_default().push((p, 0));
+        }
+    }
+    let names: BTreeSet<String> = children.keys().cloned().collect();
+    let mut edges: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for (child, files) in &children {
+        let out = edges.entry(child.clone()).or_default();
+        for (f, depth) in files {
+            // From a file `depth` levels inside a child directory, `super::` repeated this
+            // often reaches `dir` (a file `x/mod.rs` is one level in, like `x.rs`).
+            let is_mod = f.file_name().is_some_and(|n| n == "mod.rs");
+            let ups = if *depth == 0 { 1 } else { depth - usize::from(is_mod) + 1 };
+            let up = vec!["super"; ups].join("::");
+            let text = std::fs::read_to_string(f).unwrap();
+            for line in text.lines() {
+                let code = line.split("//").next().unwrap();
+                for prefix in [format!("{up}::"), format!("{crate_path}::")] {
+                    let mut rest = code;
+                    while let Some(i) = rest.find(&prefix) {
+                        // `super::super::x` also contains `super::x`: only the exact depth.
+                        let before = &rest[..i];
+                        rest = &rest[i + prefix.len()..];
+                        if prefix.starts_with("super") && before.ends_with("super::") {
+                            continue;
+                        }
+                        let group = rest.strip_prefix('{').map(|r| r.split('}').next().unwrap_or(""));
+                        let named: Vec<String> = match group {
+                            Some(g) => g
+                                .split(',')
+                                .map(|n| n.trim().split("::").next().unwrap_or("").to_owned())
+                                .collect(),
+                            None => vec![rest
+                                .chars()
+                                .take_while(|c| c.is_alphanumeric() || *c == '_')
+                                .collect()],
+                        };
+                        for n in named {
+                            if n != *child && names.contains(&n) {
+                                out.insert(n);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    edges
+}
+
+/// Every directory of `src/` that holds modules.
+fn module_dirs() -> Vec<std::path::PathBuf> {
+    fn walk(d: &Path, out: &mut Vec<std::path::PathBuf>) {
+        for e in std::fs::read_dir(d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                out.push(p.clone());
+                walk(&p, out);
+            }
+        }
+    }
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut out = Vec::new();
+    walk(&src, &mut out);
+    out
+}
+
+#[test]
+fn inside_every_module_the_children_form_a_one_way_graph() {
+    // The top level is checked above; here every directory: shared data lives in leaf
+    // modules, so no two siblings need each other.
+    let dirs = module_dirs();
+    assert!(dirs.iter().any(|d| d.ends_with("consumer")), "{dirs:?}");
+    let consumer = child_edges(&dirs.iter().find(|d| d.ends_with("consumer")).unwrap().clone());
+    assert!(
+        consumer.get("process").is_some_and(|e| e.contains("envelope")),
+        "the scan sees edges: {consumer:?}"
+    );
+    let mut cycles = Vec::new();
+    for d in &dirs {
+        let edges = child_edges(d);
+        if let Some(c) = cycle(&edges) {
+            cycles.push(format!("{}: {}", d.display(), c.join(" -> ")));
+        }
+    }
+    assert!(cycles.is_empty(), "cycles inside modules:\n{}", cycles.join("\n"));
+}
+
+#[test]
+fn the_directory_check_finds_a_planted_cycle() {
+    // Planted in the edges of a real directory: `envelope` (a leaf) pointing back at `process`.
+    let d = module_dirs().into_iter().find(|d| d.ends_with("consumer")).unwrap();
+    let mut edges = child_edges(&d);
+    edges.entry("envelope".into()).or_default().insert("process".into());
+    assert!(cycle(&edges).is_some());
 }
 
 #[test]

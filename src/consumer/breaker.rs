@@ -25,11 +25,6 @@ use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
-mod drain;
-mod steer;
-
-pub(super) use drain::*;
-
 use deadpool_postgres::Pool;
 use serde::Serialize;
 use tracing::{info, warn};

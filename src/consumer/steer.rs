@@ -11,6 +11,7 @@ use tracing::warn;
 
 use crate::consumer::breaker::{Breakers, DrainPacer, Mode};
 use crate::consumer::record::Raw;
+use crate::consumer::envelope::{Envelope, Tp};
 use crate::consumer::runtime::*;
 use crate::kafka::tpl_of;
 

@@ -13,35 +13,13 @@ use crate::consumer::breaker::first_failed;
 use crate::consumer::dead_letter::*;
 use crate::consumer::handler::Freshness;
 use crate::consumer::inbox::InboxOutcome;
+use crate::consumer::envelope::Fate;
 use crate::consumer::process::*;
-use crate::consumer::record::{Origin, Raw};
+use crate::consumer::tx::{count, handle_span};
 use crate::consumer::retry::RetryStrategy;
-use crate::consumer::runtime::Envelope;
+use super::envelope::Envelope;
 use crate::consumer::Shared;
 
-/// Parks a message whose dependency is down: a dead letter of kind `unavailable`, drained when
-/// the breaker closes.
-pub(in crate::consumer) async fn park(
-    raw: &Raw,
-    origin: &Origin,
-    shared: &Shared,
-    error: &str,
-    attempts: u32,
-) -> Fate {
-    let f = dead_letter(
-        raw,
-        origin,
-        shared,
-        DeadLetterKind::Unavailable,
-        error,
-        attempts,
-    )
-    .await;
-    if let (Fate::Final, Some(b)) = (f, shared.breaker()) {
-        b.parked.fetch_add(1, Ordering::Relaxed);
-    }
-    f
-}
 
 /// A parked letter read back during a drain: envelope policies, freshness check, then the
 /// handler like any message (same inbox, so a letter already handled is a duplicate).
