@@ -62,15 +62,15 @@
 //! | `journey` | core | [`journey::trace`]: one message's journey (outbox row, each group's outcome, replays, audit) |
 //! | `republish` | core | [`requeue_sent`]: publish sent rows again (a topic lost by the broker) |
 //! | `metrics` | core / `prometheus` | metric names; the recorder and `/metrics` with `prometheus` (`exporter.rs`) |
-//! | `trace` | core | W3C `traceparent`: carried to Kafka, parent of the consumer's handler span |
+//! | `trace_context` | core | W3C `traceparent`: carried to Kafka, parent of the consumer's handler span (`trace`, its old name, is a deprecated alias) |
 //! | `classify` | core | transient vs permanent Postgres errors (tokio-postgres and sqlx) |
 //! | `sqlx` | `sqlx` | `outbox::sqlx::enqueue` into an sqlx transaction or connection; the consumer's sqlx driver lives in `consumer/sqlx.rs` |
 //! | `schemas` | `schemas` | `schemas::Schemas`: the registry client and its caches (`registry.rs`), the Confluent frame (`frame.rs`), one file per format (`avro.rs` over `binary.rs`'s primitives, `protobuf.rs`, `json_schema.rs`), schema files for `outbox schemas register/check` (`files.rs`), the parsers the property tests reach (`probe.rs`) |
 //! | `db`, `backoff`, `outage` | core | connections; capped backoff; one log line per outage (private) |
 //! | `kafka` | `kafka` | the idempotent producer preset, librdkafka callbacks, typed refusal reasons (private) |
 //! | `topics` | `kafka` | [`topics::apply_file`]: topics as code (main, retry chain, DLQ): the plan (`mod.rs`), applied to the broker (`apply.rs`) |
-//! | `relay` | `relay` | [`Relay`]: take → send → mark (`mod.rs`); `batch.rs` claimed rows and their fates, `producer.rs` its settings and error meanings, `reports.rs` delivery reports, `polled.rs` the producers' polling thread, `pipeline.rs` batches overlapped, `tasks.rs` `run` and the background loops, `lanes.rs`, `floor.rs`, `config.rs`, `error.rs`, `send.rs` a batch handed to librdkafka and its fates, `exactly.rs` (exactly-once: a transactional producer per slot of lanes, the two-deep pipeline), `progress.rs` (progress records, fencing and recovery), `schemas.rs` rows of topics with a schema encoded |
-//! | `consumer` | `consumer` | [`consumer::Consumer`] (`mod.rs`), `config.rs` its settings, `setup.rs` what it builds before it runs, `handler.rs` what a handler sees and returns, `process.rs` one message or batch in the handler's transaction with the inbox mark (`inbox.rs`), `group.rs` commit groups, `offsets.rs` the offset to commit per partition, `retry.rs` retry strategies, `record.rs` where a record came from, `dead_letter.rs` retry and dead-letter records, `schemas.rs` framed records decoded, `stats.rs` counters, `upkeep.rs` its marks' cleanup; `call.rs` call handlers (the call outside any transaction) and their mark writers; `sqlx.rs` the sqlx driver of handler transactions; `harness.rs` handlers run through the real path without a broker (`Consumer::harness`); `runtime.rs` the poll loop, `dispatch.rs` lanes to handler tasks, `context.rs` librdkafka callbacks; `envelope.rs` the data every stage passes along (a record on its way, its fate, a task's outcome), `tx.rs` what every handler transaction uses (a pooled connection, the liveness check, the span, the counters); the shared breaker: its row and state (`breaker.rs`), the runtime steering by it (`steer.rs`), parked letters drained (`drain.rs`) |
+//! | `relay` | `relay` | [`Relay`]: take → send → mark (`mod.rs`); `batch.rs` claimed rows and their fates, `producer.rs` its settings and error meanings, `reports.rs` delivery reports, `poll_thread.rs` the producers' polling thread, `pipeline.rs` batches overlapped, `tasks.rs` `run` and the background loops, `lanes.rs`, `floor.rs`, `config.rs`, `error.rs`, `send.rs` a batch handed to librdkafka and its fates, `exactly_once.rs` (exactly-once: a transactional producer per slot of lanes, the two-deep pipeline), `progress.rs` (progress records, fencing and recovery), `schemas.rs` rows of topics with a schema encoded |
+//! | `consumer` | `consumer` | [`consumer::Consumer`] (`mod.rs`), `config.rs` its settings, `setup.rs` what it builds before it runs, `handler.rs` what a handler sees and returns, `process.rs` one message or batch in the handler's transaction with the inbox mark (`inbox.rs`), `commit_group.rs` commit groups, `offsets.rs` the offset to commit per partition, `retry.rs` retry strategies, `record.rs` where a record came from, `dead_letter.rs` retry and dead-letter records, `schemas.rs` framed records decoded, `stats.rs` counters, `upkeep.rs` its marks' cleanup; `call.rs` call handlers (the call outside any transaction) and their mark writers; `sqlx.rs` the sqlx driver of handler transactions; `harness.rs` handlers run through the real path without a broker (`Consumer::harness`); `runtime.rs` the poll loop, `dispatch.rs` lanes to handler tasks, `context.rs` librdkafka callbacks; `envelope.rs` the data every stage passes along (a record on its way, its fate, a task's outcome), `tx.rs` what every handler transaction uses (a pooled connection, the liveness check, the span, the counters); the shared breaker: its row and state (`breaker.rs`), the runtime steering by it (`steer.rs`), parked letters drained (`drain.rs`) |
 //! | `dlq` | `dlq` | [`dlq::Dlq`]: the archiver (`archive.rs`, [`dlq::Archiver`]), the selection (`filter.rs`), errors grouped by cause (`normalize.rs`), read-only views and the audit log (`query.rs`), drop, restore and purge (`drop.rs`), headers on the way back (`headers.rs`), replay straight from a topic (`from_topic.rs`), replay jobs (`replay/`: `select.rs` the selection and dry run, `runner.rs` sending and marking, `pacer.rs` the rate, `state.rs` a job's state, timeline and items, `edit.rs` edit and retry) |
 //! | `admin` | `admin` | the HTTP admin API with bearer tokens and roles (`auth.rs`), the route table (`mod.rs`), `handlers.rs`, `jobs.rs` (replay jobs: timeline, items, audited pause/resume/cancel), `edit.rs` (edit and retry, through the topic's schema when known), `trace.rs` (a message's journey: ids for viewers, contents for operators), the dashboard (`ui/`: `app.js` views, `words.js` times, plurals and audit rows in words, `jobs.js` the jobs and a job's page, `edit.js` the editor, served as one script), `/metrics`; `server.rs` the server's options and middleware (in-flight limit, `Host` allow-list, panics answered 500), `input.rs` strict JSON bodies and query strings, `ready.rs` `/readyz` from the server's last look |
 //! | `serve` | `prometheus` | HTTP/1 serving with bounds (connection cap, header and idle timeouts) for the admin server and the `/metrics` listener (private) |
@@ -130,7 +130,13 @@ mod status;
 mod topic;
 #[cfg(feature = "kafka")]
 pub mod topics;
-pub mod trace;
+/// Renamed [`trace_context`]: W3C trace context, not to be confused with [`journey::trace`]
+/// (a message's journey).
+#[deprecated(since = "0.2.0", note = "renamed `outbox::trace_context`")]
+pub mod trace {
+    pub use crate::trace_context::*;
+}
+pub mod trace_context;
 pub mod wire;
 
 #[cfg(test)]
@@ -149,7 +155,7 @@ pub use enqueue::{enqueue, enqueue_batch, EnqueueError, Enqueuer};
 #[cfg(feature = "kafka")]
 pub use kafka::RefusalReason;
 pub use message::{
-    parse_instant, Message, HEADER_ENTITY_ID, HEADER_MESSAGE_ID, HEADER_MESSAGE_TYPE,
+    parse_instant, InvalidInstant, Message, HEADER_ENTITY_ID, HEADER_MESSAGE_ID, HEADER_MESSAGE_TYPE,
     HEADER_TIMESTAMP, STANDARD_HEADERS, TOMBSTONE_TYPE,
 };
 pub use migrate::{embedded_migrations, migrate, MigrateError, MigrateReport};

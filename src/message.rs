@@ -154,8 +154,8 @@ pub fn rfc3339(t: SystemTime) -> String {
 /// (`2h`, `7d`).
 ///
 /// # Errors
-/// A message naming both accepted forms.
-pub fn parse_instant(s: &str) -> Result<SystemTime, String> {
+/// [`InvalidInstant`], naming both accepted forms.
+pub fn parse_instant(s: &str) -> Result<SystemTime, InvalidInstant> {
     if let Ok(t) = humantime::parse_rfc3339_weak(s.trim()) {
         return Ok(t);
     }
@@ -167,10 +167,13 @@ pub fn parse_instant(s: &str) -> Result<SystemTime, String> {
             .filter(|t| *t >= SystemTime::UNIX_EPOCH)
             .unwrap_or(SystemTime::UNIX_EPOCH));
     }
-    Err(format!(
-        "{s:?}: give an RFC 3339 time (2026-11-30T08:00:00Z) or a duration ago (2h)"
-    ))
+    Err(InvalidInstant(crate::wire::cut(s)))
 }
+
+/// Text that is neither an RFC 3339 time nor a duration ago (its first characters kept).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0:?}: give an RFC 3339 time (2026-11-30T08:00:00Z) or a duration ago (2h)")]
+pub struct InvalidInstant(pub String);
 
 #[cfg(test)]
 mod tests {

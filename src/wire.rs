@@ -111,15 +111,32 @@ pub const DEFAULT_RETRY_DELAYS: [Duration; 3] = [
     Duration::from_secs(300),
 ];
 
+/// A retry topic that cannot be named.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum RetryTopicError {
+    /// A delay below 1 s or not a whole number of seconds.
+    #[error("retry delay {0:?} must be a whole number of seconds, at least 1 s")]
+    Delay(Duration),
+    /// The group's name makes the retry topic's name break the naming rules.
+    #[error("consumer group {group:?} cannot name a retry topic of {topic:?} ({reason}); use a group name of [a-zA-Z0-9-] (and '.' or '_' only as the topic uses them)")]
+    GroupName {
+        /// The main topic.
+        topic: String,
+        /// The consumer group.
+        group: String,
+        /// The rule the name breaks.
+        reason: crate::topic::InvalidTopic,
+    },
+}
+
 /// The suffix of a retry topic for `delay`: `retry-5s`, `retry-30s`, `retry-5m`, `retry-1h`.
 ///
 /// # Errors
-/// A message when the delay is below 1 s or not a whole number of seconds.
-pub fn retry_suffix(delay: Duration) -> Result<String, String> {
+/// [`RetryTopicError::Delay`] when the delay is below 1 s or not a whole number of seconds.
+pub fn retry_suffix(delay: Duration) -> Result<String, RetryTopicError> {
     if delay < Duration::from_secs(1) || delay.subsec_nanos() != 0 {
-        return Err(format!(
-            "retry delay {delay:?} must be a whole number of seconds, at least 1 s"
-        ));
+        return Err(RetryTopicError::Delay(delay));
     }
     let s = delay.as_secs();
     Ok(if s % 3600 == 0 {
@@ -136,15 +153,15 @@ pub fn retry_suffix(delay: Duration) -> Result<String, String> {
 /// the main topic.
 ///
 /// # Errors
-/// A message when the delay is not whole seconds, or when the name breaks the topic naming rules
-/// (a group with characters outside `[a-zA-Z0-9._-]`, `.` and `_` mixed, longer than 249).
-pub fn retry_topic(topic: &str, group: &str, delay: Duration) -> Result<String, String> {
+/// [`RetryTopicError::Delay`] when the delay is not whole seconds,
+/// [`RetryTopicError::GroupName`] when the name breaks the topic naming rules (a group with
+/// characters outside `[a-zA-Z0-9._-]`, `.` and `_` mixed, longer than 249).
+pub fn retry_topic(topic: &str, group: &str, delay: Duration) -> Result<String, RetryTopicError> {
     let name = format!("{topic}.{group}.{}", retry_suffix(delay)?);
-    crate::topic::validate_topic(&name).map_err(|e| {
-        format!(
-            "consumer group {group:?} cannot name a retry topic of {topic:?} ({e}); use a group \
-             name of [a-zA-Z0-9-] (and '.' or '_' only as the topic uses them)"
-        )
+    crate::topic::validate_topic(&name).map_err(|reason| RetryTopicError::GroupName {
+        topic: topic.to_owned(),
+        group: group.to_owned(),
+        reason,
     })?;
     Ok(name)
 }

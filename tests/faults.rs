@@ -410,7 +410,7 @@ impl outbox::consumer::Handler for RecordEffect {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_breaker_left_by_a_dead_process_holds_through_a_postgres_restart_then_expires() {
-    use outbox::consumer::{BreakerConfig, Consumer, ConsumerConfig, Mode};
+    use outbox::consumer::{BreakerConfig, Consumer, ConsumerConfig, BreakerMode};
     let _serial = SERIAL.lock().await;
     dev("kafka.sh", "start");
     dev("postgres.sh", "start");
@@ -454,7 +454,7 @@ async fn a_breaker_left_by_a_dead_process_holds_through_a_postgres_restart_then_
     wait_until(
         Duration::from_secs(10),
         "paused by the leftover breaker",
-        || async { state.get().mode == Mode::Paused },
+        || async { state.get().mode == BreakerMode::Paused },
     )
     .await;
     drop(c);
@@ -462,7 +462,7 @@ async fn a_breaker_left_by_a_dead_process_holds_through_a_postgres_restart_then_
     let c = client(&db).await;
     // Still open after the restart: nothing handled, the state re-read from Postgres.
     tokio::time::sleep(Duration::from_secs(3)).await;
-    assert_eq!(state.get().mode, Mode::Paused);
+    assert_eq!(state.get().mode, BreakerMode::Paused);
     assert_eq!(state.get().open.len(), 1, "{:?}", state.get());
     assert!(
         Instant::now() + Duration::from_secs(1) < open_until,
@@ -480,7 +480,7 @@ async fn a_breaker_left_by_a_dead_process_holds_through_a_postgres_restart_then_
         Instant::now() >= open_until,
         "handled before the breaker expired"
     );
-    assert_eq!(state.get().mode, Mode::Normal);
+    assert_eq!(state.get().mode, BreakerMode::Normal);
     let _ = stop.send(());
     task.await.unwrap().unwrap();
 }

@@ -97,6 +97,26 @@ fn parse_hex32(s: &str) -> Option<[u8; 32]> {
     Some(out)
 }
 
+/// Tokens that cannot be used: the server does not start with them.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum AuthError {
+    /// `OUTBOX_ADMIN_TOKEN` is shorter than [`MIN_TOKEN_CHARS`].
+    #[error("OUTBOX_ADMIN_TOKEN must be at least {MIN_TOKEN_CHARS} characters")]
+    ShortToken,
+    /// A tokens file line that does not parse (the line's content is never echoed).
+    #[error("tokens file line {line}: {reason}")]
+    Line {
+        /// Its number, from 1.
+        line: usize,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A tokens file with no token in it.
+    #[error("tokens file has no tokens")]
+    NoTokens,
+}
+
 impl Auth {
     /// No authentication: every request is `admin` holder `anonymous`.
     pub fn insecure() -> Self {
@@ -109,14 +129,12 @@ impl Auth {
     /// One token, holder `admin`, role admin (`OUTBOX_ADMIN_TOKEN`).
     ///
     /// # Errors
-    /// A token shorter than 16 characters.
-    pub fn single(token: &str) -> Result<Self, String> {
+    /// [`AuthError::ShortToken`] for a token shorter than [`MIN_TOKEN_CHARS`].
+    pub fn single(token: &str) -> Result<Self, AuthError> {
         // A request's token is trimmed before it is checked: so is this one.
         let token = token.trim();
         if token.chars().count() < MIN_TOKEN_CHARS {
-            return Err(format!(
-                "OUTBOX_ADMIN_TOKEN must be at least {MIN_TOKEN_CHARS} characters"
-            ));
+            return Err(AuthError::ShortToken);
         }
         Ok(Self {
             entries: vec![Entry {
@@ -132,8 +150,9 @@ impl Auth {
     /// lines and `#` comments ignored.
     ///
     /// # Errors
-    /// A line that does not parse, naming its number (never echoing a hash).
-    pub fn from_file_text(text: &str) -> Result<Self, String> {
+    /// [`AuthError::Line`] for a line that does not parse, naming its number (never echoing a
+    /// hash); [`AuthError::NoTokens`] for a file without one.
+    pub fn from_file_text(text: &str) -> Result<Self, AuthError> {
         let mut entries = Vec::new();
         for (n, line) in text.lines().enumerate() {
             let line = line.trim();
@@ -142,20 +161,21 @@ impl Auth {
             }
             let parts: Vec<&str> = line.split_whitespace().collect();
             let [holder, role, hash] = parts.as_slice() else {
-                return Err(format!(
-                    "tokens file line {}: expected HOLDER ROLE SHA256HEX",
-                    n + 1
-                ));
+                return Err(AuthError::Line {
+                    line: n + 1,
+                    reason: "expected HOLDER ROLE SHA256HEX".into(),
+                });
             };
             let role: Role = role
                 .parse()
-                .map_err(|e| format!("tokens file line {}: {e}", n + 1))?;
+                .map_err(|e| AuthError::Line {
+                    line: n + 1,
+                    reason: e,
+                })?;
             let hash = hash.strip_prefix("sha256:").unwrap_or(hash);
-            let digest = parse_hex32(&hash.to_ascii_lowercase()).ok_or_else(|| {
-                format!(
-                    "tokens file line {}: the hash must be 64 hex digits (sha256 of the token)",
-                    n + 1
-                )
+            let digest = parse_hex32(&hash.to_ascii_lowercase()).ok_or_else(|| AuthError::Line {
+                line: n + 1,
+                reason: "the hash must be 64 hex digits (sha256 of the token)".into(),
             })?;
             entries.push(Entry {
                 holder: (*holder).to_owned(),
@@ -164,7 +184,7 @@ impl Auth {
             });
         }
         if entries.is_empty() {
-            return Err("tokens file has no tokens".into());
+            return Err(AuthError::NoTokens);
         }
         Ok(Self {
             entries,
@@ -228,6 +248,7 @@ mod tests {
         assert!(Auth::from_file_text("x admin nothex").is_err());
         assert!(Auth::from_file_text("x boss 00")
             .unwrap_err()
+            .to_string()
             .contains("unknown role"));
         assert!(Auth::single("short").is_err());
         assert!(Role::Viewer < Role::Operator && Role::Operator < Role::Admin);

@@ -15,7 +15,7 @@ mod ready;
 mod server;
 mod trace;
 
-pub use auth::{token_hash, Auth, Caller, Role, MIN_TOKEN_CHARS};
+pub use auth::{token_hash, Auth, AuthError, Caller, Role, MIN_TOKEN_CHARS};
 pub use server::{
     ServeOptions, DEFAULT_HEADER_TIMEOUT, DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_CONNECTIONS,
     DEFAULT_MAX_IN_FLIGHT,

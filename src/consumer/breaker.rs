@@ -125,7 +125,7 @@ impl BreakerConfig {
 /// Where the consumer is in the NORMAL → PAUSED → DRAIN cycle.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
-pub enum Mode {
+pub enum BreakerMode {
     /// Consuming the main topics.
     Normal,
     /// A dependency's breaker is open: main topics paused, no handler calls.
@@ -137,7 +137,7 @@ pub enum Mode {
     Probe,
 }
 
-impl Mode {
+impl BreakerMode {
     fn from_u8(v: u8) -> Self {
         match v {
             1 => Self::Paused,
@@ -175,7 +175,7 @@ pub struct OpenBreaker {
 #[derive(Debug, Clone, Serialize)]
 pub struct ConsumerState {
     /// The current mode.
-    pub mode: Mode,
+    pub mode: BreakerMode,
     /// How long it has been in that mode.
     pub mode_for_secs: f64,
     /// Breakers open as last read.
@@ -281,7 +281,7 @@ impl Breakers {
             me: crate::instances::instance_name(),
             seen: Mutex::default(),
             refreshing: tokio::sync::Mutex::default(),
-            mode: AtomicU8::new(Mode::Normal.as_u8()),
+            mode: AtomicU8::new(BreakerMode::Normal.as_u8()),
             mode_since: Mutex::new(Instant::now()),
             calls: Mutex::default(),
             parked: AtomicU64::default(),
@@ -379,12 +379,12 @@ impl Breakers {
         self.refresh().await;
     }
 
-    pub fn mode(&self) -> Mode {
-        Mode::from_u8(self.mode.load(Ordering::SeqCst))
+    pub fn mode(&self) -> BreakerMode {
+        BreakerMode::from_u8(self.mode.load(Ordering::SeqCst))
     }
 
     /// Switches mode; logs the transition once with how long the previous mode lasted.
-    pub fn set_mode(&self, to: Mode, why: &str) {
+    pub fn set_mode(&self, to: BreakerMode, why: &str) {
         let from = self.mode();
         if from == to {
             return;

@@ -79,7 +79,7 @@ pub struct ConsumerConfig {
     /// [`MAX_COMMIT_GROUP`]; 1 = a transaction per message). Each message keeps its own
     /// savepoint: a handler that fails rolls back only its own work and mark, and is retried
     /// alone; the others commit together. Groups form only from messages already waiting, so
-    /// at low load nothing waits for company. See `consumer/group.rs`.
+    /// at low load nothing waits for company. See `consumer/commit_group.rs`.
     pub commit_group: usize,
     /// The consumer's own cleanup of its group's old processed marks and dead-letter records
     /// (on by default: 35 days, batches of 5,000, hourly; `None` turns it off, e.g. when
@@ -220,7 +220,7 @@ impl ConsumerConfig {
             RetryStrategy::Topics { delays } => {
                 for t in &self.topics {
                     for d in delays {
-                        retry_topic(t, &self.group, *d).map_err(ConsumerError::Config)?;
+                        retry_topic(t, &self.group, *d).map_err(|e| ConsumerError::Config(e.to_string()))?;
                     }
                 }
                 Ok(())

@@ -10,7 +10,7 @@ use rdkafka::error::KafkaError;
 use rdkafka::{ClientContext, TopicPartitionList};
 use tracing::{info, warn};
 
-use super::breaker::{Breakers, Mode};
+use super::breaker::{Breakers, BreakerMode};
 use super::offsets::OffsetTracker;
 
 use super::envelope::{now_ms, Tp};
@@ -48,17 +48,17 @@ pub(super) struct Ctx {
 
 /// Whether partitions of a topic flow in `mode`: DLQ topics only while draining or probing,
 /// the others in NORMAL, and in PROBE once the parked letters are done (`probe_main`).
-pub(super) fn flows(mode: Mode, probe_main: bool, dlq_topic: bool) -> bool {
+pub(super) fn flows(mode: BreakerMode, probe_main: bool, dlq_topic: bool) -> bool {
     if dlq_topic {
-        matches!(mode, Mode::Drain | Mode::Probe)
+        matches!(mode, BreakerMode::Drain | BreakerMode::Probe)
     } else {
-        mode == Mode::Normal || (mode == Mode::Probe && probe_main)
+        mode == BreakerMode::Normal || (mode == BreakerMode::Probe && probe_main)
     }
 }
 
 impl Ctx {
     fn mode_allows(&self, topic: &str) -> bool {
-        let (mode, main) = self.breakers.as_ref().map_or((Mode::Normal, false), |b| {
+        let (mode, main) = self.breakers.as_ref().map_or((BreakerMode::Normal, false), |b| {
             (b.mode(), b.probe_main.load(Ordering::SeqCst))
         });
         flows(mode, main, self.drain_topics.contains(topic))

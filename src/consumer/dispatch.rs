@@ -7,9 +7,9 @@ use futures::FutureExt;
 use tokio::sync::mpsc;
 use tracing::warn;
 
-use super::breaker::Mode;
+use super::breaker::BreakerMode;
 use super::drain::process_drain;
-use super::group::process_group;
+use super::commit_group::process_group;
 use super::envelope::Fate;
 use super::process::{process, process_batch};
 use super::envelope::{Done, DoneItem, Envelope, LaneKey};
@@ -108,12 +108,12 @@ impl Runtime<'_> {
     pub(super) fn dispatch(&mut self, done_tx: &mpsc::UnboundedSender<Done>) {
         let mode = self.mode();
         let limit = match (mode, self.shared.breaker()) {
-            (Mode::Drain, Some(b)) => b
+            (BreakerMode::Drain, Some(b)) => b
                 .config
                 .drain_concurrency
                 .min(self.shared.config.concurrency),
             // A probe is one call at a time: a dead dependency sees one call, not a burst.
-            (Mode::Probe, Some(_)) => 1,
+            (BreakerMode::Probe, Some(_)) => 1,
             _ => self.shared.config.concurrency,
         };
         let tx_limit = self.shared.config.transaction_slots().min(limit);
@@ -131,7 +131,7 @@ impl Runtime<'_> {
                 self.ready.pop_front();
                 self.held.push_back(key);
             }
-            if matches!(mode, Mode::Drain | Mode::Probe) && !self.ready.is_empty() {
+            if matches!(mode, BreakerMode::Drain | BreakerMode::Probe) && !self.ready.is_empty() {
                 if self.drain_pacer.wait().is_some() {
                     return;
                 }
@@ -164,7 +164,7 @@ impl Runtime<'_> {
             let drain = env.drain;
             let mut batch = vec![(key, env)];
             // A probe is one message: no batch, no commit group.
-            let probe = mode == Mode::Probe;
+            let probe = mode == BreakerMode::Probe;
             if let Some((ty, max)) = (!drain && !probe)
                 .then(|| self.batch_of(&batch[0].1))
                 .flatten()
@@ -173,7 +173,7 @@ impl Runtime<'_> {
                     rt.allowed(mode, e) && rt.batch_of(e).is_some_and(|(t, _)| t == ty)
                 });
             } else if !drain && !probe && self.single(&batch[0].1) {
-                // A commit group (`group.rs`), only when more heads wait than slots are free:
+                // A commit group (`commit_group.rs`), only when more heads wait than slots are free:
                 // the waiting heads are spread over the free slots, so no slot idles.
                 let free = (limit - self.running).min(tx_limit - self.running_tx);
                 let waiting = self.ready.len() + 1;

@@ -32,7 +32,7 @@ mod drain;
 mod envelope;
 mod dead_letter;
 mod dispatch;
-mod group;
+mod commit_group;
 mod handler;
 mod harness;
 mod inbox;
@@ -54,9 +54,12 @@ mod upkeep;
 #[cfg(feature = "sqlx")]
 pub use self::sqlx::{SqlxBatchHandler, SqlxBatchHandlerFn, SqlxHandler, SqlxHandlerFn};
 pub use breaker::{
-    BreakerConfig, ConsumerState, FailureRate, Mode, OpenBreaker, StateHandle,
+    BreakerConfig, BreakerMode, ConsumerState, FailureRate, OpenBreaker, StateHandle,
     DEFAULT_BREAKER_CHECK_INTERVAL, DEFAULT_OPEN_FOR,
 };
+/// Renamed [`BreakerMode`] (the breaker's mode, not the consumer's).
+#[deprecated(since = "0.2.0", note = "renamed `BreakerMode`")]
+pub type Mode = BreakerMode;
 pub use call::CallHandler;
 pub use config::{
     ConsumerConfig, ConsumerError, Driver, DEFAULT_COMMIT_GROUP, DEFAULT_CONCURRENCY,
@@ -530,7 +533,7 @@ impl Consumer {
                     let mode = if with_breaker {
                         breakers.mode()
                     } else {
-                        Mode::Normal
+                        BreakerMode::Normal
                     };
                     let (lag, lag_secs): (serde_json::Map<_, _>, serde_json::Map<_, _>) = lag
                         .lock()
@@ -605,7 +608,7 @@ impl Consumer {
             // A first drain at startup picks up letters parked before a restart.
             shared
                 .breakers
-                .set_mode(Mode::Drain, "startup: draining letters parked earlier");
+                .set_mode(BreakerMode::Drain, "startup: draining letters parked earlier");
         }
         let mut rt = Runtime::new(
             &consumer,

@@ -11,7 +11,7 @@ use rdkafka::producer::FutureRecord;
 use rdkafka::util::Timeout;
 use tracing::{debug, warn, Instrument as _};
 
-use super::breaker::Mode;
+use super::breaker::BreakerMode;
 use super::dead_letter::*;
 use super::handler::{BatchHandler, Delivered, HandlerError};
 use super::inbox::InboxOutcome;
@@ -195,7 +195,7 @@ pub(super) async fn process(env: &Envelope, shared: &Shared) -> Fate {
 
 
 /// [`process`], when the first try already happened elsewhere (in a commit group, see
-/// `group.rs`) and gave `first`: it counts as attempt 1.
+/// `commit_group.rs`) and gave `first`: it counts as attempt 1.
 pub(super) async fn process_from(
     env: &Envelope,
     shared: &Shared,
@@ -252,7 +252,7 @@ pub(super) async fn process_from(
                 count(shared, &origin.topic, "handled", 1);
                 if let Some(b) = shared.breaker() {
                     b.record_call(None);
-                    if b.mode() == Mode::Probe {
+                    if b.mode() == BreakerMode::Probe {
                         b.confirm().await;
                     }
                 }
@@ -292,14 +292,14 @@ pub(super) async fn process_from(
             // message is parked. Once the breaker is open, park at once.
             dep_attempt += 1;
             let rate_crossed = b.record_call(Some(dep));
-            if b.mode() == Mode::Probe {
+            if b.mode() == BreakerMode::Probe {
                 // The probe failed: the dependency is still down. Re-open at once (for twice
                 // as long), no in-place retries against it.
                 b.probes.fetch_add(1, Ordering::Relaxed);
                 b.open(dep, err.message()).await;
                 return park(raw, origin, shared, err.message(), calls).await;
             }
-            if b.is_open(dep) || b.mode() != Mode::Normal {
+            if b.is_open(dep) || b.mode() != BreakerMode::Normal {
                 return park(raw, origin, shared, err.message(), calls).await;
             }
             if dep_attempt < b.config.attempts && !rate_crossed {

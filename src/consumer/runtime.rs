@@ -15,7 +15,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use super::breaker::{DrainPacer, Mode};
+use super::breaker::{DrainPacer, BreakerMode};
 pub(super) use super::context::*;
 use super::offsets::OffsetTracker;
 use super::envelope::{now_ms, Done, DoneItem, Envelope, Fate, LaneId, LaneKey, Tp};
@@ -144,7 +144,7 @@ impl Runtime<'_> {
                 .saturated_since
                 .filter(|_| !self.bp_paused)
                 .map(|t| t.max(self.last_progress) + self.shared.config.pause_after);
-            let pacer_at = (matches!(self.mode(), Mode::Drain | Mode::Probe)
+            let pacer_at = (matches!(self.mode(), BreakerMode::Drain | BreakerMode::Probe)
                 && !self.ready.is_empty())
             .then(|| self.drain_pacer.wait().map(Instant::from_std))
             .flatten();

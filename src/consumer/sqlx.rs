@@ -1,5 +1,5 @@
 //! The sqlx driver of handler transactions ([`super::Driver::Sqlx`]): the same steps as the
-//! tokio-postgres path in `process.rs` and `group.rs` — mark first, the handler, a liveness
+//! tokio-postgres path in `process.rs` and `commit_group.rs` — mark first, the handler, a liveness
 //! check, commit — on a connection of the service's `PgPool`. Everything around them
 //! (classification, retries, dead letters, the breaker, drains, offsets) is the runtime's and
 //! does not know which driver ran the transaction.
@@ -193,7 +193,7 @@ pub(super) async fn run_batch_in_tx(
     Ok((first.len(), ds.len() - first.len()))
 }
 
-/// A commit group's transaction (`group.rs`): one statement for the marks, a savepoint per
+/// A commit group's transaction (`commit_group.rs`): one statement for the marks, a savepoint per
 /// handler. sqlx takes the connection mutably, so each savepoint is its own round trip before
 /// the handler (tokio-postgres pipelines it). An `Err` means nothing of the group happened.
 pub(super) async fn run_group(

@@ -9,15 +9,15 @@ use rdkafka::{Offset, TopicPartitionList};
 use tokio::time::Instant;
 use tracing::warn;
 
-use crate::consumer::breaker::{Breakers, DrainPacer, Mode};
+use crate::consumer::breaker::{Breakers, DrainPacer, BreakerMode};
 use crate::consumer::record::Raw;
 use crate::consumer::envelope::{Envelope, Tp};
 use crate::consumer::runtime::*;
 use crate::kafka::tpl_of;
 
 impl Runtime<'_> {
-    pub(in crate::consumer) fn mode(&self) -> Mode {
-        self.shared.breaker().map_or(Mode::Normal, Breakers::mode)
+    pub(in crate::consumer) fn mode(&self) -> BreakerMode {
+        self.shared.breaker().map_or(BreakerMode::Normal, Breakers::mode)
     }
 
     fn probe_main(&self) -> bool {
@@ -26,7 +26,7 @@ impl Runtime<'_> {
             .is_some_and(|b| b.probe_main.load(Ordering::SeqCst))
     }
 
-    pub(in crate::consumer) fn allowed(&self, mode: Mode, env: &Envelope) -> bool {
+    pub(in crate::consumer) fn allowed(&self, mode: BreakerMode, env: &Envelope) -> bool {
         flows(mode, self.probe_main(), env.drain)
     }
 
@@ -70,14 +70,14 @@ impl Runtime<'_> {
         }
     }
 
-    pub(in crate::consumer) fn transition(&mut self, to: Mode, why: &str) {
+    pub(in crate::consumer) fn transition(&mut self, to: BreakerMode, why: &str) {
         let Some(b) = self.shared.breaker() else {
             return;
         };
         b.probe_main.store(false, Ordering::SeqCst);
         b.set_mode(to, why);
         self.ready.extend(self.held.drain(..));
-        if matches!(to, Mode::Drain | Mode::Probe) {
+        if matches!(to, BreakerMode::Drain | BreakerMode::Probe) {
             self.drain_target.clear();
             self.drain_done.clear();
             self.drain_pacer = DrainPacer::new(b.config.drain_rate);
@@ -103,14 +103,14 @@ impl Runtime<'_> {
         } = b.view();
         if self.assigned.swap(false, Ordering::SeqCst) {
             match self.mode() {
-                Mode::Normal if !open && !untrusted => {
+                BreakerMode::Normal if !open && !untrusted => {
                     self.transition(
-                        Mode::Drain,
+                        BreakerMode::Drain,
                         "partitions assigned: draining their parked letters first",
                     );
                     return;
                 }
-                Mode::Drain | Mode::Probe => {
+                BreakerMode::Drain | BreakerMode::Probe => {
                     self.drain_target.clear();
                     self.apply_pauses();
                 }
@@ -118,29 +118,29 @@ impl Runtime<'_> {
             }
         }
         match self.mode() {
-            Mode::Normal | Mode::Drain | Mode::Probe if open => {
-                self.transition(Mode::Paused, "breaker open")
+            BreakerMode::Normal | BreakerMode::Drain | BreakerMode::Probe if open => {
+                self.transition(BreakerMode::Paused, "breaker open")
             }
-            Mode::Normal | Mode::Drain if untrusted => self.transition(
-                Mode::Paused,
+            BreakerMode::Normal | BreakerMode::Drain if untrusted => self.transition(
+                BreakerMode::Paused,
                 "breaker expired: waiting for a probe before trusting the dependency",
             ),
-            Mode::Paused if !open && untrusted && probing => self.transition(
-                Mode::Probe,
+            BreakerMode::Paused if !open && untrusted && probing => self.transition(
+                BreakerMode::Probe,
                 "breaker expired: probing the dependency (one call at a time)",
             ),
-            Mode::Paused if !open && !untrusted => self.transition(
-                Mode::Drain,
+            BreakerMode::Paused if !open && !untrusted => self.transition(
+                BreakerMode::Drain,
                 "breaker closed and trusted: draining parked letters",
             ),
-            Mode::Probe if !untrusted => self.transition(
-                Mode::Drain,
+            BreakerMode::Probe if !untrusted => self.transition(
+                BreakerMode::Drain,
                 "the dependency answered: draining parked letters",
             ),
-            Mode::Probe if !probing => {
-                self.transition(Mode::Paused, "another replica holds the probe")
+            BreakerMode::Probe if !probing => {
+                self.transition(BreakerMode::Paused, "another replica holds the probe")
             }
-            Mode::Probe if !self.probe_main() && self.drain_complete() => {
+            BreakerMode::Probe if !self.probe_main() && self.drain_complete() => {
                 // The parked letters brought no success (none of our own, or all dropped by
                 // policy): an empty drain proves nothing, so probe with the main topics.
                 b.probe_main.store(true, Ordering::SeqCst);
@@ -148,8 +148,8 @@ impl Runtime<'_> {
                 self.ready.extend(self.held.drain(..));
                 self.apply_pauses();
             }
-            Mode::Drain if self.drain_complete() => {
-                self.transition(Mode::Normal, "parked letters drained: main topics resumed");
+            BreakerMode::Drain if self.drain_complete() => {
+                self.transition(BreakerMode::Normal, "parked letters drained: main topics resumed");
                 tokio::spawn(async move { b.reset_streaks().await });
             }
             _ => {}

@@ -43,10 +43,10 @@ pub(super) fn handle_span(d: &Delivered, shared: &Shared) -> tracing::Span {
     let tp = d
         .headers
         .iter()
-        .find(|(k, _)| k == crate::trace::TRACEPARENT)
+        .find(|(k, _)| k == crate::trace_context::TRACEPARENT)
         .and_then(|(_, v)| v.as_deref())
         .and_then(|v| std::str::from_utf8(v).ok())
-        .and_then(crate::trace::TraceParent::parse);
+        .and_then(crate::trace_context::TraceParent::parse);
     tracing::info_span!(
         "outbox.handle",
         topic = %d.topic,

@@ -13,8 +13,8 @@ static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
 /// Installs the process-wide Prometheus recorder (once; later calls return the same handle).
 ///
 /// # Errors
-/// When another `metrics` recorder was installed by the application: mount that one instead.
-pub fn install() -> Result<PrometheusHandle, String> {
+/// [`InstallError`] when the recorder cannot be built.
+pub fn install() -> Result<PrometheusHandle, InstallError> {
     if let Some(h) = HANDLE.get() {
         return Ok(h.clone());
     }
@@ -28,7 +28,7 @@ pub fn install() -> Result<PrometheusHandle, String> {
     let builder = PrometheusBuilder::new()
         .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), &seconds)
         .and_then(|b| b.set_buckets_for_metric(Matcher::Full(OUTBOX_BATCH_SIZE.into()), &sizes))
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| InstallError(e.to_string()))?;
     let recorder = builder.build_recorder();
     let handle = recorder.handle();
     // Two installs racing: the loser's recorder is dropped and both use the winner's handle.
@@ -38,6 +38,11 @@ pub fn install() -> Result<PrometheusHandle, String> {
     metrics::gauge!("outbox_up").set(1.0);
     Ok(h.clone())
 }
+
+/// The Prometheus recorder could not be built (its text says why).
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("metrics recorder: {0}")]
+pub struct InstallError(pub String);
 
 /// A router serving `GET /metrics` in Prometheus text format.
 ///

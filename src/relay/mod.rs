@@ -41,11 +41,11 @@ use tracing::Instrument as _;
 mod batch;
 mod config;
 mod error;
-mod exactly;
+mod exactly_once;
 mod floor;
 mod lanes;
 mod pipeline;
-mod polled;
+mod poll_thread;
 mod producer;
 mod progress;
 mod reports;
@@ -93,7 +93,7 @@ pub struct Relay {
     /// Held for the length of a pass.
     pass: tokio::sync::Mutex<()>,
     /// Exactly-once mode: each slot's transactional producer and claim floor.
-    slots: Option<exactly::Slots>,
+    slots: Option<exactly_once::Slots>,
     /// The progress topic was found (or created) with a partition per slot.
     progress_ready: tokio::sync::OnceCell<()>,
     /// Test hook: the probability (as `f64` bits) that a row is refused with "injected produce
@@ -142,7 +142,7 @@ impl Relay {
             db: db.clone(),
             floor: Arc::new(Mutex::new(ClaimFloor::new(config.long_transaction))),
             pass: tokio::sync::Mutex::new(()),
-            slots: config.exactly_once.as_ref().map(|_| exactly::Slots::new()),
+            slots: config.exactly_once.as_ref().map(|_| exactly_once::Slots::new()),
             progress_ready: tokio::sync::OnceCell::new(),
             config,
             known_topics: Mutex::new(HashMap::new()),

@@ -91,7 +91,7 @@ impl Relay {
     /// [`Relay::run_pipeline`], stopping to claim once `cancel` fires.
     pub(super) async fn pump(&self, cancel: &CancellationToken) -> Result<Outcome, RelayError> {
         if self.config.exactly_once.is_some() {
-            // One batch in flight per slot, the slots side by side (`exactly.rs`).
+            // One batch in flight per slot, the slots side by side (`exactly_once.rs`).
             return self.run_once_exactly().await;
         }
         let _pass = self.pass.lock().await;
@@ -237,7 +237,7 @@ impl Relay {
         let held: HashSet<String> = blocked.keys().cloned().collect();
         let fates = self.produce(&claimed, &held).await;
         // Acknowledged, not yet marked: a crash here re-sends the batch (at-least-once).
-        super::exactly::crash_point("after_produce");
+        super::exactly_once::crash_point("after_produce");
         blocked.extend(claimed.unsent_keys(&fates).map(|k| (k, seq)));
         // The next batch may produce now, while this one marks.
         let _ = produced.send(blocked);

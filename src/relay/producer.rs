@@ -80,7 +80,7 @@ pub(super) fn producer_for(
             }
             other => RelayError::Kafka(other),
         })?;
-    super::polled::Polled::new(producer).map_err(|e| {
+    super::poll_thread::Polled::new(producer).map_err(|e| {
         RelayError::Kafka(KafkaError::ClientCreation(format!(
             "the producer's polling thread could not start: {e}"
         )))

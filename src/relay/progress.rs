@@ -1,4 +1,4 @@
-//! The exactly-once relay's progress records and recovery (`exactly.rs`): a slot fenced in
+//! The exactly-once relay's progress records and recovery (`exactly_once.rs`): a slot fenced in
 //! (`init_transactions`), its partition of the progress topic read `read_committed` to the
 //! end, and the rows of its last committed transaction marked sent if their marks were lost.
 

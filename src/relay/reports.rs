@@ -24,8 +24,8 @@ const INDEX_BITS: u32 = 24;
 // The opaque packs a 40-bit ticket above the index: a 64-bit `usize`, a batch that fits.
 const _: () = assert!(super::MAX_BATCH_SIZE < 1 << INDEX_BITS && usize::BITS == 64);
 
-/// The relay's producer: its polling thread (`polled.rs`) delivers the reports to [`Reports`].
-pub(crate) type RelayProducer = super::polled::Polled<RelayContext>;
+/// The relay's producer: its polling thread (`poll_thread.rs`) delivers the reports to [`Reports`].
+pub(crate) type RelayProducer = super::poll_thread::Polled<RelayContext>;
 
 /// The producer's callbacks: librdkafka's log and error events as outage lines
 /// ([`KafkaQuiet`]), delivery reports to the batch that sent the record.

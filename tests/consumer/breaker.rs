@@ -12,7 +12,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use outbox::consumer::{
     BoxFuture, BreakerConfig, Consumer, ConsumerConfig, Delivered, Freshness, FreshnessCheck,
-    Handler, HandlerError, Mode, RetryStrategy,
+    Handler, HandlerError, BreakerMode, RetryStrategy,
 };
 use outbox_testkit::*;
 
@@ -316,7 +316,7 @@ async fn two_replicas_pause_together_drain_parked_letters_first_and_handle_every
     .await;
     let opened = Instant::now() - Duration::from_secs_f64(breaker_row(&w).await.unwrap().0);
     wait_until(Duration::from_secs(10), "both replicas paused", || async {
-        a.state.get().mode == Mode::Paused && b.state.get().mode == Mode::Paused
+        a.state.get().mode == BreakerMode::Paused && b.state.get().mode == BreakerMode::Paused
     })
     .await;
     assert!(
@@ -344,7 +344,7 @@ async fn two_replicas_pause_together_drain_parked_letters_first_and_handle_every
     wait_until(
         Duration::from_secs(30),
         "both replicas back to normal",
-        || async { a.state.get().mode == Mode::Normal && b.state.get().mode == Mode::Normal },
+        || async { a.state.get().mode == BreakerMode::Normal && b.state.get().mode == BreakerMode::Normal },
     )
     .await;
     assert_eq!(
@@ -485,7 +485,7 @@ async fn a_failure_during_the_drain_reopens_for_longer_and_retries_past_the_limi
     w.stub.up();
     // Letters parked twice are past max_dlq_retries = 0: dropped and recorded; the rest handled.
     wait_until(Duration::from_secs(90), "the cycle completes", || async {
-        r.state.get().mode == Mode::Normal
+        r.state.get().mode == BreakerMode::Normal
             && effects(&w).await
                 + count(&w.c, "SELECT count(*) FROM dead_letters WHERE status = 'dropped' AND status_reason = 'max_dlq_retries'").await
                 == 6
@@ -589,7 +589,7 @@ async fn envelope_policies_drop_with_a_reason_and_only_this_groups_outage_letter
         )
         .await
             == 5
-            && r.state.get().mode == Mode::Normal
+            && r.state.get().mode == BreakerMode::Normal
     })
     .await;
     let rows: HashMap<String, (String, String)> =
@@ -808,7 +808,7 @@ async fn a_replica_with_nothing_to_drain_probes_once_per_cycle_and_open_times_ke
     w.stub.up();
     orders.store(true, Ordering::SeqCst);
     wait_until(Duration::from_secs(60), "back to normal", || async {
-        r.state.get().mode == Mode::Normal
+        r.state.get().mode == BreakerMode::Normal
             && count(
                 &w.c,
                 "SELECT count(*) FROM circuit_breakers WHERE streak = 0",
@@ -898,7 +898,7 @@ async fn an_expiry_read_while_the_probe_is_being_claimed_is_never_taken_for_a_cl
     let r = replica(&w, breaker(1000));
     let orders = keep_ordering(&w, Duration::from_millis(100));
     wait_until(Duration::from_secs(20), "paused", || async {
-        r.state.get().mode == Mode::Paused
+        r.state.get().mode == BreakerMode::Paused
     })
     .await;
     let mut locker = client(&w.db).await;

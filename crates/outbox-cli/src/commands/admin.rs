@@ -97,9 +97,9 @@ pub async fn run(args: Args, _out: &mut dyn Write) -> anyhow::Result<()> {
         (false, Some(f), _) => {
             let text = std::fs::read_to_string(&f)
                 .map_err(|e| UsageError(format!("cannot read {}: {e}", f.display())))?;
-            outbox::admin::Auth::from_file_text(&text).map_err(UsageError)?
+            outbox::admin::Auth::from_file_text(&text).map_err(|e| UsageError(e.to_string()))?
         }
-        (false, None, Some(t)) => outbox::admin::Auth::single(&t).map_err(UsageError)?,
+        (false, None, Some(t)) => outbox::admin::Auth::single(&t).map_err(|e| UsageError(e.to_string()))?,
         (false, None, None) => {
             return Err(UsageError(
                 "the admin API needs authentication: set OUTBOX_ADMIN_TOKEN or --tokens-file (or --insecure-no-auth, explicitly)".into(),
