@@ -121,7 +121,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 #[cfg(test)]
 mod tests {
     use super::charge;
-    use outbox::consumer::{Consumer, ConsumerConfig, DeadLetterKind, Delivered};
+    use outbox::consumer::{Consumer, ConsumerConfig, Delivered};
+    use outbox::wire::DeadLetterKind;
     use outbox::Message;
     use outbox_testkit::{client, count, fresh_db, kafka, Verdict};
 

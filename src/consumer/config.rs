@@ -18,7 +18,7 @@ pub const DEFAULT_CONCURRENCY: usize = 64;
 pub const DEFAULT_TRANSACTIONS: usize = 16;
 /// Default bound on accepted-but-unfinished messages before partitions are paused.
 pub const DEFAULT_MAX_BUFFERED: usize = 4096;
-pub use crate::wire::DEFAULT_DLQ_SUFFIX;
+pub(crate) use crate::wire::DEFAULT_DLQ_SUFFIX;
 
 /// Default for [`ConsumerConfig::pause_after`]: how long the runtime may sit at
 /// `max_buffered` with no handler finishing before it pauses every partition. A full buffer

@@ -5,7 +5,7 @@
 use rdkafka::message::{Header, OwnedHeaders};
 
 pub(crate) use crate::wire::cut;
-pub use crate::wire::{
+pub(crate) use crate::wire::{
     DeadLetterKind, SERVICE_HEADERS, X_ATTEMPTS, X_CONSUMER_GROUP, X_DLQ_RETRIES, X_ERROR,
     X_ERROR_KIND, X_FAILED_AT, X_FIRST_FAILED_AT, X_ORIGINAL_OFFSET, X_ORIGINAL_PARTITION,
     X_ORIGINAL_TOPIC, X_RETRY_ATTEMPT,

@@ -63,10 +63,10 @@ pub type Mode = BreakerMode;
 pub use call::CallHandler;
 pub use config::{
     ConsumerConfig, ConsumerError, Driver, DEFAULT_COMMIT_GROUP, DEFAULT_CONCURRENCY,
-    DEFAULT_DLQ_SUFFIX, DEFAULT_MAX_BUFFERED, DEFAULT_SESSION_TIMEOUT, DEFAULT_TRANSACTIONS,
+    DEFAULT_MAX_BUFFERED, DEFAULT_SESSION_TIMEOUT, DEFAULT_TRANSACTIONS,
     MAX_COMMIT_GROUP,
 };
-pub use dead_letter::*;
+pub(crate) use dead_letter::*;
 pub use handler::{
     BatchHandler, BatchHandlerFn, BoxFuture, Delivered, ErrorKind, Freshness, FreshnessCheck,
     FreshnessFn, Handler, HandlerError, HandlerFn,
@@ -74,8 +74,7 @@ pub use handler::{
 pub use harness::{Harness, Verdict, Written};
 pub use inbox::{Inbox, InboxOutcome};
 pub use retry::{
-    retry_suffix, RetryStrategy, DEFAULT_IN_PLACE_ATTEMPTS, DEFAULT_IN_PLACE_BASE,
-    DEFAULT_IN_PLACE_MAX, DEFAULT_RETRY_DELAYS,
+    RetryStrategy, DEFAULT_IN_PLACE_ATTEMPTS, DEFAULT_IN_PLACE_BASE, DEFAULT_IN_PLACE_MAX,
 };
 pub use config::DEFAULT_PAUSE_AFTER;
 pub use stats::ConsumerStats;

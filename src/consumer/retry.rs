@@ -8,7 +8,7 @@ pub const DEFAULT_IN_PLACE_ATTEMPTS: u32 = 3;
 pub const DEFAULT_IN_PLACE_BASE: Duration = Duration::from_millis(500);
 /// Longest in-place backoff.
 pub const DEFAULT_IN_PLACE_MAX: Duration = Duration::from_secs(30);
-pub use crate::wire::DEFAULT_RETRY_DELAYS;
+pub(crate) use crate::wire::DEFAULT_RETRY_DELAYS;
 
 /// How a transient failure is retried. Permanent failures, decode errors and panics are never
 /// retried: they go to `<topic>.dlq` at once.
@@ -64,7 +64,7 @@ impl RetryStrategy {
     }
 }
 
-pub use crate::wire::retry_suffix;
+
 
 #[cfg(test)]
 mod tests {

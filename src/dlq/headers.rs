@@ -5,7 +5,7 @@
 use rdkafka::message::{Header, OwnedHeaders};
 
 pub(crate) use crate::wire::{find, from_json, no_nul, to_json};
-pub use crate::wire::{HeaderValue, X_REPLAYED_AT};
+pub(crate) use crate::wire::{HeaderValue, X_REPLAYED_AT};
 use crate::wire::{SERVICE_HEADERS, X_DLQ_RETRIES, X_FIRST_FAILED_AT, X_REPLAY_JOB, X_REPLAY_OF};
 
 /// The headers of a replayed record: the originals without framework headers, then the

@@ -29,7 +29,7 @@ pub use archive::{ArchiveReport, Archiver, ARCHIVE_GROUP};
 pub use drop::{DropReport, PurgeReport, RestoreReport};
 pub use filter::{Filter, Status};
 pub use from_topic::{replay_from_topic, FromTopicOptions, FromTopicReport, REPLAY_GROUP};
-pub use headers::{HeaderValue, X_REPLAYED_AT};
+pub(crate) use headers::HeaderValue;
 pub use normalize::normalize_error;
 pub use query::{AuditEntry, CauseGroup, DeadLetter, LetterRow, Order, Summary, TopicSummary};
 pub(crate) use replay::framework_header;

@@ -234,7 +234,7 @@ async fn archive_twice_is_a_no_op_and_odd_bytes_survive_archive_and_replay_byte_
         .headers
         .iter()
         .any(|(k, v)| k == "bin-header"
-            && *v == outbox::dlq::HeaderValue::Bytes(vec![0x00, 0xff, 0x10])));
+            && *v == outbox::wire::HeaderValue::Bytes(vec![0x00, 0xff, 0x10])));
     let shown = run(outbox_command(&db).args(["dlq", "show", &id.to_string(), "--json"]));
     assert!(shown.status.success(), "{}", text(&shown));
     let j: serde_json::Value = serde_json::from_slice(&shown.stdout).unwrap();

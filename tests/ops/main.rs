@@ -4,6 +4,7 @@
 //! runs a relay or consumer in-process besides it.
 
 mod admin;
+mod api;
 mod browser;
 mod cli;
 mod compose;
