@@ -88,6 +88,14 @@ pub(crate) struct Console {
     pub(crate) base: String,
     _admin: Kill,
     _driver: Kill,
+    tokens: std::path::PathBuf,
+}
+
+impl Drop for Console {
+    fn drop(&mut self) {
+        // The tokens file is the test's own: nothing of a run stays in the temp directory.
+        let _ = std::fs::remove_file(&self.tokens);
+    }
 }
 
 pub(crate) async fn open_console(db: &outbox::DbConfig) -> Console {
@@ -154,6 +162,7 @@ pub(crate) async fn open_console(db: &outbox::DbConfig) -> Console {
         base,
         _admin: admin,
         _driver: driver,
+        tokens,
     }
 }
 
