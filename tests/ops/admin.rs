@@ -15,11 +15,14 @@ pub(crate) const ADMIN: &str = "admin-token-dddddddddddd";
 pub(crate) struct Server {
     child: Child,
     pub(crate) port: u16,
+    dir: std::path::PathBuf,
 }
 impl Drop for Server {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        // The tokens file is the test's own: nothing of a run stays in the temp directory.
+        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 
@@ -53,7 +56,7 @@ pub(crate) async fn start(db: &outbox::DbConfig) -> Server {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let s = Server { child, port };
+    let s = Server { child, port, dir };
     wait_until(Duration::from_secs(30), "admin listening", || async {
         http(s.port, "GET", "/healthz", None, None).await.0 == 200
     })
@@ -81,6 +84,7 @@ pub(crate) async fn http(
     if let Some(t) = token {
         args.extend(["-H".into(), format!("Authorization: Bearer {t}")]);
     }
+    let mut body_file = None;
     if let Some(b) = body {
         let f = std::env::temp_dir().join(format!("outbox-body-{}", hex(8)));
         std::fs::write(&f, b).unwrap();
@@ -90,12 +94,16 @@ pub(crate) async fn http(
             "--data-binary".into(),
             format!("@{}", f.display()),
         ]);
+        body_file = Some(f);
     }
     args.push(format!("http://127.0.0.1:{port}{path}"));
     let out =
         tokio::task::spawn_blocking(move || Command::new("curl").args(&args).output().unwrap())
             .await
             .unwrap();
+    if let Some(f) = body_file {
+        let _ = std::fs::remove_file(f);
+    }
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
     let (body, code) = text.rsplit_once('\n').unwrap_or(("", "0"));
     (code.trim().parse().unwrap_or(0), body.to_owned())
