@@ -1,11 +1,14 @@
 //! `dev/demo.sh`, the README's first command, as a newcomer runs it: every step prints its
 //! line, every good order is charged once, the poison ones are archived and grouped by cause,
-//! and the dashboard it leaves running answers with the token it printed; `dev/demo.sh stop`
-//! ends what it started.
+//! and the dashboard it leaves running answers with the token it printed — and fixes a poison
+//! order by hand (edit and retry), which the running consumer then charges once;
+//! `dev/demo.sh stop` ends what it started.
 
 use std::process::Command;
 
-use outbox_testkit::free_port;
+use std::time::{Duration, Instant};
+
+use outbox_testkit::{database_url, free_port};
 
 /// `dev/demo.sh stop` for this test's own state directory.
 fn stop(state: &str) -> String {
@@ -87,6 +90,52 @@ fn the_demo_shows_the_whole_job_and_leaves_a_dashboard_that_answers_its_token() 
     };
     let with = curl(Some(&token));
     let without = curl(None);
+
+    // The poison order no code fix will make valid (an old client sent the total as text):
+    // an operator edits it in the console and retries it; the billing consumer the demo left
+    // running charges it, once.
+    let api = |method: &str, path: &str, body: Option<&str>| -> serde_json::Value {
+        let mut c = Command::new("curl");
+        c.args(["-s", "-X", method, "-H", &format!("Authorization: Bearer {token}")]);
+        if let Some(b) = body {
+            c.args(["-H", "Content-Type: application/json", "--data-binary", b]);
+        }
+        let o = c.arg(format!("http://127.0.0.1:{port}{path}")).output().unwrap();
+        serde_json::from_slice(&o.stdout)
+            .unwrap_or_else(|e| panic!("{path}: {e}: {}", String::from_utf8_lossy(&o.stdout)))
+    };
+    let letter = api("GET", "/api/dlq/messages?limit=1", None)["messages"][0]["id"].clone();
+    let editable = api("GET", &format!("/api/dlq/messages/{letter}/editable"), None);
+    let mut order: serde_json::Value =
+        serde_json::from_str(editable["body_text"].as_str().expect("the body as text")).unwrap();
+    let total: f64 = order["total"].as_str().expect("the total as text").parse().unwrap();
+    let number = order["order_number"].as_str().unwrap().to_owned();
+    order.as_object_mut().unwrap().remove("total");
+    order["total_cents"] = ((total * 100.0).round() as i64).into();
+    let edit = serde_json::json!({"body_text": order.to_string(), "reason": "old client: total as text"});
+    let r = api("POST", &format!("/api/dlq/messages/{letter}/edit-retry"), Some(&edit.to_string()));
+    assert!(r["job"]["id"].is_i64(), "{r}");
+    let schema = text
+        .split("== schema ")
+        .nth(1)
+        .and_then(|t| t.split_whitespace().next())
+        .expect("the demo's schema")
+        .to_owned();
+    let charged = || {
+        let o = Command::new("psql")
+            .args([&database_url(), "-Atc"])
+            .arg(format!(
+                "SELECT count(*) || ' ' || count(*) FILTER (WHERE order_number = '{number}') FROM {schema}.charges"
+            ))
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&o.stdout).trim().to_owned()
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while charged() != "9 1" {
+        assert!(Instant::now() < deadline, "the edited order was not charged once: {}", charged());
+        std::thread::sleep(Duration::from_millis(200));
+    }
     assert!(stop(&state).contains("demo stopped"));
     assert_eq!((with.as_str(), without.as_str()), ("200", "401"));
     // Stopped: nothing answers on the port any more.
