@@ -118,7 +118,7 @@ pub(super) async fn edit_retry(
         actor: c.holder.clone(),
     };
     let r = s.dlq.edit_and_retry(id, &edit).await?;
-    spawn_job(&s, r.job.id).await;
+    spawn_job(&s, r.job.id, crate::dlq::Start::New).await;
     Ok((StatusCode::ACCEPTED, Json(r)).into_response())
 }
 

@@ -476,13 +476,13 @@ pub(super) async fn dlq_replay(
         return ok(s.dlq.dry_run(&f, &opts).await?);
     }
     let job = s.dlq.create_job(&f, &opts).await?;
-    spawn_job(&s, job.id).await;
+    spawn_job(&s, job.id, crate::dlq::Start::New).await;
     Ok((StatusCode::ACCEPTED, Json(job)).into_response())
 }
 
 /// Runs a job on a task of the server (it pauses when the server stops). False when this
 /// server already runs it (checked and recorded under one lock).
-pub(super) async fn spawn_job(s: &AppState, id: i64) -> bool {
+pub(super) async fn spawn_job(s: &AppState, id: i64, start: crate::dlq::Start) -> bool {
     let (dlq, kafka, stop, jobs) = (
         s.dlq.clone(),
         s.kafka.clone(),
@@ -492,7 +492,10 @@ pub(super) async fn spawn_job(s: &AppState, id: i64) -> bool {
     if !jobs.lock().await.insert(id) {
         return false;
     }
-    let runner = tokio::spawn(async move { dlq.run_job(&kafka, id, &stop, &mut |_| {}).await });
+    let runner = tokio::spawn(async move {
+        dlq.run_job_with(&kafka, id, start, &stop, &mut |_| {})
+            .await
+    });
     // The job leaves the running set however its runner ends, a panic included: otherwise
     // it could never be resumed on this server again.
     tokio::spawn(async move {

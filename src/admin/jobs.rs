@@ -137,6 +137,7 @@ pub(super) async fn dlq_job_resume(
     body: Bytes,
 ) -> ApiResult {
     let reason = reason_of(&headers, &body)?;
+    let reason = crate::dlq::check_reason(reason.as_deref())?.map(str::to_owned);
     let j = own_job(&s, &c, &id).await?;
     let id = j.id;
     use crate::dlq::JobStatus as J;
@@ -154,7 +155,10 @@ pub(super) async fn dlq_job_resume(
     // 1/rate s) before it sees the pause and ends: a paused job waits for it, briefly, rather
     // than answering "already running".
     let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
-    while !spawn_job(&s, id).await {
+    // The runner audits the resume when it takes the job up: a resume refused there (another
+    // process runs the job) leaves no audit row.
+    let start = || crate::dlq::Start::Resume(Some((c.holder.clone(), reason.clone())));
+    while !spawn_job(&s, id, start()).await {
         if j.status != J::Paused || tokio::time::Instant::now() >= deadline {
             return Err(ApiError(
                 StatusCode::CONFLICT,
@@ -163,9 +167,6 @@ pub(super) async fn dlq_job_resume(
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    s.dlq
-        .audit_resume(id, &c.holder, reason.as_deref())
-        .await?;
     Ok((StatusCode::ACCEPTED, Json(s.dlq.job(id).await?)).into_response())
 }
 

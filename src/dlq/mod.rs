@@ -32,7 +32,7 @@ pub use from_topic::{replay_from_topic, FromTopicOptions, FromTopicReport, REPLA
 pub(crate) use headers::HeaderValue;
 pub use normalize::normalize_error;
 pub use query::{AuditEntry, CauseGroup, DeadLetter, LetterRow, Order, Summary, TopicSummary};
-pub(crate) use replay::framework_header;
+pub(crate) use replay::{check_reason, framework_header, Start};
 pub use replay::{
     DryRun, Edit, EditedRetry, Job, JobEvent, JobItem, JobStatus, Progress, ReplayOptions, RunOutcome, DEFAULT_CANARY,
     DEFAULT_CANARY_WAIT, DEFAULT_LOOP_GUARD, DEFAULT_MAX_REFAIL, DEFAULT_RATE, DEFAULT_WATCH,

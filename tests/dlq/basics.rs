@@ -1574,3 +1574,60 @@ async fn a_replay_older_than_the_processed_marks_is_refused_unless_accepted_and_
     assert_eq!(audit["accept_duplicates"], true);
     assert_eq!(audit["older_than_marks"], 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_paused_before_its_runner_starts_stays_paused_and_a_resume_is_audited_when_it_runs() {
+    let (db, c, topic, group) = setup(1).await;
+    let letters: Vec<Letter> = (0..2).map(|i| Letter::order(i, "boom")).collect();
+    dead_letter(&topic, "billing", &letters).await;
+    archive_once(&db, &topic, &group);
+    let dlq = Dlq::new(&db);
+    let f = Filter {
+        topic: Some(topic.clone()),
+        ..Default::default()
+    };
+    let job = dlq.create_job(&f, &opts("ann")).await.unwrap();
+    // The operator pauses it before any runner took it up: a new job's runner leaves it paused.
+    dlq.pause_job(job.id, "ann", Some("wait for billing")).await.unwrap();
+    let stop = CancellationToken::new();
+    let out = dlq.run_new_job(&kafka(), job.id, &stop, &mut |_| {}).await.unwrap();
+    assert_eq!(out, RunOutcome::Paused("paused by ann: wait for billing".into()));
+    assert_eq!(topic_len(&topic).await, 0, "a paused job sent nothing");
+    // A resume with a reason that cannot be audited is refused before anything runs.
+    let bad = dlq
+        .resume_job(&kafka(), job.id, "ann", Some(&"x".repeat(1001)), &stop, &mut |_| {})
+        .await;
+    assert!(bad.is_err());
+    assert_eq!(topic_len(&topic).await, 0);
+    let out = dlq
+        .resume_job(&kafka(), job.id, "ann", Some("billing is back"), &stop, &mut |_| {})
+        .await
+        .unwrap();
+    assert_eq!(out, RunOutcome::Completed);
+    assert_eq!(topic_len(&topic).await, 2);
+    let audit: Vec<(String, String, Option<String>)> = c
+        .query("SELECT action, actor, reason FROM dlq_audit WHERE action LIKE 'job-%' ORDER BY id", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .collect();
+    assert_eq!(
+        audit,
+        vec![
+            ("job-pause".into(), "ann".into(), Some("wait for billing".into())),
+            ("job-resume".into(), "ann".into(), Some("billing is back".into())),
+        ]
+    );
+    // Resuming what has ended is refused, and not audited.
+    assert!(dlq
+        .resume_job(&kafka(), job.id, "ann", None, &stop, &mut |_| {})
+        .await
+        .is_err());
+    let n: i64 = c
+        .query_one("SELECT count(*) FROM dlq_audit WHERE action = 'job-resume'", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(n, 1);
+}

@@ -45,8 +45,9 @@ impl Dlq {
     /// audited as `edit-retry` in the same transaction. Run it with [`Dlq::run_job`].
     ///
     /// # Errors
-    /// [`DlqError::Invalid`] for an unknown or dropped letter, one pending in another job, an
-    /// empty reason or actor, a body over [`MAX_EDITED_BODY`], or a bad header name.
+    /// [`DlqError::NotFound`] for an unknown letter; [`DlqError::Invalid`] for a dropped letter,
+    /// one pending in another job, an empty reason or actor, a body over [`MAX_EDITED_BODY`],
+    /// or a bad header name.
     pub async fn edit_and_retry(&self, letter: i64, edit: &Edit) -> Result<EditedRetry, DlqError> {
         check_actor(&edit.actor)?;
         let reason = edit.reason.trim();
@@ -89,11 +90,20 @@ impl Dlq {
         // The letter must not be pending in another job (which would send it too).
         if self.selection(&*tx, &filter, &opts).await?.is_empty() {
             return invalid(format!(
-                "letter {letter} is waiting in an unfinished replay job: pause or cancel it first"
+                "letter {letter} is waiting in an unfinished replay job: cancel that job (or let it finish) first"
             ));
         }
+        // The editor shows JSON pretty-printed: the same value re-indented is no change.
+        let same_body = match (original.body.as_deref(), edit.body.as_slice()) {
+            (Some(a), b) if a == b => true,
+            (Some(a), b) => serde_json::from_slice::<serde_json::Value>(a)
+                .ok()
+                .zip(serde_json::from_slice::<serde_json::Value>(b).ok())
+                .is_some_and(|(x, y)| x == y),
+            (None, b) => b.is_empty(),
+        };
         let changed: Vec<&str> = [
-            Some("body").filter(|_| original.body.as_deref() != Some(edit.body.as_slice())),
+            Some("body").filter(|_| !same_body),
             edit.headers.as_ref().map(|_| "headers"),
         ]
         .into_iter()

@@ -35,6 +35,7 @@ mod select;
 mod state;
 pub(crate) use edit::framework_header;
 pub use edit::{Edit, EditedRetry, MAX_EDITED_BODY};
+pub(crate) use state::check_reason;
 pub use state::MAX_JOB_REASON;
 
 pub(crate) use pacer::Pacer;
@@ -291,6 +292,15 @@ pub struct JobItem {
     pub cause: Option<String>,
     /// Its message id.
     pub message_id: Option<String>,
+}
+
+/// How a runner takes a job up.
+pub(crate) enum Start {
+    /// Just created: a pause given before the runner started holds.
+    New,
+    /// Resumed (or first run by a caller that means it): paused → running, audited as
+    /// `job-resume` by (actor, reason) when given.
+    Resume(Option<(String, Option<String>)>),
 }
 
 /// The start of the status reason of a job its canary paused.

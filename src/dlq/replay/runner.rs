@@ -112,6 +112,56 @@ impl Dlq {
         stop: &CancellationToken,
         progress: &mut (dyn FnMut(&Progress) + Send),
     ) -> Result<RunOutcome, DlqError> {
+        self.run_job_with(kafka, id, Start::Resume(None), stop, progress)
+            .await
+    }
+
+    /// Runs a job just created: one an operator paused before its runner started stays
+    /// paused (the outcome says so), where [`Dlq::run_job`] would resume it.
+    ///
+    /// # Errors
+    /// As [`Dlq::run_job`].
+    pub async fn run_new_job(
+        &self,
+        kafka: &KafkaConfig,
+        id: i64,
+        stop: &CancellationToken,
+        progress: &mut (dyn FnMut(&Progress) + Send),
+    ) -> Result<RunOutcome, DlqError> {
+        self.run_job_with(kafka, id, Start::New, stop, progress)
+            .await
+    }
+
+    /// Resumes job `id` as [`Dlq::run_job`] does, audited as `job-resume` by `actor` with
+    /// `reason` in the same transaction as its status becoming `running` — once this runner
+    /// holds the job, so a refused resume leaves no audit row.
+    ///
+    /// # Errors
+    /// [`DlqError::Invalid`] for an empty actor or a bad reason, and as [`Dlq::run_job`].
+    pub async fn resume_job(
+        &self,
+        kafka: &KafkaConfig,
+        id: i64,
+        actor: &str,
+        reason: Option<&str>,
+        stop: &CancellationToken,
+        progress: &mut (dyn FnMut(&Progress) + Send),
+    ) -> Result<RunOutcome, DlqError> {
+        check_actor(actor)?;
+        let reason = check_reason(reason)?.map(str::to_owned);
+        let by = Some((actor.to_owned(), reason));
+        self.run_job_with(kafka, id, Start::Resume(by), stop, progress)
+            .await
+    }
+
+    pub(crate) async fn run_job_with(
+        &self,
+        kafka: &KafkaConfig,
+        id: i64,
+        start: Start,
+        stop: &CancellationToken,
+        progress: &mut (dyn FnMut(&Progress) + Send),
+    ) -> Result<RunOutcome, DlqError> {
         // One runner per job: a session lock on a connection taken out of the pool, released
         // when this run ends or its process dies.
         let lock_conn = deadpool_postgres::Object::take(self.pool.get().await?);
@@ -132,7 +182,17 @@ impl Dlq {
                 )
             }
         }
-        self.set_status(id, &["pending", "running", "paused"], "running", None)
+        let audit = match &start {
+            // Paused before its first runner started: the operator's pause holds.
+            Start::New if job.status == JobStatus::Paused => {
+                return Ok(RunOutcome::Paused(job.status_reason.unwrap_or_default()));
+            }
+            Start::New | Start::Resume(None) => None,
+            Start::Resume(Some((actor, reason))) => {
+                Some(("job-resume", actor.as_str(), reason.as_deref()))
+            }
+        };
+        self.set_status_audited(id, &["pending", "running", "paused"], "running", None, audit)
             .await?;
         info!(job = id, "replay job running");
 

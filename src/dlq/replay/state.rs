@@ -7,7 +7,8 @@ use crate::sql;
 /// The longest reason an operator may give for a job action (it is audited and shown).
 pub const MAX_JOB_REASON: usize = 1000;
 
-fn check_reason(reason: Option<&str>) -> Result<Option<&str>, DlqError> {
+/// A job action's reason: trimmed, none when empty; refused when too long or with a NUL.
+pub(crate) fn check_reason(reason: Option<&str>) -> Result<Option<&str>, DlqError> {
     match reason.map(str::trim) {
         None | Some("") => Ok(None),
         Some(r) if r.chars().count() > MAX_JOB_REASON || r.contains('\0') => invalid(format!(
@@ -99,7 +100,7 @@ impl Dlq {
 
     /// A status change and, when `audit` names an action and actor, its audit row, in one
     /// transaction: an operator's pause or cancel is on the record exactly when it happened.
-    async fn set_status_audited(
+    pub(super) async fn set_status_audited(
         &self,
         id: i64,
         from: &[&str],
@@ -127,38 +128,6 @@ impl Dlq {
         }
         tx.commit().await?;
         Ok(n == 1)
-    }
-
-    /// Records a resume of job `id` by `actor` in the audit log (the runner's start changes
-    /// the status).
-    ///
-    /// # Errors
-    /// [`DlqError::Invalid`] when the job has ended or does not exist, or the actor is empty.
-    pub async fn audit_resume(
-        &self,
-        id: i64,
-        actor: &str,
-        reason: Option<&str>,
-    ) -> Result<(), DlqError> {
-        check_actor(actor)?;
-        let reason = check_reason(reason)?;
-        let j = self.job(id).await?;
-        if !matches!(
-            j.status,
-            JobStatus::Pending | JobStatus::Running | JobStatus::Paused
-        ) {
-            return invalid(
-                format!("job {id} is {:?}: only pending, running or paused jobs resume", j.status)
-                    .to_lowercase(),
-            );
-        }
-        let c = self.pool.get().await?;
-        c.execute(
-            &self.sql(sql::dead_letters::AUDIT_JOB_ACTION),
-            &[&actor, &"job-resume", &id, &reason],
-        )
-        .await?;
-        Ok(())
     }
 
     /// Pauses a pending or running job (its runner stops after the letters in flight), audited
@@ -229,7 +198,7 @@ impl Dlq {
     /// A job's timeline: each status it took, when, and why, oldest first.
     ///
     /// # Errors
-    /// [`DlqError::Invalid`] when there is no such job.
+    /// [`DlqError::NotFound`] when there is no such job.
     pub async fn job_events(&self, id: i64) -> Result<Vec<JobEvent>, DlqError> {
         self.job(id).await?;
         let c = self.pool.get().await?;
@@ -248,7 +217,7 @@ impl Dlq {
     /// each sent, its state, and the letter it came back as.
     ///
     /// # Errors
-    /// [`DlqError::Invalid`] for a bad limit or an unknown job.
+    /// [`DlqError::Invalid`] for a bad limit, [`DlqError::NotFound`] for an unknown job.
     pub async fn job_items(
         &self,
         id: i64,

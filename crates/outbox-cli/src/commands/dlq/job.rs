@@ -110,10 +110,11 @@ pub async fn run(action: JobAction, out: &mut dyn Write) -> anyhow::Result<()> {
         } => {
             let dlq = Dlq::new(&db_config(&db)?);
             let kafka = kafka_config(&kafka)?;
-            dlq.audit_resume(id, &actor_or_default(actor), reason.as_deref())
-                .await
-                .map_err(lift)?;
-            run_job(&dlq, &kafka, id, out).await?;
+            let how = How::Resume {
+                actor: actor_or_default(actor),
+                reason,
+            };
+            run_job(&dlq, &kafka, id, how, out).await?;
         }
         JobAction::Show { db, id, json } => {
             let dlq = Dlq::new(&db_config(&db)?);
@@ -131,24 +132,41 @@ pub async fn run(action: JobAction, out: &mut dyn Write) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// How the foreground runner takes a job up.
+pub(super) enum How {
+    /// A job this command just created.
+    New,
+    /// `outbox dlq job resume`: audited with who and why once the runner holds the job.
+    Resume {
+        actor: String,
+        reason: Option<String>,
+    },
+}
+
 /// Runs a job in the foreground with its progress; the final line is always printed.
 pub(super) async fn run_job(
     dlq: &Dlq,
     kafka: &outbox::KafkaConfig,
     id: i64,
+    how: How,
     out: &mut dyn Write,
 ) -> anyhow::Result<()> {
     let stop = interrupt_token();
     let mut m = Meter::new(&format!("replay job {id}"));
-    let outcome = dlq
-        .run_job(kafka, id, &stop, &mut |p| {
-            m.update(
-                p.sent + p.failed + p.skipped,
-                p.total,
-                &format!("failed {} came back {}", p.failed, p.came_back),
-            )
-        })
-        .await;
+    let mut show = |p: &outbox::dlq::Progress| {
+        m.update(
+            p.sent + p.failed + p.skipped,
+            p.total,
+            &format!("failed {} came back {}", p.failed, p.came_back),
+        )
+    };
+    let outcome = match how {
+        How::New => dlq.run_new_job(kafka, id, &stop, &mut show).await,
+        How::Resume { actor, reason } => {
+            dlq.resume_job(kafka, id, &actor, reason.as_deref(), &stop, &mut show)
+                .await
+        }
+    };
     m.finish();
     let outcome = outcome.map_err(lift)?;
     let j = dlq.job(id).await.map_err(lift)?;

@@ -209,7 +209,7 @@ pub async fn run(args: Args, out: &mut dyn Write) -> anyhow::Result<()> {
         "replay job {} created: {} letter(s) frozen, {} skipped by the loop guard; Ctrl-C pauses it (resume: outbox dlq job resume {})",
         job.id, job.pending, job.skipped, job.id
     );
-    job::run_job(&dlq, &kafka, job.id, out).await?;
+    job::run_job(&dlq, &kafka, job.id, job::How::New, out).await?;
 
     Ok(())
 }
