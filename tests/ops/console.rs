@@ -128,6 +128,9 @@ async fn a_failed_canary_recommends_cancel_and_a_poison_letter_is_edited_and_ret
         // Edit and retry the poison letter: the original beside the editor, JSON checked as
         // typed, sent as a new message naming the original.
         c.goto(&format!("{base}/#/message/{poison}")).await.unwrap();
+        // The view renders after the navigation: wait for it before clicking in it.
+        wait_text(c, "#message-title", &format!("Dead letter #{poison}")).await;
+        wait_text(c, "#edit-one", "Edit and retry").await;
         click(c, Locator::Id("edit-one")).await;
         wait_text(c, "#edit-title", &format!("Edit and retry dead letter #{poison}")).await;
         wait_text(c, "#edit-original", "{\"order\":\"A-9\",\"total_").await;
