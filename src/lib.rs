@@ -155,8 +155,8 @@ pub use enqueue::{enqueue, enqueue_batch, EnqueueError, Enqueuer};
 #[cfg(feature = "kafka")]
 pub use kafka::RefusalReason;
 pub use message::{
-    parse_instant, InvalidInstant, Message, HEADER_ENTITY_ID, HEADER_MESSAGE_ID, HEADER_MESSAGE_TYPE,
-    HEADER_TIMESTAMP, STANDARD_HEADERS, TOMBSTONE_TYPE,
+    parse_instant, InvalidInstant, Message, HEADER_ENTITY_ID, HEADER_MESSAGE_ID,
+    HEADER_MESSAGE_TYPE, HEADER_TIMESTAMP, STANDARD_HEADERS, TOMBSTONE_TYPE,
 };
 pub use migrate::{embedded_migrations, migrate, MigrateError, MigrateReport};
 #[cfg(feature = "relay")]

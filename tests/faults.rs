@@ -410,7 +410,7 @@ impl outbox::consumer::Handler for RecordEffect {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_breaker_left_by_a_dead_process_holds_through_a_postgres_restart_then_expires() {
-    use outbox::consumer::{BreakerConfig, Consumer, ConsumerConfig, BreakerMode};
+    use outbox::consumer::{BreakerConfig, BreakerMode, Consumer, ConsumerConfig};
     let _serial = SERIAL.lock().await;
     dev("kafka.sh", "start");
     dev("postgres.sh", "start");

@@ -165,17 +165,16 @@ impl Auth {
                     reason: "expected HOLDER ROLE SHA256HEX".into(),
                 });
             };
-            let role: Role = role
-                .parse()
-                .map_err(|e| AuthError::Line {
-                    line: n + 1,
-                    reason: e,
-                })?;
-            let hash = hash.strip_prefix("sha256:").unwrap_or(hash);
-            let digest = parse_hex32(&hash.to_ascii_lowercase()).ok_or_else(|| AuthError::Line {
+            let role: Role = role.parse().map_err(|e| AuthError::Line {
                 line: n + 1,
-                reason: "the hash must be 64 hex digits (sha256 of the token)".into(),
+                reason: e,
             })?;
+            let hash = hash.strip_prefix("sha256:").unwrap_or(hash);
+            let digest =
+                parse_hex32(&hash.to_ascii_lowercase()).ok_or_else(|| AuthError::Line {
+                    line: n + 1,
+                    reason: "the hash must be 64 hex digits (sha256 of the token)".into(),
+                })?;
             entries.push(Entry {
                 holder: (*holder).to_owned(),
                 role,

@@ -132,7 +132,10 @@ async fn encode(s: &AppState, topic: &str, json: &Value, text: &str) -> Result<V
                 return c.encode(json).map_err(|e| {
                     ApiError(
                         StatusCode::BAD_REQUEST,
-                        format!("the body does not match the schema of {topic} (id {}): {e}", c.id),
+                        format!(
+                            "the body does not match the schema of {topic} (id {}): {e}",
+                            c.id
+                        ),
                     )
                 })
             }
@@ -140,7 +143,9 @@ async fn encode(s: &AppState, topic: &str, json: &Value, text: &str) -> Result<V
             Err(e) => {
                 return Err(ApiError(
                     StatusCode::SERVICE_UNAVAILABLE,
-                    format!("the schema of {topic} could not be read, so the edit is not checked: {e}"),
+                    format!(
+                        "the schema of {topic} could not be read, so the edit is not checked: {e}"
+                    ),
                 ))
             }
         }

@@ -35,7 +35,10 @@ const FILTER_FIELDS: [&str; 9] = [
 
 /// A JSON object body whose every field is one of `known`: a misspelt field is refused with
 /// 400 naming it, never ignored (an ignored filter widens the selection).
-pub(super) fn exact<T: serde::de::DeserializeOwned>(v: Value, known: &[&[&str]]) -> Result<T, ApiError> {
+pub(super) fn exact<T: serde::de::DeserializeOwned>(
+    v: Value,
+    known: &[&[&str]],
+) -> Result<T, ApiError> {
     let Some(obj) = v.as_object() else {
         return Err(ApiError(
             StatusCode::UNPROCESSABLE_ENTITY,

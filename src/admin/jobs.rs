@@ -55,7 +55,11 @@ pub(super) async fn dlq_job_items(
     let Query(q) = q.map_err(|e| ApiError(StatusCode::BAD_REQUEST, e.body_text()))?;
     let items = s
         .dlq
-        .job_items(job_id(&id)?, q.from_seq.unwrap_or(1), q.limit.unwrap_or(200))
+        .job_items(
+            job_id(&id)?,
+            q.from_seq.unwrap_or(1),
+            q.limit.unwrap_or(200),
+        )
         .await?;
     ok(items)
 }
@@ -169,4 +173,3 @@ pub(super) async fn dlq_job_resume(
     }
     Ok((StatusCode::ACCEPTED, Json(s.dlq.job(id).await?)).into_response())
 }
-

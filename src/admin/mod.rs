@@ -92,7 +92,11 @@ pub const ROUTES: &[RouteSpec] = &[
     r("GET", "/api/dlq/messages", At(Role::Viewer)),
     r("GET", "/api/dlq/messages/{id}", At(Role::Viewer)),
     r("GET", "/api/dlq/messages/{id}/editable", At(Role::Operator)),
-    r("POST", "/api/dlq/messages/{id}/edit-retry", At(Role::Operator)),
+    r(
+        "POST",
+        "/api/dlq/messages/{id}/edit-retry",
+        At(Role::Operator),
+    ),
     r("POST", "/api/dlq/replay", At(Role::Operator)),
     r("POST", "/api/dlq/drop", At(Role::Operator)),
     r("POST", "/api/dlq/restore", At(Role::Operator)),

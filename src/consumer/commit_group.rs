@@ -28,14 +28,13 @@ use tracing::Instrument as _;
 
 use std::sync::Arc;
 
+use super::envelope::{Envelope, Fate, InGroup};
 use super::handler::{Delivered, Handler, HandlerError};
 use super::inbox::InboxOutcome;
-use super::envelope::{Envelope, Fate, InGroup};
 use super::process::{process, process_from};
-use super::tx::{connection, count, handle_span, handler_seconds};
 use super::stats::ConsumerStats;
+use super::tx::{connection, count, handle_span, handler_seconds};
 use super::{HandlerRef, Shared};
-
 
 /// Processes `envs` (heads of different lanes) as one commit group; returns each one's fate.
 pub(super) async fn process_group(envs: &[&Envelope], shared: &Shared) -> Vec<Fate> {

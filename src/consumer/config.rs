@@ -220,7 +220,8 @@ impl ConsumerConfig {
             RetryStrategy::Topics { delays } => {
                 for t in &self.topics {
                     for d in delays {
-                        retry_topic(t, &self.group, *d).map_err(|e| ConsumerError::Config(e.to_string()))?;
+                        retry_topic(t, &self.group, *d)
+                            .map_err(|e| ConsumerError::Config(e.to_string()))?;
                     }
                 }
                 Ok(())

@@ -10,7 +10,7 @@ use rdkafka::error::KafkaError;
 use rdkafka::{ClientContext, TopicPartitionList};
 use tracing::{info, warn};
 
-use super::breaker::{Breakers, BreakerMode};
+use super::breaker::{BreakerMode, Breakers};
 use super::offsets::OffsetTracker;
 
 use super::envelope::{now_ms, Tp};
@@ -58,9 +58,12 @@ pub(super) fn flows(mode: BreakerMode, probe_main: bool, dlq_topic: bool) -> boo
 
 impl Ctx {
     fn mode_allows(&self, topic: &str) -> bool {
-        let (mode, main) = self.breakers.as_ref().map_or((BreakerMode::Normal, false), |b| {
-            (b.mode(), b.probe_main.load(Ordering::SeqCst))
-        });
+        let (mode, main) = self
+            .breakers
+            .as_ref()
+            .map_or((BreakerMode::Normal, false), |b| {
+                (b.mode(), b.probe_main.load(Ordering::SeqCst))
+            });
         flows(mode, main, self.drain_topics.contains(topic))
     }
 }

@@ -8,11 +8,11 @@ use tokio::sync::mpsc;
 use tracing::warn;
 
 use super::breaker::BreakerMode;
-use super::drain::process_drain;
 use super::commit_group::process_group;
+use super::drain::process_drain;
 use super::envelope::Fate;
-use super::process::{process, process_batch};
 use super::envelope::{Done, DoneItem, Envelope, LaneKey};
+use super::process::{process, process_batch};
 use super::runtime::Runtime;
 use super::HandlerRef;
 

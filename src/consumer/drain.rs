@@ -8,18 +8,17 @@ use std::sync::atomic::Ordering;
 use futures::FutureExt;
 use tracing::{warn, Instrument as _};
 
+use super::envelope::Envelope;
 use crate::backoff::Backoff;
 use crate::consumer::breaker::first_failed;
 use crate::consumer::dead_letter::*;
+use crate::consumer::envelope::Fate;
 use crate::consumer::handler::Freshness;
 use crate::consumer::inbox::InboxOutcome;
-use crate::consumer::envelope::Fate;
 use crate::consumer::process::*;
-use crate::consumer::tx::{count, handle_span};
 use crate::consumer::retry::RetryStrategy;
-use super::envelope::Envelope;
+use crate::consumer::tx::{count, handle_span};
 use crate::consumer::Shared;
-
 
 /// A parked letter read back during a drain: envelope policies, freshness check, then the
 /// handler like any message (same inbox, so a letter already handled is a duplicate).

@@ -30,11 +30,11 @@ use std::sync::{Arc, Mutex};
 
 use tokio_util::sync::CancellationToken;
 
-use super::handler::Delivered;
+use super::envelope::Envelope;
 use super::envelope::Fate;
+use super::handler::Delivered;
 use super::process::process;
 use super::record::{decode, origin, Raw};
-use super::envelope::Envelope;
 use super::stats::ConsumerStats;
 use super::{call, Consumer, ConsumerError, DeadLetterKind, Shared, Sink};
 use crate::message::Message;

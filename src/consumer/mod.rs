@@ -26,13 +26,13 @@
 
 mod breaker;
 mod call;
+mod commit_group;
 mod config;
 mod context;
-mod drain;
-mod envelope;
 mod dead_letter;
 mod dispatch;
-mod commit_group;
+mod drain;
+mod envelope;
 mod handler;
 mod harness;
 mod inbox;
@@ -61,10 +61,10 @@ pub use breaker::{
 #[deprecated(since = "0.2.0", note = "renamed `BreakerMode`")]
 pub type Mode = BreakerMode;
 pub use call::CallHandler;
+pub use config::DEFAULT_PAUSE_AFTER;
 pub use config::{
     ConsumerConfig, ConsumerError, Driver, DEFAULT_COMMIT_GROUP, DEFAULT_CONCURRENCY,
-    DEFAULT_MAX_BUFFERED, DEFAULT_SESSION_TIMEOUT, DEFAULT_TRANSACTIONS,
-    MAX_COMMIT_GROUP,
+    DEFAULT_MAX_BUFFERED, DEFAULT_SESSION_TIMEOUT, DEFAULT_TRANSACTIONS, MAX_COMMIT_GROUP,
 };
 pub(crate) use dead_letter::*;
 pub use handler::{
@@ -76,7 +76,6 @@ pub use inbox::{Inbox, InboxOutcome};
 pub use retry::{
     RetryStrategy, DEFAULT_IN_PLACE_ATTEMPTS, DEFAULT_IN_PLACE_BASE, DEFAULT_IN_PLACE_MAX,
 };
-pub use config::DEFAULT_PAUSE_AFTER;
 pub use stats::ConsumerStats;
 pub use upkeep::{cleanup_marks, MarksCleaned, MarksCleanup};
 
@@ -538,7 +537,9 @@ impl Consumer {
                         .lock()
                         .expect("lag lock")
                         .iter()
-                        .map(|(k, (n, secs))| ((k.clone(), (*n).into()), (k.clone(), (*secs).into())))
+                        .map(|(k, (n, secs))| {
+                            ((k.clone(), (*n).into()), (k.clone(), (*secs).into()))
+                        })
                         .unzip();
                     beat.beat(serde_json::json!({
                         "mode": mode,
@@ -605,9 +606,10 @@ impl Consumer {
         info!(group = %shared.config.group, topics = ?subscribe, concurrency = shared.config.concurrency, "consumer started");
         if shared.breaker().is_some() {
             // A first drain at startup picks up letters parked before a restart.
-            shared
-                .breakers
-                .set_mode(BreakerMode::Drain, "startup: draining letters parked earlier");
+            shared.breakers.set_mode(
+                BreakerMode::Drain,
+                "startup: draining letters parked earlier",
+            );
         }
         let mut rt = Runtime::new(
             &consumer,

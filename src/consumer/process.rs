@@ -13,17 +13,15 @@ use tracing::{debug, warn, Instrument as _};
 
 use super::breaker::BreakerMode;
 use super::dead_letter::*;
+use super::envelope::{Envelope, Fate, Tried};
 use super::handler::{BatchHandler, Delivered, HandlerError};
 use super::inbox::InboxOutcome;
 use super::record::{Origin, Raw};
 use super::retry::RetryStrategy;
-use super::envelope::{Envelope, Fate, Tried};
-use super::tx::{connection, count, handle_span, handler_seconds, live};
 use super::stats::ConsumerStats;
+use super::tx::{connection, count, handle_span, handler_seconds, live};
 use super::{HandlerRef, Shared};
 use crate::backoff::Backoff;
-
-
 
 /// The handler's transaction: mark first, then the handler; both commit or neither.
 pub(super) async fn run_in_tx(
@@ -188,11 +186,9 @@ pub(super) fn panic_text(p: &(dyn std::any::Any + Send)) -> String {
         .unwrap_or_else(|| "handler panicked".into())
 }
 
-
 pub(super) async fn process(env: &Envelope, shared: &Shared) -> Fate {
     process_from(env, shared, None).await
 }
-
 
 /// [`process`], when the first try already happened elsewhere (in a commit group, see
 /// `commit_group.rs`) and gave `first`: it counts as attempt 1.

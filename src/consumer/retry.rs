@@ -64,8 +64,6 @@ impl RetryStrategy {
     }
 }
 
-
-
 #[cfg(test)]
 mod tests {
     use super::*;

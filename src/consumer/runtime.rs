@@ -15,10 +15,10 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use super::breaker::{DrainPacer, BreakerMode};
+use super::breaker::{BreakerMode, DrainPacer};
 pub(super) use super::context::*;
-use super::offsets::OffsetTracker;
 use super::envelope::{now_ms, Done, DoneItem, Envelope, Fate, LaneId, LaneKey, Tp};
+use super::offsets::OffsetTracker;
 use super::record::{decode, origin, Raw};
 use super::retry::RetryStrategy;
 use super::stats::ConsumerStats;

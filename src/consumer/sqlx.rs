@@ -12,11 +12,11 @@ use futures::FutureExt;
 use sqlx::PgConnection;
 use tracing::Instrument as _;
 
+use super::envelope::Envelope;
 use super::envelope::InGroup;
 use super::handler::{BoxFuture, Delivered, HandlerError};
 use super::inbox::InboxOutcome;
 use super::tx::{handle_span, handler_seconds};
-use super::envelope::Envelope;
 use super::{HandlerRef, Shared};
 
 /// A handler on sqlx: runs inside the transaction that also records the message in

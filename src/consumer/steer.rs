@@ -9,15 +9,17 @@ use rdkafka::{Offset, TopicPartitionList};
 use tokio::time::Instant;
 use tracing::warn;
 
-use crate::consumer::breaker::{Breakers, DrainPacer, BreakerMode};
-use crate::consumer::record::Raw;
+use crate::consumer::breaker::{BreakerMode, Breakers, DrainPacer};
 use crate::consumer::envelope::{Envelope, Tp};
+use crate::consumer::record::Raw;
 use crate::consumer::runtime::*;
 use crate::kafka::tpl_of;
 
 impl Runtime<'_> {
     pub(in crate::consumer) fn mode(&self) -> BreakerMode {
-        self.shared.breaker().map_or(BreakerMode::Normal, Breakers::mode)
+        self.shared
+            .breaker()
+            .map_or(BreakerMode::Normal, Breakers::mode)
     }
 
     fn probe_main(&self) -> bool {
@@ -149,7 +151,10 @@ impl Runtime<'_> {
                 self.apply_pauses();
             }
             BreakerMode::Drain if self.drain_complete() => {
-                self.transition(BreakerMode::Normal, "parked letters drained: main topics resumed");
+                self.transition(
+                    BreakerMode::Normal,
+                    "parked letters drained: main topics resumed",
+                );
                 tokio::spawn(async move { b.reset_streaks().await });
             }
             _ => {}

@@ -34,9 +34,9 @@ pub use normalize::normalize_error;
 pub use query::{AuditEntry, CauseGroup, DeadLetter, LetterRow, Order, Summary, TopicSummary};
 pub(crate) use replay::{check_reason, framework_header, Start};
 pub use replay::{
-    DryRun, Edit, EditedRetry, Job, JobEvent, JobItem, JobStatus, Progress, ReplayOptions, RunOutcome, DEFAULT_CANARY,
-    DEFAULT_CANARY_WAIT, DEFAULT_LOOP_GUARD, DEFAULT_MAX_REFAIL, DEFAULT_RATE, DEFAULT_WATCH,
-    MAX_EDITED_BODY, MAX_JOB_REASON, MAX_RATE, MIN_RATE,
+    DryRun, Edit, EditedRetry, Job, JobEvent, JobItem, JobStatus, Progress, ReplayOptions,
+    RunOutcome, DEFAULT_CANARY, DEFAULT_CANARY_WAIT, DEFAULT_LOOP_GUARD, DEFAULT_MAX_REFAIL,
+    DEFAULT_RATE, DEFAULT_WATCH, MAX_EDITED_BODY, MAX_JOB_REASON, MAX_RATE, MIN_RATE,
 };
 
 use deadpool_postgres::Pool;

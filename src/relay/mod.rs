@@ -142,7 +142,10 @@ impl Relay {
             db: db.clone(),
             floor: Arc::new(Mutex::new(ClaimFloor::new(config.long_transaction))),
             pass: tokio::sync::Mutex::new(()),
-            slots: config.exactly_once.as_ref().map(|_| exactly_once::Slots::new()),
+            slots: config
+                .exactly_once
+                .as_ref()
+                .map(|_| exactly_once::Slots::new()),
             progress_ready: tokio::sync::OnceCell::new(),
             config,
             known_topics: Mutex::new(HashMap::new()),

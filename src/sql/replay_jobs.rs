@@ -29,7 +29,8 @@ pub(crate) const EVENTS: &str = "SELECT at, status, reason FROM {s}.dlq_replay_j
 
 /// A job's items in send order from seq `$2` on, with the letter each sent and the comeback it
 /// became; `$3` rows at most.
-pub(crate) const ITEMS: &str = "SELECT i.seq, i.dead_letter_id, i.state, i.sent_at, i.error, i.came_back_id,
+pub(crate) const ITEMS: &str =
+    "SELECT i.seq, i.dead_letter_id, i.state, i.sent_at, i.error, i.came_back_id,
         i.came_back_at, i.edited_body IS NOT NULL OR i.edited_headers IS NOT NULL AS edited,
         d.original_topic, d.consumer_group, d.error_kind, d.error_group, d.message_id,
         b.error AS came_back_error

@@ -255,7 +255,8 @@ pub fn plan(toml_text: &str) -> Result<Vec<TopicSpec>, TopicsError> {
                 let d = humantime::parse_duration(delay)
                     .map_err(|e| TopicsError::Parse(format!("retry delay {delay:?}: {e}")))?;
                 // Named exactly as the consumer names them ("300s" → retry-5m), so both agree.
-                let name = retry_topic(&t.name, group, d).map_err(|e| TopicsError::Parse(e.to_string()))?;
+                let name = retry_topic(&t.name, group, d)
+                    .map_err(|e| TopicsError::Parse(e.to_string()))?;
                 out.push(TopicSpec {
                     name,
                     partitions,

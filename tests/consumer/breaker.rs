@@ -11,8 +11,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use outbox::consumer::{
-    BoxFuture, BreakerConfig, Consumer, ConsumerConfig, Delivered, Freshness, FreshnessCheck,
-    Handler, HandlerError, BreakerMode, RetryStrategy,
+    BoxFuture, BreakerConfig, BreakerMode, Consumer, ConsumerConfig, Delivered, Freshness,
+    FreshnessCheck, Handler, HandlerError, RetryStrategy,
 };
 use outbox_testkit::*;
 
@@ -344,7 +344,9 @@ async fn two_replicas_pause_together_drain_parked_letters_first_and_handle_every
     wait_until(
         Duration::from_secs(30),
         "both replicas back to normal",
-        || async { a.state.get().mode == BreakerMode::Normal && b.state.get().mode == BreakerMode::Normal },
+        || async {
+            a.state.get().mode == BreakerMode::Normal && b.state.get().mode == BreakerMode::Normal
+        },
     )
     .await;
     assert_eq!(

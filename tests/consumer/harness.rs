@@ -7,11 +7,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use outbox::consumer::{
-    BoxFuture, BreakerConfig, CallHandler, Consumer, ConsumerConfig, Delivered,
-    Driver, HandlerError, RetryStrategy,
+    BoxFuture, BreakerConfig, CallHandler, Consumer, ConsumerConfig, Delivered, Driver,
+    HandlerError, RetryStrategy,
 };
-use outbox::Message;
 use outbox::wire::DeadLetterKind;
+use outbox::Message;
 use outbox_testkit::*;
 
 fn order(topic: &str, body: serde_json::Value) -> Delivered {

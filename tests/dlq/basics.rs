@@ -230,11 +230,8 @@ async fn archive_twice_is_a_no_op_and_odd_bytes_survive_archive_and_replay_byte_
     let d = Dlq::new(&db).show(id).await.unwrap();
     assert_eq!(d.key.as_deref(), Some(&[0xc3, 0x28, b'k'][..]));
     assert_eq!(d.body.as_deref(), Some(&[0xff, 0xfe, b'{', 0x00, 0x80][..]));
-    assert!(d
-        .headers
-        .iter()
-        .any(|(k, v)| k == "bin-header"
-            && *v == outbox::wire::HeaderValue::Bytes(vec![0x00, 0xff, 0x10])));
+    assert!(d.headers.iter().any(|(k, v)| k == "bin-header"
+        && *v == outbox::wire::HeaderValue::Bytes(vec![0x00, 0xff, 0x10])));
     let shown = run(outbox_command(&db).args(["dlq", "show", &id.to_string(), "--json"]));
     assert!(shown.status.success(), "{}", text(&shown));
     let j: serde_json::Value = serde_json::from_slice(&shown.stdout).unwrap();
@@ -728,7 +725,10 @@ async fn the_selection_is_frozen_and_jobs_pause_resume_and_cancel() {
     ]));
     assert!(o2.status.success(), "{}", text(&o2));
     let outcome = runner.await.unwrap().unwrap();
-    assert_eq!(outcome, RunOutcome::Paused("paused by bob: checking billing".into()));
+    assert_eq!(
+        outcome,
+        RunOutcome::Paused("paused by bob: checking billing".into())
+    );
     let paused = dlq.job(job.id).await.unwrap();
     assert!(paused.sent >= 3 && paused.sent < 20, "{paused:?}");
     let o3 = run(outbox_command(&db).args(["dlq", "job", "resume", &job.id.to_string()]));
@@ -756,21 +756,45 @@ async fn the_selection_is_frozen_and_jobs_pause_resume_and_cancel() {
     let j2 = dlq.create_job(&f, &o).await.unwrap();
     assert_eq!(j2.pending, 5);
     let o5 = run(outbox_command(&db).args([
-        "dlq", "job", "cancel", &j2.id.to_string(), "--actor", "bob", "--reason", "wrong selection",
+        "dlq",
+        "job",
+        "cancel",
+        &j2.id.to_string(),
+        "--actor",
+        "bob",
+        "--reason",
+        "wrong selection",
     ]));
     assert!(o5.status.success(), "{}", text(&o5));
     // Each action is in the audit log with who and why; a refused resume is not.
     let audit: Vec<(String, String, Option<String>)> = c
-        .query("SELECT action, actor, reason FROM dlq_audit WHERE action LIKE 'job-%' ORDER BY id", &[])
+        .query(
+            "SELECT action, actor, reason FROM dlq_audit WHERE action LIKE 'job-%' ORDER BY id",
+            &[],
+        )
         .await
         .unwrap()
         .iter()
         .map(|r| (r.get(0), r.get(1), r.get(2)))
         .collect();
     assert_eq!(audit.len(), 3, "{audit:?}");
-    assert_eq!(audit[0], ("job-pause".into(), "bob".into(), Some("checking billing".into())));
+    assert_eq!(
+        audit[0],
+        (
+            "job-pause".into(),
+            "bob".into(),
+            Some("checking billing".into())
+        )
+    );
     assert_eq!(audit[1].0, "job-resume");
-    assert_eq!(audit[2], ("job-cancel".into(), "bob".into(), Some("wrong selection".into())));
+    assert_eq!(
+        audit[2],
+        (
+            "job-cancel".into(),
+            "bob".into(),
+            Some("wrong selection".into())
+        )
+    );
     let o6 = run(outbox_command(&db).args(["dlq", "job", "resume", &j2.id.to_string()]));
     assert_eq!(o6.status.code(), Some(2), "{}", text(&o6));
     assert!(text(&o6).contains("cancelled"), "{}", text(&o6));
@@ -1588,25 +1612,50 @@ async fn a_job_paused_before_its_runner_starts_stays_paused_and_a_resume_is_audi
     };
     let job = dlq.create_job(&f, &opts("ann")).await.unwrap();
     // The operator pauses it before any runner took it up: a new job's runner leaves it paused.
-    dlq.pause_job(job.id, "ann", Some("wait for billing")).await.unwrap();
+    dlq.pause_job(job.id, "ann", Some("wait for billing"))
+        .await
+        .unwrap();
     let stop = CancellationToken::new();
-    let out = dlq.run_new_job(&kafka(), job.id, &stop, &mut |_| {}).await.unwrap();
-    assert_eq!(out, RunOutcome::Paused("paused by ann: wait for billing".into()));
+    let out = dlq
+        .run_new_job(&kafka(), job.id, &stop, &mut |_| {})
+        .await
+        .unwrap();
+    assert_eq!(
+        out,
+        RunOutcome::Paused("paused by ann: wait for billing".into())
+    );
     assert_eq!(topic_len(&topic).await, 0, "a paused job sent nothing");
     // A resume with a reason that cannot be audited is refused before anything runs.
     let bad = dlq
-        .resume_job(&kafka(), job.id, "ann", Some(&"x".repeat(1001)), &stop, &mut |_| {})
+        .resume_job(
+            &kafka(),
+            job.id,
+            "ann",
+            Some(&"x".repeat(1001)),
+            &stop,
+            &mut |_| {},
+        )
         .await;
     assert!(bad.is_err());
     assert_eq!(topic_len(&topic).await, 0);
     let out = dlq
-        .resume_job(&kafka(), job.id, "ann", Some("billing is back"), &stop, &mut |_| {})
+        .resume_job(
+            &kafka(),
+            job.id,
+            "ann",
+            Some("billing is back"),
+            &stop,
+            &mut |_| {},
+        )
         .await
         .unwrap();
     assert_eq!(out, RunOutcome::Completed);
     assert_eq!(topic_len(&topic).await, 2);
     let audit: Vec<(String, String, Option<String>)> = c
-        .query("SELECT action, actor, reason FROM dlq_audit WHERE action LIKE 'job-%' ORDER BY id", &[])
+        .query(
+            "SELECT action, actor, reason FROM dlq_audit WHERE action LIKE 'job-%' ORDER BY id",
+            &[],
+        )
         .await
         .unwrap()
         .iter()
@@ -1615,8 +1664,16 @@ async fn a_job_paused_before_its_runner_starts_stays_paused_and_a_resume_is_audi
     assert_eq!(
         audit,
         vec![
-            ("job-pause".into(), "ann".into(), Some("wait for billing".into())),
-            ("job-resume".into(), "ann".into(), Some("billing is back".into())),
+            (
+                "job-pause".into(),
+                "ann".into(),
+                Some("wait for billing".into())
+            ),
+            (
+                "job-resume".into(),
+                "ann".into(),
+                Some("billing is back".into())
+            ),
         ]
     );
     // Resuming what has ended is refused, and not audited.
@@ -1625,7 +1682,10 @@ async fn a_job_paused_before_its_runner_starts_stays_paused_and_a_resume_is_audi
         .await
         .is_err());
     let n: i64 = c
-        .query_one("SELECT count(*) FROM dlq_audit WHERE action = 'job-resume'", &[])
+        .query_one(
+            "SELECT count(*) FROM dlq_audit WHERE action = 'job-resume'",
+            &[],
+        )
         .await
         .unwrap()
         .get(0);

@@ -359,9 +359,18 @@ async fn viewers_never_see_bodies_bad_bodies_get_4xx_and_api_replays_are_audited
             "/api/breakers/close",
             "{\"group\":\"g\",\"dependency\":\"d\",\"reason\":\"r\",\"eror_group\":\"x\"}",
         ),
-        ("/api/dlq/jobs/{id}/pause", "{\"reason\":\"r\",\"eror_group\":\"x\"}"),
-        ("/api/dlq/jobs/{id}/resume", "{\"reason\":\"r\",\"eror_group\":\"x\"}"),
-        ("/api/dlq/jobs/{id}/cancel", "{\"reason\":\"r\",\"eror_group\":\"x\"}"),
+        (
+            "/api/dlq/jobs/{id}/pause",
+            "{\"reason\":\"r\",\"eror_group\":\"x\"}",
+        ),
+        (
+            "/api/dlq/jobs/{id}/resume",
+            "{\"reason\":\"r\",\"eror_group\":\"x\"}",
+        ),
+        (
+            "/api/dlq/jobs/{id}/cancel",
+            "{\"reason\":\"r\",\"eror_group\":\"x\"}",
+        ),
         (
             "/api/dlq/messages/{id}/edit-retry",
             "{\"body_text\":\"{}\",\"reason\":\"r\",\"eror_group\":\"x\"}",

@@ -20,11 +20,23 @@ fn rustdoc_json() -> Value {
     let out = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
         .current_dir(root)
         .env("RUSTC_BOOTSTRAP", "1")
-        .args(["rustdoc", "--lib", "-p", "outbox", "--features", "sqlx,schemas", "--"])
+        .args([
+            "rustdoc",
+            "--lib",
+            "-p",
+            "outbox",
+            "--features",
+            "sqlx,schemas",
+            "--",
+        ])
         .args(["-Z", "unstable-options", "--output-format", "json"])
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let target = std::env::var("CARGO_TARGET_DIR").unwrap_or_else(|_| format!("{root}/target"));
     serde_json::from_slice(&std::fs::read(Path::new(&target).join("doc/outbox.json")).unwrap())
         .unwrap()
@@ -43,7 +55,10 @@ struct Named {
 /// re-export).
 fn paths(doc: &Value) -> BTreeMap<String, Vec<Named>> {
     fn kind(it: &Value) -> String {
-        it["inner"].as_object().and_then(|o| o.keys().next().cloned()).unwrap_or_default()
+        it["inner"]
+            .as_object()
+            .and_then(|o| o.keys().next().cloned())
+            .unwrap_or_default()
     }
     fn walk(
         doc: &Value,
@@ -54,7 +69,11 @@ fn paths(doc: &Value) -> BTreeMap<String, Vec<Named>> {
         out: &mut BTreeMap<String, Vec<Named>>,
     ) {
         let index = &doc["index"];
-        for child in module["inner"]["module"]["items"].as_array().into_iter().flatten() {
+        for child in module["inner"]["module"]["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+        {
             let c = &index[child.to_string()];
             if c["visibility"] != "public" {
                 continue;
@@ -67,7 +86,9 @@ fn paths(doc: &Value) -> BTreeMap<String, Vec<Named>> {
                     let target = u["id"].to_string();
                     let t = &index[&target];
                     if u["is_glob"] == true {
-                        if kind(t) == "module" && seen.insert(format!("{target}@{}", path.join("::"))) {
+                        if kind(t) == "module"
+                            && seen.insert(format!("{target}@{}", path.join("::")))
+                        {
                             walk(doc, t, path, dep, seen, out);
                         }
                         continue;
@@ -79,10 +100,18 @@ fn paths(doc: &Value) -> BTreeMap<String, Vec<Named>> {
                         }
                         continue;
                     }
-                    let key = if t.is_null() { format!("extern {}", u["source"]) } else { target };
+                    let key = if t.is_null() {
+                        format!("extern {}", u["source"])
+                    } else {
+                        target
+                    };
                     out.entry(key).or_default().push(Named {
                         path: at(name).join("::"),
-                        kind: if t.is_null() { "extern".into() } else { kind(t) },
+                        kind: if t.is_null() {
+                            "extern".into()
+                        } else {
+                            kind(t)
+                        },
                         reexport: true,
                         deprecated: dep,
                     });
@@ -99,7 +128,14 @@ fn paths(doc: &Value) -> BTreeMap<String, Vec<Named>> {
     }
     let root = &doc["index"][doc["root"].to_string()];
     let mut out = BTreeMap::new();
-    walk(doc, root, &["outbox".to_owned()], false, &mut BTreeSet::new(), &mut out);
+    walk(
+        doc,
+        root,
+        &["outbox".to_owned()],
+        false,
+        &mut BTreeSet::new(),
+        &mut out,
+    );
     out
 }
 
@@ -110,10 +146,20 @@ fn the_public_api_is_the_listed_one_and_each_item_has_one_path() {
     let mut lines: Vec<String> = by_item
         .values()
         .flatten()
-        .map(|n| format!("{} {}{}", n.path, n.kind, if n.deprecated { " (deprecated)" } else { "" }))
+        .map(|n| {
+            format!(
+                "{} {}{}",
+                n.path,
+                n.kind,
+                if n.deprecated { " (deprecated)" } else { "" }
+            )
+        })
         .collect();
     lines.sort();
-    assert!(lines.iter().any(|l| l == "outbox::Message struct"), "the walk sees the root: {lines:?}");
+    assert!(
+        lines.iter().any(|l| l == "outbox::Message struct"),
+        "the walk sees the root: {lines:?}"
+    );
     let listing = format!(
         "# Every public path of the `outbox` crate (features sqlx, schemas), written by\n\
          # tests/ops/api.rs: OUTBOX_BLESS_API=1 cargo test --test ops api:: rewrites it.\n{}\n",
@@ -138,9 +184,18 @@ fn the_public_api_is_the_listed_one_and_each_item_has_one_path() {
     let twice: Vec<String> = by_item
         .values()
         .filter(|ns| ns.iter().filter(|n| !n.deprecated).count() > 1)
-        .map(|ns| ns.iter().map(|n| n.path.clone()).collect::<Vec<_>>().join(" = "))
+        .map(|ns| {
+            ns.iter()
+                .map(|n| n.path.clone())
+                .collect::<Vec<_>>()
+                .join(" = ")
+        })
         .collect();
-    assert!(twice.is_empty(), "items reachable by two paths:\n{}", twice.join("\n"));
+    assert!(
+        twice.is_empty(),
+        "items reachable by two paths:\n{}",
+        twice.join("\n")
+    );
     let root = by_item
         .values()
         .flatten()

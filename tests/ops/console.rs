@@ -7,7 +7,9 @@ use std::time::Duration;
 use fantoccini::{Client, Locator};
 use outbox_testkit::*;
 
-use crate::browser::{click, click_in, confirm_enabled, open_console, shot, sign_in, wait_text, TOKEN};
+use crate::browser::{
+    click, click_in, confirm_enabled, open_console, shot, sign_in, wait_text, TOKEN,
+};
 use crate::jobs::{comes_back, letters};
 
 /// At phone width: the page is no wider than the screen and `css` (an action) lies within it.
@@ -23,8 +25,16 @@ async fn fits_phone(c: &Client, css: &str) {
         )
         .await
         .unwrap();
-    let f: Vec<f64> = f.as_array().unwrap().iter().map(|v| v.as_f64().unwrap()).collect();
-    assert!(f[0] >= 0.0 && f[1] <= f[2] && f[3] <= 1.0, "{css} is not on a phone's screen: {f:?}");
+    let f: Vec<f64> = f
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_f64().unwrap())
+        .collect();
+    assert!(
+        f[0] >= 0.0 && f[1] <= f[2] && f[3] <= 1.0,
+        "{css} is not on a phone's screen: {f:?}"
+    );
 }
 
 async fn phone(c: &Client) {
@@ -37,7 +47,12 @@ async fn desktop(c: &Client) {
 }
 
 async fn enabled(c: &Client, id: &str) -> bool {
-    c.find(Locator::Id(id)).await.unwrap().is_enabled().await.unwrap()
+    c.find(Locator::Id(id))
+        .await
+        .unwrap()
+        .is_enabled()
+        .await
+        .unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -64,7 +79,10 @@ async fn a_failed_canary_recommends_cancel_and_a_poison_letter_is_edited_and_ret
     archive_once(&db, vec![format!("{topic}.dlq")]).await;
     let pg = client(&db).await;
     let poison: i64 = pg
-        .query_one("SELECT id FROM dead_letters WHERE message_id = $1", &[&poison_mid])
+        .query_one(
+            "SELECT id FROM dead_letters WHERE message_id = $1",
+            &[&poison_mid],
+        )
         .await
         .unwrap()
         .get(0);
@@ -74,27 +92,65 @@ async fn a_failed_canary_recommends_cancel_and_a_poison_letter_is_edited_and_ret
         sign_in(&console, TOKEN).await;
         // The confirmation is written for the selection: count, group, cause, topic, the
         // canary; its button waits for the tick.
-        click_in(c, "#groups tr", "customer <n> not found", Locator::Css("button.replay-group")).await;
+        click_in(
+            c,
+            "#groups tr",
+            "customer <n> not found",
+            Locator::Css("button.replay-group"),
+        )
+        .await;
         wait_text(c, "#replay-says", &format!(
             "6 letters dead-lettered by billing, cause “customer <n> not found”, will be sent back to {topic}.")).await;
-        wait_text(c, "#replay-canary-says", "the first letter goes alone, then the job waits 30 s").await;
-        wait_text(c, "#replay-risk-kinds", "6 permanent letters: the handler refused them").await;
+        wait_text(
+            c,
+            "#replay-canary-says",
+            "the first letter goes alone, then the job waits 30 s",
+        )
+        .await;
+        wait_text(
+            c,
+            "#replay-risk-kinds",
+            "6 permanent letters: the handler refused them",
+        )
+        .await;
         assert!(!confirm_enabled(c).await, "confirmable before the tick");
         click(c, Locator::Id("replay-confirm-kinds")).await;
         assert!(confirm_enabled(c).await);
         shot(c, "replay-confirmation-written").await;
         click(c, Locator::Id("modal-confirm")).await;
         wait_text(c, "#job-title", "Replay job #").await;
-        let job: i64 = pg.query_one("SELECT max(id) FROM dlq_replay_jobs", &[]).await.unwrap().get(0);
+        let job: i64 = pg
+            .query_one("SELECT max(id) FROM dlq_replay_jobs", &[])
+            .await
+            .unwrap()
+            .get(0);
 
         // The canary letter fails again (a consumer without the fix): the job pauses and its
         // page advises cancelling, first and in words.
-        wait_until(Duration::from_secs(30), "the canary sent", || async { topic_len(&topic).await >= 1 }).await;
+        wait_until(Duration::from_secs(30), "the canary sent", || async {
+            topic_len(&topic).await >= 1
+        })
+        .await;
         let canary = read_all(&topic).await;
         comes_back(&db, &topic, &canary[0]).await;
-        wait_text(c, "#canary-advice", "The canary failed: 1 of 1 replayed letters came back to the DLQ").await;
-        let cancel = wait_text(c, "#canary-advice button.job-cancel", "Cancel (recommended)").await;
-        assert!(cancel.attr("class").await.unwrap().unwrap_or_default().contains("primary"));
+        wait_text(
+            c,
+            "#canary-advice",
+            "The canary failed: 1 of 1 replayed letters came back to the DLQ",
+        )
+        .await;
+        let cancel = wait_text(
+            c,
+            "#canary-advice button.job-cancel",
+            "Cancel (recommended)",
+        )
+        .await;
+        assert!(cancel
+            .attr("class")
+            .await
+            .unwrap()
+            .unwrap_or_default()
+            .contains("primary"));
         wait_text(c, "#canary-advice button.job-resume", "Resume anyway").await;
         wait_text(c, "#job-selection", &format!(
             "new letters of topic {topic} dead-lettered by group billing with the cause “customer <n> not found”")).await;
@@ -112,17 +168,52 @@ async fn a_failed_canary_recommends_cancel_and_a_poison_letter_is_edited_and_ret
         click(c, Locator::Css("#canary-advice button.job-cancel")).await;
         wait_text(c, "#job-action-says", "The 5 unsent letters stay new").await;
         assert!(!confirm_enabled(c).await, "cancel without a reason");
-        c.find(Locator::Id("job-reason")).await.unwrap().send_keys("the fix is not deployed yet").await.unwrap();
+        c.find(Locator::Id("job-reason"))
+            .await
+            .unwrap()
+            .send_keys("the fix is not deployed yet")
+            .await
+            .unwrap();
         assert!(confirm_enabled(c).await);
         click(c, Locator::Id("modal-confirm")).await;
-        wait_text(c, "#job-status", "cancelled — cancelled by admin: the fix is not deployed yet").await;
-        wait_text(c, "#job-timeline tr[data-status=cancelled]", "the fix is not deployed yet").await;
+        wait_text(
+            c,
+            "#job-status",
+            "cancelled — cancelled by admin: the fix is not deployed yet",
+        )
+        .await;
+        wait_text(
+            c,
+            "#job-timeline tr[data-status=cancelled]",
+            "the fix is not deployed yet",
+        )
+        .await;
         c.goto(&format!("{base}/#/audit")).await.unwrap();
-        let row = wait_text(c, "#audit tr[data-action=job-cancel]", &format!("cancelled job #{job} (5 unsent letters stay new)")).await;
-        assert!(row.text().await.unwrap().contains("the fix is not deployed yet"));
-        let href = row.find(Locator::Css("a.job-link")).await.unwrap().attr("href").await.unwrap();
+        let row = wait_text(
+            c,
+            "#audit tr[data-action=job-cancel]",
+            &format!("cancelled job #{job} (5 unsent letters stay new)"),
+        )
+        .await;
+        assert!(row
+            .text()
+            .await
+            .unwrap()
+            .contains("the fix is not deployed yet"));
+        let href = row
+            .find(Locator::Css("a.job-link"))
+            .await
+            .unwrap()
+            .attr("href")
+            .await
+            .unwrap();
         assert_eq!(href.as_deref(), Some(&*format!("#/job/{job}")));
-        wait_text(c, "#audit tr[data-action=replay]", &format!("replayed 6 letters (new letters of topic {topic}")).await;
+        wait_text(
+            c,
+            "#audit tr[data-action=replay]",
+            &format!("replayed 6 letters (new letters of topic {topic}"),
+        )
+        .await;
         shot(c, "audit-in-words").await;
 
         // Edit and retry the poison letter: the original beside the editor, JSON checked as
@@ -132,16 +223,41 @@ async fn a_failed_canary_recommends_cancel_and_a_poison_letter_is_edited_and_ret
         wait_text(c, "#message-title", &format!("Dead letter #{poison}")).await;
         wait_text(c, "#edit-one", "Edit and retry").await;
         click(c, Locator::Id("edit-one")).await;
-        wait_text(c, "#edit-title", &format!("Edit and retry dead letter #{poison}")).await;
+        wait_text(
+            c,
+            "#edit-title",
+            &format!("Edit and retry dead letter #{poison}"),
+        )
+        .await;
         wait_text(c, "#edit-original", "{\"order\":\"A-9\",\"total_").await;
         let body = c.find(Locator::Id("edit-body")).await.unwrap();
         wait_text(c, "#edit-body-error", "Not valid JSON").await;
-        c.find(Locator::Id("edit-reason")).await.unwrap().send_keys("the producer cut the body; rebuilt from order A-9").await.unwrap();
+        c.find(Locator::Id("edit-reason"))
+            .await
+            .unwrap()
+            .send_keys("the producer cut the body; rebuilt from order A-9")
+            .await
+            .unwrap();
         assert!(!enabled(c, "edit-send").await, "invalid JSON can be sent");
         body.clear().await.unwrap();
-        body.send_keys("{\"order\":\"A-9\",\"total_cents\":900}").await.unwrap();
-        wait_until(Duration::from_secs(5), "the send button enabled", || async { enabled(c, "edit-send").await }).await;
-        assert_eq!(c.find(Locator::Id("edit-body-error")).await.unwrap().text().await.unwrap(), "");
+        body.send_keys("{\"order\":\"A-9\",\"total_cents\":900}")
+            .await
+            .unwrap();
+        wait_until(
+            Duration::from_secs(5),
+            "the send button enabled",
+            || async { enabled(c, "edit-send").await },
+        )
+        .await;
+        assert_eq!(
+            c.find(Locator::Id("edit-body-error"))
+                .await
+                .unwrap()
+                .text()
+                .await
+                .unwrap(),
+            ""
+        );
         shot(c, "edit-and-retry").await;
         phone(c).await;
         fits_phone(c, "#edit-send").await;
@@ -150,16 +266,36 @@ async fn a_failed_canary_recommends_cancel_and_a_poison_letter_is_edited_and_ret
         click(c, Locator::Id("edit-send")).await;
         wait_text(c, "#job-status", "completed").await;
         wait_text(c, "#job-items tr .pill", "edited").await;
-        wait_text(c, "#job-selection", &format!("letter #{poison} with its body edited, sent as the new message")).await;
+        wait_text(
+            c,
+            "#job-selection",
+            &format!("letter #{poison} with its body edited, sent as the new message"),
+        )
+        .await;
         let out = read_all(&topic).await;
-        let edited = out.iter().find(|r| r.headers.get("x-edited-from") == Some(&poison_mid)).expect("the edited message");
+        let edited = out
+            .iter()
+            .find(|r| r.headers.get("x-edited-from") == Some(&poison_mid))
+            .expect("the edited message");
         assert_eq!(edited.payload, b"{\"order\":\"A-9\",\"total_cents\":900}");
         assert_ne!(edited.message_id(), poison_mid);
 
         // The letter's journey as one timeline, in time order, with durations.
-        c.goto(&format!("{base}/#/trace?q=%23{poison}")).await.unwrap();
-        wait_text(c, ".timeline tr[data-step=dead-lettered]", "body is not valid JSON").await;
-        wait_text(c, ".timeline tr[data-step=replayed]", &format!("sent letter #{poison}")).await;
+        c.goto(&format!("{base}/#/trace?q=%23{poison}"))
+            .await
+            .unwrap();
+        wait_text(
+            c,
+            ".timeline tr[data-step=dead-lettered]",
+            "body is not valid JSON",
+        )
+        .await;
+        wait_text(
+            c,
+            ".timeline tr[data-step=replayed]",
+            &format!("sent letter #{poison}"),
+        )
+        .await;
         wait_text(c, ".timeline tr[data-step=audit]", "edit-retry by admin").await;
         let order: Vec<String> = c
             .execute("return [...document.querySelectorAll('.timeline tr[data-step]')].map(r => r.dataset.step);", vec![])
@@ -171,7 +307,10 @@ async fn a_failed_canary_recommends_cancel_and_a_poison_letter_is_edited_and_ret
             .map(|v| v.as_str().unwrap().to_owned())
             .collect();
         let at = |s: &str| order.iter().position(|x| x == s).unwrap();
-        assert!(at("dead-lettered") < at("audit") && at("audit") < at("replayed"), "{order:?}");
+        assert!(
+            at("dead-lettered") < at("audit") && at("audit") < at("replayed"),
+            "{order:?}"
+        );
         wait_text(c, ".timeline td", "+").await;
         shot(c, "trace-timeline").await;
         phone(c).await;
@@ -184,7 +323,8 @@ async fn a_failed_canary_recommends_cancel_and_a_poison_letter_is_edited_and_ret
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_console_says_lag_backlog_and_throughput_filters_in_place_and_keeps_actions_on_a_phone() {
+async fn the_console_says_lag_backlog_and_throughput_filters_in_place_and_keeps_actions_on_a_phone()
+{
     let db = fresh_db().await;
     let topic = topic_name();
     create_topic_family(&topic, 1, &[]).await;
@@ -205,7 +345,13 @@ async fn the_console_says_lag_backlog_and_throughput_filters_in_place_and_keeps_
     opts.canary = 0;
     opts.actor = "admin".into();
     let job = dlq
-        .create_job(&outbox::dlq::Filter { topic: Some(topic.clone()), ..Default::default() }, &opts)
+        .create_job(
+            &outbox::dlq::Filter {
+                topic: Some(topic.clone()),
+                ..Default::default()
+            },
+            &opts,
+        )
         .await
         .unwrap();
     let console = open_console(&db).await;
@@ -213,29 +359,64 @@ async fn the_console_says_lag_backlog_and_throughput_filters_in_place_and_keeps_
     let result = async {
         sign_in(&console, TOKEN).await;
         // Lag in messages and seconds, the retry backlog apart, throughput from two refreshes.
-        c.goto(&format!("{base}/#/system?show=consumers")).await.unwrap();
-        wait_text(c, "[data-stats=billing] .stat-lag", "Lag 7 messages, the oldest waiting up to 42 s").await;
-        wait_text(c, "[data-stats=billing] .stat-backlog", "retry backlog 5 messages").await;
+        c.goto(&format!("{base}/#/system?show=consumers"))
+            .await
+            .unwrap();
+        wait_text(
+            c,
+            "[data-stats=billing] .stat-lag",
+            "Lag 7 messages, the oldest waiting up to 42 s",
+        )
+        .await;
+        wait_text(
+            c,
+            "[data-stats=billing] .stat-backlog",
+            "retry backlog 5 messages",
+        )
+        .await;
         wait_text(c, "[data-stats=billing] .stat-rate", "measuring").await;
         pg.execute("UPDATE outbox_instances SET state = jsonb_set(state, '{handled}', '160'), seen_at = now()", &[])
             .await
             .unwrap();
-        let rate = wait_text(c, "[data-stats=billing] .stat-rate", "msg/s").await.text().await.unwrap();
-        let n: f64 = rate.trim_start_matches("throughput ").trim_end_matches(" msg/s").parse().unwrap();
+        let rate = wait_text(c, "[data-stats=billing] .stat-rate", "msg/s")
+            .await
+            .text()
+            .await
+            .unwrap();
+        let n: f64 = rate
+            .trim_start_matches("throughput ")
+            .trim_end_matches(" msg/s")
+            .parse()
+            .unwrap();
         assert!(n > 0.0 && n <= 60.0, "{rate}");
         shot(c, "system-lag-throughput").await;
 
         // A filter the server refuses is said beside the form, which keeps what was typed.
-        c.goto(&format!("{base}/#/messages?since=yesterdayish")).await.unwrap();
+        c.goto(&format!("{base}/#/messages?since=yesterdayish"))
+            .await
+            .unwrap();
         wait_text(c, "#filter-error", "This filter does not work").await;
-        let kept = c.find(Locator::Css("#filters input[name=since]")).await.unwrap().prop("value").await.unwrap();
+        let kept = c
+            .find(Locator::Css("#filters input[name=since]"))
+            .await
+            .unwrap()
+            .prop("value")
+            .await
+            .unwrap();
         assert_eq!(kept.as_deref(), Some("yesterdayish"));
         shot(c, "filter-error").await;
         // Plurals and one time format.
-        c.goto(&format!("{base}/#/messages?error_contains=customer%201%20not")).await.unwrap();
+        c.goto(&format!(
+            "{base}/#/messages?error_contains=customer%201%20not"
+        ))
+        .await
+        .unwrap();
         wait_text(c, "#match-count", "1 letter matches.").await;
         let times: Vec<String> = c
-            .execute("return [...document.querySelectorAll('#messages time')].map(t => t.textContent);", vec![])
+            .execute(
+                "return [...document.querySelectorAll('#messages time')].map(t => t.textContent);",
+                vec![],
+            )
             .await
             .unwrap()
             .as_array()
@@ -243,8 +424,12 @@ async fn the_console_says_lag_backlog_and_throughput_filters_in_place_and_keeps_
             .iter()
             .map(|v| v.as_str().unwrap().to_owned())
             .collect();
-        let shape = regex::Regex::new(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d \(\d+ (s|min|h|d) ago\)$").unwrap();
-        assert!(!times.is_empty() && times.iter().all(|t| shape.is_match(t)), "{times:?}");
+        let shape =
+            regex::Regex::new(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d \(\d+ (s|min|h|d) ago\)$").unwrap();
+        assert!(
+            !times.is_empty() && times.iter().all(|t| shape.is_match(t)),
+            "{times:?}"
+        );
 
         // On a phone, the group's and the job's actions are on screen, no sideways scroll.
         phone(c).await;
@@ -254,9 +439,15 @@ async fn the_console_says_lag_backlog_and_throughput_filters_in_place_and_keeps_
         shot(c, "groups-actions-phone").await;
         c.goto(&format!("{base}/#/jobs")).await.unwrap();
         wait_text(c, &format!("#jobs tr[data-job='{}']", job.id), "pending").await;
-        fits_phone(c, &format!("#jobs tr[data-job='{}'] button.job-cancel", job.id)).await;
+        fits_phone(
+            c,
+            &format!("#jobs tr[data-job='{}'] button.job-cancel", job.id),
+        )
+        .await;
         shot(c, "jobs-actions-phone").await;
-        c.goto(&format!("{base}/#/system?show=consumers")).await.unwrap();
+        c.goto(&format!("{base}/#/system?show=consumers"))
+            .await
+            .unwrap();
         wait_text(c, "[data-stats=billing] .stat-lag", "Lag 7 messages").await;
         fits_phone(c, "[data-stats=billing]").await;
         shot(c, "system-lag-phone").await;

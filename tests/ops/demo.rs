@@ -96,11 +96,20 @@ fn the_demo_shows_the_whole_job_and_leaves_a_dashboard_that_answers_its_token() 
     // running charges it, once.
     let api = |method: &str, path: &str, body: Option<&str>| -> serde_json::Value {
         let mut c = Command::new("curl");
-        c.args(["-s", "-X", method, "-H", &format!("Authorization: Bearer {token}")]);
+        c.args([
+            "-s",
+            "-X",
+            method,
+            "-H",
+            &format!("Authorization: Bearer {token}"),
+        ]);
         if let Some(b) = body {
             c.args(["-H", "Content-Type: application/json", "--data-binary", b]);
         }
-        let o = c.arg(format!("http://127.0.0.1:{port}{path}")).output().unwrap();
+        let o = c
+            .arg(format!("http://127.0.0.1:{port}{path}"))
+            .output()
+            .unwrap();
         serde_json::from_slice(&o.stdout)
             .unwrap_or_else(|e| panic!("{path}: {e}: {}", String::from_utf8_lossy(&o.stdout)))
     };
@@ -108,12 +117,21 @@ fn the_demo_shows_the_whole_job_and_leaves_a_dashboard_that_answers_its_token() 
     let editable = api("GET", &format!("/api/dlq/messages/{letter}/editable"), None);
     let mut order: serde_json::Value =
         serde_json::from_str(editable["body_text"].as_str().expect("the body as text")).unwrap();
-    let total: f64 = order["total"].as_str().expect("the total as text").parse().unwrap();
+    let total: f64 = order["total"]
+        .as_str()
+        .expect("the total as text")
+        .parse()
+        .unwrap();
     let number = order["order_number"].as_str().unwrap().to_owned();
     order.as_object_mut().unwrap().remove("total");
     order["total_cents"] = ((total * 100.0).round() as i64).into();
-    let edit = serde_json::json!({"body_text": order.to_string(), "reason": "old client: total as text"});
-    let r = api("POST", &format!("/api/dlq/messages/{letter}/edit-retry"), Some(&edit.to_string()));
+    let edit =
+        serde_json::json!({"body_text": order.to_string(), "reason": "old client: total as text"});
+    let r = api(
+        "POST",
+        &format!("/api/dlq/messages/{letter}/edit-retry"),
+        Some(&edit.to_string()),
+    );
     assert!(r["job"]["id"].is_i64(), "{r}");
     let schema = text
         .split("== schema ")
@@ -133,7 +151,11 @@ fn the_demo_shows_the_whole_job_and_leaves_a_dashboard_that_answers_its_token() 
     };
     let deadline = Instant::now() + Duration::from_secs(60);
     while charged() != "9 1" {
-        assert!(Instant::now() < deadline, "the edited order was not charged once: {}", charged());
+        assert!(
+            Instant::now() < deadline,
+            "the edited order was not charged once: {}",
+            charged()
+        );
         std::thread::sleep(Duration::from_millis(200));
     }
     assert!(stop(&state).contains("demo stopped"));

@@ -415,7 +415,10 @@ fn child_edges(dir: &Path) -> BTreeMap<String, BTreeSet<String>> {
         .components()
         .map(|c| c.as_os_str().to_string_lossy().into_owned())
         .collect();
-    let crate_path = std::iter::once("crate".to_owned()).chain(path).collect::<Vec<_>>().join("::");
+    let crate_path = std::iter::once("crate".to_owned())
+        .chain(path)
+        .collect::<Vec<_>>()
+        .join("::");
     let mut children: BTreeMap<String, Vec<(std::path::PathBuf, usize)>> = BTreeMap::new();
     for e in std::fs::read_dir(dir).unwrap() {
         let p = e.unwrap().path();
@@ -429,7 +432,10 @@ fn child_edges(dir: &Path) -> BTreeMap<String, BTreeSet<String>> {
                 .or_default()
                 .extend(fs.iter().map(|f| (f.clone(), depth_of(f))));
         } else if name.ends_with(".rs") && name != "mod.rs" && name != "lib.rs" {
-            children.entry(name.trim_end_matches(".rs").to_owned()).or_default().push((p, 0));
+            children
+                .entry(name.trim_end_matches(".rs").to_owned())
+                .or_default()
+                .push((p, 0));
         }
     }
     let names: BTreeSet<String> = children.keys().cloned().collect();
@@ -440,7 +446,11 @@ fn child_edges(dir: &Path) -> BTreeMap<String, BTreeSet<String>> {
             // From a file `depth` levels inside a child directory, `super::` repeated this
             // often reaches `dir` (a file `x/mod.rs` is one level in, like `x.rs`).
             let is_mod = f.file_name().is_some_and(|n| n == "mod.rs");
-            let ups = if *depth == 0 { 1 } else { depth - usize::from(is_mod) + 1 };
+            let ups = if *depth == 0 {
+                1
+            } else {
+                depth - usize::from(is_mod) + 1
+            };
             let up = vec!["super"; ups].join("::");
             let text = std::fs::read_to_string(f).unwrap();
             for line in text.lines() {
@@ -454,7 +464,9 @@ fn child_edges(dir: &Path) -> BTreeMap<String, BTreeSet<String>> {
                         if prefix.starts_with("super") && before.ends_with("super::") {
                             continue;
                         }
-                        let group = rest.strip_prefix('{').map(|r| r.split('}').next().unwrap_or(""));
+                        let group = rest
+                            .strip_prefix('{')
+                            .map(|r| r.split('}').next().unwrap_or(""));
                         let named: Vec<String> = match group {
                             Some(g) => g
                                 .split(',')
@@ -501,9 +513,17 @@ fn inside_every_module_the_children_form_a_one_way_graph() {
     // modules, so no two siblings need each other.
     let dirs = module_dirs();
     assert!(dirs.iter().any(|d| d.ends_with("consumer")), "{dirs:?}");
-    let consumer = child_edges(&dirs.iter().find(|d| d.ends_with("consumer")).unwrap().clone());
+    let consumer = child_edges(
+        &dirs
+            .iter()
+            .find(|d| d.ends_with("consumer"))
+            .unwrap()
+            .clone(),
+    );
     assert!(
-        consumer.get("process").is_some_and(|e| e.contains("envelope")),
+        consumer
+            .get("process")
+            .is_some_and(|e| e.contains("envelope")),
         "the scan sees edges: {consumer:?}"
     );
     let mut cycles = Vec::new();
@@ -513,15 +533,25 @@ fn inside_every_module_the_children_form_a_one_way_graph() {
             cycles.push(format!("{}: {}", d.display(), c.join(" -> ")));
         }
     }
-    assert!(cycles.is_empty(), "cycles inside modules:\n{}", cycles.join("\n"));
+    assert!(
+        cycles.is_empty(),
+        "cycles inside modules:\n{}",
+        cycles.join("\n")
+    );
 }
 
 #[test]
 fn the_directory_check_finds_a_planted_cycle() {
     // Planted in the edges of a real directory: `envelope` (a leaf) pointing back at `process`.
-    let d = module_dirs().into_iter().find(|d| d.ends_with("consumer")).unwrap();
+    let d = module_dirs()
+        .into_iter()
+        .find(|d| d.ends_with("consumer"))
+        .unwrap();
     let mut edges = child_edges(&d);
-    edges.entry("envelope".into()).or_default().insert("process".into());
+    edges
+        .entry("envelope".into())
+        .or_default()
+        .insert("process".into());
     assert!(cycle(&edges).is_some());
 }
 
@@ -558,7 +588,8 @@ fn no_two_public_types_share_a_name() {
 fn the_module_map_in_lib_rs_names_every_source_file() {
     // The `//! # Layout` map is how a reader finds code: a file it does not name is a file
     // nobody finds. Top-level modules are named as `module`; files inside one by file name.
-    let lib = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("src/lib.rs")).unwrap();
+    let lib =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("src/lib.rs")).unwrap();
     let map: String = lib
         .lines()
         .skip_while(|l| !l.starts_with("//! # Layout"))
@@ -567,8 +598,14 @@ fn the_module_map_in_lib_rs_names_every_source_file() {
         .join("\n");
     assert!(!map.is_empty(), "src/lib.rs has no `//! # Layout` section");
     let mut missing = Vec::new();
-    for (rel, _) in src_files().into_iter().filter(|(p, _)| p.starts_with("/src/") || p.starts_with("src/")) {
-        let rel = rel.trim_start_matches('/').trim_start_matches("src/").to_owned();
+    for (rel, _) in src_files()
+        .into_iter()
+        .filter(|(p, _)| p.starts_with("/src/") || p.starts_with("src/"))
+    {
+        let rel = rel
+            .trim_start_matches('/')
+            .trim_start_matches("src/")
+            .to_owned();
         let parts: Vec<&str> = rel.split('/').collect();
         let named = match parts.as_slice() {
             ["lib.rs"] => true,
@@ -581,5 +618,9 @@ fn the_module_map_in_lib_rs_names_every_source_file() {
             missing.push(rel);
         }
     }
-    assert!(missing.is_empty(), "files the lib.rs layout map does not name:\n{}", missing.join("\n"));
+    assert!(
+        missing.is_empty(),
+        "files the lib.rs layout map does not name:\n{}",
+        missing.join("\n")
+    );
 }

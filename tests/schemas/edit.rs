@@ -22,7 +22,10 @@ fn http(port: u16, method: &str, path: &str, body: Option<&str>) -> (u16, String
     if let Some(b) = body {
         c.args(["-H", "Content-Type: application/json", "--data-binary", b]);
     }
-    let out = c.arg(format!("http://127.0.0.1:{port}{path}")).output().unwrap();
+    let out = c
+        .arg(format!("http://127.0.0.1:{port}{path}"))
+        .output()
+        .unwrap();
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
     let (body, code) = text.rsplit_once('\n').unwrap_or(("", "0"));
     (code.trim().parse().unwrap_or(0), body.to_owned())
@@ -69,7 +72,11 @@ async fn an_edited_retry_on_a_schema_topic_is_checked_against_its_schema_and_enc
         .unwrap()
         .get(0);
     let topics = std::env::temp_dir().join(format!("outbox-topics-{}.toml", hex(6)));
-    std::fs::write(&topics, format!("[[topic]]\nname = \"{topic}\"\nformat = \"avro\"\n")).unwrap();
+    std::fs::write(
+        &topics,
+        format!("[[topic]]\nname = \"{topic}\"\nformat = \"avro\"\n"),
+    )
+    .unwrap();
     let port = free_port();
     let _admin = Kill(
         outbox_command(&db)
@@ -96,7 +103,9 @@ async fn an_edited_retry_on_a_schema_topic_is_checked_against_its_schema_and_enc
     };
 
     // The editor starts from the body decoded through its schema.
-    let (code, b) = call("GET", format!("/api/dlq/messages/{letter}/editable"), None).await.unwrap();
+    let (code, b) = call("GET", format!("/api/dlq/messages/{letter}/editable"), None)
+        .await
+        .unwrap();
     assert_eq!(code, 200, "{b}");
     let e: serde_json::Value = serde_json::from_str(&b).unwrap();
     assert_eq!(e["format"], "schema");
@@ -109,14 +118,20 @@ async fn an_edited_retry_on_a_schema_topic_is_checked_against_its_schema_and_enc
     let bad = r#"{"body_text":"{\"order_id\":\"A-1\",\"total_cents\":\"lots\"}","reason":"fix the total"}"#;
     let (code, b) = call("POST", edit.clone(), Some(bad.into())).await.unwrap();
     assert_eq!(code, 400, "{b}");
-    assert!(b.contains(&format!("does not match the schema of {topic} (id {id})")), "{b}");
+    assert!(
+        b.contains(&format!("does not match the schema of {topic} (id {id})")),
+        "{b}"
+    );
     assert_eq!(topic_len(&topic).await, 0);
 
     // A valid edit goes out framed with the registered id, decoding to what was typed.
     let good = r#"{"body_text":"{\"order_id\":\"A-1\",\"total_cents\":500,\"note\":\"corrected by hand\"}","reason":"the refund was booked as a charge"}"#;
     let (code, b) = call("POST", edit, Some(good.into())).await.unwrap();
     assert_eq!(code, 202, "{b}");
-    wait_until(Duration::from_secs(30), "the edited record", || async { topic_len(&topic).await == 1 }).await;
+    wait_until(Duration::from_secs(30), "the edited record", || async {
+        topic_len(&topic).await == 1
+    })
+    .await;
     let rec = read_all(&topic).await.remove(0);
     let d = schemas.decode(&rec.payload).await.unwrap();
     assert_eq!(d.schema_id, id);

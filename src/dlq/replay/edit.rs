@@ -6,9 +6,9 @@ use serde_json::json;
 use tracing::info;
 
 use super::*;
-use crate::sql;
 use crate::dlq::DeadLetter;
 use crate::message::HEADER_MESSAGE_ID;
+use crate::sql;
 use crate::wire::{HeaderValue, SERVICE_HEADERS, X_EDITED_FROM};
 
 /// The largest edited body accepted (the admin API's request limit is smaller).
@@ -63,7 +63,10 @@ impl Dlq {
         let headers = edited_headers(&original, edit.headers.as_deref())?;
         let new_id = uuid::Uuid::now_v7().to_string();
         let mut out = headers;
-        out.push((HEADER_MESSAGE_ID.to_owned(), Some(new_id.clone().into_bytes())));
+        out.push((
+            HEADER_MESSAGE_ID.to_owned(),
+            Some(new_id.clone().into_bytes()),
+        ));
         if let Some(m) = &original.message_id {
             out.push((X_EDITED_FROM.to_owned(), Some(m.clone().into_bytes())));
         }
@@ -185,7 +188,9 @@ fn edited_headers(
                 if k.is_empty() || k.len() > 255 || k.contains('\0') {
                     return invalid(format!("invalid header name {k:?}"));
                 }
-                if v.as_ref().is_some_and(|v| v.contains('\0') || v.len() > 64 * 1024) {
+                if v.as_ref()
+                    .is_some_and(|v| v.contains('\0') || v.len() > 64 * 1024)
+                {
                     return invalid(format!("invalid value of header {k:?}"));
                 }
             }

@@ -192,8 +192,14 @@ impl Dlq {
                 Some(("job-resume", actor.as_str(), reason.as_deref()))
             }
         };
-        self.set_status_audited(id, &["pending", "running", "paused"], "running", None, audit)
-            .await?;
+        self.set_status_audited(
+            id,
+            &["pending", "running", "paused"],
+            "running",
+            None,
+            audit,
+        )
+        .await?;
         info!(job = id, "replay job running");
 
         let pc = crate::kafka::idempotent_producer(kafka, Duration::from_secs(30), 5);
@@ -228,8 +234,9 @@ impl Dlq {
             loop {
                 let (sent, back) = self.refail(id, Some(canary)).await?;
                 if back > 0 {
-                    let why =
-                        format!("{CANARY_FAILED}{back} of {sent} replayed letters came back to the DLQ");
+                    let why = format!(
+                        "{CANARY_FAILED}{back} of {sent} replayed letters came back to the DLQ"
+                    );
                     self.set_status(id, &["running"], "paused", Some(&why))
                         .await?;
                     self.canary_done(id).await?;

@@ -229,26 +229,29 @@ impl Dlq {
         }
         self.job(id).await?;
         let c = self.pool.get().await?;
-        Ok(c.query(&self.sql(sql::replay_jobs::ITEMS), &[&id, &from_seq, &limit])
-            .await?
-            .iter()
-            .map(|r| JobItem {
-                seq: r.get("seq"),
-                letter: r.get("dead_letter_id"),
-                state: r.get("state"),
-                sent_at: ts_opt(r, "sent_at"),
-                error: r.get("error"),
-                came_back_as: r.get("came_back_id"),
-                came_back_at: ts_opt(r, "came_back_at"),
-                came_back_error: r.get("came_back_error"),
-                edited: r.get("edited"),
-                topic: r.get("original_topic"),
-                group: r.get("consumer_group"),
-                kind: r.get("error_kind"),
-                cause: r.get("error_group"),
-                message_id: r.get("message_id"),
-            })
-            .collect())
+        Ok(c.query(
+            &self.sql(sql::replay_jobs::ITEMS),
+            &[&id, &from_seq, &limit],
+        )
+        .await?
+        .iter()
+        .map(|r| JobItem {
+            seq: r.get("seq"),
+            letter: r.get("dead_letter_id"),
+            state: r.get("state"),
+            sent_at: ts_opt(r, "sent_at"),
+            error: r.get("error"),
+            came_back_as: r.get("came_back_id"),
+            came_back_at: ts_opt(r, "came_back_at"),
+            came_back_error: r.get("came_back_error"),
+            edited: r.get("edited"),
+            topic: r.get("original_topic"),
+            group: r.get("consumer_group"),
+            kind: r.get("error_kind"),
+            cause: r.get("error_group"),
+            message_id: r.get("message_id"),
+        })
+        .collect())
     }
 
     /// Letters of `job` sent and since dead-lettered again: records them, returns
