@@ -14,12 +14,7 @@ use super::{ApiError, AppState, Caller};
 use crate::dlq::{Edit, HeaderValue};
 
 fn letter_id(id: &str) -> Result<i64, ApiError> {
-    id.parse().map_err(|_| {
-        ApiError(
-            StatusCode::BAD_REQUEST,
-            format!("{:?} is not a letter id", crate::wire::cut(id)),
-        )
-    })
+    super::input::path_id(id, "dead letter")
 }
 
 /// `GET /api/dlq/messages/{id}/editable` (operator): the letter's body as text to edit — JSON

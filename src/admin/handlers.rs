@@ -340,13 +340,10 @@ pub(super) async fn dlq_message(
     Extension(c): Extension<Caller>,
     Path(id): Path<String>,
 ) -> ApiResult {
-    let id: i64 = id.parse().map_err(|_| {
-        ApiError(
-            StatusCode::BAD_REQUEST,
-            format!("{id:?} is not a dead letter id"),
-        )
-    })?;
-    let d = s.dlq.show(id).await?;
+    let d = s
+        .dlq
+        .show(super::input::path_id(&id, "dead letter")?)
+        .await?;
     // Viewers see where and why, never the contents.
     ok(d.to_json(c.role < Role::Operator))
 }

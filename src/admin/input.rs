@@ -22,28 +22,71 @@ impl<S: Send + Sync> FromRequest<S> for Strict {
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
-        let json = req
-            .headers()
-            .get(header::CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.split(';').next())
-            .is_some_and(|m| {
-                let m = m.trim();
-                m.eq_ignore_ascii_case("application/json")
-                    || (m.starts_with("application/") && m.ends_with("+json"))
-            });
-        if !json {
-            return Err(ApiError(
-                StatusCode::UNSUPPORTED_MEDIA_TYPE,
-                "expected a JSON body (Content-Type: application/json)".into(),
-            ));
-        }
-        // The body limit (413) applies here as it does to every extractor.
-        let bytes = Bytes::from_request(req, state)
+        json_body(req, state, false)
             .await
-            .map_err(|e| ApiError(e.status(), e.body_text()))?;
-        parse(&bytes).map(Strict)
+            .map(|v| Strict(v.unwrap_or_default()))
     }
+}
+
+/// An optional JSON request body, parsed as [`Strict`]; `None` when the body is empty (a
+/// job's pause, resume or cancel may give a reason or not).
+pub(crate) struct MaybeStrict(pub Option<Value>);
+
+impl<S: Send + Sync> FromRequest<S> for MaybeStrict {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
+        json_body(req, state, true).await.map(MaybeStrict)
+    }
+}
+
+/// The request's body as one strict JSON value; `None` for an empty body when `optional`.
+async fn json_body<S: Send + Sync>(
+    req: Request,
+    state: &S,
+    optional: bool,
+) -> Result<Option<Value>, ApiError> {
+    let json = req
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .is_some_and(|m| {
+            let m = m.trim();
+            m.eq_ignore_ascii_case("application/json")
+                || (m.starts_with("application/") && m.ends_with("+json"))
+        });
+    let not_json = || {
+        ApiError(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "expected a JSON body (Content-Type: application/json)".into(),
+        )
+    };
+    // A required body of another type is refused before it is read.
+    if !json && !optional {
+        return Err(not_json());
+    }
+    // The body limit (413) applies here as it does to every extractor.
+    let bytes = Bytes::from_request(req, state)
+        .await
+        .map_err(|e| ApiError(e.status(), e.body_text()))?;
+    if optional && bytes.iter().all(u8::is_ascii_whitespace) {
+        return Ok(None);
+    }
+    if !json {
+        return Err(not_json());
+    }
+    parse(&bytes).map(Some)
+}
+
+/// A numeric id from a route's path (`what` names it in the 400 answer).
+pub(crate) fn path_id(id: &str, what: &str) -> Result<i64, ApiError> {
+    id.parse().map_err(|_| {
+        ApiError(
+            StatusCode::BAD_REQUEST,
+            format!("{:?} is not a {what} id", crate::wire::cut(id)),
+        )
+    })
 }
 
 /// `bytes` as one JSON value, refusing duplicate keys and NUL characters.

@@ -3,38 +3,27 @@
 
 use std::time::Duration;
 
-use axum::body::Bytes;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, State};
-use axum::http::{header, HeaderMap, StatusCode};
+use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use axum::{Extension, Json};
 use serde::Deserialize;
 
 use super::handlers::{exact, ok, spawn_job, ApiResult, LimitQuery};
+use super::input::MaybeStrict;
 use super::{ApiError, AppState, Caller, Role};
 
 /// The reason in an optional `{"reason": "…"}` body; none for an empty body.
-fn reason_of(headers: &HeaderMap, body: &[u8]) -> Result<Option<String>, ApiError> {
-    if body.iter().all(u8::is_ascii_whitespace) {
-        return Ok(None);
-    }
-    let json = headers
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.split(';').next())
-        .is_some_and(|m| m.trim().eq_ignore_ascii_case("application/json"));
-    if !json {
-        return Err(ApiError(
-            StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            "expected a JSON body (Content-Type: application/json)".into(),
-        ));
-    }
+fn reason_of(body: MaybeStrict) -> Result<Option<String>, ApiError> {
     #[derive(Deserialize)]
     struct B {
         reason: Option<String>,
     }
-    let b: B = exact(super::input::parse(body)?, &[&["reason"]])?;
+    let Some(v) = body.0 else {
+        return Ok(None);
+    };
+    let b: B = exact(v, &[&["reason"]])?;
     Ok(b.reason.filter(|r| !r.trim().is_empty()))
 }
 
@@ -78,8 +67,7 @@ pub(super) async fn dlq_jobs(
 }
 
 fn job_id(id: &str) -> Result<i64, ApiError> {
-    id.parse()
-        .map_err(|_| ApiError(StatusCode::BAD_REQUEST, format!("{id:?} is not a job id")))
+    super::input::path_id(id, "job")
 }
 
 pub(super) async fn dlq_job(State(s): State<AppState>, Path(id): Path<String>) -> ApiResult {
@@ -106,10 +94,9 @@ pub(super) async fn dlq_job_pause(
     State(s): State<AppState>,
     Extension(c): Extension<Caller>,
     Path(id): Path<String>,
-    headers: HeaderMap,
-    body: Bytes,
+    body: MaybeStrict,
 ) -> ApiResult {
-    let reason = reason_of(&headers, &body)?;
+    let reason = reason_of(body)?;
     let j = own_job(&s, &c, &id).await?;
     ok(s.dlq.pause_job(j.id, &c.holder, reason.as_deref()).await?)
 }
@@ -118,10 +105,9 @@ pub(super) async fn dlq_job_cancel(
     State(s): State<AppState>,
     Extension(c): Extension<Caller>,
     Path(id): Path<String>,
-    headers: HeaderMap,
-    body: Bytes,
+    body: MaybeStrict,
 ) -> ApiResult {
-    let reason = reason_of(&headers, &body)?;
+    let reason = reason_of(body)?;
     let j = own_job(&s, &c, &id).await?;
     // Cancelling cannot be undone: the operator says why.
     let Some(reason) = reason else {
@@ -137,10 +123,9 @@ pub(super) async fn dlq_job_resume(
     State(s): State<AppState>,
     Extension(c): Extension<Caller>,
     Path(id): Path<String>,
-    headers: HeaderMap,
-    body: Bytes,
+    body: MaybeStrict,
 ) -> ApiResult {
-    let reason = reason_of(&headers, &body)?;
+    let reason = reason_of(body)?;
     let reason = crate::dlq::check_reason(reason.as_deref())?.map(str::to_owned);
     let j = own_job(&s, &c, &id).await?;
     let id = j.id;

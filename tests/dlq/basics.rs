@@ -164,6 +164,19 @@ async fn setup(partitions: i32) -> (outbox::DbConfig, tokio_postgres::Client, St
     (db, c, topic, format!("it-archive-{}", hex(8)))
 }
 
+/// The audit rows of job actions (pause, resume, cancel): action, actor, reason, oldest first.
+async fn job_audit(c: &tokio_postgres::Client) -> Vec<(String, String, Option<String>)> {
+    c.query(
+        "SELECT action, actor, reason FROM dlq_audit WHERE action LIKE 'job-%' ORDER BY id",
+        &[],
+    )
+    .await
+    .unwrap()
+    .iter()
+    .map(|r| (r.get(0), r.get(1), r.get(2)))
+    .collect()
+}
+
 fn opts(actor: &str) -> ReplayOptions {
     {
         let mut c = ReplayOptions::default();
@@ -767,16 +780,7 @@ async fn the_selection_is_frozen_and_jobs_pause_resume_and_cancel() {
     ]));
     assert!(o5.status.success(), "{}", text(&o5));
     // Each action is in the audit log with who and why; a refused resume is not.
-    let audit: Vec<(String, String, Option<String>)> = c
-        .query(
-            "SELECT action, actor, reason FROM dlq_audit WHERE action LIKE 'job-%' ORDER BY id",
-            &[],
-        )
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| (r.get(0), r.get(1), r.get(2)))
-        .collect();
+    let audit = job_audit(&c).await;
     assert_eq!(audit.len(), 3, "{audit:?}");
     assert_eq!(
         audit[0],
@@ -1651,16 +1655,7 @@ async fn a_job_paused_before_its_runner_starts_stays_paused_and_a_resume_is_audi
         .unwrap();
     assert_eq!(out, RunOutcome::Completed);
     assert_eq!(topic_len(&topic).await, 2);
-    let audit: Vec<(String, String, Option<String>)> = c
-        .query(
-            "SELECT action, actor, reason FROM dlq_audit WHERE action LIKE 'job-%' ORDER BY id",
-            &[],
-        )
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| (r.get(0), r.get(1), r.get(2)))
-        .collect();
+    let audit = job_audit(&c).await;
     assert_eq!(
         audit,
         vec![

@@ -37,6 +37,18 @@ async fn fits_phone(c: &Client, css: &str) {
     );
 }
 
+/// The strings a page script returns.
+async fn strings(c: &Client, script: &str) -> Vec<String> {
+    c.execute(script, vec![])
+        .await
+        .unwrap()
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap().to_owned())
+        .collect()
+}
+
 async fn phone(c: &Client) {
     c.set_window_size(390, 844).await.unwrap();
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -297,15 +309,11 @@ async fn a_failed_canary_recommends_cancel_and_a_poison_letter_is_edited_and_ret
         )
         .await;
         wait_text(c, ".timeline tr[data-step=audit]", "edit-retry by admin").await;
-        let order: Vec<String> = c
-            .execute("return [...document.querySelectorAll('.timeline tr[data-step]')].map(r => r.dataset.step);", vec![])
-            .await
-            .unwrap()
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|v| v.as_str().unwrap().to_owned())
-            .collect();
+        let order = strings(
+            c,
+            "return [...document.querySelectorAll('.timeline tr[data-step]')].map(r => r.dataset.step);",
+        )
+        .await;
         let at = |s: &str| order.iter().position(|x| x == s).unwrap();
         assert!(
             at("dead-lettered") < at("audit") && at("audit") < at("replayed"),
@@ -412,18 +420,11 @@ async fn the_console_says_lag_backlog_and_throughput_filters_in_place_and_keeps_
         .await
         .unwrap();
         wait_text(c, "#match-count", "1 letter matches.").await;
-        let times: Vec<String> = c
-            .execute(
-                "return [...document.querySelectorAll('#messages time')].map(t => t.textContent);",
-                vec![],
-            )
-            .await
-            .unwrap()
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|v| v.as_str().unwrap().to_owned())
-            .collect();
+        let times = strings(
+            c,
+            "return [...document.querySelectorAll('#messages time')].map(t => t.textContent);",
+        )
+        .await;
         let shape =
             regex::Regex::new(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d \(\d+ (s|min|h|d) ago\)$").unwrap();
         assert!(

@@ -50,12 +50,9 @@ impl Dlq {
     /// or a bad header name.
     pub async fn edit_and_retry(&self, letter: i64, edit: &Edit) -> Result<EditedRetry, DlqError> {
         check_actor(&edit.actor)?;
-        let reason = edit.reason.trim();
-        if reason.is_empty() || reason.chars().count() > MAX_JOB_REASON || reason.contains('\0') {
-            return invalid(format!(
-                "an edit needs a reason: 1 to {MAX_JOB_REASON} characters, no NUL"
-            ));
-        }
+        let Some(reason) = check_reason(Some(&edit.reason))? else {
+            return invalid("an edit needs a reason");
+        };
         if edit.body.len() > MAX_EDITED_BODY {
             return invalid(format!("the edited body is over {MAX_EDITED_BODY} bytes"));
         }
