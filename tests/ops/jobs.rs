@@ -525,6 +525,44 @@ async fn an_edited_letter_goes_out_as_a_new_message_naming_the_original_and_both
     assert_eq!(code, 400, "{b}");
     assert!(b.contains("waiting in an unfinished replay job"), "{b}");
     dlq.cancel_job(waiting.id, "t", Some("test")).await.unwrap();
+    // Absurd input to the job actions and the editor: refused, nothing sent or audited.
+    let long = "x".repeat(1001);
+    let many: Vec<String> = (0..101).map(|i| format!("[\"h{i}\",\"v\"]")).collect();
+    for (path, body, says) in [
+        (
+            format!("/api/dlq/jobs/{job}/pause"),
+            format!("{{\"reason\":\"{long}\"}}"),
+            "at most 1000",
+        ),
+        (
+            format!("/api/dlq/jobs/{job}/cancel"),
+            r#"{"reason":"a\u0000b"}"#.to_owned(),
+            "NUL",
+        ),
+        (
+            edit(&other.to_string()),
+            format!("{{\"body_text\":\"{{}}\",\"reason\":\"{long}\"}}"),
+            "at most 1000",
+        ),
+        (
+            edit(&other.to_string()),
+            format!(
+                "{{\"body_text\":\"{{}}\",\"reason\":\"x\",\"headers\":[{}]}}",
+                many.join(",")
+            ),
+            "at most 100 headers",
+        ),
+        (
+            edit(&other.to_string()),
+            r#"{"body_text":"{}","reason":"x","headers":[["h","a\u0000"]]}"#.to_owned(),
+            "NUL",
+        ),
+    ] {
+        let (code, b) = http(s.port, "POST", &path, Some(OPERATOR), Some(&body)).await;
+        assert_eq!(code, 400, "{path}: {b}");
+        assert!(b.contains(says), "{path}: {b}");
+    }
+    assert_eq!(topic_len(&topic).await, 1, "nothing more was sent");
     // A dropped letter is not edited.
     dlq.drop_letters(
         &outbox::dlq::Filter {
