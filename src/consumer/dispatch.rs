@@ -10,11 +10,11 @@ use tracing::warn;
 use super::breaker::BreakerMode;
 use super::commit_group::process_group;
 use super::drain::process_drain;
+use super::driver::Kind;
 use super::envelope::Fate;
 use super::envelope::{Done, DoneItem, Envelope, LaneKey};
 use super::process::{process, process_batch};
 use super::runtime::Runtime;
-use super::HandlerRef;
 
 impl Runtime<'_> {
     /// Pops the head of the next ready lane, or `None` when no lane is ready. Heads of
@@ -80,28 +80,27 @@ impl Runtime<'_> {
 
     /// True for a decoded message whose type has a per-message handler.
     fn single(&self, env: &Envelope) -> bool {
-        env.decoded.as_ref().is_ok_and(|d| {
-            self.shared
-                .handlers
-                .get(d.route())
-                .is_some_and(HandlerRef::is_single)
-        })
+        env.decoded
+            .as_ref()
+            .is_ok_and(|d| self.shared.tx.kind(d.route()) == Some(Kind::One))
     }
 
     /// The batch handler and bound for an envelope, if its type has one.
     fn batch_of(&self, env: &Envelope) -> Option<(String, usize)> {
         let d = env.decoded.as_ref().ok()?;
-        let max = self.shared.handlers.get(d.route())?.batch_bound()?;
-        Some((d.message_type.clone(), max))
+        match self.shared.tx.kind(d.route())? {
+            Kind::Batch(max) => Some((d.message_type.clone(), max)),
+            _ => None,
+        }
     }
 
     /// True when handling `env` holds a transaction for the handler's whole run.
     fn needs_tx(&self, env: &Envelope) -> bool {
         env.decoded.as_ref().is_ok_and(|d| {
             self.shared
-                .handlers
-                .get(d.route())
-                .is_some_and(HandlerRef::holds_transaction)
+                .tx
+                .kind(d.route())
+                .is_some_and(Kind::holds_transaction)
         })
     }
 

@@ -59,14 +59,14 @@ pub(in crate::consumer) async fn process_drain(env: &Envelope, shared: &Shared) 
             }
         }
     }
-    let Some(handler) = shared.handlers.get(d.route()) else {
+    if shared.tx.kind(d.route()).is_none() {
         return Fate::Final;
-    };
+    }
     let mut attempt: u32 = 0;
     let mut outage = Backoff::default();
     loop {
         attempt += 1;
-        let result = AssertUnwindSafe(run_in_tx(shared, handler, d))
+        let result = AssertUnwindSafe(run_in_tx(shared, d))
             .catch_unwind()
             .instrument(handle_span(d, shared))
             .await;

@@ -404,6 +404,85 @@ where
     }
 }
 
+/// A handler for work that is a call to an external system: [`CallHandler::call`] runs with
+/// no database connection held, then [`CallHandler::record`] runs in one short transaction
+/// with the inbox mark. Register it with [`super::Consumer::call_handler`] (or, for a service on
+/// sqlx, implement [`super::SqlxCallHandler`]).
+///
+/// Use it when the handler waits on something other than its own database (HTTP, gRPC, a
+/// payment provider, another queue): its Postgres sessions are a few mark writers (see the
+/// module docs), not one per call in flight, and a slow dependency never holds a transaction
+/// open. Use [`Handler`] when the work *is* in the database: its changes and the mark
+/// commit together, with nothing outside to repeat.
+///
+/// ```no_run
+/// use outbox::consumer::{BoxFuture, CallHandler, Delivered, HandlerError};
+///
+/// struct Notify(reqwest_like::Client);
+/// # mod reqwest_like { #[derive(Clone)] pub struct Client; impl Client {
+/// #   pub async fn post(&self, _key: &str, _order: &str) -> Result<u16, std::io::Error> { Ok(200) } } }
+///
+/// impl CallHandler for Notify {
+///     type Reply = u16;
+///     fn call<'a>(&'a self, msg: &'a Delivered) -> BoxFuture<'a, Result<u16, HandlerError>> {
+///         Box::pin(async move {
+///             let order = msg.json()["order_number"].as_str().unwrap_or_default();
+///             // The message id is the idempotency key: a repeated call is applied once.
+///             let status = self.0.post(msg.idempotency_key(), order).await.map_err(HandlerError::from)?;
+///             if status >= 300 {
+///                 return Err(HandlerError::from_http_status(status, "refused").on("loyalty-api"));
+///             }
+///             Ok(status)
+///         })
+///     }
+///     fn record<'a>(
+///         &'a self,
+///         msg: &'a Delivered,
+///         _status: &'a u16,
+///         tx: &'a tokio_postgres::Transaction<'a>,
+///     ) -> BoxFuture<'a, Result<(), HandlerError>> {
+///         Box::pin(async move {
+///             tx.execute("INSERT INTO notified (message_id) VALUES ($1)", &[&msg.message_id]).await?;
+///             Ok(())
+///         })
+///     }
+/// }
+/// ```
+pub trait CallHandler: Send + Sync + 'static {
+    /// What a successful call answered, handed to [`CallHandler::record`].
+    type Reply: Send + Sync + 'static;
+
+    /// The external call. Runs outside any transaction with no connection held; send
+    /// [`Delivered::idempotency_key`] with it. An error is classified like any handler's
+    /// (transient ⇒ retried, permanent ⇒ dead letter, unavailable ⇒ the shared breaker).
+    fn call<'a>(&'a self, msg: &'a Delivered) -> BoxFuture<'a, Result<Self::Reply, HandlerError>>;
+
+    /// Records the call's outcome in the transaction that writes the inbox mark; keep it
+    /// short (no calls out). A database outage here is waited out with the same `reply`; any
+    /// other error rolls back the mark and the message is retried from its call.
+    fn record<'a>(
+        &'a self,
+        msg: &'a Delivered,
+        reply: &'a Self::Reply,
+        tx: &'a tokio_postgres::Transaction<'a>,
+    ) -> BoxFuture<'a, Result<(), HandlerError>>;
+}
+
+impl<T: CallHandler + ?Sized> CallHandler for std::sync::Arc<T> {
+    type Reply = T::Reply;
+    fn call<'a>(&'a self, msg: &'a Delivered) -> BoxFuture<'a, Result<Self::Reply, HandlerError>> {
+        (**self).call(msg)
+    }
+    fn record<'a>(
+        &'a self,
+        msg: &'a Delivered,
+        reply: &'a Self::Reply,
+        tx: &'a tokio_postgres::Transaction<'a>,
+    ) -> BoxFuture<'a, Result<(), HandlerError>> {
+        (**self).record(msg, reply, tx)
+    }
+}
+
 /// A handler that takes many messages in one transaction — the fast path for high-volume
 /// streams (one commit per batch instead of per message).
 ///

@@ -117,13 +117,14 @@ impl Consumer {
     /// # Errors
     /// [`ConsumerError::Config`] for a handler of the other driver or an unusable pool.
     pub async fn harness(self) -> Result<Harness, ConsumerError> {
-        self.check_drivers()?;
         let pool = self.pool()?;
+        let tx = self.transactions(&pool)?;
         let cancel = CancellationToken::new();
         let retry_topics = self.config.retry_topics();
         let drain_topics = self.drain_topics();
         let with_breaker = self.config.breaker.is_some();
         let shared = Arc::new(self.into_shared(
+            tx,
             pool,
             Sink::Recorded(Mutex::default()),
             cancel.clone(),

@@ -32,6 +32,7 @@ mod context;
 mod dead_letter;
 mod dispatch;
 mod drain;
+mod driver;
 mod envelope;
 mod handler;
 mod harness;
@@ -52,7 +53,9 @@ mod tx;
 mod upkeep;
 
 #[cfg(feature = "sqlx")]
-pub use self::sqlx::{SqlxBatchHandler, SqlxBatchHandlerFn, SqlxHandler, SqlxHandlerFn};
+pub use self::sqlx::{
+    SqlxBatchHandler, SqlxBatchHandlerFn, SqlxCallHandler, SqlxHandler, SqlxHandlerFn,
+};
 pub use breaker::{
     BreakerConfig, BreakerMode, ConsumerState, FailureRate, OpenBreaker, StateHandle,
     DEFAULT_BREAKER_CHECK_INTERVAL, DEFAULT_OPEN_FOR,
@@ -60,7 +63,6 @@ pub use breaker::{
 /// Renamed [`BreakerMode`] (the breaker's mode, not the consumer's).
 #[deprecated(since = "0.2.0", note = "renamed `BreakerMode`")]
 pub type Mode = BreakerMode;
-pub use call::CallHandler;
 pub use config::DEFAULT_PAUSE_AFTER;
 pub use config::{
     ConsumerConfig, ConsumerError, Driver, DEFAULT_COMMIT_GROUP, DEFAULT_CONCURRENCY,
@@ -68,8 +70,8 @@ pub use config::{
 };
 pub(crate) use dead_letter::*;
 pub use handler::{
-    BatchHandler, BatchHandlerFn, BoxFuture, Delivered, ErrorKind, Freshness, FreshnessCheck,
-    FreshnessFn, Handler, HandlerError, HandlerFn,
+    BatchHandler, BatchHandlerFn, BoxFuture, CallHandler, Delivered, ErrorKind, Freshness,
+    FreshnessCheck, FreshnessFn, Handler, HandlerError, HandlerFn,
 };
 pub use harness::{Harness, Verdict, Written};
 pub use inbox::{Inbox, InboxOutcome};
@@ -95,56 +97,47 @@ use crate::config::{DbConfig, KafkaConfig};
 use breaker::Breakers;
 use runtime::{Ctx, Partitions, Runtime};
 
-/// A registered handler.
+/// A registered handler, before the consumer starts and sorts it into its driver's table
+/// (`driver::Routes`).
 #[derive(Clone)]
 enum HandlerRef {
     Single(Arc<dyn Handler>),
     Batch(Arc<dyn BatchHandler>, usize),
     /// A call handler: no transaction during its call (`call.rs`).
-    Call(Arc<dyn call::ErasedCall>),
-    /// A per-message handler in an sqlx transaction (`sqlx.rs`).
+    Call(Arc<dyn driver::PgCall>),
+    /// A per-message handler in an sqlx transaction.
     #[cfg(feature = "sqlx")]
     SqlxSingle(Arc<dyn SqlxHandler>),
     /// A batch handler in an sqlx transaction.
     #[cfg(feature = "sqlx")]
     SqlxBatch(Arc<dyn SqlxBatchHandler>, usize),
+    /// A call handler recording through sqlx.
+    #[cfg(feature = "sqlx")]
+    SqlxCall(Arc<dyn driver::SqlxCall>),
 }
 
 impl HandlerRef {
-    /// The driver whose transaction the handler takes (`None`: a call handler, which takes
-    /// none during its call and records through the runtime's own pool).
+    /// The driver whose transaction the handler takes.
     fn driver(&self) -> Option<&'static str> {
         match self {
-            HandlerRef::Single(_) | HandlerRef::Batch(..) => Some("tokio-postgres"),
-            HandlerRef::Call(_) => None,
+            HandlerRef::Single(_) | HandlerRef::Batch(..) | HandlerRef::Call(_) => {
+                Some("tokio-postgres")
+            }
             #[cfg(feature = "sqlx")]
-            HandlerRef::SqlxSingle(_) | HandlerRef::SqlxBatch(..) => Some("sqlx"),
-        }
-    }
-
-    /// A per-message handler (of either driver): a commit group may take it.
-    fn is_single(&self) -> bool {
-        match self {
-            HandlerRef::Single(_) => true,
-            #[cfg(feature = "sqlx")]
-            HandlerRef::SqlxSingle(_) => true,
-            _ => false,
-        }
-    }
-
-    /// A batch handler's bound.
-    fn batch_bound(&self) -> Option<usize> {
-        match self {
-            HandlerRef::Batch(_, max) => Some(*max),
-            #[cfg(feature = "sqlx")]
-            HandlerRef::SqlxBatch(_, max) => Some(*max),
-            _ => None,
+            HandlerRef::SqlxSingle(_) | HandlerRef::SqlxBatch(..) | HandlerRef::SqlxCall(_) => {
+                Some("sqlx")
+            }
         }
     }
 
     /// Holds a pooled connection (and a transaction) for as long as the handler runs.
     fn holds_transaction(&self) -> bool {
-        !matches!(self, HandlerRef::Call(_))
+        match self {
+            HandlerRef::Call(_) => false,
+            #[cfg(feature = "sqlx")]
+            HandlerRef::SqlxCall(_) => false,
+            _ => true,
+        }
     }
 }
 
@@ -152,7 +145,8 @@ struct Shared {
     pool: Pool,
     /// Where retry and dead-letter records go: the broker, or a test's record (`harness.rs`).
     producer: Sink,
-    handlers: HashMap<String, HandlerRef>,
+    /// The handlers in their driver's table, and every transaction recipe over it.
+    tx: Box<dyn driver::Transactions>,
     config: ConsumerConfig,
     retry_topics: HashMap<String, (String, usize)>,
     /// With a breaker: each DLQ topic read during drains → its main topic.
@@ -270,7 +264,7 @@ impl Consumer {
     ) -> Self {
         self.handlers.insert(
             message_type.into(),
-            HandlerRef::Call(Arc::new(call::Erased(handler))),
+            HandlerRef::Call(Arc::new(driver::ErasedPgCall(handler))),
         );
         self
     }
@@ -350,6 +344,23 @@ impl Consumer {
         self
     }
 
+    /// Registers an [`SqlxCallHandler`] for `message_type` (replacing any earlier handler): as
+    /// [`Consumer::call_handler`], with its record written through the pool of
+    /// [`Driver::Sqlx`].
+    #[cfg(feature = "sqlx")]
+    #[must_use]
+    pub fn sqlx_call_handler(
+        mut self,
+        message_type: impl Into<String>,
+        handler: impl SqlxCallHandler,
+    ) -> Self {
+        self.handlers.insert(
+            message_type.into(),
+            HandlerRef::SqlxCall(Arc::new(driver::ErasedSqlxCall(handler))),
+        );
+        self
+    }
+
     /// Counters, shared with the running consumer.
     pub fn stats(&self) -> Arc<ConsumerStats> {
         self.stats.clone()
@@ -393,7 +404,8 @@ impl Consumer {
         self,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> Result<(), ConsumerError> {
-        self.check_drivers()?;
+        let pool = self.pool()?;
+        let tx = self.transactions(&pool)?;
         // A refused property fails here, by name: librdkafka's own message quotes the value,
         // which may be a secret.
         self.kafka
@@ -466,7 +478,6 @@ impl Consumer {
         subscribe.extend(drain_topics.keys().cloned());
         consumer.subscribe(&subscribe.iter().map(String::as_str).collect::<Vec<_>>())?;
 
-        let pool = self.pool()?;
         let cancel = CancellationToken::new();
         if let Some(addr) = self.config.metrics_addr {
             #[cfg(feature = "prometheus")]
@@ -586,6 +597,7 @@ impl Consumer {
             });
         }
         let shared = Arc::new(self.into_shared(
+            tx,
             pool,
             Sink::Kafka(producer),
             cancel.clone(),

@@ -13,93 +13,28 @@ use tracing::{debug, warn, Instrument as _};
 
 use super::breaker::BreakerMode;
 use super::dead_letter::*;
+use super::driver::Kind;
 use super::envelope::{Envelope, Fate, Tried};
-use super::handler::{BatchHandler, Delivered, HandlerError};
+use super::handler::{Delivered, HandlerError};
 use super::inbox::InboxOutcome;
 use super::record::{Origin, Raw};
 use super::retry::RetryStrategy;
 use super::stats::ConsumerStats;
-use super::tx::{connection, count, handle_span, handler_seconds, live};
-use super::{HandlerRef, Shared};
+use super::tx::{count, handle_span, handler_seconds};
+use super::Shared;
 use crate::backoff::Backoff;
 
-/// The handler's transaction: mark first, then the handler; both commit or neither.
+/// One try of the message's handler: for an in-transaction handler its transaction (mark
+/// first, then the handler; both commit or neither), for a call handler its call and then its
+/// mark (`call.rs`).
 pub(super) async fn run_in_tx(
     shared: &Shared,
-    handler: &HandlerRef,
     d: &Delivered,
 ) -> Result<InboxOutcome, HandlerError> {
-    if let HandlerRef::Call(h) = handler {
-        // Its call runs outside any transaction; only the mark is one (`call.rs`).
-        return super::call::run_call(shared, h, d).await;
+    if shared.tx.kind(d.route()) == Some(Kind::Call) {
+        return super::call::run_call(shared, d).await;
     }
-    #[cfg(feature = "sqlx")]
-    if let super::Driver::Sqlx(pool) = &shared.config.driver {
-        return super::sqlx::run_in_tx(shared, pool, handler, d).await;
-    }
-    let mut conn = connection(shared).await?;
-    // The inbox insert is prepared once per connection: one round trip per message instead of
-    // a parse round trip and an execute round trip.
-    let mark = conn.prepare_cached(shared.inbox.insert_sql()).await?;
-    let tx = conn.transaction().await?;
-    let fresh = tx
-        .query_opt(&mark, &[&shared.inbox.group(), &d.topic, &d.message_id])
-        .await?
-        .is_some();
-    if !fresh {
-        tx.rollback().await?;
-        return Ok(InboxOutcome::Duplicate);
-    }
-    match handler {
-        HandlerRef::Single(h) => h.handle(d, &tx).await?,
-        HandlerRef::Batch(h, _) => h.handle_batch(&[d], &tx).await?,
-        HandlerRef::Call(_) => unreachable!("call handlers returned above"),
-        #[cfg(feature = "sqlx")]
-        HandlerRef::SqlxSingle(_) | HandlerRef::SqlxBatch(..) => {
-            return Err(super::sqlx::wrong_driver());
-        }
-    }
-    // A handler that swallowed its statement's error left the transaction aborted: `COMMIT`
-    // would roll back without an error and the message would count as handled with nothing
-    // written. One cheap statement first tells.
-    live(&tx).await?;
-    tx.commit().await?;
-    Ok(InboxOutcome::Processed)
-}
-
-/// One transaction for many messages: one multi-row mark, the batch handler on the first
-/// deliveries, one commit. Returns (handled, duplicates).
-pub(super) async fn run_batch_in_tx(
-    shared: &Shared,
-    handler: &dyn BatchHandler,
-    ds: &[&Delivered],
-) -> Result<(usize, usize), HandlerError> {
-    let mut conn = connection(shared).await?;
-    let tx = conn.transaction().await?;
-    let keys: Vec<(&str, &str)> = ds
-        .iter()
-        .map(|d| (d.topic.as_str(), d.message_id.as_str()))
-        .collect();
-    let mut fresh = shared.inbox.mark_many(&*tx, &keys).await?;
-    // Keep the first occurrence of each new pair, in batch order.
-    let first: Vec<&Delivered> = ds
-        .iter()
-        .copied()
-        .filter(|d| fresh.remove(&(d.topic.clone(), d.message_id.clone())))
-        .collect();
-    if !first.is_empty() {
-        handler.handle_batch(&first, &tx).await?;
-    }
-    live(&tx).await?;
-    tx.commit().await?;
-    Ok((first.len(), ds.len() - first.len()))
-}
-
-/// A batch handler of either driver.
-enum Batched<'h> {
-    Pg(&'h dyn BatchHandler),
-    #[cfg(feature = "sqlx")]
-    Sqlx(&'h dyn super::SqlxBatchHandler),
+    shared.tx.one(shared, d).await
 }
 
 /// A batch of heads of different lanes, all of one batch-handled type. On any failure the
@@ -109,36 +44,15 @@ pub(super) async fn process_batch(envs: &[&Envelope], shared: &Shared) -> Vec<Fa
         .iter()
         .filter_map(|e| e.decoded.as_ref().ok())
         .collect();
-    let handler = ds.first().and_then(|d| shared.handlers.get(d.route()));
-    let uniform = ds.len() == envs.len() && ds.iter().all(|d| d.route() == ds[0].route());
-    let batch = match (handler, uniform) {
-        (Some(HandlerRef::Batch(h, _)), true) => Some(Batched::Pg(h.as_ref())),
-        #[cfg(feature = "sqlx")]
-        (Some(HandlerRef::SqlxBatch(h, _)), true) => Some(Batched::Sqlx(h.as_ref())),
-        _ => None,
-    };
-    let Some(batch) = batch else {
+    let uniform = ds.len() == envs.len()
+        && ds.iter().all(|d| d.route() == ds[0].route())
+        && matches!(shared.tx.kind(ds[0].route()), Some(Kind::Batch(_)));
+    if !uniform {
         // Defensive: batches are formed only from one batch type; anything else goes one by one.
-        let mut fates = Vec::with_capacity(envs.len());
-        for env in envs {
-            fates.push(process(env, shared).await);
-        }
-        return fates;
-    };
+        return one_by_one(envs, shared).await;
+    }
     let started = std::time::Instant::now();
-    let run = async {
-        match batch {
-            Batched::Pg(h) => run_batch_in_tx(shared, h, &ds).await,
-            #[cfg(feature = "sqlx")]
-            Batched::Sqlx(h) => match &shared.config.driver {
-                super::Driver::Sqlx(pool) => {
-                    super::sqlx::run_batch_in_tx(shared, pool, h, &ds).await
-                }
-                super::Driver::TokioPostgres => Err(super::sqlx::wrong_driver()),
-            },
-        }
-    };
-    let result = AssertUnwindSafe(run)
+    let result = AssertUnwindSafe(shared.tx.batch(shared, &ds))
         .catch_unwind()
         .instrument(tracing::info_span!("outbox.handle_batch", size = ds.len(), group = %shared.config.group))
         .await;
@@ -159,24 +73,25 @@ pub(super) async fn process_batch(envs: &[&Envelope], shared: &Shared) -> Vec<Fa
         }
         Ok(Err(e)) => {
             debug!(error = %e, size = envs.len(), "batch failed: retrying its messages one by one");
-            let mut fates = Vec::with_capacity(envs.len());
-            for env in envs {
-                fates.push(process(env, shared).await);
-            }
-            fates
+            one_by_one(envs, shared).await
         }
         Err(_panic) => {
             debug!(
                 size = envs.len(),
                 "batch handler panicked: retrying its messages one by one"
             );
-            let mut fates = Vec::with_capacity(envs.len());
-            for env in envs {
-                fates.push(process(env, shared).await);
-            }
-            fates
+            one_by_one(envs, shared).await
         }
     }
+}
+
+/// Each of `envs` processed alone, in order.
+pub(super) async fn one_by_one(envs: &[&Envelope], shared: &Shared) -> Vec<Fate> {
+    let mut fates = Vec::with_capacity(envs.len());
+    for env in envs {
+        fates.push(process(env, shared).await);
+    }
+    fates
 }
 
 pub(super) fn panic_text(p: &(dyn std::any::Any + Send)) -> String {
@@ -206,7 +121,7 @@ pub(super) async fn process_from(
             return dead_letter(raw, origin, shared, DeadLetterKind::Decode, reason, 0).await;
         }
     };
-    let Some(handler) = shared.handlers.get(d.route()) else {
+    if shared.tx.kind(d.route()).is_none() {
         if d.tombstone {
             // A delete marker nobody asked for: skipped and counted, never a dead letter.
             ConsumerStats::inc(&shared.stats.tombstones_skipped);
@@ -217,7 +132,7 @@ pub(super) async fn process_from(
         count(shared, &origin.topic, "skipped", 1);
         debug!(message_type = %d.message_type, "no handler registered: skipped");
         return Fate::Final;
-    };
+    }
     let mut attempt: u32 = 0;
     let mut dep_attempt: u32 = 0;
     // Every call of the handler (x-attempts on a parked letter), whatever the budget it spent.
@@ -230,7 +145,7 @@ pub(super) async fn process_from(
             Some(tried) => tried,
             None => {
                 let started = std::time::Instant::now();
-                let tried = AssertUnwindSafe(run_in_tx(shared, handler, d))
+                let tried = AssertUnwindSafe(run_in_tx(shared, d))
                     .catch_unwind()
                     .instrument(handle_span(d, shared))
                     .await;

@@ -1,5 +1,5 @@
 //! What a consumer builds from its configuration before it runs (or becomes a harness): the
-//! driver check, the librdkafka settings, the pool, the state its handler tasks share.
+//! handlers sorted into their driver's table, the librdkafka settings, the pool, the state its handler tasks share.
 
 use std::collections::HashMap;
 
@@ -8,32 +8,21 @@ use tokio_util::sync::CancellationToken;
 use tracing::info;
 
 use super::dead_letter::DeadLetterLog;
+#[cfg(feature = "sqlx")]
+use super::driver::Sqlx;
+use super::driver::{Pg, Routes, Transactions};
 use super::{call, Consumer, ConsumerError, Driver, HandlerRef, Inbox, Shared, Sink};
 
 impl Consumer {
-    /// Refuses a handler whose transaction type is not the configured driver's.
-    pub(super) fn check_drivers(&self) -> Result<(), ConsumerError> {
-        let driver = self.config.driver.name();
-        let mut wrong: Vec<String> = self
-            .handlers
-            .iter()
-            .filter(|(_, h)| h.driver().is_some_and(|d| d != driver))
-            .map(|(t, h)| {
-                format!(
-                    "{} ({} handler)",
-                    if t.is_empty() { "tombstones" } else { t },
-                    h.driver().unwrap_or_default()
-                )
-            })
-            .collect();
-        if wrong.is_empty() {
-            return Ok(());
-        }
-        wrong.sort();
-        Err(ConsumerError::Config(format!(
-            "the consumer's driver is {driver} (ConsumerConfig::driver), but these handlers take another driver's transaction: {}",
-            wrong.join(", ")
-        )))
+    /// The handlers sorted into the configured driver's table over `pool` (or the service's
+    /// sqlx pool); a handler of the other driver is refused, by name.
+    pub(super) fn transactions(&self, pool: &Pool) -> Result<Box<dyn Transactions>, ConsumerError> {
+        let handlers = self.handlers.clone();
+        Ok(match &self.config.driver {
+            Driver::TokioPostgres => Box::new(Routes::new(Pg(pool.clone()), handlers)?),
+            #[cfg(feature = "sqlx")]
+            Driver::Sqlx(p) => Box::new(Routes::new(Sqlx(p.clone()), handlers)?),
+        })
     }
 
     /// The group consumer's librdkafka settings: offsets stored only past final outcomes and
@@ -136,6 +125,7 @@ impl Consumer {
     /// What every handler task shares, from this consumer's parts.
     pub(super) fn into_shared(
         self,
+        tx: Box<dyn Transactions>,
         pool: Pool,
         producer: Sink,
         cancel: CancellationToken,
@@ -148,7 +138,7 @@ impl Consumer {
             dead_lettered: DeadLetterLog::new(&self.db.schema, &self.config.group, &self.kafka),
             pool,
             producer,
-            handlers: self.handlers,
+            tx,
             inbox: Inbox::new(&self.db.schema, self.config.group.clone()),
             retry_topics,
             drain_topics,

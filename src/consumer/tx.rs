@@ -1,28 +1,8 @@
-//! What every handler transaction and every outcome uses, whatever the driver or the kind of
-//! handler: a pooled connection, the check that a transaction was not silently aborted, the
-//! handler's span and timing, and the outcome counter.
+//! What every handler try and every outcome uses, whatever the driver or the kind of
+//! handler: the handler's span and timing, and the outcome counter.
 
-use super::handler::{Delivered, HandlerError};
+use super::handler::Delivered;
 use super::Shared;
-
-/// A pooled connection for a handler's transaction; none to be had means our database is down.
-pub(super) async fn connection(shared: &Shared) -> Result<deadpool_postgres::Object, HandlerError> {
-    shared
-        .pool
-        .get()
-        .await
-        .map_err(|e| HandlerError::database_unavailable(format!("postgres pool: {e}")))
-}
-
-/// Fails when `tx` is aborted (a statement failed and its error was swallowed): its `COMMIT`
-/// would silently roll back.
-pub(super) async fn live(tx: &tokio_postgres::Transaction<'_>) -> Result<(), HandlerError> {
-    tx.batch_execute("SELECT 1").await.map_err(|e| {
-        HandlerError::transient(format!(
-            "the transaction was aborted by a statement whose error was not returned: {e}"
-        ))
-    })
-}
 
 /// Counts one outcome (`outbox_consumer_messages_total`), labelled by the original topic.
 pub(super) fn count(shared: &Shared, topic: &str, outcome: &'static str, n: u64) {

@@ -169,12 +169,15 @@ pub(crate) fn framework_header(k: &str) -> bool {
         || k.starts_with("x-replay")
 }
 
+/// Kafka headers as sent: names and optional byte values, in order.
+type RawHeaders = Vec<(String, Option<Vec<u8>>)>;
+
 /// The headers an edited retry carries before the framework's own: the operator's, or the
 /// letter's, without service headers, `message_id` or an earlier edit's `x-edited-from`.
 fn edited_headers(
     original: &DeadLetter,
     given: Option<&[(String, Option<String>)]>,
-) -> Result<Vec<(String, Option<Vec<u8>>)>, DlqError> {
+) -> Result<RawHeaders, DlqError> {
     let framework = framework_header;
     match given {
         Some(h) => {
