@@ -9,8 +9,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use outbox::consumer::{
-    BoxFuture, Consumer, ConsumerConfig, ConsumerStats, Delivered, Driver, Handler, HandlerError,
-    RetryStrategy, SqlxHandler,
+    BoxFuture, CallHandler, Consumer, ConsumerConfig, ConsumerStats, Delivered, Driver, Handler,
+    HandlerError, RetryStrategy, SqlxCallHandler, SqlxHandler,
 };
 use outbox_testkit::*;
 
@@ -388,6 +388,193 @@ async fn a_handler_of_the_other_driver_is_refused(drv: Drv) {
     assert!(err.contains("driver"), "{err}");
 }
 
+/// A call handler of either driver: `call` (no transaction) answers the message's `seq` and is
+/// counted per message; `record` writes the answer in the mark's transaction, through the
+/// consumer's driver — on sqlx with no tokio-postgres at all.
+struct Caller(Arc<Script>, Arc<Mutex<HashMap<String, u32>>>);
+
+impl Caller {
+    fn call_now(&self, msg: &Delivered) -> Result<i64, HandlerError> {
+        *self
+            .1
+            .lock()
+            .unwrap()
+            .entry(msg.message_id.clone())
+            .or_default() += 1;
+        self.0.before(msg)?;
+        Ok(msg.json()["seq"].as_i64().unwrap_or(-1))
+    }
+}
+
+impl CallHandler for Caller {
+    type Reply = i64;
+    fn call<'a>(&'a self, msg: &'a Delivered) -> BoxFuture<'a, Result<i64, HandlerError>> {
+        Box::pin(async move { self.call_now(msg) })
+    }
+    fn record<'a>(
+        &'a self,
+        msg: &'a Delivered,
+        seq: &'a i64,
+        tx: &'a tokio_postgres::Transaction<'a>,
+    ) -> BoxFuture<'a, Result<(), HandlerError>> {
+        Box::pin(async move {
+            if msg.json()["swallow"].as_bool() == Some(true) {
+                let _ = tx.execute(BROKEN, &[]).await;
+                return Ok(());
+            }
+            tx.execute(
+                INSERT,
+                &[&msg.message_id, &msg.key_str().unwrap_or(""), seq],
+            )
+            .await?;
+            Ok(())
+        })
+    }
+}
+
+impl SqlxCallHandler for Caller {
+    type Reply = i64;
+    fn call<'a>(&'a self, msg: &'a Delivered) -> BoxFuture<'a, Result<i64, HandlerError>> {
+        Box::pin(async move { self.call_now(msg) })
+    }
+    fn record<'a>(
+        &'a self,
+        msg: &'a Delivered,
+        seq: &'a i64,
+        tx: &'a mut sqlx::PgConnection,
+    ) -> BoxFuture<'a, Result<(), HandlerError>> {
+        Box::pin(async move {
+            if msg.json()["swallow"].as_bool() == Some(true) {
+                let _ = sqlx::query(BROKEN).execute(&mut *tx).await;
+                return Ok(());
+            }
+            sqlx::query(INSERT)
+                .bind(&msg.message_id)
+                .bind(msg.key_str().unwrap_or(""))
+                .bind(*seq)
+                .execute(&mut *tx)
+                .await?;
+            Ok(())
+        })
+    }
+}
+
+/// Call handlers record through the consumer's driver: every answered call's mark and record
+/// commit together (several per transaction under load), a repeat is never called again, a
+/// failed call or a swallowed record error is dead-lettered with nothing recorded; a call
+/// handler of the other driver is refused at start.
+async fn call_handlers_record_through_the_driver(drv: Drv) {
+    let s = setup(2).await;
+    let group = format!("drv-{}", hex(8));
+    let n = 40;
+    let mut sent = 0;
+    for i in 0..n {
+        let body = serde_json::json!({"seq": i});
+        let (key, id) = (format!("k{i}"), format!("m{i}"));
+        produce_event(&s.topic, &key, "it_event", &id, &body).await;
+        sent += 1;
+        if i % 10 == 0 {
+            // A producer's retry: same key, so it waits in the lane behind the first.
+            produce_event(&s.topic, &key, "it_event", &id, &body).await;
+            sent += 1;
+        }
+    }
+    for (id, body) in [
+        (
+            "declined",
+            serde_json::json!({"seq": 101, "permanent": true}),
+        ),
+        ("swallow", serde_json::json!({"seq": 103, "swallow": true})),
+    ] {
+        produce_event(&s.topic, id, "it_event", id, &body).await;
+        sent += 1;
+    }
+    let mut config = ConsumerConfig::new(&group, [&s.topic]);
+    config.retry = RetryStrategy::InPlace {
+        attempts: 2,
+        base: Duration::from_millis(10),
+        max: Duration::from_millis(50),
+    };
+    let calls = Arc::new(Mutex::new(HashMap::new()));
+    let caller = || Caller(Arc::default(), calls.clone());
+    let c = match drv {
+        Drv::TokioPostgres => Consumer::new(&s.db, &kafka(), config.clone())
+            .unwrap()
+            .call_handler("it_event", Arc::new(caller())),
+        Drv::Sqlx => {
+            config.driver = Driver::Sqlx(sqlx_pool(&s.db, 4).await);
+            Consumer::new(&s.db, &kafka(), config.clone())
+                .unwrap()
+                .sqlx_call_handler("it_event", Arc::new(caller()))
+        }
+    };
+    let r = start(c);
+    wait_until(Duration::from_secs(60), "all settled", || async {
+        get(&r.stats.handled) == n && get(&r.stats.dead_lettered) == 2
+    })
+    .await;
+    offsets_at_end(&group, &s.topic, 2, sent).await;
+    r.stop().await;
+    let c = &s.c;
+    assert_eq!(count(c, "SELECT count(*) FROM effects").await, n as i64);
+    assert_eq!(
+        count(c, "SELECT count(DISTINCT message_id) FROM effects").await,
+        n as i64,
+        "{drv:?}: one record per message"
+    );
+    assert_eq!(
+        count(c, "SELECT count(*) FROM processed_messages").await,
+        n as i64,
+        "{drv:?}: a mark exactly for each recorded message"
+    );
+    let calls = calls.lock().unwrap().clone();
+    for i in 0..n {
+        assert_eq!(
+            calls[&format!("m{i}")],
+            1,
+            "{drv:?}: m{i} called once, its repeat never"
+        );
+    }
+    assert_eq!(
+        calls["declined"], 1,
+        "{drv:?}: a permanent failure is not retried"
+    );
+    assert_eq!(
+        calls["swallow"], 2,
+        "{drv:?}: an aborted record is retried from its call"
+    );
+    let mut dlq: Vec<(String, String)> = read_all(&format!("{}.dlq", s.topic))
+        .await
+        .iter()
+        .map(|r| (r.message_id(), r.headers["x-error-kind"].clone()))
+        .collect();
+    dlq.sort();
+    assert_eq!(
+        dlq,
+        [
+            ("declined".to_owned(), "permanent".to_owned()),
+            ("swallow".to_owned(), "transient-exhausted".to_owned()),
+        ],
+        "{drv:?}"
+    );
+
+    // The other driver's call handler is refused before anything runs.
+    let mut config = ConsumerConfig::new(format!("drv-{}", hex(8)), [&s.topic]);
+    let wrong = match drv {
+        Drv::TokioPostgres => Consumer::new(&s.db, &kafka(), config)
+            .unwrap()
+            .sqlx_call_handler("it_event", caller()),
+        Drv::Sqlx => {
+            config.driver = Driver::Sqlx(sqlx_pool(&s.db, 2).await);
+            Consumer::new(&s.db, &kafka(), config)
+                .unwrap()
+                .call_handler("it_event", caller())
+        }
+    };
+    let err = wrong.run(async {}).await.unwrap_err().to_string();
+    assert!(err.contains("it_event") && err.contains("driver"), "{err}");
+}
+
 macro_rules! matrix {
     ($($scenario:ident),*) => {
         mod tokio_postgres_driver {
@@ -413,7 +600,8 @@ matrix!(
     dedupe_retries_dead_letters_and_redelivery,
     commit_groups,
     a_handler_of_the_other_driver_is_refused,
-    sigkilled_service_charges_every_order_once
+    sigkilled_service_charges_every_order_once,
+    call_handlers_record_through_the_driver
 );
 
 /// The example services, SIGKILLed mid-stream twice and restarted: `billing_consumer`

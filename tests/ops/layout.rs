@@ -206,6 +206,84 @@ fn a_service_without_default_features_links_no_kafka_http_or_cli_crate() {
     );
 }
 
+/// The test kit's normal dependency tree with `features` of its own.
+fn testkit_tree(features: &str) -> BTreeSet<String> {
+    let o = cargo()
+        .args([
+            "tree",
+            "--locked",
+            "--offline",
+            "-p",
+            "outbox-testkit",
+            "--no-default-features",
+            "--features",
+            features,
+            "-e",
+            "normal,no-proc-macro",
+            "--prefix",
+            "none",
+        ])
+        .output()
+        .expect("cargo tree");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .filter_map(|l| l.split_whitespace().next().map(str::to_owned))
+        .collect()
+}
+
+#[test]
+fn the_test_kit_takes_only_the_features_the_service_uses() {
+    // A service on the relay and the consumer pays for no admin server, exporter, TLS, schema
+    // registry or sqlx in its test build; one on sqlx gets sqlx.
+    let lean = testkit_tree("relay,consumer");
+    assert!(
+        lean.contains("outbox") && lean.contains("rdkafka"),
+        "{lean:?}"
+    );
+    for heavy in [
+        "axum",
+        "hyper",
+        "metrics-exporter-prometheus",
+        "openssl",
+        "sqlx",
+        "apache-avro",
+        "prost",
+    ] {
+        assert!(
+            !lean.contains(heavy),
+            "{heavy} in the kit's tree for relay,consumer"
+        );
+    }
+    assert!(testkit_tree("sqlx").contains("sqlx"));
+    if std::env::var_os("OUTBOX_SKIP_FEATURE_BUILDS").is_some() {
+        return;
+    }
+    for features in ["", "relay", "consumer", "dlq", "sqlx"] {
+        let o = cargo()
+            .args([
+                "check",
+                "--locked",
+                "--offline",
+                "--message-format",
+                "short",
+                "-p",
+                "outbox-testkit",
+                "--no-default-features",
+                "--features",
+                features,
+            ])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(o.status.success(), "kit features [{features}]:\n{err}");
+        assert!(
+            !err.contains(": warning"),
+            "kit features [{features}]:\n{err}"
+        );
+    }
+}
+
 #[test]
 fn the_library_never_depends_on_what_only_the_binary_needs() {
     let tree = cargo_tree(Some("--all-features"));
@@ -298,6 +376,8 @@ fn each_feature_builds_alone() {
         "admin",
         "schemas",
         "schemas,consumer",
+        "sqlx",
+        "sqlx,consumer",
     ] {
         let o = cargo()
             .args([

@@ -87,6 +87,7 @@ fn row(
     }
 }
 
+#[cfg(feature = "sqlx")]
 /// As [`enqueued`], through sqlx (`&mut *tx`, a connection or a pool).
 ///
 /// # Panics

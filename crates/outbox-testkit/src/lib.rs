@@ -5,7 +5,9 @@ use std::collections::BTreeMap;
 use std::future::Future;
 use std::time::Duration;
 
-use outbox::{DbConfig, KafkaConfig, RelayConfig};
+#[cfg(feature = "relay")]
+use outbox::RelayConfig;
+use outbox::{DbConfig, KafkaConfig};
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
@@ -13,11 +15,16 @@ use rdkafka::message::{Headers, Message as _};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 
 mod enqueued;
+#[cfg(feature = "relay")]
 mod relayed;
 
-pub use enqueued::{enqueued, enqueued_sqlx, only, Enqueued};
+#[cfg(feature = "sqlx")]
+pub use enqueued::enqueued_sqlx;
+pub use enqueued::{enqueued, only, Enqueued};
 /// The handler harness (no broker): [`outbox::consumer::Consumer::harness`].
+#[cfg(feature = "consumer")]
 pub use outbox::consumer::{Harness, Verdict, Written};
+#[cfg(feature = "relay")]
 pub use relayed::relay_once;
 
 /// `DATABASE_URL`, or the dev Postgres on loopback.
@@ -63,6 +70,7 @@ pub async fn client(db: &DbConfig) -> tokio_postgres::Client {
     c
 }
 
+#[cfg(feature = "sqlx")]
 /// An sqlx pool of at most `max` connections whose `search_path` is the test schema, then
 /// `public` (what a service's pool looks like when its tables live next to the outbox's).
 pub async fn sqlx_pool(db: &DbConfig, max: u32) -> sqlx::PgPool {
@@ -104,6 +112,7 @@ pub async fn create_topic(name: &str, partitions: i32) {
     }
 }
 
+#[cfg(feature = "relay")]
 /// A relay config for tests: quick polling, no cleanup schedule.
 pub fn relay_config() -> RelayConfig {
     {
@@ -415,6 +424,7 @@ where
     }
 }
 
+#[cfg(feature = "relay")]
 /// Runs passes until nothing is due. A pass can find nothing while due rows exist when another
 /// relay (e.g. one that just exited) still held the ordering lanes; then rebalance and retry.
 pub async fn drain(relay: &outbox::Relay) -> usize {
@@ -580,12 +590,14 @@ pub async fn create_topic_family(topic: &str, partitions: i32, retry_suffixes: &
     }
 }
 
+#[cfg(feature = "relay")]
 /// A relay running `run()` on a task until [`RunningRelay::stop`].
 pub struct RunningRelay {
     stop: tokio::sync::oneshot::Sender<()>,
     task: tokio::task::JoinHandle<Result<(), outbox::RelayError>>,
 }
 
+#[cfg(feature = "relay")]
 /// Starts `relay.run(..)` on a task.
 pub fn spawn_relay(relay: outbox::Relay) -> RunningRelay {
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
@@ -595,6 +607,7 @@ pub fn spawn_relay(relay: outbox::Relay) -> RunningRelay {
     RunningRelay { stop, task }
 }
 
+#[cfg(feature = "relay")]
 impl RunningRelay {
     /// Signals shutdown and waits for a clean exit.
     pub async fn stop(self) {
@@ -668,6 +681,7 @@ pub fn free_port() -> u16 {
         .port()
 }
 
+#[cfg(feature = "dlq")]
 /// Archives what the DLQ `topics` hold now, once, with a fresh archiver group.
 pub async fn archive_once(db: &DbConfig, topics: Vec<String>) -> outbox::dlq::ArchiveReport {
     outbox::dlq::Archiver::new(db, &kafka(), topics)
