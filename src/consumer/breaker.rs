@@ -241,6 +241,79 @@ pub(crate) struct View {
     pub probing: bool,
 }
 
+/// What the runtime is to do next by the breaker: the consumer's mode machine (NORMAL,
+/// PAUSED, PROBE, DRAIN) as a pure function of what it reads, so the runtime only applies
+/// decisions (pauses, resumes, drain targets) and the transitions are tested by table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Step {
+    /// Nothing changes.
+    Stay,
+    /// Switch to the mode, for the reason (logged).
+    Go(BreakerMode, &'static str),
+    /// The drain is complete: back to NORMAL, and the failure streaks start again.
+    Drained,
+    /// A probe whose parked letters brought no success: probe with the main topics.
+    ProbeMain,
+}
+
+/// What new partitions mean: a healthy NORMAL consumer drains their parked letters first
+/// (`Go`); one already draining or probing recomputes its drain targets (`Stay`, the caller
+/// then re-targets); otherwise nothing (`None`).
+pub(super) fn on_assigned(mode: BreakerMode, view: View) -> Option<Step> {
+    match mode {
+        BreakerMode::Normal if !view.open && !view.untrusted => Some(Step::Go(
+            BreakerMode::Drain,
+            "partitions assigned: draining their parked letters first",
+        )),
+        BreakerMode::Drain | BreakerMode::Probe => Some(Step::Stay),
+        _ => None,
+    }
+}
+
+/// The next step from `mode` given `view`; `drain_complete` is asked only where it matters
+/// (it reads the broker's watermarks).
+pub(super) fn next_step(
+    mode: BreakerMode,
+    view: View,
+    probe_main: bool,
+    mut drain_complete: impl FnMut() -> bool,
+) -> Step {
+    let View {
+        open,
+        untrusted,
+        probing,
+    } = view;
+    match mode {
+        BreakerMode::Normal | BreakerMode::Drain | BreakerMode::Probe if open => {
+            Step::Go(BreakerMode::Paused, "breaker open")
+        }
+        BreakerMode::Normal | BreakerMode::Drain if untrusted => Step::Go(
+            BreakerMode::Paused,
+            "breaker expired: waiting for a probe before trusting the dependency",
+        ),
+        BreakerMode::Paused if !open && untrusted && probing => Step::Go(
+            BreakerMode::Probe,
+            "breaker expired: probing the dependency (one call at a time)",
+        ),
+        BreakerMode::Paused if !open && !untrusted => Step::Go(
+            BreakerMode::Drain,
+            "breaker closed and trusted: draining parked letters",
+        ),
+        BreakerMode::Probe if !untrusted => Step::Go(
+            BreakerMode::Drain,
+            "the dependency answered: draining parked letters",
+        ),
+        BreakerMode::Probe if !probing => {
+            Step::Go(BreakerMode::Paused, "another replica holds the probe")
+        }
+        // The parked letters brought no success (none of our own, or all dropped by
+        // policy): an empty drain proves nothing, so probe with the main topics.
+        BreakerMode::Probe if !probe_main && drain_complete() => Step::ProbeMain,
+        BreakerMode::Drain if drain_complete() => Step::Drained,
+        _ => Step::Stay,
+    }
+}
+
 /// A handle on a consumer's breaker state, readable while it runs.
 #[derive(Clone)]
 pub struct StateHandle(pub(crate) Arc<Breakers>);
@@ -605,6 +678,95 @@ pub(super) fn first_failed(headers: &[(String, Option<Vec<u8>>)]) -> Option<Syst
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_mode_machine_goes_normal_paused_probe_drain_normal() {
+        use BreakerMode::*;
+        let v = |open, untrusted, probing| View {
+            open,
+            untrusted,
+            probing,
+        };
+        let go = |s: Step| match s {
+            Step::Go(m, _) => Some(m),
+            _ => None,
+        };
+        // Opened anywhere but PAUSED: pause.
+        for m in [Normal, Drain, Probe] {
+            assert_eq!(
+                go(next_step(m, v(true, false, false), false, || true)),
+                Some(Paused)
+            );
+        }
+        assert_eq!(
+            next_step(Paused, v(true, false, false), false, || true),
+            Step::Stay
+        );
+        // Expired but untrusted: NORMAL and DRAIN wait; the replica holding the probe probes.
+        assert_eq!(
+            go(next_step(Normal, v(false, true, false), false, || true)),
+            Some(Paused)
+        );
+        assert_eq!(
+            go(next_step(Paused, v(false, true, true), false, || true)),
+            Some(Probe)
+        );
+        assert_eq!(
+            next_step(Paused, v(false, true, false), false, || true),
+            Step::Stay
+        );
+        assert_eq!(
+            go(next_step(Probe, v(false, true, false), false, || true)),
+            Some(Paused)
+        );
+        // Trusted again: drain, then NORMAL once the drain is complete (and not before).
+        assert_eq!(
+            go(next_step(Paused, v(false, false, false), false, || true)),
+            Some(Drain)
+        );
+        assert_eq!(
+            go(next_step(Probe, v(false, false, true), false, || true)),
+            Some(Drain)
+        );
+        assert_eq!(
+            next_step(Drain, v(false, false, false), false, || false),
+            Step::Stay
+        );
+        assert_eq!(
+            next_step(Drain, v(false, false, false), false, || true),
+            Step::Drained
+        );
+        // A probe whose parked letters ran out without a success probes with the main topics,
+        // once.
+        assert_eq!(
+            next_step(Probe, v(false, true, true), false, || true),
+            Step::ProbeMain
+        );
+        assert_eq!(
+            next_step(Probe, v(false, true, true), true, || true),
+            Step::Stay
+        );
+        assert_eq!(
+            next_step(Probe, v(false, true, true), false, || false),
+            Step::Stay
+        );
+        // NORMAL and healthy never asks whether a drain is complete.
+        assert_eq!(
+            next_step(Normal, v(false, false, false), false, || panic!(
+                "not asked"
+            )),
+            Step::Stay
+        );
+        // New partitions: a healthy consumer drains first; a draining one re-targets.
+        assert_eq!(
+            go(on_assigned(Normal, v(false, false, false)).unwrap()),
+            Some(Drain)
+        );
+        assert_eq!(on_assigned(Drain, v(false, false, false)), Some(Step::Stay));
+        assert_eq!(on_assigned(Probe, v(false, true, true)), Some(Step::Stay));
+        assert_eq!(on_assigned(Normal, v(true, false, false)), None);
+        assert_eq!(on_assigned(Paused, v(false, false, false)), None);
+    }
 
     fn breakers(rule: Option<FailureRate>) -> Breakers {
         let db = crate::DbConfig::new("postgres://u:p@127.0.0.1:1/x", "public").unwrap();

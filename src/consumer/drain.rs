@@ -1,24 +1,17 @@
-//! Parked letters: parking a message whose dependency is down, and draining parked letters
-//! when the breaker closes (envelope policies, freshness check, park again, drop by policy),
-//! each settled in the archive.
+//! Draining parked letters when the breaker closes: a letter's envelope policies (deadline,
+//! most re-parks) and the freshness check decide whether it is handled at all; then it takes
+//! the one processing path (`process.rs`), which settles it in the archive, parks it again or
+//! dead-letters it.
 
-use std::panic::AssertUnwindSafe;
-use std::sync::atomic::Ordering;
+use tracing::warn;
 
-use futures::FutureExt;
-use tracing::{warn, Instrument as _};
-
-use super::envelope::Envelope;
-use crate::backoff::Backoff;
-use crate::consumer::breaker::first_failed;
-use crate::consumer::dead_letter::*;
-use crate::consumer::envelope::Fate;
-use crate::consumer::handler::Freshness;
-use crate::consumer::inbox::InboxOutcome;
-use crate::consumer::process::*;
-use crate::consumer::retry::RetryStrategy;
-use crate::consumer::tx::{count, handle_span};
-use crate::consumer::Shared;
+use super::breaker::first_failed;
+use super::dead_letter::*;
+use super::envelope::{Envelope, Fate};
+use super::handler::Freshness;
+use super::letters::{drop_letter, repark};
+use super::process::process_from;
+use super::Shared;
 
 /// A parked letter read back during a drain: envelope policies, freshness check, then the
 /// handler like any message (same inbox, so a letter already handled is a duplicate).
@@ -26,7 +19,7 @@ pub(in crate::consumer) async fn process_drain(env: &Envelope, shared: &Shared) 
     let Some(b) = shared.breaker() else {
         return Fate::Final;
     };
-    let (raw, origin) = (&env.raw, &env.origin);
+    let raw = &env.raw;
     let Ok(d) = &env.decoded else {
         warn!(topic = %raw.topic, offset = raw.offset, "a parked letter does not decode; leaving it to operators");
         return Fate::Final;
@@ -59,171 +52,6 @@ pub(in crate::consumer) async fn process_drain(env: &Envelope, shared: &Shared) 
             }
         }
     }
-    if shared.tx.kind(d.route()).is_none() {
-        return Fate::Final;
-    }
-    let mut attempt: u32 = 0;
-    let mut outage = Backoff::default();
-    loop {
-        attempt += 1;
-        let result = AssertUnwindSafe(run_in_tx(shared, d))
-            .catch_unwind()
-            .instrument(handle_span(d, shared))
-            .await;
-        let err = match result {
-            Ok(Ok(outcome)) => {
-                let what = if outcome == InboxOutcome::Processed {
-                    "handled"
-                } else {
-                    "duplicate"
-                };
-                count(shared, &origin.topic, what, 1);
-                b.drained.fetch_add(1, Ordering::Relaxed);
-                if outcome == InboxOutcome::Processed {
-                    // A call that worked after the breaker expired: trust it again.
-                    b.confirm().await;
-                }
-                settle(env, shared, "replayed", "drain").await;
-                return Fate::Final;
-            }
-            Err(panic) => {
-                let text = format!("panic: {}", panic_text(panic.as_ref()));
-                return dead_letter(raw, origin, shared, DeadLetterKind::Panic, &text, attempt)
-                    .await;
-            }
-            Ok(Err(e)) => e,
-        };
-        if err.is_database_unavailable() {
-            attempt -= 1;
-            let wait = outage.next_delay();
-            tokio::select! {
-                () = shared.cancel.cancelled() => return Fate::Abandoned,
-                () = tokio::time::sleep(wait) => {}
-            }
-            continue;
-        }
-        if let Some(dep) = err.dependency() {
-            // The dependency failed again during the drain: re-open (for longer) and park.
-            b.probes.fetch_add(1, Ordering::Relaxed);
-            b.open(dep, err.message()).await;
-            return repark_after(
-                env,
-                shared,
-                err.message(),
-                DeadLetterKind::Unavailable,
-                attempt,
-            )
-            .await;
-        }
-        if !err.is_transient() {
-            return dead_letter(
-                raw,
-                origin,
-                shared,
-                DeadLetterKind::Permanent,
-                err.message(),
-                attempt,
-            )
-            .await;
-        }
-        let attempts = match &shared.config.retry {
-            RetryStrategy::InPlace { attempts, .. } => *attempts,
-            RetryStrategy::Topics { .. } => 1,
-        };
-        if attempt >= attempts {
-            return repark_after(
-                env,
-                shared,
-                err.message(),
-                DeadLetterKind::TransientExhausted,
-                attempt,
-            )
-            .await;
-        }
-        tokio::select! {
-            () = shared.cancel.cancelled() => return Fate::Abandoned,
-            () = tokio::time::sleep(b.config.retry_delay) => {}
-        }
-    }
-}
-
-/// Parks a drained letter again: a new dead letter with `x-dlq-retries + 1`; the record read
-/// is settled (its offset moves on).
-pub(in crate::consumer) async fn repark(
-    env: &Envelope,
-    shared: &Shared,
-    error: &str,
-    kind: DeadLetterKind,
-) -> Fate {
-    repark_after(env, shared, error, kind, 1).await
-}
-
-/// [`repark`] after `calls` calls of the handler (`x-attempts`).
-async fn repark_after(
-    env: &Envelope,
-    shared: &Shared,
-    error: &str,
-    kind: DeadLetterKind,
-    calls: u32,
-) -> Fate {
-    let f = dead_letter(&env.raw, &env.origin, shared, kind, error, calls).await;
-    if let (Fate::Final, Some(b)) = (f, shared.breaker()) {
-        b.reparked.fetch_add(1, Ordering::Relaxed);
-        superseded(env, shared, kind).await;
-    }
-    f
-}
-
-/// The letter read during a drain now has a successor in the DLQ (parked again, or
-/// dead-lettered for good): the archived copy is settled so operators act on the new one only.
-pub(in crate::consumer) async fn superseded(env: &Envelope, shared: &Shared, kind: DeadLetterKind) {
-    let reason = format!("drain: superseded by a new dead letter ({})", kind.as_str());
-    settle(env, shared, "dropped", &reason).await;
-}
-
-/// Drops a parked letter by policy: never silently — recorded in the archive as `dropped`
-/// with the reason, logged and counted.
-pub(in crate::consumer) async fn drop_letter(
-    env: &Envelope,
-    shared: &Shared,
-    reason: &'static str,
-) -> Fate {
-    warn!(group = %shared.config.group, topic = %env.origin.topic, offset = env.raw.offset,
-          message_id = ?env.decoded.as_ref().ok().map(|d| d.message_id.as_str()), reason,
-          "parked letter dropped by policy");
-    if let Some(b) = shared.breaker() {
-        b.dropped.fetch_add(1, Ordering::Relaxed);
-    }
-    count(shared, &env.origin.topic, "dropped", 1);
-    metrics::counter!(crate::metrics::DLQ_DROPPED, "reason" => reason).increment(1);
-    if !settle(env, shared, "dropped", reason).await {
-        return Fate::Abandoned;
-    }
-    Fate::Final
-}
-
-/// Records a drained or dropped letter in `dead_letters` (inserted if the archive has not
-/// seen it yet). Retries through a Postgres outage; false only at shutdown.
-pub(in crate::consumer) async fn settle(
-    env: &Envelope,
-    shared: &Shared,
-    status: &str,
-    reason: &str,
-) -> bool {
-    let row = crate::dlq::Row::from_raw(&env.raw, &shared.config.dlq_suffix);
-    let mut backoff = Backoff::default();
-    loop {
-        match shared.dlq.record_settled(&row, status, reason).await {
-            Ok(()) => return true,
-            Err(e) => {
-                if backoff.failures() == 0 {
-                    warn!(error = %e, "cannot record the letter's outcome in dead_letters; retrying");
-                }
-                tokio::select! {
-                    () = shared.cancel.cancelled() => return false,
-                    () = tokio::time::sleep(backoff.next_delay()) => {}
-                }
-            }
-        }
-    }
+    // Then the one processing path, with a drained letter's endings.
+    process_from(env, shared, None).await
 }

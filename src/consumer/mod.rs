@@ -37,6 +37,7 @@ mod envelope;
 mod handler;
 mod harness;
 mod inbox;
+mod letters;
 mod offsets;
 mod process;
 mod record;

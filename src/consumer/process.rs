@@ -1,14 +1,12 @@
-//! Processing one message (or a batch): the handler's transaction with the inbox mark (or a
-//! call handler's call, then its mark),
-//! in-place retries, forwarding to retry topics, dead letters written until acknowledged.
+//! Processing one message (or a batch): the handler's try (its transaction with the inbox
+//! mark, or a call handler's call and then its mark), in-place retries, forwarding to retry
+//! topics, parking behind the breaker and dead letters — one path for main-topic messages
+//! and for parked letters read back during a drain.
 
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::Ordering;
-use std::time::SystemTime;
 
 use futures::FutureExt;
-use rdkafka::producer::FutureRecord;
-use rdkafka::util::Timeout;
 use tracing::{debug, warn, Instrument as _};
 
 use super::breaker::BreakerMode;
@@ -17,7 +15,7 @@ use super::driver::Kind;
 use super::envelope::{Envelope, Fate, Tried};
 use super::handler::{Delivered, HandlerError};
 use super::inbox::InboxOutcome;
-use super::record::{Origin, Raw};
+use super::letters::{dead_letter, park, produce_until_acked, repark_after, settle};
 use super::retry::RetryStrategy;
 use super::stats::ConsumerStats;
 use super::tx::{count, handle_span, handler_seconds};
@@ -105,8 +103,15 @@ pub(super) async fn process(env: &Envelope, shared: &Shared) -> Fate {
     process_from(env, shared, None).await
 }
 
-/// [`process`], when the first try already happened elsewhere (in a commit group, see
-/// `commit_group.rs`) and gave `first`: it counts as attempt 1.
+/// The one processing path, for a message of a main or retry topic and for a parked letter
+/// read back during a drain (`env.drain`, after the drain's own checks in `drain.rs`): tries
+/// the handler, then by the failure's class retries in place, forwards to a retry topic,
+/// parks behind the breaker or dead-letters. A drained letter differs only in its endings:
+/// success settles its archived copy, a dependency still down re-opens the breaker and parks
+/// it again, and transient failures get the in-place budget and are then parked again.
+///
+/// `first` is a try that already happened elsewhere (in a commit group, see
+/// `commit_group.rs`): it counts as attempt 1.
 pub(super) async fn process_from(
     env: &Envelope,
     shared: &Shared,
@@ -154,6 +159,23 @@ pub(super) async fn process_from(
             }
         };
         let err = match result {
+            Ok(Ok(outcome)) if env.drain => {
+                let what = if outcome == InboxOutcome::Processed {
+                    "handled"
+                } else {
+                    "duplicate"
+                };
+                count(shared, &origin.topic, what, 1);
+                if let Some(b) = shared.breaker() {
+                    b.drained.fetch_add(1, Ordering::Relaxed);
+                    if outcome == InboxOutcome::Processed {
+                        // A call that worked after the breaker expired: trust it again.
+                        b.confirm().await;
+                    }
+                }
+                settle(env, shared, "replayed", "drain").await;
+                return Fate::Final;
+            }
             Ok(Ok(InboxOutcome::Processed)) => {
                 shared.pg_outage.ok();
                 ConsumerStats::inc(&shared.stats.handled);
@@ -199,6 +221,19 @@ pub(super) async fn process_from(
             continue;
         }
         if let (Some(dep), Some(b)) = (err.dependency(), shared.breaker()) {
+            if env.drain {
+                // The dependency failed again during the drain: re-open (for longer) and park.
+                b.probes.fetch_add(1, Ordering::Relaxed);
+                b.open(dep, err.message()).await;
+                return repark_after(
+                    env,
+                    shared,
+                    err.message(),
+                    DeadLetterKind::Unavailable,
+                    attempt,
+                )
+                .await;
+            }
             // A downstream outage: a few quick retries, then the shared breaker opens and the
             // message is parked. Once the breaker is open, park at once.
             dep_attempt += 1;
@@ -237,6 +272,29 @@ pub(super) async fn process_from(
                 attempt,
             )
             .await;
+        }
+        if let (true, Some(b)) = (env.drain, shared.breaker()) {
+            // A drained letter is not forwarded to retry topics: the in-place budget (one try
+            // with retry topics), then it is parked again.
+            let attempts = match &shared.config.retry {
+                RetryStrategy::InPlace { attempts, .. } => *attempts,
+                RetryStrategy::Topics { .. } => 1,
+            };
+            if attempt >= attempts {
+                return repark_after(
+                    env,
+                    shared,
+                    err.message(),
+                    DeadLetterKind::TransientExhausted,
+                    attempt,
+                )
+                .await;
+            }
+            tokio::select! {
+                () = shared.cancel.cancelled() => return Fate::Abandoned,
+                () = tokio::time::sleep(b.config.retry_delay) => {}
+            }
+            continue;
         }
         match &shared.config.retry {
             RetryStrategy::InPlace {
@@ -309,174 +367,4 @@ pub(super) async fn process_from(
             }
         }
     }
-}
-
-pub(super) async fn dead_letter(
-    raw: &Raw,
-    origin: &Origin,
-    shared: &Shared,
-    kind: DeadLetterKind,
-    error: &str,
-    attempts: u32,
-) -> Fate {
-    let now = crate::message::rfc3339(SystemTime::now());
-    let dlq_retries = raw
-        .header(X_DLQ_RETRIES)
-        .and_then(|v| v.parse::<u64>().ok())
-        .map_or(0, |n| n.saturating_add(1));
-    let first_failed = raw
-        .header(X_FIRST_FAILED_AT)
-        .map_or_else(|| now.clone(), str::to_owned);
-    let headers = rebuild(
-        &raw.headers,
-        &SERVICE_HEADERS,
-        &[
-            (X_ORIGINAL_TOPIC, origin.topic.clone()),
-            (X_ORIGINAL_PARTITION, origin.partition.to_string()),
-            (X_ORIGINAL_OFFSET, origin.offset.to_string()),
-            (X_CONSUMER_GROUP, shared.config.group.clone()),
-            (X_ATTEMPTS, attempts.to_string()),
-            (X_ERROR, cut(error)),
-            (X_ERROR_KIND, kind.as_str().to_owned()),
-            (X_FAILED_AT, now),
-            (X_DLQ_RETRIES, dlq_retries.to_string()),
-            (X_FIRST_FAILED_AT, first_failed),
-        ],
-    );
-    let topic = shared.config.dlq_topic(&origin.topic);
-    // A record already dead-lettered before a crash (its DLQ write acked, its offset not yet
-    // committed) is not written twice: one defect, one dead letter.
-    let log = &shared.dead_lettered;
-    let written_before = match log.logged(&shared.pool, raw).await {
-        Logged::Written => true,
-        Logged::Intended { partition, from } => {
-            // A crash came between the intent and the record: was the letter appended?
-            log.written_since(&topic, partition, from, origin).await == Some(true)
-        }
-        Logged::No => false,
-    };
-    if written_before {
-        debug!(topic = %raw.topic, partition = raw.partition, offset = raw.offset, "already dead-lettered before a restart: not written again");
-        log.record(&shared.pool, raw, &shared.cancel).await;
-        return Fate::Final;
-    }
-    let target = match &shared.producer {
-        super::Sink::Kafka(p) => log.target(p, &topic, origin.partition).await,
-        // A harness keeps its records in order; there is no partition to find.
-        super::Sink::Recorded(_) => None,
-    };
-    if let Some((partition, from)) = target {
-        if !log.intend(&shared.pool, raw, partition, from).await {
-            debug!("cannot record the intent to dead-letter; writing anyway (a crash meanwhile may duplicate it)");
-        }
-    }
-    if produce_until_acked(shared, &topic, target.map(|t| t.0), raw, headers).await {
-        log.record(&shared.pool, raw, &shared.cancel).await;
-        ConsumerStats::inc(&shared.stats.dead_lettered);
-        count(shared, &origin.topic, "dead_lettered", 1);
-        Fate::Final
-    } else {
-        Fate::Abandoned
-    }
-}
-
-/// Writes key and body byte-identical with `headers` to `topic`, retrying with capped backoff
-/// until the broker acknowledges. Returns false only when shutdown interrupts the retries.
-pub(super) async fn produce_until_acked(
-    shared: &Shared,
-    topic: &str,
-    partition: Option<i32>,
-    raw: &Raw,
-    headers: rdkafka::message::OwnedHeaders,
-) -> bool {
-    let mut backoff = Backoff::default();
-    let group = shared.config.group.clone();
-    let blocked = metrics::gauge!(crate::metrics::CONSUMER_DLQ_BLOCKED, "group" => group.clone());
-    let mut failed_before = false;
-    let unblock = |failed_before: bool| {
-        if failed_before {
-            blocked.decrement(1.0);
-        }
-    };
-    let producer = match &shared.producer {
-        super::Sink::Kafka(p) => p,
-        super::Sink::Recorded(written) => {
-            use rdkafka::message::Headers as _;
-            let headers = headers
-                .iter()
-                .map(|h| (h.key.to_owned(), h.value.map(<[u8]>::to_vec)))
-                .collect();
-            written.lock().expect("written lock").push(super::Written {
-                topic: topic.to_owned(),
-                key: raw.key.clone(),
-                headers,
-                payload: raw.payload.clone(),
-            });
-            return true;
-        }
-    };
-    loop {
-        let mut rec: FutureRecord<'_, [u8], [u8]> =
-            FutureRecord::to(topic).headers(headers.clone());
-        if let Some(p) = partition {
-            rec = rec.partition(p);
-        }
-        if let Some(k) = &raw.key {
-            rec = rec.key(k.as_slice());
-        }
-        if let Some(p) = &raw.payload {
-            rec = rec.payload(p.as_slice());
-        }
-        match producer
-            .send(rec, Timeout::After(shared.config.delivery_timeout))
-            .await
-        {
-            Ok(_) => {
-                unblock(failed_before);
-                return true;
-            }
-            Err((e, _)) => {
-                ConsumerStats::inc(&shared.stats.forward_failures);
-                metrics::counter!(crate::metrics::CONSUMER_DLQ_WRITE_FAILURES, "topic" => topic.to_owned(), "group" => group.clone())
-                    .increment(1);
-                if !failed_before {
-                    failed_before = true;
-                    blocked.increment(1.0);
-                }
-                let wait = backoff.next_delay();
-                warn!(%topic, error = %e, retry_in = ?wait, "write to retry/dead-letter topic failed; the offset stays put and the write is retried");
-                tokio::select! {
-                    () = shared.cancel.cancelled() => {
-                        unblock(failed_before);
-                        return false;
-                    }
-                    () = tokio::time::sleep(wait) => {}
-                }
-            }
-        }
-    }
-}
-
-/// Parks a message whose dependency is down: a dead letter of kind `unavailable`, drained when
-/// the breaker closes.
-pub(super) async fn park(
-    raw: &Raw,
-    origin: &Origin,
-    shared: &Shared,
-    error: &str,
-    attempts: u32,
-) -> Fate {
-    let f = dead_letter(
-        raw,
-        origin,
-        shared,
-        DeadLetterKind::Unavailable,
-        error,
-        attempts,
-    )
-    .await;
-    if let (Fate::Final, Some(b)) = (f, shared.breaker()) {
-        b.parked.fetch_add(1, Ordering::Relaxed);
-    }
-    f
 }

@@ -9,7 +9,7 @@ use rdkafka::{Offset, TopicPartitionList};
 use tokio::time::Instant;
 use tracing::warn;
 
-use crate::consumer::breaker::{BreakerMode, Breakers, DrainPacer};
+use crate::consumer::breaker::{next_step, on_assigned, BreakerMode, Breakers, DrainPacer, Step};
 use crate::consumer::envelope::{Envelope, Tp};
 use crate::consumer::record::Raw;
 use crate::consumer::runtime::*;
@@ -87,7 +87,8 @@ impl Runtime<'_> {
         self.apply_pauses();
     }
 
-    /// NORMAL → PAUSED → DRAIN → NORMAL, from the shared breaker rows (refreshed by a task).
+    /// NORMAL → PAUSED → DRAIN → NORMAL, from the shared breaker rows (refreshed by a task):
+    /// the breaker decides ([`next_step`], [`on_assigned`]), this applies the decision.
     pub(in crate::consumer) fn steer(&mut self) {
         if self.shared.breaker().is_none() {
             return;
@@ -95,69 +96,35 @@ impl Runtime<'_> {
         // `shared.breakers` is the Arc behind `breaker()`: held here, it does not borrow self.
         let b = self.shared.breakers.clone();
         self.steer_at = Instant::now();
-        // An expired row not yet trusted again keeps the group off the dependency, except for
-        // the one replica that probes it.
         // One read of all three: a refresh publishes them together.
-        let crate::consumer::breaker::View {
-            open,
-            untrusted,
-            probing,
-        } = b.view();
+        let view = b.view();
         if self.assigned.swap(false, Ordering::SeqCst) {
-            match self.mode() {
-                BreakerMode::Normal if !open && !untrusted => {
-                    self.transition(
-                        BreakerMode::Drain,
-                        "partitions assigned: draining their parked letters first",
-                    );
-                    return;
-                }
-                BreakerMode::Drain | BreakerMode::Probe => {
+            match on_assigned(self.mode(), view) {
+                Some(Step::Go(to, why)) => return self.transition(to, why),
+                Some(_) => {
                     self.drain_target.clear();
                     self.apply_pauses();
                 }
-                _ => {}
+                None => {}
             }
         }
-        match self.mode() {
-            BreakerMode::Normal | BreakerMode::Drain | BreakerMode::Probe if open => {
-                self.transition(BreakerMode::Paused, "breaker open")
-            }
-            BreakerMode::Normal | BreakerMode::Drain if untrusted => self.transition(
-                BreakerMode::Paused,
-                "breaker expired: waiting for a probe before trusting the dependency",
-            ),
-            BreakerMode::Paused if !open && untrusted && probing => self.transition(
-                BreakerMode::Probe,
-                "breaker expired: probing the dependency (one call at a time)",
-            ),
-            BreakerMode::Paused if !open && !untrusted => self.transition(
-                BreakerMode::Drain,
-                "breaker closed and trusted: draining parked letters",
-            ),
-            BreakerMode::Probe if !untrusted => self.transition(
-                BreakerMode::Drain,
-                "the dependency answered: draining parked letters",
-            ),
-            BreakerMode::Probe if !probing => {
-                self.transition(BreakerMode::Paused, "another replica holds the probe")
-            }
-            BreakerMode::Probe if !self.probe_main() && self.drain_complete() => {
-                // The parked letters brought no success (none of our own, or all dropped by
-                // policy): an empty drain proves nothing, so probe with the main topics.
+        let (mode, probe_main) = (self.mode(), self.probe_main());
+        match next_step(mode, view, probe_main, || self.drain_complete()) {
+            Step::Stay => {}
+            Step::Go(to, why) => self.transition(to, why),
+            Step::ProbeMain => {
                 b.probe_main.store(true, Ordering::SeqCst);
                 tracing::info!(group = %b.group, "no parked letter answered the probe: probing with the main topics, one call at a time");
                 self.ready.extend(self.held.drain(..));
                 self.apply_pauses();
             }
-            BreakerMode::Drain if self.drain_complete() => {
+            Step::Drained => {
                 self.transition(
                     BreakerMode::Normal,
                     "parked letters drained: main topics resumed",
                 );
                 tokio::spawn(async move { b.reset_streaks().await });
             }
-            _ => {}
         }
     }
 
