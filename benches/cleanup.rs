@@ -14,7 +14,7 @@ use support::*;
 #[tokio::main]
 async fn main() {
     let rows = param("ROWS", if full() { 1_000_000 } else { 10_000 });
-    let batch = param("BATCH", outbox::DEFAULT_CLEANUP_BATCH);
+    let batch = param("BATCH", outbox::CleanupConfig::DEFAULT_BATCH_SIZE);
     let keep = rows / 10;
     let db = fresh_db().await;
     let c = outbox::connect(&db).await.unwrap();

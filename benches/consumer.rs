@@ -194,7 +194,7 @@ async fn main() {
     // The peer measured in the same run: pgbench's rate of single-insert commits from 16
     // clients against the same Postgres (what a per-message handler is made of).
     let pgbench = pgbench_single_insert_tps(&db, if full() { 15 } else { 2 });
-    let group = outbox::consumer::DEFAULT_COMMIT_GROUP;
+    let group = outbox::consumer::ConsumerConfig::DEFAULT_COMMIT_GROUP;
     for (mode, conc, batch, cg, n) in [
         ("per-message", 1, 1, group, rows_c1),
         ("per-message", 16, 1, group, rows),
@@ -224,7 +224,7 @@ async fn main() {
 /// published as plain JSON, Avro and Protobuf: each schema format's rate as a ratio to JSON's,
 /// measured in the same run.
 async fn formats(rows: usize, max_batch: usize) {
-    let group = outbox::consumer::DEFAULT_COMMIT_GROUP;
+    let group = outbox::consumer::ConsumerConfig::DEFAULT_COMMIT_GROUP;
     let mut rates = Vec::new();
     for f in FORMATS {
         let db = fresh_db().await;

@@ -82,7 +82,7 @@ async fn main() {
         let r = measure(rows).await;
         emit(
             "memory",
-            serde_json::json!({"rows": rows, "batch": outbox::DEFAULT_BATCH_SIZE, "process": "outbox relay"}),
+            serde_json::json!({"rows": rows, "batch": outbox::RelayConfig::DEFAULT_BATCH_SIZE, "process": "outbox relay"}),
             r,
         );
     }

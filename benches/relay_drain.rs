@@ -484,8 +484,8 @@ fn rate(v: &serde_json::Value) -> f64 {
 #[tokio::main]
 async fn main() {
     let rows = param("ROWS", if full() { 200_000 } else { 2_000 });
-    let batch = param("BATCH", outbox::DEFAULT_BATCH_SIZE);
-    let depth = param("IN_FLIGHT", outbox::DEFAULT_IN_FLIGHT_BATCHES);
+    let batch = param("BATCH", outbox::RelayConfig::DEFAULT_BATCH_SIZE);
+    let depth = param("IN_FLIGHT", outbox::RelayConfig::DEFAULT_IN_FLIGHT_BATCHES);
     // Distinct keys: the per-key check costs one index probe per distinct key in a batch, so
     // KEYS=ROWS (a key per message, e.g. entity ids) is its worst case.
     let keys = param("KEYS", 1000);

@@ -349,7 +349,7 @@ async fn degrade(
     slow_secs: u64,
     n: usize,
 ) {
-    let conc = outbox::consumer::DEFAULT_CONCURRENCY;
+    let conc = outbox::consumer::ConsumerConfig::DEFAULT_CONCURRENCY;
     let api = Api(Arc::new(AtomicU64::new(rtt_ms)));
     let clock = {
         let lat = api.0.clone();
@@ -373,7 +373,7 @@ async fn degrade(
         serde_json::json!({"seconds": round2(r.secs), "lost": lost, "doubled": r.rows - r.distinct,
             "peak_rss_mb": round2(peak_rss_kb() as f64 / 1024.0), "rss_before_mb": round2(rss_before as f64 / 1024.0),
             "backpressure_pauses": ConsumerStats::get(&r.stats.backpressure_pauses),
-            "peak_in_flight": r.peak_in_flight, "max_buffered": outbox::consumer::DEFAULT_MAX_BUFFERED,
+            "peak_in_flight": r.peak_in_flight, "max_buffered": outbox::consumer::ConsumerConfig::DEFAULT_MAX_BUFFERED,
             "peak_sessions": r.peaks.sessions, "peak_idle_in_tx": r.peaks.idle_in_tx,
             "idle_in_tx_over_half_rtt": r.peaks.idle_in_tx_over_call,
             "longest_tx_ms": r.peaks.longest_tx_ms.round()}),

@@ -41,6 +41,19 @@ pub struct CleanupConfig {
     pub dlq_retention: Duration,
 }
 
+impl CleanupConfig {
+    /// Default [`CleanupConfig::sent_retention`]: 7 days.
+    pub const DEFAULT_SENT_RETENTION: Duration = DEFAULT_SENT_RETENTION;
+    /// Default [`CleanupConfig::processed_retention`]: 35 days.
+    pub const DEFAULT_PROCESSED_RETENTION: Duration = DEFAULT_PROCESSED_RETENTION;
+    /// Default [`CleanupConfig::batch_size`]: rows per delete statement.
+    pub const DEFAULT_BATCH_SIZE: usize = DEFAULT_CLEANUP_BATCH;
+    /// Default [`CleanupConfig::interval`]: how often a relay runs cleanup.
+    pub const DEFAULT_INTERVAL: Duration = DEFAULT_CLEANUP_INTERVAL;
+    /// Default [`CleanupConfig::dlq_retention`]: 30 days.
+    pub const DEFAULT_DLQ_RETENTION: Duration = DEFAULT_ARCHIVE_RETENTION;
+}
+
 impl Default for CleanupConfig {
     fn default() -> Self {
         Self {

@@ -79,6 +79,11 @@ pub struct DbConfig {
 }
 
 impl DbConfig {
+    /// Default [`DbConfig::pool_size`].
+    pub const DEFAULT_POOL_SIZE: usize = DEFAULT_POOL_SIZE;
+}
+
+impl DbConfig {
     /// Names the program on its Postgres sessions (`application_name`): it shows in
     /// `pg_stat_activity`, and every audit row records it (`dlq_audit.via`), so an action
     /// from the CLI is told apart from one through the admin API.

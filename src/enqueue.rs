@@ -14,10 +14,11 @@
 
 use tokio_postgres::GenericClient;
 
-use crate::message::{Message, STANDARD_HEADERS};
+use crate::message::Message;
 use crate::schema::Schema;
 use crate::sql::Statements;
 use crate::topic::{validate_topic, InvalidTopic};
+use crate::wire::STANDARD_HEADERS;
 
 /// Why a message was not enqueued. Nothing was written in any case.
 #[derive(Debug, thiserror::Error)]

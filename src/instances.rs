@@ -137,7 +137,7 @@ pub struct ArchiverHealth {
 #[derive(Debug, Clone, Serialize)]
 pub struct Overview {
     /// The outbox: counts, oldest pending age, failed rows, open breakers.
-    pub outbox: crate::OutboxStatus,
+    pub outbox: crate::status::OutboxStatus,
     /// Every process seen in the last hour.
     pub instances: Vec<Instance>,
     /// Breakers expired but not trusted yet.

@@ -24,7 +24,7 @@
 //!
 //! | feature | default | what it adds |
 //! |---|---|---|
-//! | *(none)* | — | the core: [`Message`], [`enqueue`], [`migrate()`], [`DbConfig`], [`wire`], [`cleanup()`], [`status()`] — Postgres only, no Kafka client |
+//! | *(none)* | — | the core: [`Message`], [`enqueue`], [`migrate()`], [`DbConfig`], [`wire`], [`cleanup()`], [`status::status()`] — Postgres only, no Kafka client |
 //! | `tls` | yes | TLS to Postgres through OpenSSL (`sslmode=require`, `verify-ca`, `verify-full`) |
 //! | `kafka` | yes (by the parts below) | librdkafka clients, [`KafkaConfig`] producers, [`topics`] as code |
 //! | `relay` | yes | [`Relay`]: claim, produce, mark; ordering lanes, the claim floor, the sweep |
@@ -48,7 +48,7 @@
 //! | module | feature | concept |
 //! |---|---|---|
 //! | `message` | core | [`Message`]: key = entity id, the four standard headers, JSON body |
-//! | `topic` | core | [`validate_topic`]: the topic naming rules |
+//! | `topic` | core | [`wire::validate_topic`]: the topic naming rules |
 //! | `schema` | core | [`Schema`]: the validated Postgres schema holding the tables |
 //! | `sql` | core | every statement, grouped by table (`sql/outbox.rs`, `marks.rs`, `dead_letters.rs`, `replay_jobs.rs`, `breakers.rs`, `instances.rs`, `locks.rs`), each with its reason |
 //! | `enqueue` | core | [`enqueue`], [`enqueue_batch`], [`Enqueuer`]: write in the caller's transaction |
@@ -56,11 +56,12 @@
 //! | `wire` | core | [`wire`]: framework headers, dead-letter kinds, retry-topic names, archived headers |
 //! | `config` | core | [`DbConfig`], [`KafkaConfig`] (plain settings; the Kafka client comes with `kafka`) |
 //! | `cleanup` | core | [`cleanup()`], [`CleanupConfig`]: retention deletes in bounded batches |
-//! | `status` | core | [`status()`] and [`requeue`]: operator views and repair |
+//! | `status` | core | [`status::status()`] and [`status::requeue`]: operator views and repair |
 //! | `instances` | core | [`instances::overview`]: heartbeats of every relay, consumer and archiver; breakers opened or closed by hand |
 //! | `verdict` | core | [`verdict::verdicts`]: ok / warn / bad per part of the system, from the alert rules' thresholds, in words |
 //! | `journey` | core | [`journey::trace`]: one message's journey (outbox row, each group's outcome, replays, audit) |
-//! | `republish` | core | [`requeue_sent`]: publish sent rows again (a topic lost by the broker) |
+//! | `republish` | core | [`republish::requeue_sent`]: publish sent rows again (a topic lost by the broker) |
+//! | `moved` | core | the names the root published before it kept only what a service uses (at most 30): deprecated aliases (and `consumer/moved.rs` for the consumer's old default constants) |
 //! | `metrics` | core / `prometheus` | metric names; the recorder and `/metrics` with `prometheus` (`exporter.rs`) |
 //! | `trace_context` | core | W3C `traceparent`: carried to Kafka, parent of the consumer's handler span (`trace`, its old name, is a deprecated alias) |
 //! | `classify` | core | transient vs permanent Postgres errors (tokio-postgres and sqlx) |
@@ -70,7 +71,7 @@
 //! | `kafka` | `kafka` | the idempotent producer preset, librdkafka callbacks, typed refusal reasons (private) |
 //! | `topics` | `kafka` | [`topics::apply_file`]: topics as code (main, retry chain, DLQ): the plan (`mod.rs`), applied to the broker (`apply.rs`) |
 //! | `relay` | `relay` | [`Relay`]: take → send → mark (`mod.rs`); `batch.rs` claimed rows and their fates, `producer.rs` its settings and error meanings, `reports.rs` delivery reports, `poll_thread.rs` the producers' polling thread, `pipeline.rs` batches overlapped, `tasks.rs` `run` and the background loops, `lanes.rs`, `floor.rs`, `config.rs`, `error.rs`, `send.rs` a batch handed to librdkafka and its fates, `exactly_once.rs` (exactly-once: a transactional producer per slot of lanes, the two-deep pipeline), `progress.rs` (progress records, fencing and recovery), `schemas.rs` rows of topics with a schema encoded |
-//! | `consumer` | `consumer` | [`consumer::Consumer`] (`mod.rs`), `config.rs` its settings, `setup.rs` what it builds before it runs, `handler.rs` what a handler sees and returns (the tokio-postgres handler traits), `sqlx.rs` the sqlx handler traits; `driver/` the one transaction interface (`driver/mod.rs`: every recipe — a message, a batch, a commit group, answered calls' marks — written once) with its tokio-postgres (`driver/pg.rs`) and sqlx (`driver/sqlx.rs`) implementations; `process.rs` the one processing path (tries, retries, parking, dead letters) for main-topic messages and drained letters, `letters.rs` what leaves it (dead letters until acknowledged, parked letters, the archive's settled rows), `inbox.rs` the marks, `commit_group.rs` commit groups, `offsets.rs` the offset to commit per partition, `retry.rs` retry strategies, `record.rs` where a record came from, `dead_letter.rs` retry and dead-letter headers and the dead-letter log, `schemas.rs` framed records decoded, `stats.rs` counters, `upkeep.rs` its marks' cleanup; `call.rs` call handlers' runtime (the call outside any transaction) and their mark writers; `harness.rs` handlers run through the real path without a broker (`Consumer::harness`); `runtime.rs` the poll loop, `dispatch.rs` lanes to handler tasks, `context.rs` librdkafka callbacks; `envelope.rs` the data every stage passes along (a record on its way, its fate, a task's outcome), `tx.rs` what every handler try uses (the span, the timing, the counters); the shared breaker: its row, state and mode machine (`breaker.rs`, which decides), the runtime applying its decisions (`steer.rs`), the drain's policies and freshness check (`drain.rs`) |
+//! | `consumer` | `consumer` | [`consumer::Consumer`] (`mod.rs`), `config.rs` its settings, `setup.rs` what it builds before it runs, `handler.rs` what a handler sees and returns (the tokio-postgres handler traits), `sqlx.rs` the sqlx handler traits; `driver/` the one transaction interface (`driver/mod.rs`: every recipe — a message, a batch, a commit group, answered calls' marks — written once) with its tokio-postgres (`driver/pg.rs`) and sqlx (`driver/sqlx.rs`) implementations; `process.rs` the one processing path (tries, retries, parking, dead letters) for main-topic messages and drained letters, `letters.rs` what leaves it (dead letters until acknowledged, parked letters, the archive's settled rows), `inbox.rs` the marks, `commit_group.rs` commit groups, `offsets.rs` the offset to commit per partition, `retry.rs` retry strategies, `record.rs` where a record came from, `dead_letter.rs` retry and dead-letter headers and the dead-letter log, `schemas.rs` framed records decoded, `stats.rs` counters, `upkeep.rs` its marks' cleanup; `call.rs` call handlers' runtime (the call outside any transaction) and their mark writers; `harness.rs` handlers run through the real path without a broker (`Consumer::harness`); `runtime.rs` the poll loop, `dispatch.rs` lanes to handler tasks, `context.rs` librdkafka callbacks; `envelope.rs` the data every stage passes along (a record on its way, its fate, a task's outcome), `tx.rs` what every handler try uses (the span, the timing, the counters), `moved.rs` its old default constants (deprecated); the shared breaker: its row, state and mode machine (`breaker.rs`, which decides), the runtime applying its decisions (`steer.rs`), the drain's policies and freshness check (`drain.rs`) |
 //! | `dlq` | `dlq` | [`dlq::Dlq`]: the archiver (`archive.rs`, [`dlq::Archiver`]), the selection (`filter.rs`), errors grouped by cause (`normalize.rs`), read-only views and the audit log (`query.rs`), drop, restore and purge (`drop.rs`), headers on the way back (`headers.rs`), replay straight from a topic (`from_topic.rs`), replay jobs (`replay/`: `select.rs` the selection and dry run, `runner.rs` sending and marking, `pacer.rs` the rate, `state.rs` a job's state, timeline and items, `edit.rs` edit and retry) |
 //! | `admin` | `admin` | the HTTP admin API with bearer tokens and roles (`auth.rs`), the route table (`mod.rs`), `handlers.rs`, `jobs.rs` (replay jobs: timeline, items, audited pause/resume/cancel), `edit.rs` (edit and retry, through the topic's schema when known), `trace.rs` (a message's journey: ids for viewers, contents for operators), the dashboard (`ui/`: `app.js` views, `words.js` times, plurals and audit rows in words, `jobs.js` the jobs and a job's page, `edit.js` the editor, served as one script), `/metrics`; `server.rs` the server's options and middleware (in-flight limit, `Host` allow-list, panics answered 500), `input.rs` strict JSON bodies and query strings, `ready.rs` `/readyz` from the server's last look |
 //! | `serve` | `prometheus` | HTTP/1 serving with bounds (connection cap, header and idle timeouts) for the admin server and the `/metrics` listener (private) |
@@ -110,7 +111,7 @@ mod migrate;
 mod outage;
 #[cfg(feature = "relay")]
 mod relay;
-mod republish;
+pub mod republish;
 mod schema;
 #[cfg(feature = "schemas")]
 pub mod schemas;
@@ -126,7 +127,7 @@ pub(crate) fn schemas_frame_id(payload: &[u8]) -> Option<u32> {
 mod sql;
 #[cfg(feature = "sqlx")]
 pub mod sqlx;
-mod status;
+pub mod status;
 mod topic;
 #[cfg(feature = "kafka")]
 pub mod topics;
@@ -144,38 +145,21 @@ mod proptests;
 #[cfg(feature = "prometheus")]
 mod serve;
 
-pub use cleanup::{
-    cleanup, cleanup_with_progress, CleanupConfig, CleanupError, CleanupReport,
-    DEFAULT_ARCHIVE_RETENTION, DEFAULT_CLEANUP_BATCH, DEFAULT_CLEANUP_INTERVAL,
-    DEFAULT_PROCESSED_RETENTION, DEFAULT_SENT_RETENTION,
-};
-pub use config::{ConfigError, DbConfig, KafkaConfig, TlsVerify, DEFAULT_POOL_SIZE};
+pub use cleanup::{cleanup, cleanup_with_progress, CleanupConfig, CleanupError, CleanupReport};
+pub use config::{ConfigError, DbConfig, KafkaConfig, TlsVerify};
 pub use db::connect;
 pub use enqueue::{enqueue, enqueue_batch, EnqueueError, Enqueuer};
 #[cfg(feature = "kafka")]
 pub use kafka::RefusalReason;
-pub use message::{
-    parse_instant, InvalidInstant, Message, HEADER_ENTITY_ID, HEADER_MESSAGE_ID,
-    HEADER_MESSAGE_TYPE, HEADER_TIMESTAMP, STANDARD_HEADERS, TOMBSTONE_TYPE,
-};
+pub use message::{parse_instant, InvalidInstant, Message};
 pub use migrate::{embedded_migrations, migrate, MigrateError, MigrateReport};
 #[cfg(feature = "relay")]
-pub use relay::{
-    BatchReport, ExactlyOnce, Outcome, Relay, RelayConfig, RelayError, DEFAULT_BATCH_SIZE,
-    DEFAULT_DELIVERY_TIMEOUT, DEFAULT_IN_FLIGHT_BATCHES, DEFAULT_LONG_TRANSACTION,
-    DEFAULT_MAX_ATTEMPTS, DEFAULT_POLL_INTERVAL, DEFAULT_PROGRESS_TOPIC, DEFAULT_SHUTDOWN_TIMEOUT,
-    DEFAULT_SWEEP_INTERVAL, DEFAULT_TRANSACTION_TIMEOUT, MAX_BATCH_SIZE, MAX_ERROR_LEN,
-    MAX_IN_FLIGHT_BATCHES, SLOTS,
-};
-pub use republish::{
-    count_sent, requeue_sent, RequeueError, RequeueSent, RequeueSentReport, DEFAULT_REQUEUE_BATCH,
-};
-pub use schema::{InvalidSchema, Schema, DEFAULT_SCHEMA};
-pub use status::{
-    requeue, requeue_by, status, status_with, FailedGroup, OpenBreakerRow, OutboxStatus,
-    OverdueMarks, Requeue, StatusCount,
-};
-pub use topic::{validate_topic, InvalidTopic, MAX_TOPIC_LEN};
+pub use relay::{BatchReport, ExactlyOnce, Outcome, Relay, RelayConfig, RelayError};
+pub use schema::{InvalidSchema, Schema};
+// What the root held before it kept only what a service uses: deprecated aliases.
+mod moved;
+#[allow(deprecated)]
+pub use moved::*;
 
 /// Hooks for the project's own tests and benchmarks: plan inspection and fault injection.
 /// Not part of the stable API: anything here may change in any release.

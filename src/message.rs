@@ -5,22 +5,9 @@ use std::time::SystemTime;
 
 use uuid::Uuid;
 
-/// Header naming the kind of event; consumers dispatch on it.
-pub const HEADER_MESSAGE_TYPE: &str = "message_type";
-/// Header carrying the entity id (also the Kafka key).
-pub const HEADER_ENTITY_ID: &str = "entity_id";
-/// Header carrying the UUIDv7 assigned once at enqueue; consumers dedupe on it.
-pub const HEADER_MESSAGE_ID: &str = "message_id";
-/// Header carrying the enqueue time, RFC 3339 UTC with `Z`.
-pub const HEADER_TIMESTAMP: &str = "timestamp";
-
-/// The headers the library sets itself; users may not override them.
-pub const STANDARD_HEADERS: [&str; 4] = [
-    HEADER_MESSAGE_TYPE,
-    HEADER_ENTITY_ID,
-    HEADER_MESSAGE_ID,
-    HEADER_TIMESTAMP,
-];
+use crate::wire::{
+    HEADER_ENTITY_ID, HEADER_MESSAGE_ID, HEADER_MESSAGE_TYPE, HEADER_TIMESTAMP, TOMBSTONE_TYPE,
+};
 
 /// One event to publish.
 ///
@@ -40,9 +27,6 @@ pub struct Message {
     /// A delete marker: published with a null value (see [`Message::tombstone`]).
     pub(crate) tombstone: bool,
 }
-
-/// The `message_type` of a tombstone made by [`Message::tombstone`].
-pub const TOMBSTONE_TYPE: &str = "tombstone";
 
 impl Message {
     /// An event about `entity_id`, which becomes the Kafka key and the `entity_id` header.

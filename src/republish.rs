@@ -1,4 +1,4 @@
-//! `outbox requeue --sent`: publishing sent rows again, the runbook for a topic whose broker
+//! `outbox requeue --sent` ([`requeue_sent`]): publishing sent rows again, the runbook for a topic whose broker
 //! lost data. Sent rows are kept (7 days by default) for exactly this; the consumers' inbox
 //! makes the second delivery harmless to every group that already handled it.
 
@@ -24,10 +24,10 @@ pub struct RequeueSent {
 }
 
 /// Default rows per re-publish batch.
-pub const DEFAULT_REQUEUE_BATCH: usize = 5_000;
+pub(crate) const DEFAULT_REQUEUE_BATCH: usize = 5_000;
 
 impl RequeueSent {
-    /// Every sent row of `topic`, in batches of [`DEFAULT_REQUEUE_BATCH`].
+    /// Every sent row of `topic`, in batches of [`RequeueSent::DEFAULT_BATCH`].
     pub fn topic(topic: impl Into<String>) -> Self {
         Self {
             topic: topic.into(),
@@ -72,6 +72,11 @@ fn check(r: &RequeueSent) -> Result<(), RequeueError> {
         }
     }
     Ok(())
+}
+
+impl RequeueSent {
+    /// Default rows per statement of a requeue.
+    pub const DEFAULT_BATCH: usize = DEFAULT_REQUEUE_BATCH;
 }
 
 /// How many sent rows `which` selects (the count shown before a re-publish, and `--dry-run`).

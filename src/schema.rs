@@ -27,6 +27,11 @@ pub struct InvalidSchema {
 }
 
 impl Schema {
+    /// The schema used when none is named (`public`).
+    pub const DEFAULT_NAME: &'static str = DEFAULT_SCHEMA;
+}
+
+impl Schema {
     /// Validates `name` as a schema name.
     ///
     /// # Errors

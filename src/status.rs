@@ -1,4 +1,5 @@
-//! `outbox status` and `outbox requeue`: what an operator looks at and the one repair they make.
+//! `outbox status` ([`status()`]) and `outbox requeue` ([`requeue`]): what an operator looks at
+//! and the one repair they make.
 
 use crate::config::DbConfig;
 use crate::sql::Statements;

@@ -11,6 +11,27 @@ use std::time::Duration;
 use base64::Engine as _;
 use serde_json::{json, Value};
 
+/// Header naming the kind of event; consumers dispatch on it.
+pub const HEADER_MESSAGE_TYPE: &str = "message_type";
+/// Header carrying the entity id (also the Kafka key).
+pub const HEADER_ENTITY_ID: &str = "entity_id";
+/// Header carrying the UUIDv7 assigned once at enqueue; consumers dedupe on it.
+pub const HEADER_MESSAGE_ID: &str = "message_id";
+/// Header carrying the enqueue time, RFC 3339 UTC with `Z`.
+pub const HEADER_TIMESTAMP: &str = "timestamp";
+
+/// The headers the library sets itself; users may not override them.
+pub const STANDARD_HEADERS: [&str; 4] = [
+    HEADER_MESSAGE_TYPE,
+    HEADER_ENTITY_ID,
+    HEADER_MESSAGE_ID,
+    HEADER_TIMESTAMP,
+];
+
+/// The `message_type` of a tombstone made by [`crate::Message::tombstone`].
+pub const TOMBSTONE_TYPE: &str = "tombstone";
+pub use crate::topic::{validate_topic, InvalidTopic, MAX_TOPIC_LEN};
+
 /// Retry hop counter on retry topics.
 pub const X_RETRY_ATTEMPT: &str = "x-retry-attempt";
 /// The topic the event was first published to.

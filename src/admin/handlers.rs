@@ -137,8 +137,8 @@ pub(super) async fn outbox_requeue(
 ) -> ApiResult {
     let b: RequeueBody = exact(b, &[&["id", "failed"]])?;
     let which = match (b.id, b.failed) {
-        (Some(id), false) => crate::Requeue::Id(id),
-        (None, true) => crate::Requeue::AllFailed,
+        (Some(id), false) => crate::status::Requeue::Id(id),
+        (None, true) => crate::status::Requeue::AllFailed,
         _ => {
             return Err(ApiError(
                 StatusCode::BAD_REQUEST,
@@ -146,7 +146,7 @@ pub(super) async fn outbox_requeue(
             ))
         }
     };
-    let n = crate::requeue_by(&s.db, which, &c.holder)
+    let n = crate::status::requeue_by(&s.db, which, &c.holder)
         .await
         .map_err(|e| ApiError(StatusCode::SERVICE_UNAVAILABLE, e.to_string()))?;
     if n == 0 && b.id.is_some() {

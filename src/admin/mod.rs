@@ -3,7 +3,7 @@
 //! Every route is listed in [`ROUTES`] with the least role it needs; a middleware enforces that
 //! table on the server for every request (a route missing from the table is refused for
 //! everyone, so a new route cannot skip authentication by accident). Handlers call the same
-//! library code as the CLI (`outbox::dlq`, [`crate::status()`], [`crate::requeue`]); JSON in and
+//! library code as the CLI (`outbox::dlq`, [`crate::status::status()`], [`crate::status::requeue`]); JSON in and
 //! out, errors as `{"error": "…"}` with a status code.
 
 mod auth;

@@ -81,6 +81,13 @@ pub struct BreakerConfig {
     pub dependencies: Vec<String>,
 }
 
+impl BreakerConfig {
+    /// Default [`BreakerConfig::check_interval`].
+    pub const DEFAULT_CHECK_INTERVAL: Duration = DEFAULT_BREAKER_CHECK_INTERVAL;
+    /// Default [`BreakerConfig::open_for`].
+    pub const DEFAULT_OPEN_FOR: Duration = DEFAULT_OPEN_FOR;
+}
+
 impl Default for BreakerConfig {
     fn default() -> Self {
         Self {

@@ -36,17 +36,17 @@ pub struct ConsumerConfig {
     pub group: String,
     /// Topics to consume (their retry topics are added for [`RetryStrategy::Topics`]).
     pub topics: Vec<String>,
-    /// Messages in work at once, whatever their handler (default [`DEFAULT_CONCURRENCY`]).
+    /// Messages in work at once, whatever their handler (default [`ConsumerConfig::DEFAULT_CONCURRENCY`]).
     pub concurrency: usize,
     /// Of those, handlers that hold a Postgres transaction while they run ([`super::Handler`],
-    /// [`super::BatchHandler`], commit groups; default [`DEFAULT_TRANSACTIONS`], never more
+    /// [`super::BatchHandler`], commit groups; default [`ConsumerConfig::DEFAULT_TRANSACTIONS`], never more
     /// than `concurrency`). [`super::CallHandler`]s hold none during their call and are bounded
     /// by `concurrency` alone. The consumer's pool is sized from both: `transactions` when a
     /// transaction-holding handler is registered, plus the call handlers' mark writers (2, or
     /// one per 64 of `concurrency`), plus 2.
     pub transactions: usize,
     /// Accepted-but-unfinished messages before partitions are paused (default
-    /// [`DEFAULT_MAX_BUFFERED`]).
+    /// [`ConsumerConfig::DEFAULT_MAX_BUFFERED`]).
     pub max_buffered: usize,
     /// How transient failures are retried.
     pub retry: RetryStrategy,
@@ -57,7 +57,7 @@ pub struct ConsumerConfig {
     /// How long shutdown waits for running handlers (default 30 s).
     pub shutdown_timeout: Duration,
     /// At `max_buffered` with no handler finishing for this long, every partition is paused
-    /// (default [`DEFAULT_PAUSE_AFTER`]).
+    /// (default [`ConsumerConfig::DEFAULT_PAUSE_AFTER`]).
     pub pause_after: Duration,
     /// Serve Prometheus `/metrics` on this address while the consumer runs (needs the
     /// `prometheus` feature; `None`: the application installs the recorder and mounts the
@@ -71,12 +71,12 @@ pub struct ConsumerConfig {
     /// instead of waiting for its dead predecessor's session to time out. Unique per replica.
     pub instance_id: Option<String>,
     /// How long the broker waits for a silent member before giving its partitions to the
-    /// others (default [`DEFAULT_SESSION_TIMEOUT`]; `session.timeout.ms`). Heartbeats go every
+    /// others (default [`ConsumerConfig::DEFAULT_SESSION_TIMEOUT`]; `session.timeout.ms`). Heartbeats go every
     /// third of it from librdkafka's own thread, so slow handlers do not count against it.
     pub session_timeout: Duration,
     /// Most messages of per-message handlers that share one transaction when more are ready
-    /// than there are free handler slots (default [`DEFAULT_COMMIT_GROUP`], at most
-    /// [`MAX_COMMIT_GROUP`]; 1 = a transaction per message). Each message keeps its own
+    /// than there are free handler slots (default [`ConsumerConfig::DEFAULT_COMMIT_GROUP`], at most
+    /// [`ConsumerConfig::MAX_COMMIT_GROUP`]; 1 = a transaction per message). Each message keeps its own
     /// savepoint: a handler that fails rolls back only its own work and mark, and is retried
     /// alone; the others commit together. Groups form only from messages already waiting, so
     /// at low load nothing waits for company. See `consumer/commit_group.rs`.
@@ -138,6 +138,23 @@ pub const MAX_COMMIT_GROUP: usize = 32;
 /// (`group.min.session.timeout.ms`). A crashed replica's partitions move to the survivors
 /// within it (librdkafka's own default is 45 s).
 pub const DEFAULT_SESSION_TIMEOUT: Duration = Duration::from_secs(6);
+
+impl ConsumerConfig {
+    /// Default [`ConsumerConfig::concurrency`].
+    pub const DEFAULT_CONCURRENCY: usize = DEFAULT_CONCURRENCY;
+    /// Default [`ConsumerConfig::transactions`].
+    pub const DEFAULT_TRANSACTIONS: usize = DEFAULT_TRANSACTIONS;
+    /// Default [`ConsumerConfig::max_buffered`].
+    pub const DEFAULT_MAX_BUFFERED: usize = DEFAULT_MAX_BUFFERED;
+    /// Default [`ConsumerConfig::pause_after`].
+    pub const DEFAULT_PAUSE_AFTER: Duration = DEFAULT_PAUSE_AFTER;
+    /// Default [`ConsumerConfig::session_timeout`].
+    pub const DEFAULT_SESSION_TIMEOUT: Duration = DEFAULT_SESSION_TIMEOUT;
+    /// Default [`ConsumerConfig::commit_group`].
+    pub const DEFAULT_COMMIT_GROUP: usize = DEFAULT_COMMIT_GROUP;
+    /// Largest [`ConsumerConfig::commit_group`].
+    pub const MAX_COMMIT_GROUP: usize = MAX_COMMIT_GROUP;
+}
 
 impl ConsumerConfig {
     /// Settings for `group` reading `topics`, with the defaults.

@@ -407,7 +407,7 @@ where
 /// A handler for work that is a call to an external system: [`CallHandler::call`] runs with
 /// no database connection held, then [`CallHandler::record`] runs in one short transaction
 /// with the inbox mark. Register it with [`super::Consumer::call_handler`] (or, for a service on
-/// sqlx, implement [`super::SqlxCallHandler`]).
+/// sqlx, implement `SqlxCallHandler`, feature `sqlx`).
 ///
 /// Use it when the handler waits on something other than its own database (HTTP, gRPC, a
 /// payment provider, another queue): its Postgres sessions are a few mark writers (see the

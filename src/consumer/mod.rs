@@ -59,16 +59,11 @@ pub use self::sqlx::{
 };
 pub use breaker::{
     BreakerConfig, BreakerMode, ConsumerState, FailureRate, OpenBreaker, StateHandle,
-    DEFAULT_BREAKER_CHECK_INTERVAL, DEFAULT_OPEN_FOR,
 };
 /// Renamed [`BreakerMode`] (the breaker's mode, not the consumer's).
 #[deprecated(since = "0.2.0", note = "renamed `BreakerMode`")]
 pub type Mode = BreakerMode;
-pub use config::DEFAULT_PAUSE_AFTER;
-pub use config::{
-    ConsumerConfig, ConsumerError, Driver, DEFAULT_COMMIT_GROUP, DEFAULT_CONCURRENCY,
-    DEFAULT_MAX_BUFFERED, DEFAULT_SESSION_TIMEOUT, DEFAULT_TRANSACTIONS, MAX_COMMIT_GROUP,
-};
+pub use config::{ConsumerConfig, ConsumerError, Driver};
 pub(crate) use dead_letter::*;
 pub use handler::{
     BatchHandler, BatchHandlerFn, BoxFuture, CallHandler, Delivered, ErrorKind, Freshness,
@@ -76,9 +71,10 @@ pub use handler::{
 };
 pub use harness::{Harness, Verdict, Written};
 pub use inbox::{Inbox, InboxOutcome};
-pub use retry::{
-    RetryStrategy, DEFAULT_IN_PLACE_ATTEMPTS, DEFAULT_IN_PLACE_BASE, DEFAULT_IN_PLACE_MAX,
-};
+pub use retry::RetryStrategy;
+mod moved;
+#[allow(deprecated)]
+pub use moved::*;
 pub use stats::ConsumerStats;
 pub use upkeep::{cleanup_marks, MarksCleaned, MarksCleanup};
 

@@ -4,7 +4,7 @@
 use super::handler::Delivered;
 use super::Shared;
 pub(crate) use crate::kafka::Raw;
-use crate::message::{HEADER_MESSAGE_ID, HEADER_MESSAGE_TYPE};
+use crate::wire::{HEADER_MESSAGE_ID, HEADER_MESSAGE_TYPE};
 use crate::wire::{UNREADABLE_HEADERS, X_ORIGINAL_OFFSET, X_ORIGINAL_PARTITION};
 
 /// Longest accepted `message_id`.
@@ -96,7 +96,7 @@ pub(super) fn decode(raw: &Raw, origin: &Origin) -> Result<Delivered, String> {
             ),
         };
         let kind =
-            required(HEADER_MESSAGE_TYPE).unwrap_or_else(|_| crate::message::TOMBSTONE_TYPE.into());
+            required(HEADER_MESSAGE_TYPE).unwrap_or_else(|_| crate::wire::TOMBSTONE_TYPE.into());
         (kind, id, serde_json::Value::Null)
     } else {
         let kind = required(HEADER_MESSAGE_TYPE)?;

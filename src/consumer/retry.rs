@@ -48,6 +48,15 @@ impl Default for RetryStrategy {
 }
 
 impl RetryStrategy {
+    /// Default in-place attempts before a transient failure is dead-lettered.
+    pub const DEFAULT_IN_PLACE_ATTEMPTS: u32 = DEFAULT_IN_PLACE_ATTEMPTS;
+    /// Default first in-place backoff; each later wait doubles.
+    pub const DEFAULT_IN_PLACE_BASE: Duration = DEFAULT_IN_PLACE_BASE;
+    /// Default longest in-place backoff.
+    pub const DEFAULT_IN_PLACE_MAX: Duration = DEFAULT_IN_PLACE_MAX;
+}
+
+impl RetryStrategy {
     /// The default retry-topic schedule: 5 s, 30 s, 5 min.
     pub fn default_topics() -> Self {
         Self::Topics {

@@ -24,13 +24,13 @@ use super::{invalid, Dlq, DlqError};
 use crate::backoff::Backoff;
 use crate::config::{DbConfig, KafkaConfig};
 use crate::kafka::Raw;
-use crate::message::{HEADER_MESSAGE_ID, HEADER_MESSAGE_TYPE};
 use crate::sql;
 use crate::wire::{
     DEFAULT_DLQ_SUFFIX, UNREADABLE_HEADERS, X_ATTEMPTS, X_CONSUMER_GROUP, X_DLQ_RETRIES, X_ERROR,
     X_ERROR_KIND, X_FAILED_AT, X_FIRST_FAILED_AT, X_ORIGINAL_OFFSET, X_ORIGINAL_PARTITION,
     X_ORIGINAL_TOPIC,
 };
+use crate::wire::{HEADER_MESSAGE_ID, HEADER_MESSAGE_TYPE};
 
 /// The prefix of the archiver's consumer group: `outbox-dlq-archive.<database>.<schema>`.
 pub const ARCHIVE_GROUP: &str = "outbox-dlq-archive";

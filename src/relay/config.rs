@@ -33,16 +33,16 @@ pub const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(30);
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct RelayConfig {
-    /// Rows per claim (default [`DEFAULT_BATCH_SIZE`]).
+    /// Rows per claim (default [`RelayConfig::DEFAULT_BATCH_SIZE`]).
     pub batch_size: usize,
-    /// Attempts before a row becomes `failed` (default [`DEFAULT_MAX_ATTEMPTS`]).
+    /// Attempts before a row becomes `failed` (default [`RelayConfig::DEFAULT_MAX_ATTEMPTS`]).
     pub max_attempts: i32,
-    /// Idle poll period when no notification arrives (default [`DEFAULT_POLL_INTERVAL`]).
+    /// Idle poll period when no notification arrives (default [`RelayConfig::DEFAULT_POLL_INTERVAL`]).
     pub poll_interval: Duration,
     /// librdkafka `message.timeout.ms`; the relay waits this plus a margin for delivery reports,
-    /// and rows without a report by then stay pending (default [`DEFAULT_DELIVERY_TIMEOUT`]).
+    /// and rows without a report by then stay pending (default [`RelayConfig::DEFAULT_DELIVERY_TIMEOUT`]).
     pub delivery_timeout: Duration,
-    /// Flush budget at shutdown (default [`DEFAULT_SHUTDOWN_TIMEOUT`]).
+    /// Flush budget at shutdown (default [`RelayConfig::DEFAULT_SHUTDOWN_TIMEOUT`]).
     pub shutdown_timeout: Duration,
     /// Wake on the `outbox_notify` trigger's notifications (LISTEN); polling runs regardless.
     pub listen: bool,
@@ -51,14 +51,14 @@ pub struct RelayConfig {
     /// How often the relay re-counts relays and rebalances its ordering lanes.
     pub rebalance_interval: Duration,
     /// How often the relay sweeps below its claim floor for pending rows the floor passed
-    /// (default [`DEFAULT_SWEEP_INTERVAL`]); see [`Relay::sweep`](crate::Relay::sweep).
+    /// (default [`RelayConfig::DEFAULT_SWEEP_INTERVAL`]); see [`Relay::sweep`](crate::Relay::sweep).
     pub sweep_interval: Duration,
     /// A transaction still open this long after inserting outbox rows no longer holds the claim
     /// floor back; its rows are published by the next sweep after it commits
-    /// (default [`DEFAULT_LONG_TRANSACTION`]).
+    /// (default [`RelayConfig::DEFAULT_LONG_TRANSACTION`]).
     pub long_transaction: Duration,
     /// Claim transactions open at once: while one batch waits for Kafka's acks the next is
-    /// claimed and the one before is marked (default [`DEFAULT_IN_FLIGHT_BATCHES`]; 1 = one
+    /// claimed and the one before is marked (default [`RelayConfig::DEFAULT_IN_FLIGHT_BATCHES`]; 1 = one
     /// batch at a time). Each takes a pooled connection.
     pub in_flight_batches: usize,
     /// Publish each row exactly once to `read_committed` readers (`None`, the default:
@@ -79,7 +79,7 @@ pub const DEFAULT_TRANSACTION_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Exactly-once publication (`outbox relay --exactly-once`, docs/EXACTLY_ONCE.md).
 ///
-/// The 64 ordering lanes are owned in 4 slots of 16 ([`SLOTS`](crate::SLOTS)); each slot
+/// The 64 ordering lanes are owned in 4 slots of 16 ([`SLOTS`](crate::ExactlyOnce::SLOTS)); each slot
 /// has its own transactional producer (`transactional.id` = `<prefix>-<schema>-<slot>`), so
 /// whoever takes a slot over fences the previous owner. Each batch of a slot is produced in
 /// one Kafka transaction that also writes a progress record naming the ids it published, to
@@ -95,7 +95,7 @@ pub struct ExactlyOnce {
     pub transactional_id_prefix: String,
     /// librdkafka `transaction.timeout.ms`: an owner that dies mid-transaction holds back
     /// `read_committed` readers of its partitions at most this long, unless a new owner fences
-    /// it sooner (default [`DEFAULT_TRANSACTION_TIMEOUT`]).
+    /// it sooner (default [`ExactlyOnce::DEFAULT_TRANSACTION_TIMEOUT`]).
     pub transaction_timeout: Duration,
 }
 
@@ -107,6 +107,39 @@ impl Default for ExactlyOnce {
             transaction_timeout: DEFAULT_TRANSACTION_TIMEOUT,
         }
     }
+}
+
+impl RelayConfig {
+    /// Default [`RelayConfig::batch_size`].
+    pub const DEFAULT_BATCH_SIZE: usize = DEFAULT_BATCH_SIZE;
+    /// Largest [`RelayConfig::batch_size`] accepted.
+    pub const MAX_BATCH_SIZE: usize = MAX_BATCH_SIZE;
+    /// Default [`RelayConfig::in_flight_batches`].
+    pub const DEFAULT_IN_FLIGHT_BATCHES: usize = DEFAULT_IN_FLIGHT_BATCHES;
+    /// Largest [`RelayConfig::in_flight_batches`] accepted.
+    pub const MAX_IN_FLIGHT_BATCHES: usize = MAX_IN_FLIGHT_BATCHES;
+    /// Default [`RelayConfig::max_attempts`].
+    pub const DEFAULT_MAX_ATTEMPTS: i32 = DEFAULT_MAX_ATTEMPTS;
+    /// Default [`RelayConfig::poll_interval`].
+    pub const DEFAULT_POLL_INTERVAL: Duration = DEFAULT_POLL_INTERVAL;
+    /// Default [`RelayConfig::sweep_interval`].
+    pub const DEFAULT_SWEEP_INTERVAL: Duration = DEFAULT_SWEEP_INTERVAL;
+    /// Default [`RelayConfig::long_transaction`].
+    pub const DEFAULT_LONG_TRANSACTION: Duration = DEFAULT_LONG_TRANSACTION;
+    /// Default [`RelayConfig::delivery_timeout`].
+    pub const DEFAULT_DELIVERY_TIMEOUT: Duration = DEFAULT_DELIVERY_TIMEOUT;
+    /// Default [`RelayConfig::shutdown_timeout`].
+    pub const DEFAULT_SHUTDOWN_TIMEOUT: Duration = DEFAULT_SHUTDOWN_TIMEOUT;
+}
+
+impl ExactlyOnce {
+    /// Default [`ExactlyOnce::progress_topic`].
+    pub const DEFAULT_PROGRESS_TOPIC: &str = DEFAULT_PROGRESS_TOPIC;
+    /// Default [`ExactlyOnce::transaction_timeout`].
+    pub const DEFAULT_TRANSACTION_TIMEOUT: Duration = DEFAULT_TRANSACTION_TIMEOUT;
+    /// How many Kafka transactional ids (slots) the lanes are spread over: each slot's
+    /// lanes commit in one transaction.
+    pub const SLOTS: i32 = super::lanes::SLOTS;
 }
 
 impl Default for RelayConfig {

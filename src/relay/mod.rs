@@ -58,7 +58,6 @@ use batch::*;
 pub use config::*;
 pub use error::{BatchReport, Outcome, RelayError};
 pub(crate) use lanes::LANES;
-pub use lanes::SLOTS;
 use producer::*;
 pub(crate) use tasks::refresh_outbox_gauges;
 use tasks::*;
@@ -99,6 +98,11 @@ pub struct Relay {
     /// Test hook: the probability (as `f64` bits) that a row is refused with "injected produce
     /// failure" instead of being produced. Set only through `outbox::testing`.
     inject_refusals: std::sync::atomic::AtomicU64,
+}
+
+impl Relay {
+    /// Longest error text kept in `last_error`.
+    pub const MAX_ERROR_LEN: usize = MAX_ERROR_LEN;
 }
 
 impl Relay {

@@ -274,7 +274,7 @@ async fn a_consumer_only_service_cleans_its_own_old_marks_and_status_shows_what_
     )
     .await
     .unwrap();
-    let s = outbox::status(&db).await.unwrap();
+    let s = outbox::status::status(&db).await.unwrap();
     assert_eq!(
         s.overdue_marks
             .iter()
@@ -312,7 +312,7 @@ async fn a_consumer_only_service_cleans_its_own_old_marks_and_status_shows_what_
     );
     assert_eq!(count(&c, "SELECT count(*) FROM dead_lettered").await, 0);
     // B's marks are B's business: its own consumer (here: none, or cleanup off) decides.
-    let s = outbox::status(&db).await.unwrap();
+    let s = outbox::status::status(&db).await.unwrap();
     assert_eq!(
         s.overdue_marks
             .iter()

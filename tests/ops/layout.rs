@@ -641,7 +641,9 @@ fn no_two_public_types_share_a_name() {
     // `use` ambiguous; re-exports of one item are fine, as they are `pub use` lines.
     let mut seen: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for (path, text) in src_files() {
-        if path.starts_with("crates/") {
+        // `moved.rs` holds the deprecated aliases of renamed items: each is the item itself
+        // under its published name, not a second type.
+        if path.starts_with("crates/") || path.ends_with("/moved.rs") {
             continue;
         }
         for line in text.lines() {

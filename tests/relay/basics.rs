@@ -356,7 +356,7 @@ async fn unknown_topic_and_oversize_rows_back_off_then_fail_while_others_flow() 
     let err_big: &str = rows[1].get(3);
     assert!(err_missing.contains("does not exist"), "{err_missing}");
     assert!(err_big.contains("too large"), "{err_big}");
-    assert!(err_big.len() <= outbox::MAX_ERROR_LEN);
+    assert!(err_big.len() <= outbox::Relay::MAX_ERROR_LEN);
 
     // Not due yet: the next pass claims nothing.
     assert!(matches!(relay.run_once().await.unwrap(), Outcome::Empty));
@@ -396,7 +396,7 @@ async fn unknown_topic_and_oversize_rows_back_off_then_fail_while_others_flow() 
         "failed rows are not retried"
     );
 
-    let st = outbox::status(&db).await.unwrap();
+    let st = outbox::status::status(&db).await.unwrap();
     assert_eq!(
         (st.count("sent"), st.count("failed"), st.count("pending")),
         (20, 2, 0)
@@ -676,7 +676,7 @@ async fn requeue_sends_a_running_relay_back_below_its_floor() {
     );
     create_topic(&later, 1).await;
     assert_eq!(
-        outbox::requeue(&db, outbox::Requeue::Id(failed_id))
+        outbox::status::requeue(&db, outbox::status::Requeue::Id(failed_id))
             .await
             .unwrap(),
         1

@@ -404,7 +404,11 @@ async fn a_one_slot_backlog_with_a_large_batch_size_drains() {
                 jsonb_build_object('seq', g)
            FROM generate_series(0, $2::bigint - 1) g, keys
           ORDER BY g",
-        &[&s.topic, &n, &(outbox::testing::LANES / outbox::SLOTS)],
+        &[
+            &s.topic,
+            &n,
+            &(outbox::testing::LANES / outbox::ExactlyOnce::SLOTS),
+        ],
     )
     .await
     .unwrap();

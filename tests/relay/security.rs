@@ -63,7 +63,7 @@ async fn postgres_over_tls_verify_full_and_a_wrong_ca_is_refused() {
     tx.commit().await.unwrap();
     let relay = Relay::new(&db, &kafka(), relay_config()).unwrap();
     assert_eq!(drain(&relay).await, 1);
-    assert_eq!(outbox::status(&db).await.unwrap().count("sent"), 1);
+    assert_eq!(outbox::status::status(&db).await.unwrap().count("sent"), 1);
 
     // sslmode=require encrypts without checking the certificate.
     let req = DbConfig::new(&tls_url("sslmode=require"), &schema).unwrap();

@@ -205,7 +205,7 @@ async fn a_row_that_breaks_its_schema_fails_with_the_reason_and_goes_after_the_f
         .await
         .unwrap();
     assert_ne!(v1, v2);
-    outbox::requeue(&db, outbox::Requeue::AllFailed)
+    outbox::status::requeue(&db, outbox::status::Requeue::AllFailed)
         .await
         .unwrap();
     // Below the claim floor now: a running relay's sweep (or the requeue's notice) brings

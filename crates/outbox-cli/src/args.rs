@@ -12,7 +12,7 @@ pub(crate) struct DbArgs {
     #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
     pub(crate) database_url: String,
     /// Schema holding the outbox tables.
-    #[arg(long, env = "OUTBOX_SCHEMA", default_value = outbox::DEFAULT_SCHEMA)]
+    #[arg(long, env = "OUTBOX_SCHEMA", default_value = outbox::Schema::DEFAULT_NAME)]
     pub(crate) schema: String,
 }
 
@@ -35,7 +35,7 @@ pub(crate) struct CleanupArgs {
     #[arg(long, default_value = "35d", value_parser = humantime::parse_duration)]
     pub(crate) processed_retention: Duration,
     /// Rows per DELETE statement.
-    #[arg(long, default_value_t = outbox::DEFAULT_CLEANUP_BATCH)]
+    #[arg(long, default_value_t = outbox::CleanupConfig::DEFAULT_BATCH_SIZE)]
     pub(crate) cleanup_batch_size: usize,
     /// Delete archived dead letters that were replayed or dropped this long after archiving.
     #[arg(long, default_value = "30d", value_parser = humantime::parse_duration)]

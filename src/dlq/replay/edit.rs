@@ -7,8 +7,8 @@ use tracing::info;
 
 use super::*;
 use crate::dlq::DeadLetter;
-use crate::message::HEADER_MESSAGE_ID;
 use crate::sql;
+use crate::wire::HEADER_MESSAGE_ID;
 use crate::wire::{HeaderValue, SERVICE_HEADERS, X_EDITED_FROM};
 
 /// The largest edited body accepted (the admin API's request limit is smaller).

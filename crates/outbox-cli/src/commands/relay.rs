@@ -18,14 +18,14 @@ pub struct Args {
     #[command(flatten)]
     cleanup: CleanupArgs,
     /// Rows claimed per pass.
-    #[arg(long, default_value_t = outbox::DEFAULT_BATCH_SIZE)]
+    #[arg(long, default_value_t = outbox::RelayConfig::DEFAULT_BATCH_SIZE)]
     batch_size: usize,
     /// Batches in flight at once: the next is claimed and the previous marked while one
     /// waits for Kafka's acks (1 = one at a time). Each takes a pooled connection.
-    #[arg(long, default_value_t = outbox::DEFAULT_IN_FLIGHT_BATCHES)]
+    #[arg(long, default_value_t = outbox::RelayConfig::DEFAULT_IN_FLIGHT_BATCHES)]
     in_flight_batches: usize,
     /// Attempts before a row becomes failed.
-    #[arg(long, default_value_t = outbox::DEFAULT_MAX_ATTEMPTS)]
+    #[arg(long, default_value_t = outbox::RelayConfig::DEFAULT_MAX_ATTEMPTS)]
     max_attempts: i32,
     /// Idle poll period (notifications wake the relay sooner).
     #[arg(long, default_value = "500ms", value_parser = humantime::parse_duration)]
@@ -63,7 +63,7 @@ pub struct Args {
     exactly_once: bool,
     /// The compacted topic of progress records (exactly-once; created when missing, one
     /// partition per slot).
-    #[arg(long, default_value = outbox::DEFAULT_PROGRESS_TOPIC, requires = "exactly_once")]
+    #[arg(long, default_value = outbox::ExactlyOnce::DEFAULT_PROGRESS_TOPIC, requires = "exactly_once")]
     progress_topic: String,
     /// The start of each slot's transactional.id (exactly-once): `<prefix>-<schema>-<slot>`.
     #[arg(long, default_value = "outbox", requires = "exactly_once")]

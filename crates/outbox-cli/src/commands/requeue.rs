@@ -7,7 +7,8 @@ use anyhow::Context as _;
 use clap::Args as ClapArgs;
 
 use crate::args::*;
-use outbox::{Requeue, RequeueSent};
+use outbox::republish::{RequeueError, RequeueSent};
+use outbox::status::Requeue;
 
 /// Put failed rows back to pending, or publish sent rows of a topic again.
 #[derive(ClapArgs)]
@@ -33,7 +34,7 @@ pub struct Args {
     #[arg(long, requires = "sent", value_parser = outbox::parse_instant)]
     until: Option<std::time::SystemTime>,
     /// Rows per transaction.
-    #[arg(long, default_value_t = outbox::DEFAULT_REQUEUE_BATCH, requires = "sent")]
+    #[arg(long, default_value_t = outbox::republish::RequeueSent::DEFAULT_BATCH, requires = "sent")]
     batch: usize,
     /// Only count what would be published again.
     #[arg(long, requires = "sent")]
@@ -50,11 +51,13 @@ pub async fn run(args: Args, out: &mut dyn Write) -> anyhow::Result<()> {
         which.since = args.since;
         which.until = args.until;
         which.batch = args.batch;
-        let lift = |e: outbox::RequeueError| match e {
-            outbox::RequeueError::Invalid(m) => anyhow::Error::new(UsageError(m)),
+        let lift = |e: outbox::republish::RequeueError| match e {
+            RequeueError::Invalid(m) => anyhow::Error::new(UsageError(m)),
             e => anyhow::Error::new(e).context("requeue --sent failed"),
         };
-        let n = outbox::count_sent(&db_cfg, &which).await.map_err(lift)?;
+        let n = outbox::republish::count_sent(&db_cfg, &which)
+            .await
+            .map_err(lift)?;
         writeln!(out, "{n} sent row(s) of {} selected", which.topic)?;
         if args.dry_run || n == 0 {
             if args.dry_run {
@@ -63,7 +66,7 @@ pub async fn run(args: Args, out: &mut dyn Write) -> anyhow::Result<()> {
             return Ok(());
         }
         let actor = args.actor.unwrap_or_else(outbox::dlq::default_actor);
-        let r = outbox::requeue_sent(&db_cfg, &which, &actor)
+        let r = outbox::republish::requeue_sent(&db_cfg, &which, &actor)
             .await
             .map_err(lift)?;
         writeln!(
@@ -77,7 +80,7 @@ pub async fn run(args: Args, out: &mut dyn Write) -> anyhow::Result<()> {
         Some(id) => Requeue::Id(id),
         None => Requeue::AllFailed,
     };
-    let n = outbox::requeue(&db_cfg, which)
+    let n = outbox::status::requeue(&db_cfg, which)
         .await
         .context("requeue failed")?;
     writeln!(out, "requeued {n} row(s)")?;

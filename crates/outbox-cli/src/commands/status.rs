@@ -27,7 +27,7 @@ pub async fn run(args: Args, out: &mut dyn Write) -> anyhow::Result<()> {
         processed_retention,
     } = args;
     let db = db_config(&db)?;
-    let s = outbox::status_with(&db, processed_retention)
+    let s = outbox::status::status_with(&db, processed_retention)
         .await
         .context("status failed")?;
     let relays: Vec<Relay> = outbox::instances::overview(&db)
@@ -55,7 +55,7 @@ pub(crate) struct Relay {
 
 /// [`render`], then each live relay's mode (`relays` in the JSON document).
 pub(crate) fn render_with_relays(
-    s: &outbox::OutboxStatus,
+    s: &outbox::status::OutboxStatus,
     relays: &[Relay],
     json: bool,
     out: &mut dyn Write,
@@ -100,7 +100,7 @@ pub(crate) fn render_with_relays(
 
 /// The status as a table (or one JSON document).
 pub(crate) fn render(
-    s: &outbox::OutboxStatus,
+    s: &outbox::status::OutboxStatus,
     json: bool,
     out: &mut dyn Write,
 ) -> std::io::Result<()> {
@@ -172,7 +172,7 @@ mod tests {
 
     #[test]
     fn status_names_counts_age_breakers_and_failed_groups() {
-        let s: outbox::OutboxStatus = serde_json::from_value(serde_json::json!({
+        let s: outbox::status::OutboxStatus = serde_json::from_value(serde_json::json!({
             "counts": [{"status": "pending", "count": 3, "oldest": "2026-12-01T00:00:00Z"}],
             "oldest_pending_age_secs": 12.5,
             "failed_by_error": [{"last_error": "topic missing", "count": 2, "min_id": 4, "max_id": 9}],
@@ -200,7 +200,7 @@ mod tests {
 
     #[test]
     fn status_says_how_each_relay_publishes() {
-        let s: outbox::OutboxStatus = serde_json::from_value(serde_json::json!({
+        let s: outbox::status::OutboxStatus = serde_json::from_value(serde_json::json!({
             "counts": [], "oldest_pending_age_secs": null, "failed_by_error": [],
             "open_breakers": []
         }))
