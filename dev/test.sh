@@ -11,6 +11,7 @@ dev/up.sh
 . dev/env.sh
 if [ "${1:-}" = quick ]; then
   cargo build --locked -p outbox-cli
+  cargo build --locked -p outbox --example billing_consumer
   cargo test --locked --lib
   cargo test --locked --test ops -- layout:: admin:: jobs::
   cargo test --locked --test relay -- basics::
