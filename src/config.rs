@@ -372,15 +372,53 @@ fn property_reason(desc: &str, name: &str, value: &str) -> String {
     }
 }
 
-/// `text` with each of `secrets` replaced by `<redacted>`.
+/// Every byte but the unreserved ones (`A-Z a-z 0-9 - _ . ~`) percent-encoded: how a URL's
+/// userinfo or a registry subject carries text.
+pub(crate) const UNRESERVED: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'_')
+    .remove(b'.')
+    .remove(b'~');
+
+/// `text` with each of `secrets` replaced by `<redacted>`, also where a secret appears as a
+/// string literal escapes it: a `Debug` rendering or a JSON string (`\"`, `\\`, control
+/// characters) or a URL's percent-encoding. An error text that quotes a value back usually does
+/// so through one of those, and a secret holding a quote or a backslash would pass a plain
+/// search.
 pub(crate) fn redact_values<'a>(text: &str, secrets: impl IntoIterator<Item = &'a str>) -> String {
+    let mut forms: Vec<String> = secrets
+        .into_iter()
+        .filter(|s| !s.is_empty())
+        .flat_map(secret_forms)
+        .collect();
+    // Longest first, so a form that contains another is replaced whole.
+    forms.sort_by_key(|f| std::cmp::Reverse(f.len()));
     let mut out = text.to_owned();
-    for s in secrets {
-        if !s.is_empty() && out.contains(s) {
-            out = out.replace(s, "<redacted>");
+    for f in &forms {
+        if out.contains(f.as_str()) {
+            out = out.replace(f.as_str(), "<redacted>");
         }
     }
     out
+}
+
+/// The ways `secret` can appear in a text: as it is, escaped as a Rust `Debug` string or a JSON
+/// string, and percent-encoded (every byte but unreserved ones), without duplicates.
+pub(crate) fn secret_forms(secret: &str) -> Vec<String> {
+    let json = serde_json::to_string(secret).unwrap_or_default();
+    let json = json
+        .strip_prefix('"')
+        .and_then(|j| j.strip_suffix('"'))
+        .unwrap_or(secret);
+    let mut forms = vec![
+        secret.to_owned(),
+        secret.escape_debug().to_string(),
+        json.to_owned(),
+        percent_encoding::utf8_percent_encode(secret, UNRESERVED).to_string(),
+    ];
+    forms.sort();
+    forms.dedup();
+    forms
 }
 
 impl KafkaConfig {
@@ -541,6 +579,27 @@ mod tests {
         assert!(!e.to_string().contains("hunter2"), "{e}");
         let ok = DbConfig::new("postgres://u:hunter2@localhost:5432/db", "public").unwrap();
         assert!(!format!("{ok:?}").contains("hunter2"));
+    }
+
+    #[test]
+    fn a_secret_quoted_back_escaped_is_redacted_too() {
+        let mut k = KafkaConfig::new("127.0.0.1:9092").unwrap();
+        k.set_from_pair("sasl.password=pa\"ss\\w\u{7}rd").unwrap();
+        for quoted in [
+            format!("refused {:?}", "pa\"ss\\w\u{7}rd"),
+            serde_json::json!({"value": "pa\"ss\\w\u{7}rd"}).to_string(),
+            "sasl://u:pa%22ss%5Cw%07rd@h".to_owned(),
+            "raw pa\"ss\\w\u{7}rd".to_owned(),
+        ] {
+            let r = k.redact(&quoted);
+            assert!(
+                r.contains("<redacted>") && !r.contains("ss"),
+                "{quoted} -> {r}"
+            );
+        }
+        let db = DbConfig::new("postgres://u:a%22b%5Cc99@localhost:5432/db", "public").unwrap();
+        let r = db.redact(r#"url postgres://u:a%22b%5Cc99@localhost and "a\"b\\c99""#);
+        assert!(!r.contains("c99"), "{r}");
     }
 
     #[test]

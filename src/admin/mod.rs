@@ -18,7 +18,7 @@ mod trace;
 pub use auth::{token_hash, Auth, AuthError, Caller, Role, MIN_TOKEN_CHARS};
 pub use server::{
     ServeOptions, DEFAULT_HEADER_TIMEOUT, DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_CONNECTIONS,
-    DEFAULT_MAX_IN_FLIGHT,
+    DEFAULT_MAX_CONNECTIONS_PER_PEER, DEFAULT_MAX_IN_FLIGHT,
 };
 
 use std::future::Future;
@@ -455,7 +455,7 @@ pub(crate) fn parse_body_for_tests(b: &[u8]) -> Result<serde_json::Value, u16> {
 /// Whether a `Host` header value is served by a server that allows `outbox.internal`.
 #[cfg(test)]
 pub(crate) fn host_allowed_for_tests(host: &str) -> bool {
-    server::host_allowed(Some(host), &["outbox.internal".to_owned()])
+    crate::serve::host_allowed(Some(host), &["outbox.internal".to_owned()])
 }
 
 #[cfg(test)]

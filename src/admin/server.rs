@@ -1,5 +1,6 @@
 //! The admin server's connections, bounded for whoever connects: at most
-//! [`ServeOptions::max_connections`] at once (more are closed at accept), request headers
+//! [`ServeOptions::max_connections`] at once and [`ServeOptions::max_connections_per_peer`]
+//! from one address (more are closed at accept), request headers
 //! within [`ServeOptions::header_timeout`], no connection idle past
 //! [`ServeOptions::idle_timeout`], at most [`ServeOptions::max_in_flight`] API requests
 //! working at once (the rest wait briefly, then 503), a `Host` allow-list against DNS
@@ -15,9 +16,12 @@ use axum::response::Response;
 use futures::FutureExt as _;
 
 use super::{ApiError, AppState};
+use crate::serve::host_allowed;
 
 /// Default [`ServeOptions::max_connections`].
 pub const DEFAULT_MAX_CONNECTIONS: usize = 128;
+/// Default [`ServeOptions::max_connections_per_peer`]: a quarter of the default cap.
+pub const DEFAULT_MAX_CONNECTIONS_PER_PEER: usize = 32;
 /// Default [`ServeOptions::header_timeout`].
 pub const DEFAULT_HEADER_TIMEOUT: Duration = Duration::from_secs(10);
 /// Default [`ServeOptions::idle_timeout`].
@@ -38,6 +42,10 @@ pub struct ServeOptions {
     pub allowed_hosts: Vec<String>,
     /// Open connections at most; more are closed as they are accepted.
     pub max_connections: usize,
+    /// Open connections from one peer address at most (more from it are closed as they are
+    /// accepted), so one client cannot take every slot. Behind a proxy every client shares the
+    /// proxy's address: raise it there.
+    pub max_connections_per_peer: usize,
     /// A request's headers must arrive within this.
     pub header_timeout: Duration,
     /// A connection with nothing read or written for this long is closed.
@@ -55,6 +63,7 @@ impl Default for ServeOptions {
         Self {
             allowed_hosts: Vec::new(),
             max_connections: DEFAULT_MAX_CONNECTIONS,
+            max_connections_per_peer: DEFAULT_MAX_CONNECTIONS_PER_PEER,
             header_timeout: DEFAULT_HEADER_TIMEOUT,
             idle_timeout: DEFAULT_IDLE_TIMEOUT,
             max_in_flight: DEFAULT_MAX_IN_FLIGHT,
@@ -62,23 +71,6 @@ impl Default for ServeOptions {
             schemas: None,
         }
     }
-}
-
-/// Whether a `Host` header value may be served: absent, an IP literal, `localhost`, or one of
-/// `allowed` (any port, names compared without case).
-pub(crate) fn host_allowed(host: Option<&str>, allowed: &[String]) -> bool {
-    let Some(host) = host else { return true };
-    if let Some(v6) = host.strip_prefix('[') {
-        // [v6]:port
-        return v6
-            .split_once(']')
-            .is_some_and(|(ip, _)| ip.parse::<std::net::Ipv6Addr>().is_ok());
-    }
-    let name = host.rsplit_once(':').map_or(host, |(h, _)| h);
-    let name = name.trim_end_matches('.');
-    name.parse::<std::net::Ipv4Addr>().is_ok()
-        || name.eq_ignore_ascii_case("localhost")
-        || allowed.iter().any(|a| a.eq_ignore_ascii_case(name))
 }
 
 /// Refuses requests naming a host that is not allowed, on every route.
@@ -163,40 +155,9 @@ pub(crate) async fn run(
 ) -> std::io::Result<()> {
     let limits = crate::serve::Limits {
         max_connections: opts.max_connections,
+        max_per_peer: opts.max_connections_per_peer,
         header_timeout: opts.header_timeout,
         idle_timeout: opts.idle_timeout,
     };
     crate::serve::run(listener, app, &limits, shutdown).await
-}
-
-#[cfg(test)]
-mod tests {
-    use super::host_allowed;
-
-    #[test]
-    fn hosts_by_ip_localhost_or_allow_list_only() {
-        let allowed = vec!["outbox-admin.svc".to_owned()];
-        for ok in [
-            None,
-            Some("127.0.0.1:8080"),
-            Some("10.1.2.3"),
-            Some("[::1]:8080"),
-            Some("localhost:8080"),
-            Some("LOCALHOST"),
-            Some("outbox-admin.svc:8080"),
-            Some("Outbox-Admin.SVC."),
-        ] {
-            assert!(host_allowed(ok, &allowed), "{ok:?}");
-        }
-        for bad in [
-            Some("evil.example:8080"),
-            Some("evil.example"),
-            Some("localhost.evil.example"),
-            Some("127.0.0.1.nip.io"),
-            Some("[evil]:80"),
-            Some(""),
-        ] {
-            assert!(!host_allowed(bad, &allowed), "{bad:?}");
-        }
-    }
 }

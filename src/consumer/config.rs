@@ -63,6 +63,9 @@ pub struct ConsumerConfig {
     /// `prometheus` feature; `None`: the application installs the recorder and mounts the
     /// route itself, or does without).
     pub metrics_addr: Option<std::net::SocketAddr>,
+    /// Host names `/metrics` on [`Self::metrics_addr`] also answers to, besides IP literals and
+    /// `localhost` (see [`crate::metrics::serve_with_hosts`]; empty by default).
+    pub metrics_allowed_hosts: Vec<String>,
     /// The circuit breaker shared by the group's replicas, for handlers that report
     /// [`super::HandlerError::unavailable`]. `None` (the default): such errors are transient.
     pub breaker: Option<super::BreakerConfig>,
@@ -174,6 +177,7 @@ impl ConsumerConfig {
             shutdown_timeout: Duration::from_secs(30),
             pause_after: DEFAULT_PAUSE_AFTER,
             metrics_addr: None,
+            metrics_allowed_hosts: Vec::new(),
             breaker: None,
             instance_id: None,
             session_timeout: DEFAULT_SESSION_TIMEOUT,

@@ -480,9 +480,13 @@ impl Consumer {
             #[cfg(feature = "prometheus")]
             {
                 let c = cancel.clone();
-                crate::metrics::serve(addr, async move { c.cancelled().await })
-                    .await
-                    .map_err(|e| ConsumerError::Config(format!("metrics address {addr}: {e}")))?;
+                crate::metrics::serve_with_hosts(
+                    addr,
+                    self.config.metrics_allowed_hosts.clone(),
+                    async move { c.cancelled().await },
+                )
+                .await
+                .map_err(|e| ConsumerError::Config(format!("metrics address {addr}: {e}")))?;
             }
             #[cfg(not(feature = "prometheus"))]
             return Err(ConsumerError::Config(format!(

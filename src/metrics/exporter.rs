@@ -70,7 +70,10 @@ pub fn router() -> axum::Router {
     )
 }
 
-/// Serves `/metrics` on `addr` until `shutdown` resolves.
+/// Serves `/metrics` on `addr` until `shutdown` resolves, to requests whose `Host` is an IP
+/// literal, `localhost` or absent (a scraper addressing the pod or the loopback); a request
+/// naming another host gets 403, so a web page whose name was rebound to this address
+/// (DNS rebinding) reads nothing. [`serve_with_hosts`] also answers to names.
 ///
 /// # Errors
 /// When the address cannot be bound.
@@ -78,18 +81,48 @@ pub async fn serve(
     addr: SocketAddr,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<tokio::task::JoinHandle<()>> {
+    serve_with_hosts(addr, Vec::new(), shutdown).await
+}
+
+/// [`serve`], also answering requests that name one of `allowed_hosts` (any port, compared
+/// without case): the names the scraper reaches the process by, e.g. a Kubernetes Service's.
+///
+/// # Errors
+/// When the address cannot be bound.
+pub async fn serve_with_hosts(
+    addr: SocketAddr,
+    allowed_hosts: Vec<String>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<tokio::task::JoinHandle<()>> {
     install().map_err(std::io::Error::other)?;
     let listener = tokio::net::TcpListener::bind(addr).await?;
     tracing::info!(%addr, "serving /metrics");
+    let allowed = std::sync::Arc::new(allowed_hosts);
+    let app = router().layer(axum::middleware::from_fn(
+        move |req: axum::extract::Request, next: axum::middleware::Next| {
+            let allowed = allowed.clone();
+            async move {
+                use axum::response::IntoResponse as _;
+                let host = req
+                    .headers()
+                    .get(axum::http::header::HOST)
+                    .map(|h| h.to_str().unwrap_or("\u{fffd}"));
+                if crate::serve::host_allowed(host, &allowed) {
+                    next.run(req).await
+                } else {
+                    (
+                        axum::http::StatusCode::FORBIDDEN,
+                        "this Host is not served here: name it with --metrics-allowed-host\n",
+                    )
+                        .into_response()
+                }
+            }
+        },
+    ));
     Ok(tokio::spawn(async move {
         // Bounded like the admin server: the port is open to whoever reaches it.
-        if let Err(e) = crate::serve::run(
-            listener,
-            router(),
-            &crate::serve::Limits::metrics(),
-            shutdown,
-        )
-        .await
+        if let Err(e) =
+            crate::serve::run(listener, app, &crate::serve::Limits::metrics(), shutdown).await
         {
             tracing::warn!(error = %e, "metrics server stopped");
         }

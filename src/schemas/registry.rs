@@ -165,12 +165,7 @@ impl std::fmt::Debug for RegistryClient {
     }
 }
 
-/// Every byte but the unreserved ones (`A-Z a-z 0-9 - _ . ~`) percent-encoded.
-pub(crate) const UNRESERVED: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
-    .remove(b'-')
-    .remove(b'_')
-    .remove(b'.')
-    .remove(b'~');
+pub(crate) use crate::config::UNRESERVED;
 
 fn encode_subject(s: &str) -> String {
     percent_encoding::utf8_percent_encode(s, UNRESERVED).to_string()

@@ -58,11 +58,14 @@ pub(crate) const CAUSE_GROUPS: &str = "SELECT g.*, d.error AS example_error FROM
 /// Counts and oldest age per topic, group, kind and status, for the DLQ gauges. The age counts
 /// from when the archive took the letter in (`archived_at`, this process's clock), not from
 /// a time a record's producer wrote in a header.
+/// Busiest series first: label values are capped per process and the first seen keep their
+/// slots, so a process's first refresh gives them to the groups with the most letters, not to
+/// whichever junk header value came first.
 pub(crate) const GAUGES: &str =
     "SELECT original_topic, coalesce(consumer_group, ''), coalesce(error_kind, ''),
                             status, count(*),
                             extract(epoch FROM now() - min(archived_at))::float8
-                     FROM {s}.dead_letters GROUP BY 1, 2, 3, 4";
+                     FROM {s}.dead_letters GROUP BY 1, 2, 3, 4 ORDER BY 5 DESC";
 
 /// The audit log, newest first.
 pub(crate) const AUDIT_LOG: &str = "SELECT * FROM {s}.dlq_audit ORDER BY id DESC LIMIT $1";

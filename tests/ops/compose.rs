@@ -111,3 +111,38 @@ fn the_stack_has_an_alertmanager_with_a_receiver_and_prometheus_sends_to_it() {
     );
     assert!(out.contains("1 receivers"), "{out}");
 }
+
+/// Each target Prometheus scrapes by service name is served under that name: the listeners
+/// refuse a `Host` they were not told (DNS rebinding), so the service's command must name it
+/// (`--metrics-allowed-host` for a sidecar's `/metrics`, `--allowed-host` for the admin server).
+#[test]
+fn every_scrape_target_is_allowed_by_the_command_it_scrapes() {
+    let compose = std::fs::read_to_string(repo("compose.yml")).unwrap();
+    let prometheus = std::fs::read_to_string(repo("deploy/prometheus/prometheus.yml")).unwrap();
+    let mut checked = 0;
+    for target in prometheus.split("targets: [\"").skip(1) {
+        let target = target.split('"').next().unwrap();
+        let (name, _port) = target.split_once(':').unwrap();
+        if name == "alertmanager" {
+            continue;
+        }
+        // The service's lines: after `  name:`, up to the next line indented by two spaces.
+        let block: Vec<&str> = compose
+            .lines()
+            .skip_while(|l| *l != format!("  {name}:"))
+            .skip(1)
+            .take_while(|l| l.starts_with("   ") || l.trim().is_empty())
+            .collect();
+        let entry = block
+            .iter()
+            .find(|l| l.trim_start().starts_with("entrypoint:"))
+            .unwrap_or_else(|| panic!("service {name} has no entrypoint"));
+        assert!(
+            entry.contains(&format!("--metrics-allowed-host {name}"))
+                || entry.contains(&format!("--allowed-host {name}")),
+            "Prometheus scrapes {target}, but {name}'s command does not allow that name: {entry}"
+        );
+        checked += 1;
+    }
+    assert!(checked >= 3, "scrape targets checked: {checked}");
+}

@@ -298,6 +298,28 @@ fn configuration_errors_exit_2_and_hash_token_hashes_what_the_server_compares() 
             vec!["dlq", "archive", "--once", "--topics-file", "/nonexistent"],
             ("X", ""),
         ),
+        (
+            "a peer's share above the cap",
+            vec![
+                "admin",
+                "--insecure-no-auth",
+                "--max-connections",
+                "10",
+                "--max-connections-per-peer",
+                "11",
+            ],
+            ("X", ""),
+        ),
+        (
+            "absurd marks retention",
+            vec!["dlq", "replay", "--id", "1", "--marks-retention", "10000y"],
+            ("X", ""),
+        ),
+        (
+            "zero marks retention",
+            vec!["dlq", "replay", "--id", "1", "--marks-retention", "0s"],
+            ("X", ""),
+        ),
     ] {
         let o = run(outbox_command(&db).args(&args).env(env.0, env.1));
         assert_eq!(o.status.code(), Some(2), "{what}: {}", text(&o));
@@ -916,4 +938,147 @@ async fn a_breaker_opened_by_hand_names_a_group_and_dependency_that_exist() {
         loyalty.2.as_deref().unwrap_or("").contains("confirmed"),
         "{loyalty:?}"
     );
+}
+
+/// The sidecars' `/metrics` listeners answer the loopback, an IP and the names they are told,
+/// nothing else: a page whose name was rebound to the port (DNS rebinding) reads no topic or
+/// group name off it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sidecars_metrics_listeners_refuse_foreign_hosts() {
+    let db = fresh_db().await;
+    let topics = std::env::temp_dir().join(format!("hostile-topics-{}.toml", hex(6)));
+    std::fs::write(&topics, "[[topic]]\nname = \"hostile.metrics\"\n").unwrap();
+    for verb in [
+        vec!["relay".to_owned()],
+        vec![
+            "dlq".to_owned(),
+            "archive".to_owned(),
+            "--topics-file".to_owned(),
+            topics.to_str().unwrap().to_owned(),
+        ],
+    ] {
+        let port = free_port();
+        let addr = format!("127.0.0.1:{port}");
+        let mut child = outbox_command(&db)
+            .args(&verb)
+            .args([
+                "--metrics-addr",
+                &addr,
+                "--metrics-allowed-host",
+                "prometheus-target.internal",
+            ])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        wait_until(Duration::from_secs(30), "metrics listening", || async {
+            tokio::task::spawn_blocking(move || get(port, "/metrics", None, "127.0.0.1").0 == 200)
+                .await
+                .unwrap()
+        })
+        .await;
+        for host in [
+            format!("127.0.0.1:{port}"),
+            "localhost".to_owned(),
+            "Prometheus-Target.Internal:9187".to_owned(),
+        ] {
+            let (code, body) = blocking(move || get(port, "/metrics", None, &host)).await;
+            assert_eq!(code, 200, "{verb:?}");
+            assert!(body.contains("outbox_up"), "{verb:?}: {body}");
+        }
+        for host in ["evil.example", "evil.example:80", "127.0.0.1.nip.io"] {
+            let (code, body) = blocking(move || get(port, "/metrics", None, host)).await;
+            assert_eq!(code, 403, "{verb:?} {host}: {body}");
+            assert!(!body.contains("outbox_"), "{verb:?}: {body}");
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    // The flag without a listener is a mistake the command says, not one it ignores.
+    let o = run(outbox_command(&db).args(["relay", "--metrics-allowed-host", "x.internal"]));
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+}
+
+/// A secret holding a quote and a backslash, refused by librdkafka: printed neither as it is
+/// nor escaped (`Debug`, JSON, percent-encoded), by any verb.
+#[test]
+fn a_secret_with_quotes_and_backslashes_is_never_printed_escaped() {
+    let db = outbox::DbConfig::new(&database_url(), "public").unwrap();
+    let secret = r#"Qu"o\te-S3cret"#;
+    let forms = [
+        secret.to_owned(),
+        secret.escape_debug().to_string(),
+        serde_json::to_string(secret)
+            .unwrap()
+            .trim_matches('"')
+            .to_owned(),
+        "Qu%22o%5Cte-S3cret".to_owned(),
+    ];
+    for verb in [vec!["relay"], vec!["topics", "apply", "/nonexistent.toml"]] {
+        let o = run(outbox_command(&db)
+            .args(&verb)
+            .args(["-X", &format!("sasl.passwrd={secret}")]));
+        let t = text(&o);
+        assert_eq!(o.status.code(), Some(2), "{verb:?}: {t}");
+        for f in &forms {
+            assert!(!t.contains(f.as_str()), "{verb:?} printed {f:?}: {t}");
+        }
+        assert!(!t.contains("S3cret"), "{verb:?}: {t}");
+    }
+}
+
+/// One address holds at most its share of the connection cap: a client that opens socket after
+/// socket is refused past `--max-connections-per-peer`, and another address is still served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_peer_cannot_take_every_connection_slot() {
+    let db = fresh_db().await;
+    let a = admin(
+        &db,
+        &["--max-connections", "20", "--max-connections-per-peer", "5"],
+    )
+    .await;
+    let target: std::net::SocketAddr = format!("127.0.0.1:{}", a.port).parse().unwrap();
+    // Connections from 127.0.0.2 that send half a request line and stop, until the server
+    // closes one as it accepts it.
+    let mut held = Vec::new();
+    let mut refused_at = None;
+    for n in 0..20 {
+        let sock = tokio::net::TcpSocket::new_v4().unwrap();
+        sock.bind("127.0.0.2:0".parse().unwrap()).unwrap();
+        let mut s = sock.connect(target).await.unwrap();
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let _ = s.write_all(b"GET /healthz HTTP/1.1\r\nHo").await;
+        let mut b = [0u8; 1];
+        match tokio::time::timeout(Duration::from_millis(300), s.read(&mut b)).await {
+            Err(_) => held.push(s), // still open, waiting for the rest of the request
+            Ok(_) => {
+                refused_at = Some(n);
+                break;
+            }
+        }
+    }
+    assert_eq!(
+        refused_at,
+        Some(5),
+        "sockets from one address held before a refusal"
+    );
+    // Another address is served while the first holds its share.
+    let served = {
+        let sock = tokio::net::TcpSocket::new_v4().unwrap();
+        sock.bind("127.0.0.3:0".parse().unwrap()).unwrap();
+        let mut s = sock.connect(target).await.unwrap();
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        s.write_all(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+            .await
+            .unwrap();
+        let mut out = Vec::new();
+        tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut out))
+            .await
+            .unwrap()
+            .unwrap();
+        String::from_utf8_lossy(&out).into_owned()
+    };
+    assert!(served.starts_with("HTTP/1.1 200"), "{served}");
+    drop(held);
 }

@@ -106,13 +106,16 @@ pub(crate) fn cleanup_config(a: &CleanupArgs, interval: Option<Duration>) -> Cle
 }
 
 /// Serves `/metrics` on `addr` (a sidecar's `--metrics-addr`) until `stop` is cancelled.
+/// Requests naming a host other than an IP literal, `localhost` or one of `allowed_hosts`
+/// (`--metrics-allowed-host`) get 403.
 pub(crate) async fn serve_metrics(
     addr: Option<std::net::SocketAddr>,
+    allowed_hosts: Vec<String>,
     stop: &tokio_util::sync::CancellationToken,
 ) -> Result<(), UsageError> {
     if let Some(addr) = addr {
         let s = stop.clone();
-        outbox::metrics::serve(addr, async move { s.cancelled().await })
+        outbox::metrics::serve_with_hosts(addr, allowed_hosts, async move { s.cancelled().await })
             .await
             .map_err(|e| UsageError(format!("--metrics-addr {addr}: {e}")))?;
     }

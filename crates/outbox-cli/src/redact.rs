@@ -21,8 +21,22 @@ pub(crate) fn register<'a>(values: impl IntoIterator<Item = &'a str>) {
         .unwrap_or_else(std::sync::PoisonError::into_inner);
     for v in values {
         // One- and two-character values would blank out ordinary text; no real secret is so short.
-        if v.len() >= 3 && !s.iter().any(|x| x == v) {
-            s.push(v.to_owned());
+        if v.len() < 3 {
+            continue;
+        }
+        // A text may quote the value back escaped: as a `Debug` or JSON string (a quote or a
+        // backslash in a password), or percent-encoded in a URL.
+        let json = serde_json::to_string(v).unwrap_or_default();
+        let json = json.get(1..json.len().saturating_sub(1)).unwrap_or(v);
+        for form in [
+            v.to_owned(),
+            v.escape_debug().to_string(),
+            json.to_owned(),
+            percent_encode(v),
+        ] {
+            if !s.contains(&form) {
+                s.push(form);
+            }
         }
     }
     s.sort_by_key(|v| std::cmp::Reverse(v.len()));
@@ -109,6 +123,19 @@ mod tests {
             String::from_utf8(line).unwrap(),
             "WARN refused <redacted> topic=\"a\\nINFO forged\" pw\n"
         );
+        // Quoted back escaped, as `Debug`, JSON or a URL writes it.
+        super::register(["pa\"ss\\w\u{7}rd"]);
+        for quoted in [
+            r#"error: "pa\"ss\\w\u{7}rd""#,
+            r#"{"value":"pa\"ss\\w\u0007rd"}"#,
+            "postgres://u:pa%22ss%5Cw%07rd@h/db",
+        ] {
+            let line = String::from_utf8(super::log_line(quoted.as_bytes())).unwrap();
+            assert!(
+                line.contains("<redacted>") && !line.contains("ss"),
+                "{quoted} -> {line}"
+            );
+        }
         let line = super::log_line(b"reason=\x1b[2Jcleared\n");
         assert_eq!(String::from_utf8(line).unwrap(), "reason=\\x1b[2Jcleared\n");
     }

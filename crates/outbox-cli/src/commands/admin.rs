@@ -38,6 +38,11 @@ pub struct Args {
     /// Open connections at most; more are closed as they arrive.
     #[arg(long, default_value_t = outbox::admin::DEFAULT_MAX_CONNECTIONS)]
     max_connections: usize,
+    /// Open connections from one address at most, so one client cannot take every slot
+    /// (behind a proxy, every client has the proxy's address: raise it there).
+    /// Default: 32, or --max-connections when that is lower.
+    #[arg(long)]
+    max_connections_per_peer: Option<usize>,
     /// A request's headers must arrive within this.
     #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
     header_timeout: std::time::Duration,
@@ -63,6 +68,7 @@ pub async fn run(args: Args, _out: &mut dyn Write) -> anyhow::Result<()> {
         insecure_no_auth,
         allowed_hosts,
         max_connections,
+        max_connections_per_peer,
         header_timeout,
         idle_timeout,
         topics_file,
@@ -76,6 +82,11 @@ pub async fn run(args: Args, _out: &mut dyn Write) -> anyhow::Result<()> {
     }
     if !(1..=100_000).contains(&max_connections) {
         return Err(UsageError("--max-connections: 1 to 100000".into()).into());
+    }
+    let max_connections_per_peer = max_connections_per_peer
+        .unwrap_or(outbox::admin::DEFAULT_MAX_CONNECTIONS_PER_PEER.min(max_connections));
+    if !(1..=max_connections).contains(&max_connections_per_peer) {
+        return Err(UsageError("--max-connections-per-peer: 1 to --max-connections".into()).into());
     }
     let hour = Duration::from_secs(3600);
     if header_timeout.is_zero() || header_timeout > hour {
@@ -114,6 +125,7 @@ pub async fn run(args: Args, _out: &mut dyn Write) -> anyhow::Result<()> {
         .filter(|h| !h.is_empty())
         .collect();
     opts.max_connections = max_connections;
+    opts.max_connections_per_peer = max_connections_per_peer;
     opts.header_timeout = header_timeout;
     opts.idle_timeout = idle_timeout;
     if let (Some(file), Some(url)) = (&topics_file, &schema_registry_url) {

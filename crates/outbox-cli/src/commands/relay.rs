@@ -57,6 +57,14 @@ pub struct Args {
     /// Serve Prometheus /metrics on this address (e.g. 127.0.0.1:9187).
     #[arg(long)]
     metrics_addr: Option<std::net::SocketAddr>,
+    /// A host name /metrics also answers to (repeat for several), besides IP literals and
+    /// localhost: the name the scraper uses, e.g. a Kubernetes Service's. Others get 403.
+    #[arg(
+        long = "metrics-allowed-host",
+        value_name = "NAME",
+        requires = "metrics_addr"
+    )]
+    metrics_allowed_hosts: Vec<String>,
     /// Publish each row exactly once to read_committed readers: every batch in a Kafka
     /// transaction with a progress record of the ids it published (docs/EXACTLY_ONCE.md).
     #[arg(long)]
@@ -99,6 +107,7 @@ pub async fn run(args: Args, _out: &mut dyn Write) -> anyhow::Result<()> {
         sweep_interval,
         long_transaction,
         metrics_addr,
+        metrics_allowed_hosts,
         exactly_once,
         progress_topic,
         transactional_id_prefix,
@@ -150,7 +159,7 @@ pub async fn run(args: Args, _out: &mut dyn Write) -> anyhow::Result<()> {
         other => anyhow::Error::new(other),
     })?;
     let stop = tokio_util::sync::CancellationToken::new();
-    serve_metrics(metrics_addr, &stop).await?;
+    serve_metrics(metrics_addr, metrics_allowed_hosts, &stop).await?;
     relay.run(shutdown_signal()).await?;
     stop.cancel();
 

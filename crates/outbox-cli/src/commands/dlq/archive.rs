@@ -44,6 +44,14 @@ pub struct Args {
     /// Serve Prometheus /metrics on this address (sidecar mode).
     #[arg(long)]
     metrics_addr: Option<std::net::SocketAddr>,
+    /// A host name /metrics also answers to (repeat for several), besides IP literals and
+    /// localhost: the name the scraper uses, e.g. a Kubernetes Service's. Others get 403.
+    #[arg(
+        long = "metrics-allowed-host",
+        value_name = "NAME",
+        requires = "metrics_addr"
+    )]
+    metrics_allowed_hosts: Vec<String>,
 }
 
 pub async fn run(args: Args, out: &mut dyn Write) -> anyhow::Result<()> {
@@ -58,9 +66,10 @@ pub async fn run(args: Args, out: &mut dyn Write) -> anyhow::Result<()> {
         dlq_suffix,
         archive_group,
         metrics_addr,
+        metrics_allowed_hosts,
     } = args;
     let stop = CancellationToken::new();
-    serve_metrics(metrics_addr, &stop).await?;
+    serve_metrics(metrics_addr, metrics_allowed_hosts, &stop).await?;
     let db = db_config(&db)?;
     let kafka = kafka_config(&kafka)?;
     let mut origins = Vec::new();

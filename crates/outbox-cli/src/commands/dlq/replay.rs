@@ -100,6 +100,16 @@ pub async fn run(args: Args, out: &mut dyn Write) -> anyhow::Result<()> {
         confirm_kinds,
         actor,
     } = args;
+    // The window decides which letters need --accept-duplicates; an absurd one would stand in
+    // for that confirmation, and no group keeps marks for less than an hour or past ten years.
+    let hour = Duration::from_secs(3600);
+    if marks_retention < hour || marks_retention > 24 * 3650 * hour {
+        return Err(UsageError(
+            "--marks-retention: 1h to 3650d (how long the target groups keep processed marks)"
+                .into(),
+        )
+        .into());
+    }
     let db = db_config(&db)?;
     let f = filter.to_filter(&ids)?;
     if let Some(topic) = from_topic {
