@@ -1,0 +1,229 @@
+//! What an event costs the primary over its whole life, in WAL bytes: enqueued by plain SQL
+//! (100 rows per transaction), published by the relay, reclaimed by cleanup, vacuumed — each
+//! phase's share, and the total as a ratio to INSERTing the same rows, the same way, into a
+//! plain table with the same columns and only a primary key (the floor any outbox pays),
+//! measured in the same run. Also the dead tuples the outbox holds right after the drain
+//! (`pgstattuple`, exact) and while a snapshot is held open.
+//!
+//! WAL is read as the distance between `pg_current_wal_insert_lsn()` before and after each
+//! phase: the cluster's whole WAL, so run it with nothing else writing to that Postgres (the
+//! smoke run inside `cargo test` shares it and its figures mean nothing). One `CHECKPOINT`
+//! before the run, so both layouts start with the same full-page-image state; the checkpoints
+//! that fall inside the run are reported (`checkpoints_during`), as one mid-phase inflates that
+//! phase with full-page images. Autovacuum is off on both tables during the run, so vacuum's
+//! WAL is the explicit `VACUUM` phase, not a background pass landing in another phase.
+//!
+//! `cargo bench --bench wal` (env: ROWS=100000, PER_TX=100, KEYS=1000).
+
+#[path = "support/mod.rs"]
+mod support;
+
+use std::time::Instant;
+
+use support::*;
+
+/// The WAL insert position, as bytes from the start of WAL.
+async fn lsn(c: &tokio_postgres::Client) -> i64 {
+    c.query_one(
+        "SELECT (pg_current_wal_insert_lsn() - '0/0'::pg_lsn)::bigint",
+        &[],
+    )
+    .await
+    .unwrap()
+    .get(0)
+}
+
+async fn checkpoints(c: &tokio_postgres::Client) -> i64 {
+    c.query_one(
+        "SELECT (checkpoints_timed + checkpoints_req)::bigint FROM pg_stat_bgwriter",
+        &[],
+    )
+    .await
+    .unwrap()
+    .get(0)
+}
+
+/// Dead tuples in `table` (qualified), counted page by page; `None` without `pgstattuple`.
+async fn dead_tuples(c: &tokio_postgres::Client, table: &str) -> Option<i64> {
+    c.query_one(
+        "SELECT dead_tuple_count FROM pgstattuple($1::text::regclass)",
+        &[&table],
+    )
+    .await
+    .ok()
+    .map(|r| r.get(0))
+}
+
+/// `rows` rows in transactions of `per_tx`, by plain SQL from a procedure loop (one round trip,
+/// so the phase measures what Postgres writes, not the client), the same body as the bench
+/// fill: ≈200-byte JSON payloads, `keys` keys, the four standard headers.
+fn insert_sql(table: &str, s: &str, rows: usize, per_tx: usize, keys: usize) -> String {
+    format!(
+        "DO $$
+         BEGIN
+           FOR t IN 0..{txs} - 1 LOOP
+             INSERT INTO {table} (topic, message_key, headers, payload)
+             SELECT 'bench.wal', 'key-' || (g % {keys}),
+                    jsonb_build_object('message_type', 'order_created', 'entity_id', 'key-' || (g % {keys}),
+                                       'message_id', {s}.outbox_uuidv7()::text,
+                                       'timestamp', to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"')),
+                    jsonb_build_object('order_number', 'A-' || g, 'customer', 'customer-' || (g % 977),
+                                       'total_cents', g * 7 % 100000, 'currency', 'EUR', 'note', repeat('x', 90))
+               FROM generate_series(t::bigint * {per_tx}, t::bigint * {per_tx} + {per_tx} - 1) g;
+             COMMIT;
+           END LOOP;
+         END $$",
+        txs = rows / per_tx,
+    )
+}
+
+#[tokio::main]
+async fn main() {
+    let per_tx = param("PER_TX", 100);
+    let rows = param("ROWS", if full() { 100_000 } else { 2_000 }) / per_tx * per_tx;
+    let keys = param("KEYS", 1000);
+    let db = fresh_db().await;
+    let c = outbox::connect(&db).await.unwrap();
+    let s = db.schema.quoted();
+    let have_pgstattuple = c
+        .batch_execute("CREATE EXTENSION IF NOT EXISTS pgstattuple")
+        .await
+        .is_ok();
+    let topic = format!("bench.{}.wal", rand_name(8));
+    create_topic(&topic, 6).await;
+    // The reference: the outbox's columns and defaults, a primary key, nothing else.
+    c.batch_execute(&format!(
+        "CREATE TABLE {s}.plain (LIKE {s}.outbox INCLUDING DEFAULTS INCLUDING IDENTITY);
+         ALTER TABLE {s}.plain ADD PRIMARY KEY (id);
+         ALTER TABLE {s}.plain SET (autovacuum_enabled = false);
+         ALTER TABLE {s}.outbox SET (autovacuum_enabled = false);"
+    ))
+    .await
+    .unwrap();
+    let relay = {
+        let mut cfg = outbox::RelayConfig::default();
+        cfg.cleanup = {
+            let mut cc = outbox::CleanupConfig::default();
+            cc.interval = None;
+            cc
+        };
+        outbox::Relay::new(&db, &kafka(), cfg).unwrap()
+    };
+    // The relay's first pass (lanes, producer id) before anything is measured.
+    relay.rebalance().await;
+    relay.run_once().await.unwrap();
+
+    c.batch_execute("CHECKPOINT").await.unwrap();
+    let checkpoints_before = checkpoints(&c).await;
+
+    let a = lsn(&c).await;
+    c.batch_execute(&insert_sql(&format!("{s}.plain"), &s, rows, per_tx, keys))
+        .await
+        .unwrap();
+    let plain_insert = lsn(&c).await - a;
+
+    // The outbox's rows go to the topic the relay publishes to.
+    let a = lsn(&c).await;
+    c.batch_execute(
+        &insert_sql(&format!("{s}.outbox"), &s, rows, per_tx, keys)
+            .replace("'bench.wal'", &format!("'{topic}'")),
+    )
+    .await
+    .unwrap();
+    let enqueue = lsn(&c).await - a;
+
+    let a = lsn(&c).await;
+    let started = Instant::now();
+    let mut published = 0usize;
+    while let outbox::Outcome::Published(n) = relay.run_once().await.unwrap() {
+        published += n.sent;
+    }
+    let drain_secs = started.elapsed().as_secs_f64();
+    let relay_wal = lsn(&c).await - a;
+    assert_eq!(published, rows, "the relay published every row");
+    let dead_after_drain = if have_pgstattuple {
+        dead_tuples(&c, &format!("{s}.outbox")).await
+    } else {
+        None
+    };
+
+    let a = lsn(&c).await;
+    let cleanup = {
+        let mut cc = outbox::CleanupConfig::default();
+        cc.interval = None;
+        cc.sent_retention = std::time::Duration::ZERO;
+        outbox::cleanup(&db, &cc).await.unwrap()
+    };
+    let cleanup_wal = lsn(&c).await - a;
+    assert_eq!(
+        cleanup.outbox_deleted as usize, rows,
+        "cleanup reclaimed every sent row"
+    );
+
+    let a = lsn(&c).await;
+    c.batch_execute(&format!("VACUUM {s}.outbox"))
+        .await
+        .unwrap();
+    let vacuum_wal = lsn(&c).await - a;
+    let checkpoints_during = checkpoints(&c).await - checkpoints_before;
+
+    // A snapshot held open (a report, a long migration) while a tenth of the volume goes
+    // through: what no vacuum can remove until it ends.
+    let held_rows = (rows / 10).max(per_tx) / per_tx * per_tx;
+    let holder = outbox::connect(&db).await.unwrap();
+    holder
+        .batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT 1")
+        .await
+        .unwrap();
+    c.batch_execute(
+        &insert_sql(&format!("{s}.outbox"), &s, held_rows, per_tx, keys)
+            .replace("'bench.wal'", &format!("'{topic}'")),
+    )
+    .await
+    .unwrap();
+    let mut held_published = 0usize;
+    while let outbox::Outcome::Published(n) = relay.run_once().await.unwrap() {
+        held_published += n.sent;
+    }
+    assert_eq!(held_published, held_rows);
+    {
+        let mut cc = outbox::CleanupConfig::default();
+        cc.interval = None;
+        cc.sent_retention = std::time::Duration::ZERO;
+        outbox::cleanup(&db, &cc).await.unwrap();
+    }
+    c.batch_execute(&format!("VACUUM {s}.outbox"))
+        .await
+        .unwrap();
+    let dead_while_held = if have_pgstattuple {
+        dead_tuples(&c, &format!("{s}.outbox")).await
+    } else {
+        None
+    };
+    holder.batch_execute("COMMIT").await.unwrap();
+
+    let per = |b: i64| round2(b as f64 / rows as f64);
+    let total = enqueue + relay_wal + cleanup_wal + vacuum_wal;
+    emit(
+        "wal_per_event",
+        serde_json::json!({"rows": rows, "per_tx": per_tx, "keys": keys, "storage": "table (claim, sent UPDATE, cleanup DELETE)"}),
+        serde_json::json!({
+            "plain_insert_bytes_per_event": per(plain_insert),
+            "enqueue_bytes_per_event": per(enqueue),
+            "relay_bytes_per_event": per(relay_wal),
+            "cleanup_bytes_per_event": per(cleanup_wal),
+            "vacuum_bytes_per_event": per(vacuum_wal),
+            "total_bytes_per_event": per(total),
+            "total_to_plain_insert": round2(total as f64 / plain_insert as f64),
+            "dead_tuples_after_drain": dead_after_drain,
+            "dead_tuples_after_drain_per_row": dead_after_drain.map(|d| round2(d as f64 / rows as f64)),
+            "held_snapshot_rows": held_rows,
+            "dead_tuples_left_by_vacuum_while_held": dead_while_held,
+            "drain_msgs_per_sec": (rows as f64 / drain_secs).round(),
+            "checkpoints_during": checkpoints_during,
+        }),
+    );
+    drop(relay);
+    delete_topic(&topic).await;
+    drop_schema(&db).await;
+}
