@@ -13,7 +13,13 @@
 //! phase with full-page images. Autovacuum is off on both tables during the run, so vacuum's
 //! WAL is the explicit `VACUUM` phase, not a background pass landing in another phase.
 //!
-//! `cargo bench --bench wal` (env: ROWS=100000, PER_TX=100, KEYS=1000).
+//! A second line, `wal_per_event_ring_model`, measures the layout planned in
+//! docs/design/append-only-storage.md *as SQL only* — no relay, no Kafka: the same rows
+//! INSERTed into a ring leaf with only a primary key, read back in batches in id order with one
+//! cursor UPDATE per lane per batch, the leaf TRUNCATEd, the lanes vacuumed. It bounds what the
+//! design can cost, to judge it before it is built; it is not the feature.
+//!
+//! `cargo bench --bench wal` (env: ROWS=100000, PER_TX=100, KEYS=1000, BATCH=2000).
 
 #[path = "support/mod.rs"]
 mod support;
@@ -225,5 +231,131 @@ async fn main() {
     );
     drop(relay);
     delete_topic(&topic).await;
+    ring_model(&c, &s, rows, per_tx, keys, param("BATCH", 2000)).await;
     drop_schema(&db).await;
+}
+
+/// The planned layout as SQL (see the module docs): what its WAL and dead tuples come to.
+async fn ring_model(
+    c: &tokio_postgres::Client,
+    s: &str,
+    rows: usize,
+    per_tx: usize,
+    keys: usize,
+    batch: usize,
+) {
+    c.batch_execute(&format!(
+        "CREATE SEQUENCE {s}.ring_id_seq;
+         CREATE TABLE {s}.ring_state (gen int NOT NULL);
+         INSERT INTO {s}.ring_state VALUES (0);
+         CREATE FUNCTION {s}.ring_gen() RETURNS int LANGUAGE sql STABLE
+             AS 'SELECT gen FROM {s}.ring_state';
+         CREATE TABLE {s}.ring (
+             id           bigint      NOT NULL DEFAULT nextval('{s}.ring_id_seq'),
+             gen          int         NOT NULL DEFAULT {s}.ring_gen(),
+             xid          xid8        NOT NULL DEFAULT pg_current_xact_id(),
+             topic        text        NOT NULL,
+             message_key  text,
+             headers      jsonb       NOT NULL DEFAULT '{{}}'::jsonb,
+             payload      jsonb       NOT NULL,
+             created_at   timestamptz NOT NULL DEFAULT now()
+         ) PARTITION BY LIST (gen);
+         CREATE TABLE {s}.ring_0 PARTITION OF {s}.ring FOR VALUES IN (0)
+             WITH (fillfactor = 100, autovacuum_enabled = false);
+         CREATE TABLE {s}.ring_1 PARTITION OF {s}.ring FOR VALUES IN (1)
+             WITH (fillfactor = 100, autovacuum_enabled = false);
+         ALTER TABLE {s}.ring_0 ADD PRIMARY KEY (id);
+         ALTER TABLE {s}.ring_1 ADD PRIMARY KEY (id);
+         CREATE TABLE {s}.ring_lanes (lane int PRIMARY KEY, cursor bigint NOT NULL)
+             WITH (fillfactor = 20);
+         INSERT INTO {s}.ring_lanes SELECT g, 0 FROM generate_series(0, 63) g;
+         CREATE TRIGGER ring_notify AFTER INSERT ON {s}.ring
+             FOR EACH STATEMENT EXECUTE FUNCTION {s}.outbox_notify();
+         CHECKPOINT;"
+    ))
+    .await
+    .unwrap();
+    let a = lsn(c).await;
+    c.batch_execute(&insert_sql(&format!("{s}.ring"), s, rows, per_tx, keys))
+        .await
+        .unwrap();
+    let enqueue = lsn(c).await - a;
+
+    // Reading in id order, a batch at a time; after each batch every lane's cursor moves
+    // past it (the relay would do that after Kafka's acknowledgements).
+    let a = lsn(c).await;
+    let mut from = 0i64;
+    let mut read = 0usize;
+    loop {
+        let got = c
+            .query(
+                &format!(
+                    "SELECT id, topic, message_key, headers::text, payload::text,
+                            hashtext(coalesce(message_key, '')) & 63
+                       FROM {s}.ring WHERE id >= $1 ORDER BY id LIMIT $2"
+                ),
+                &[&from, &(batch as i64)],
+            )
+            .await
+            .unwrap();
+        let Some(last) = got.last() else { break };
+        let next: i64 = last.get::<_, i64>(0) + 1;
+        read += got.len();
+        c.execute(
+            &format!("UPDATE {s}.ring_lanes SET cursor = $1 WHERE cursor < $1"),
+            &[&next],
+        )
+        .await
+        .unwrap();
+        from = next;
+    }
+    let relay_wal = lsn(c).await - a;
+    assert_eq!(read, rows, "the model read every row");
+    let dead_after_drain = dead_tuples(c, &format!("{s}.ring_0")).await;
+
+    // Reclaim: the generation moves on, the settled leaf is truncated.
+    let a = lsn(c).await;
+    c.batch_execute(&format!(
+        "UPDATE {s}.ring_state SET gen = 1;
+         SET lock_timeout = '50ms';
+         LOCK TABLE {s}.ring_0 IN ACCESS EXCLUSIVE MODE NOWAIT;
+         TRUNCATE {s}.ring_0;
+         RESET lock_timeout;"
+    ))
+    .await
+    .unwrap();
+    let reclaim = lsn(c).await - a;
+    let a = lsn(c).await;
+    c.batch_execute(&format!("VACUUM {s}.ring_lanes, {s}.ring_state"))
+        .await
+        .unwrap();
+    let vacuum_wal = lsn(c).await - a;
+
+    // The plain table again, in this part of the run, as the ratio's base.
+    c.batch_execute(&format!("TRUNCATE {s}.plain; CHECKPOINT"))
+        .await
+        .unwrap();
+    let a = lsn(c).await;
+    c.batch_execute(&insert_sql(&format!("{s}.plain"), s, rows, per_tx, keys))
+        .await
+        .unwrap();
+    let plain_insert = lsn(c).await - a;
+
+    let per = |b: i64| round2(b as f64 / rows as f64);
+    let total = enqueue + relay_wal + reclaim + vacuum_wal;
+    emit(
+        "wal_per_event_ring_model",
+        serde_json::json!({"rows": rows, "per_tx": per_tx, "keys": keys, "batch": batch,
+                           "storage": "ring model, SQL only (no relay, no Kafka): leaf with a primary key only, lane cursors, TRUNCATE"}),
+        serde_json::json!({
+            "plain_insert_bytes_per_event": per(plain_insert),
+            "enqueue_bytes_per_event": per(enqueue),
+            "read_and_cursor_bytes_per_event": per(relay_wal),
+            "reclaim_bytes_per_event": per(reclaim),
+            "vacuum_bytes_per_event": per(vacuum_wal),
+            "total_bytes_per_event": per(total),
+            "total_to_plain_insert": round2(total as f64 / plain_insert as f64),
+            "dead_tuples_after_drain": dead_after_drain,
+        }),
+    );
 }

@@ -97,22 +97,10 @@ async fn a_replay_before_the_fix_sees_every_comeback_after_the_job_too_and_the_a
     .await;
     let before = came_back(&scrape(port).await, &topic);
 
-    // The consumer is not fixed yet: whatever is replayed fails again.
-    let mut cfg = ConsumerConfig::new(format!("billing-{}", hex(6)), [&topic]);
-    cfg.retry = RetryStrategy::InPlace {
-        attempts: 1,
-        base: Duration::from_millis(10),
-        max: Duration::from_millis(10),
-    };
-    let consumer = Consumer::new(&db, &kafka(), cfg)
-        .unwrap()
-        .handler("order_created", still_broken);
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let task = tokio::spawn(consumer.run(async move {
-        let _ = stopped.await;
-    }));
-
-    // Replay before the fix, without a canary, fast: the job ends before any comeback.
+    // Replay before the fix, without a canary: the job ends before any comeback, because the
+    // consumer that sends them back starts only after it (one running during the job could
+    // fail a letter and have it archived before the job's last check: the job would stop
+    // instead of completing).
     let o = outbox_command(&db)
         .args([
             "dlq",
@@ -137,6 +125,22 @@ async fn a_replay_before_the_fix_sees_every_comeback_after_the_job_too_and_the_a
         (8, "Completed".into()),
         "{job:?}"
     );
+
+    // The consumer is not fixed yet: whatever was replayed fails again (its new group reads
+    // the topic from the start).
+    let mut cfg = ConsumerConfig::new(format!("billing-{}", hex(6)), [&topic]);
+    cfg.retry = RetryStrategy::InPlace {
+        attempts: 1,
+        base: Duration::from_millis(10),
+        max: Duration::from_millis(10),
+    };
+    let consumer = Consumer::new(&db, &kafka(), cfg)
+        .unwrap()
+        .handler("order_created", still_broken);
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(consumer.run(async move {
+        let _ = stopped.await;
+    }));
 
     // Every letter comes back (decode errors now: the replayed records have no message id)
     // and each is matched to its job and letter after the job ended.
