@@ -39,7 +39,7 @@ impl Limits {
     pub(crate) fn metrics() -> Self {
         Self {
             max_connections: 32,
-            max_per_peer: 8,
+            max_per_peer: 16,
             header_timeout: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(60),
         }

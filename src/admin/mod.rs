@@ -18,7 +18,7 @@ mod trace;
 pub use auth::{token_hash, Auth, AuthError, Caller, Role, MIN_TOKEN_CHARS};
 pub use server::{
     ServeOptions, DEFAULT_HEADER_TIMEOUT, DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_CONNECTIONS,
-    DEFAULT_MAX_CONNECTIONS_PER_PEER, DEFAULT_MAX_IN_FLIGHT,
+    DEFAULT_MAX_IN_FLIGHT,
 };
 
 use std::future::Future;

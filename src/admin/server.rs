@@ -20,8 +20,6 @@ use crate::serve::host_allowed;
 
 /// Default [`ServeOptions::max_connections`].
 pub const DEFAULT_MAX_CONNECTIONS: usize = 128;
-/// Default [`ServeOptions::max_connections_per_peer`]: a quarter of the default cap.
-pub const DEFAULT_MAX_CONNECTIONS_PER_PEER: usize = 32;
 /// Default [`ServeOptions::header_timeout`].
 pub const DEFAULT_HEADER_TIMEOUT: Duration = Duration::from_secs(10);
 /// Default [`ServeOptions::idle_timeout`].
@@ -43,9 +41,10 @@ pub struct ServeOptions {
     /// Open connections at most; more are closed as they are accepted.
     pub max_connections: usize,
     /// Open connections from one peer address at most (more from it are closed as they are
-    /// accepted), so one client cannot take every slot. Behind a proxy every client shares the
-    /// proxy's address: raise it there.
-    pub max_connections_per_peer: usize,
+    /// accepted), so one client cannot take every slot. `None` (the default): half of
+    /// [`Self::max_connections`]. Behind a proxy every client shares the proxy's address:
+    /// raise it there.
+    pub max_connections_per_peer: Option<usize>,
     /// A request's headers must arrive within this.
     pub header_timeout: Duration,
     /// A connection with nothing read or written for this long is closed.
@@ -63,7 +62,7 @@ impl Default for ServeOptions {
         Self {
             allowed_hosts: Vec::new(),
             max_connections: DEFAULT_MAX_CONNECTIONS,
-            max_connections_per_peer: DEFAULT_MAX_CONNECTIONS_PER_PEER,
+            max_connections_per_peer: None,
             header_timeout: DEFAULT_HEADER_TIMEOUT,
             idle_timeout: DEFAULT_IDLE_TIMEOUT,
             max_in_flight: DEFAULT_MAX_IN_FLIGHT,
@@ -155,7 +154,9 @@ pub(crate) async fn run(
 ) -> std::io::Result<()> {
     let limits = crate::serve::Limits {
         max_connections: opts.max_connections,
-        max_per_peer: opts.max_connections_per_peer,
+        max_per_peer: opts
+            .max_connections_per_peer
+            .unwrap_or((opts.max_connections / 2).max(1)),
         header_timeout: opts.header_timeout,
         idle_timeout: opts.idle_timeout,
     };

@@ -104,11 +104,6 @@ impl Admin {
     fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
-
-    /// TCP connections the server holds to Postgres (its own sockets, from /proc).
-    fn postgres_connections(&self) -> usize {
-        postgres_connections_of(self.child.id())
-    }
 }
 
 /// TCP connections process `pid` holds to Postgres (its own sockets, from /proc).
@@ -466,8 +461,22 @@ async fn readiness_leaks_no_secret_costs_no_connection_and_refuses_foreign_hosts
     // 40 concurrent readiness calls open no connection: the answer comes from the last look.
     // The server's Postgres sockets are sampled all through the calls (a connection per call
     // would be open while its call runs, and gone after).
-    let before = a.postgres_connections();
+    // The server's own start-up work (the first gauge refresh, the pools' first connections)
+    // may still be opening connections: take the count once it has held for two seconds.
     let pid = a.child.id();
+    let before = blocking(move || {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let (mut n, mut since) = (postgres_connections_of(pid), Instant::now());
+        while since.elapsed() < Duration::from_secs(2) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+            let now = postgres_connections_of(pid);
+            if now != n {
+                (n, since) = (now, Instant::now());
+            }
+        }
+        n
+    })
+    .await;
     let sampling = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
     let sampler = {
         let sampling = sampling.clone();
@@ -504,6 +513,8 @@ async fn trickling_and_idle_sockets_are_closed_and_connections_are_capped() {
         &db,
         &[
             "--max-connections",
+            "20",
+            "--max-connections-per-peer",
             "20",
             "--header-timeout",
             "5s",

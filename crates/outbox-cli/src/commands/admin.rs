@@ -40,7 +40,7 @@ pub struct Args {
     max_connections: usize,
     /// Open connections from one address at most, so one client cannot take every slot
     /// (behind a proxy, every client has the proxy's address: raise it there).
-    /// Default: 32, or --max-connections when that is lower.
+    /// Default: half of --max-connections.
     #[arg(long)]
     max_connections_per_peer: Option<usize>,
     /// A request's headers must arrive within this.
@@ -83,9 +83,7 @@ pub async fn run(args: Args, _out: &mut dyn Write) -> anyhow::Result<()> {
     if !(1..=100_000).contains(&max_connections) {
         return Err(UsageError("--max-connections: 1 to 100000".into()).into());
     }
-    let max_connections_per_peer = max_connections_per_peer
-        .unwrap_or(outbox::admin::DEFAULT_MAX_CONNECTIONS_PER_PEER.min(max_connections));
-    if !(1..=max_connections).contains(&max_connections_per_peer) {
+    if max_connections_per_peer.is_some_and(|n| !(1..=max_connections).contains(&n)) {
         return Err(UsageError("--max-connections-per-peer: 1 to --max-connections".into()).into());
     }
     let hour = Duration::from_secs(3600);
