@@ -28,25 +28,27 @@ use std::time::Instant;
 
 use support::*;
 
-/// The WAL insert position, as bytes from the start of WAL.
-async fn lsn(c: &tokio_postgres::Client) -> i64 {
-    c.query_one(
-        "SELECT (pg_current_wal_insert_lsn() - '0/0'::pg_lsn)::bigint",
-        &[],
-    )
-    .await
-    .unwrap()
-    .get(0)
+/// One `bigint` a statement returns.
+async fn scalar(c: &tokio_postgres::Client, sql: &str) -> i64 {
+    c.query_one(sql, &[]).await.unwrap().get(0)
 }
 
-async fn checkpoints(c: &tokio_postgres::Client) -> i64 {
-    c.query_one(
-        "SELECT (checkpoints_timed + checkpoints_req)::bigint FROM pg_stat_bgwriter",
-        &[],
+/// The WAL insert position, as bytes from the start of WAL.
+async fn lsn(c: &tokio_postgres::Client) -> i64 {
+    scalar(
+        c,
+        "SELECT (pg_current_wal_insert_lsn() - '0/0'::pg_lsn)::bigint",
     )
     .await
-    .unwrap()
-    .get(0)
+}
+
+/// Checkpoints so far (one inside a phase inflates it with full-page images).
+async fn checkpoints(c: &tokio_postgres::Client) -> i64 {
+    scalar(
+        c,
+        "SELECT (checkpoints_timed + checkpoints_req)::bigint FROM pg_stat_bgwriter",
+    )
+    .await
 }
 
 /// Dead tuples in `table` (qualified), counted page by page; `None` without `pgstattuple`.
