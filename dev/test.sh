@@ -37,29 +37,50 @@ services=$!
 # (`cargo test --all-targets` builds examples only as test harnesses), and the `outbox` binary
 # of crates/outbox-cli that the CLI tests run.
 cargo build --locked --bins --examples
-cargo test --locked --all-targets --no-run
+# Every test binary, built once. They run as built, not through `cargo test --test NAME`: cargo
+# resolves features for what it is asked to build, and a narrower selection (one test target,
+# without the CLI's package) rebuilt the library and a dozen dependencies a second time.
+cargo test --locked --all-targets --no-run --message-format json-render-diagnostics \
+  >"$logs/build.json"
+python3 - "$logs/build.json" >"$logs/binaries" <<'PY'
+import json, os, sys
+for line in open(sys.argv[1]):
+    try:
+        m = json.loads(line)
+    except ValueError:
+        continue
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["profile"]["test"]:
+        kind = m["target"]["kind"][0]
+        print(kind, m["target"]["name"], os.path.dirname(m["manifest_path"]), m["executable"])
+PY
 wait "$services" || { cat "$logs/services"; echo "[test] services did not start" >&2; exit 1; }
 cat "$logs/services"
 export RUST_TEST_THREADS="${RUST_TEST_THREADS:-6}"
-# Every integration test target but these two, from the manifest, so a new one is never left out.
-others=$(cargo metadata --locked --no-deps --format-version 1 | python3 -c '
-import json, sys
-for p in json.load(sys.stdin)["packages"]:
-    for t in p["targets"]:
-        if t["kind"] == ["test"] and t["name"] not in ("cluster", "faults"):
-            print("--test", t["name"])')
-cargo test --locked --test cluster >"$logs/cluster" 2>&1 &
+# Runs the test binaries whose "kind name" matches the regex $1 and not $2 (the rest of the
+# arguments go to each), in their package's directory as `cargo test` does; the exit code of
+# the last failure.
+run() {
+  local pattern="$1" except="$2" rc=0 kind name dir exe
+  shift 2
+  while read -r kind name dir exe; do
+    [[ "$kind $name" =~ $pattern ]] || continue
+    [[ "$kind $name" =~ $except ]] && continue
+    echo "[test] $kind $name"
+    (cd "$dir" && CARGO_MANIFEST_DIR="$dir" "$exe" "$@") || rc=$?
+  done <"$logs/binaries"
+  return "$rc"
+}
+run '^test cluster$' '^$' >"$logs/cluster" 2>&1 &
 cluster=$!
 rc=0
-# shellcheck disable=SC2086
-OUTBOX_SKIP_FEATURE_BUILDS=1 cargo test --locked --lib --bins --examples --benches $others || rc=$?
+OUTBOX_SKIP_FEATURE_BUILDS=1 run '.' '^test (cluster|faults)$' || rc=$?
 wait "$cluster" || rc=$?
 cat "$logs/cluster"
 [ "$rc" = 0 ] || exit "$rc"
-cargo test --locked --test ops -- --exact layout::each_feature_builds_alone \
+run '^test ops$' '^$' --exact layout::each_feature_builds_alone \
   layout::the_test_kit_takes_only_the_features_the_service_uses >"$logs/features" 2>&1 &
 features=$!
-cargo test --locked --test faults || rc=$?
+run '^test faults$' '^$' || rc=$?
 wait "$features" || rc=$?
 cat "$logs/features"
 [ "$rc" = 0 ] || exit "$rc"

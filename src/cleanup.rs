@@ -132,7 +132,15 @@ pub(crate) async fn run_with(
     let mut report = CleanupReport::default();
     let batch = i64::try_from(config.batch_size).unwrap_or(i64::MAX);
     let mut last_id: i64 = 0;
-    loop {
+    // On ring storage (`outbox_use_ring()`) nothing is deleted row by row: whole generations
+    // are reclaimed instead.
+    let on_ring: bool = pool
+        .get()
+        .await?
+        .query_one(stmts.ring_layout.as_str(), &[])
+        .await?
+        .get(0);
+    while !on_ring {
         if cancel.is_cancelled() {
             return Ok(report);
         }

@@ -17,7 +17,7 @@ use crate::db;
 
 /// The embedded migrations, in version order. A file in `migrations/` missing here fails the
 /// unit test `every_file_is_embedded`.
-const MIGRATIONS: [(i32, &str, &str); 17] = [
+const MIGRATIONS: [(i32, &str, &str); 18] = [
     (1, "outbox", include_str!("../migrations/V1__outbox.sql")),
     (
         2,
@@ -94,6 +94,11 @@ const MIGRATIONS: [(i32, &str, &str); 17] = [
         17,
         "job_timeline_and_edits",
         include_str!("../migrations/V17__job_timeline_and_edits.sql"),
+    ),
+    (
+        18,
+        "ring_storage",
+        include_str!("../migrations/V18__ring_storage.sql"),
     ),
 ];
 

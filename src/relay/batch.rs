@@ -15,6 +15,8 @@ pub(super) struct Row {
     pub(super) created: f64,
     /// The claim's row: `topic`, `message_key`, `headers`, `payload` at 1 – 4.
     pub(super) raw: tokio_postgres::Row,
+    /// Ring storage: the row was read from the retry table, not from the ring.
+    pub(super) retry: bool,
 }
 
 impl Row {
@@ -68,6 +70,9 @@ pub(crate) struct Claimed {
     pub(super) waiting: HashSet<String>,
     /// The most rows the claim could take (a claim this full leaves more behind).
     pub(super) limit: usize,
+    /// Ring storage: where each lane was read from and how far, and the rows parked behind a
+    /// retry row of their key (`ring.rs`). `None` for today's table.
+    pub(super) ring: Option<super::ring::RingRead>,
 }
 
 impl Claimed {
@@ -78,6 +83,9 @@ impl Claimed {
 
     /// What the next claim may skip, if this batch is full (see [`Ahead`]).
     pub(crate) fn ahead(&self, batch_size: usize) -> Option<Ahead> {
+        if let Some(read) = &self.ring {
+            return read.ahead();
+        }
         let last = self.rows.last()?;
         (self.rows.len() >= batch_size).then_some(Ahead {
             scan_from: self.begin.scan_from,

@@ -97,6 +97,13 @@ impl ClaimFloor {
         }
     }
 
+    /// Never passes a writer that is still open, however long it stays open. Ring storage
+    /// (`ring.rs`) has no sweep to find such a writer's rows later: below a lane's cursor they
+    /// would never be read.
+    pub fn hold_long_writers(&mut self) {
+        self.long_transaction = Duration::MAX;
+    }
+
     /// The current floor (0 = scan from the head).
     pub fn get(&self) -> i64 {
         self.floor

@@ -49,6 +49,7 @@ mod poll_thread;
 mod producer;
 mod progress;
 mod reports;
+mod ring;
 #[cfg(feature = "schemas")]
 mod schemas;
 mod send;
@@ -91,6 +92,8 @@ pub struct Relay {
     floor: Arc<Mutex<ClaimFloor>>,
     /// Held for the length of a pass.
     pass: tokio::sync::Mutex<()>,
+    /// Whether the schema is on ring storage, as last seen (`ring.rs`).
+    layout: ring::Layout,
     /// Exactly-once mode: each slot's transactional producer and claim floor.
     slots: Option<exactly_once::Slots>,
     /// The progress topic was found (or created) with a partition per slot.
@@ -146,6 +149,7 @@ impl Relay {
             db: db.clone(),
             floor: Arc::new(Mutex::new(ClaimFloor::new(config.long_transaction))),
             pass: tokio::sync::Mutex::new(()),
+            layout: ring::Layout::default(),
             slots: config
                 .exactly_once
                 .as_ref()
@@ -336,6 +340,16 @@ impl Relay {
         ahead: Option<Ahead>,
     ) -> Result<Claimed, RelayError> {
         let tx = OpenTx::connect(&self.pool).await?;
+        if self.on_ring(tx.client()).await? {
+            if self.config.exactly_once.is_some() {
+                return Err(ConfigError::Value {
+                    name: "exactly_once",
+                    reason: "not available yet on ring storage (outbox_use_ring())".into(),
+                }
+                .into());
+            }
+            return self.claim_ring(tx, limit, lanes, ahead).await;
+        }
         let c = tx.client();
         let sample = c.prepare_cached(&self.stmts.sample).await?;
         let ((), sampled) =
@@ -377,6 +391,7 @@ impl Relay {
                 id: r.get(0),
                 created: r.get(5),
                 raw: r,
+                retry: false,
             })
             .collect();
         metrics::histogram!(crate::metrics::OUTBOX_CLAIM_SECONDS)
@@ -415,6 +430,7 @@ impl Relay {
             lanes,
             waiting,
             limit,
+            ring: None,
         })
     }
 
@@ -430,6 +446,7 @@ impl Relay {
             begin,
             lanes,
             limit,
+            ring,
             ..
         } = claimed;
         let c = tx.client();
@@ -448,7 +465,7 @@ impl Relay {
         let (mut broken_ids, mut broken_errs) = (Vec::new(), Vec::new());
         let mut deferred_reason = None;
         let mut waiting_reason = None;
-        for (row, fate) in rows.iter().zip(fates) {
+        for (row, fate) in rows.iter().zip(&fates) {
             match fate {
                 Fate::Sent => {
                     sent.push(row.id);
@@ -459,28 +476,36 @@ impl Relay {
                     metrics::counter!(crate::metrics::OUTBOX_PUBLISH_FAILURES,
                         "reason" => reason.as_str())
                     .increment(1);
-                    if reason == RefusalReason::Contract {
+                    if *reason == RefusalReason::Contract {
                         warn!(id = row.id, topic = %row.topic(), error = %err, "outbox row breaks its topic's schema: failed (requeue it after the fix)");
                         broken_ids.push(row.id);
-                        broken_errs.push(err);
+                        broken_errs.push(err.clone());
                     } else {
                         warn!(id = row.id, topic = %row.topic(), error = %err, "kafka refused outbox row; backing it off");
                         refused_ids.push(row.id);
-                        refused_errs.push(err);
+                        refused_errs.push(err.clone());
                     }
                 }
                 Fate::Waiting(err) => {
                     report.deferred += 1;
-                    waiting_reason.get_or_insert(err);
+                    waiting_reason.get_or_insert(err.clone());
                 }
                 Fate::Deferred(err) => {
                     metrics::counter!(crate::metrics::OUTBOX_PUBLISH_FAILURES, "reason" => "no_report")
                         .increment(1);
                     report.deferred += 1;
-                    deferred_reason.get_or_insert(err);
+                    deferred_reason.get_or_insert(err.clone());
                 }
                 Fate::HeldBack => report.held_back += 1,
             }
+        }
+        if let Some(read) = ring {
+            self.settle_ring(tx, &rows, &fates, &lanes, read).await?;
+            self.after_settle(sent_topics, lags);
+            report.sent = sent.len();
+            report.backed_off = refused_ids.len() + broken_ids.len();
+            self.report_outcome(&report, waiting_reason, deferred_reason);
+            return Ok(report);
         }
         let full_batch_last = (rows.len() >= limit)
             .then(|| rows.last().map(|r| r.id))
@@ -536,8 +561,17 @@ impl Relay {
         let ((), (), (), left, ()) =
             futures::try_join!(mark, back_off, fail_now, probe, c.batch_execute("COMMIT"))?;
         tx.committed();
+        self.after_settle(sent_topics, lags);
+        self.floor.lock().expect("floor lock").finish(bound, left);
+        report.sent = sent.len();
+        report.backed_off = refused_ids.len() + broken_ids.len();
+        self.report_outcome(&report, waiting_reason, deferred_reason);
+        Ok(report)
+    }
+
+    /// Once a batch's marks are durable: the published counters and the commit→ack lags.
+    fn after_settle(&self, sent_topics: HashMap<&str, u64>, lags: Vec<f64>) {
         self.outages.postgres.ok();
-        // Counted once the marks are durable.
         for (topic, n) in sent_topics {
             metrics::counter!(crate::metrics::OUTBOX_PUBLISHED, "topic" => topic.to_owned())
                 .increment(n);
@@ -546,9 +580,15 @@ impl Relay {
         for l in lags {
             h.record(l);
         }
-        self.floor.lock().expect("floor lock").finish(bound, left);
-        report.sent = sent.len();
-        report.backed_off = refused_ids.len() + broken_ids.len();
+    }
+
+    /// Logs a settled batch and tells the Kafka outage tracker how it went.
+    fn report_outcome(
+        &self,
+        report: &BatchReport,
+        waiting_reason: Option<String>,
+        deferred_reason: Option<String>,
+    ) {
         if let Some(reason) = waiting_reason {
             debug!(%reason, "rows left pending while the schema registry is unreachable");
         }
@@ -562,6 +602,5 @@ impl Relay {
             self.outages.kafka.ok();
         }
         debug!(?report, "batch settled");
-        Ok(report)
     }
 }

@@ -1,7 +1,8 @@
 //! Every SQL statement the library runs, grouped by the table it is about, each with its
 //! reason: `outbox` (the relay, enqueue, cleanup, status), `marks` (`processed_messages`,
 //! `dead_lettered`), `dead_letters` (the archive and its audit), `replay_jobs`, `breakers`
-//! (`circuit_breakers`) and `locks` (the advisory locks relays and replay runners share).
+//! (`circuit_breakers`), `locks` (the advisory locks relays and replay runners share) and
+//! `ring` (the append-only storage: the ring's reads, the lanes' cursors, the retry table).
 //! The migration runner's own history statements stay with it (`migrate.rs`), and the admin
 //! server's readiness probe is a bare `SELECT 1`.
 //!
@@ -20,6 +21,7 @@ pub(crate) mod locks;
 pub(crate) mod marks;
 pub(crate) mod outbox;
 pub(crate) mod replay_jobs;
+pub(crate) mod ring;
 
 use outbox::*;
 
@@ -57,6 +59,14 @@ pub(crate) struct Statements {
     pub requeue_failed: String,
     pub requeue_id: String,
     pub open_breakers: String,
+    pub ring_layout: String,
+    pub ring_sample: String,
+    pub ring_read: String,
+    pub ring_claim_retry: String,
+    pub ring_retry_keys: String,
+    pub ring_retry_sent: String,
+    pub ring_retry_failed: String,
+    pub ring_advance: String,
 }
 
 impl Statements {
@@ -89,6 +99,14 @@ impl Statements {
             requeue_failed: r(REQUEUE_FAILED),
             requeue_id: r(REQUEUE_ID),
             open_breakers: r(breakers::OPEN_ALL),
+            ring_layout: r(ring::LAYOUT),
+            ring_sample: r(ring::SAMPLE),
+            ring_read: r(ring::READ),
+            ring_claim_retry: r(ring::CLAIM_RETRY),
+            ring_retry_keys: r(ring::RETRY_KEYS),
+            ring_retry_sent: r(ring::RETRY_SENT),
+            ring_retry_failed: r(ring::RETRY_FAILED),
+            ring_advance: r(ring::ADVANCE),
         }
     }
 

@@ -6,5 +6,6 @@ mod crash;
 mod exactly;
 mod ordering;
 mod plans;
+mod ring;
 mod security;
 mod sqlx;

@@ -1,0 +1,327 @@
+//! The relay on append-only storage (`sql/ring.rs`, issue 33): read, don't claim.
+//!
+//! A claim reads the ring from each lane's cursor up to the ids the claim floor proves
+//! committed or rolled back (`floor.rs`: the same samples, `visible_below`), plus the due rows
+//! of the retry table. Nothing is locked but the retry rows: the lanes are this relay's alone
+//! (advisory locks, `lanes.rs`). Settling moves each lane's cursor past what was read, in the
+//! claim's transaction, and copies into the retry table every ring row that did not reach Kafka
+//! (refused, or held behind a row of its key that is in the retry table or was refused here).
+//! A lane whose batch left a row deferred (Kafka unreachable, no report) stops at that row and
+//! reads it again, with everything after it, and copies nothing.
+//!
+//! Pipelined batches: a batch reads from where the one before it stopped reading, before that
+//! one settled. Its cursor moves only if the lane's cursor reached where it started reading
+//! (the batch before it settled that far): otherwise its rows are read again, and since the
+//! copies happen only for lanes that moved, a row is never both re-read and copied.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use tracing::Instrument as _;
+
+use super::*;
+
+/// How long a relay trusts what it saw of the schema's storage before looking again (a schema
+/// moved onto the ring while relays run is seen within this).
+const LAYOUT_TTL: Duration = Duration::from_secs(10);
+
+/// Which storage a schema's outbox is on, as last seen.
+#[derive(Debug, Default)]
+pub(crate) struct Layout(Mutex<Option<(bool, Instant)>>);
+
+/// What a ring claim read, for its settle.
+pub(crate) struct RingRead {
+    /// Where the batch started reading (every lane: `max(from, its cursor)`).
+    from: i64,
+    /// The cursors of the claim's lanes when it sampled, in lane order.
+    cursors: Vec<i64>,
+    /// How far the lanes may move if nothing stops them: the proven ids, cut at the last row of
+    /// a full batch. `None`: nothing was proven, nothing read from the ring.
+    bound: Option<i64>,
+    /// Ring rows of keys waiting in the retry table: copied in behind, never sent.
+    parked: Vec<(i64, i32)>,
+    /// The read took as many rows as it could: more may follow right after `bound`.
+    full: bool,
+}
+
+impl RingRead {
+    /// Where the next batch reads from while this one is in flight (see [`Ahead`]): right
+    /// after this one, when it was full.
+    pub(super) fn ahead(&self) -> Option<Ahead> {
+        self.full.then_some(Ahead {
+            scan_from: self.from,
+            next: self.bound?,
+        })
+    }
+}
+
+impl Relay {
+    /// Whether this relay's schema is on ring storage (cached for [`LAYOUT_TTL`]).
+    pub(super) async fn on_ring(&self, c: &deadpool_postgres::Object) -> Result<bool, RelayError> {
+        if let Some((ring, at)) = *self.layout.0.lock().expect("layout lock") {
+            if at.elapsed() < LAYOUT_TTL {
+                return Ok(ring);
+            }
+        }
+        let stmt = c.prepare_cached(&self.stmts.ring_layout).await?;
+        let ring: bool = c.query_one(&stmt, &[]).await?.get(0);
+        *self.layout.0.lock().expect("layout lock") = Some((ring, Instant::now()));
+        Ok(ring)
+    }
+
+    /// [`Relay::claim_in`] on ring storage: reads instead of claiming (see the module's doc).
+    pub(super) async fn claim_ring(
+        &self,
+        tx: OpenTx,
+        limit: usize,
+        lanes: Vec<i32>,
+        ahead: Option<Ahead>,
+    ) -> Result<Claimed, RelayError> {
+        let c = tx.client();
+        let sample = c.prepare_cached(&self.stmts.ring_sample).await?;
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&lanes];
+        let ((), sampled) =
+            futures::try_join!(c.batch_execute("BEGIN"), c.query_one(&sample, &params))?;
+        let sample = Sample {
+            at: Instant::now(),
+            max_id: sampled.get(0),
+            writers: sampled.get(1),
+        };
+        let retry_due: bool = sampled.get(2);
+        let cursors: Vec<i64> = sampled.get(3);
+        let begin = {
+            let mut floor = self.floor.lock().expect("floor lock");
+            floor.hold_long_writers();
+            floor.begin(&lanes, sample)
+        };
+        let lowest = cursors.iter().copied().min().unwrap_or(0);
+        // Right after the batch in flight before this one, if any (it was full, see `Ahead`):
+        // its rows are settled by it, not read again.
+        let from = ahead.map_or(lowest, |a| a.next.max(lowest));
+        let batch = i64::try_from(limit).unwrap_or(i64::MAX);
+        metrics::gauge!(crate::metrics::OUTBOX_LANES_OWNED).set(lanes.len() as f64);
+        let claim_started = Instant::now();
+        let mut rows: Vec<Row> = Vec::new();
+        if retry_due {
+            let claim = c.prepare_cached(&self.stmts.ring_claim_retry).await?;
+            rows.extend(
+                c.query(&claim, &[&batch, &lanes])
+                    .await?
+                    .into_iter()
+                    .map(|r| Row {
+                        id: r.get(0),
+                        created: r.get(5),
+                        raw: r,
+                        retry: true,
+                    }),
+            );
+        }
+        let mut read = 0usize;
+        if let Some(below) = begin.visible_below.filter(|b| *b > from) {
+            let stmt = c.prepare_cached(&self.stmts.ring_read).await?;
+            let ring_rows = c
+                .query(&stmt, &[&batch, &lanes, &from, &below])
+                .instrument(tracing::debug_span!(
+                    "outbox.claim",
+                    batch,
+                    lanes = lanes.len(),
+                    from
+                ))
+                .await?;
+            read = ring_rows.len();
+            rows.extend(ring_rows.into_iter().map(|r| Row {
+                id: r.get(0),
+                created: r.get(5),
+                raw: r,
+                retry: false,
+            }));
+        }
+        metrics::histogram!(crate::metrics::OUTBOX_CLAIM_SECONDS)
+            .record(claim_started.elapsed().as_secs_f64());
+        let full_last = (read >= limit)
+            .then(|| rows.iter().filter(|r| !r.retry).map(|r| r.id).max())
+            .flatten();
+        let bound = begin
+            .visible_below
+            .map(|v| full_last.map_or(v, |l| v.min(l.saturating_add(1))))
+            .filter(|b| *b > from);
+        rows.sort_unstable_by_key(|r| r.id);
+
+        // Ring rows of keys with a pending row in the retry table wait behind it there.
+        let keys: Vec<&str> = rows
+            .iter()
+            .filter(|r| !r.retry)
+            .filter_map(Row::key)
+            .collect::<HashSet<_>>()
+            .into_iter()
+            .collect();
+        let mut waiting: HashSet<String> = HashSet::new();
+        if !keys.is_empty() {
+            let stmt = c.prepare_cached(&self.stmts.ring_retry_keys).await?;
+            for r in c.query(&stmt, &[&keys]).await? {
+                waiting.insert(r.get(0));
+            }
+        }
+        let mut parked = Vec::new();
+        if !waiting.is_empty() {
+            rows.retain(|r| {
+                let park = !r.retry && r.key().is_some_and(|k| waiting.contains(k));
+                if park {
+                    parked.push((r.id, r.lane()));
+                }
+                !park
+            });
+        }
+        Ok(Claimed {
+            tx,
+            rows,
+            begin,
+            lanes,
+            waiting: HashSet::new(),
+            limit,
+            ring: Some(RingRead {
+                from,
+                cursors,
+                bound,
+                parked,
+                full: read >= limit,
+            }),
+        })
+    }
+
+    /// [`Relay::settle`] on ring storage: the retry rows' marks, the lanes' cursors and the
+    /// copies, then COMMIT, in one round trip. Returns the report and the sent rows' topics and
+    /// lags for the metrics.
+    pub(super) async fn settle_ring(
+        &self,
+        tx: OpenTx,
+        rows: &[Row],
+        fates: &[Fate],
+        lanes: &[i32],
+        read: RingRead,
+    ) -> Result<(), RelayError> {
+        let c = tx.client();
+        let (mut retry_sent, mut retry_failed, mut retry_errs, mut retry_broken, mut broken_errs) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        // Per lane: the first ring row that must be read again (deferred), if any.
+        let mut stop: HashMap<i32, i64> = HashMap::new();
+        for (row, fate) in rows.iter().zip(fates) {
+            if !row.retry {
+                if matches!(fate, Fate::Deferred(_) | Fate::Waiting(_)) {
+                    stop.entry(row.lane())
+                        .and_modify(|s| *s = (*s).min(row.id))
+                        .or_insert(row.id);
+                }
+                continue;
+            }
+            match fate {
+                Fate::Sent => retry_sent.push(row.id),
+                Fate::Refused(err, RefusalReason::Contract) => {
+                    retry_broken.push(row.id);
+                    broken_errs.push(err.clone());
+                }
+                Fate::Refused(err, _) => {
+                    retry_failed.push(row.id);
+                    retry_errs.push(err.clone());
+                }
+                Fate::Deferred(_) | Fate::Waiting(_) | Fate::HeldBack => {}
+            }
+        }
+        // The ring rows to copy into the retry table (only if their lane moves past them).
+        let (mut copy_ids, mut copy_lanes, mut copy_errs, mut copy_dead) = (
+            Vec::new(),
+            Vec::new(),
+            Vec::<Option<String>>::new(),
+            Vec::new(),
+        );
+        let before_stop = |lane: i32, id: i64| stop.get(&lane).is_none_or(|s| id < *s);
+        for (row, fate) in rows.iter().zip(fates) {
+            if row.retry || !before_stop(row.lane(), row.id) {
+                continue;
+            }
+            let (err, dead) = match fate {
+                Fate::Refused(err, reason) => (
+                    Some(err.clone()),
+                    *reason == RefusalReason::Contract || self.config.max_attempts <= 1,
+                ),
+                Fate::HeldBack => (None, false),
+                _ => continue,
+            };
+            copy_ids.push(row.id);
+            copy_lanes.push(row.lane());
+            copy_errs.push(err);
+            copy_dead.push(dead);
+        }
+        for &(id, lane) in &read.parked {
+            if before_stop(lane, id) {
+                copy_ids.push(id);
+                copy_lanes.push(lane);
+                copy_errs.push(None);
+                copy_dead.push(false);
+            }
+        }
+        let (mut adv_lanes, mut adv_start, mut adv_next) = (Vec::new(), Vec::new(), Vec::new());
+        if let Some(bound) = read.bound {
+            for (lane, cursor) in lanes.iter().zip(&read.cursors) {
+                let next = stop.get(lane).map_or(bound, |s| (*s).min(bound));
+                let start = read.from.max(*cursor);
+                if next > start {
+                    adv_lanes.push(*lane);
+                    adv_start.push(start);
+                    adv_next.push(next);
+                }
+            }
+        }
+        let (sent_stmt, failed_stmt, advance) = (
+            c.prepare_cached(&self.stmts.ring_retry_sent).await?,
+            c.prepare_cached(&self.stmts.ring_retry_failed).await?,
+            c.prepare_cached(&self.stmts.ring_advance).await?,
+        );
+        let sent = async {
+            if !retry_sent.is_empty() {
+                c.execute(&sent_stmt, &[&retry_sent]).await?;
+            }
+            Ok::<_, tokio_postgres::Error>(())
+        };
+        let failed = async {
+            if !retry_failed.is_empty() {
+                c.execute(
+                    &failed_stmt,
+                    &[&retry_failed, &retry_errs, &self.config.max_attempts],
+                )
+                .await?;
+            }
+            Ok(())
+        };
+        let broken = async {
+            if !retry_broken.is_empty() {
+                c.execute(&failed_stmt, &[&retry_broken, &broken_errs, &1i32])
+                    .await?;
+            }
+            Ok(())
+        };
+        let moved = async {
+            if !adv_lanes.is_empty() {
+                c.execute(
+                    &advance,
+                    &[
+                        &adv_lanes,
+                        &adv_start,
+                        &adv_next,
+                        &copy_ids,
+                        &copy_lanes,
+                        &copy_errs,
+                        &copy_dead,
+                    ],
+                )
+                .instrument(tracing::debug_span!("outbox.mark", lanes = adv_lanes.len()))
+                .await?;
+            }
+            Ok(())
+        };
+        futures::try_join!(sent, failed, broken, moved, c.batch_execute("COMMIT"))?;
+        tx.committed();
+        Ok(())
+    }
+}

@@ -1,0 +1,106 @@
+//! The append-only storage (`migrations/V18__ring_storage.sql`, issue 33): the relay reads
+//! `outbox_ring` from its lanes' cursors instead of claiming rows, moves the cursors
+//! (`outbox_lanes`) once Kafka acknowledged, and copies rows that need another attempt, with
+//! the rows of their key behind them, into `outbox_retry`. No statement here updates or deletes
+//! a row of the ring. `{s}` stands for the quoted schema.
+
+/// Whether the schema's `outbox` is the view over the ring (`outbox_use_ring()` ran).
+pub(crate) const LAYOUT: &str = "\
+SELECT coalesce((SELECT c.relkind = 'v' FROM pg_class AS c
+                  WHERE c.oid = to_regclass('{s}.outbox')), false)";
+
+/// First statement of a ring claim: as `outbox::SAMPLE` (the highest visible id and the
+/// transactions holding `ROW EXCLUSIVE` on the ring, which every INSERT takes before drawing
+/// its id), then whether a row of the lanes `$1` waits in the retry table and is due, and the
+/// lanes' cursors in the order of `$1`.
+pub(crate) const SAMPLE: &str = "\
+SELECT coalesce((SELECT max(m.id) FROM {s}.outbox_ring AS m), 0),
+       array(SELECT l.virtualtransaction FROM pg_locks AS l
+              WHERE l.locktype = 'relation' AND l.mode = 'RowExclusiveLock'
+                AND l.relation = '{s}.outbox_ring'::regclass
+                AND l.database = (SELECT d.oid FROM pg_database AS d
+                                   WHERE d.datname = current_database())
+                AND l.pid IS DISTINCT FROM pg_backend_pid()),
+       EXISTS (SELECT 1 FROM {s}.outbox_retry AS t
+                WHERE t.status = 'pending' AND t.available_at <= now()
+                  AND (hashtext(coalesce(t.message_key, '')) & 63) = ANY($1::int[])),
+       array(SELECT c.next_id FROM unnest($1::int[]) WITH ORDINALITY AS u(lane, n)
+               JOIN {s}.outbox_lanes AS c ON c.lane = u.lane ORDER BY u.n)";
+
+/// The next rows of the lanes `$2` in id order: from `$3` up to (not including) `$4`, the
+/// ids proven committed or rolled back, each lane from its own cursor. At most `$1`. A merge of
+/// the leaves' primary keys; no lock, no write. Column 7 tells a ring row from a retry row.
+pub(crate) const READ: &str = "\
+SELECT o.id, o.topic, o.message_key, o.headers::text, o.payload::text,
+       extract(epoch FROM o.created_at)::float8, hashtext(coalesce(o.message_key, '')) & 63,
+       false
+  FROM {s}.outbox_ring AS o
+  JOIN {s}.outbox_lanes AS c ON c.lane = hashtext(coalesce(o.message_key, '')) & 63
+ WHERE o.id >= $3 AND o.id < $4 AND o.id >= c.next_id
+   AND c.lane = ANY($2::int[])
+ ORDER BY o.id
+ LIMIT $1";
+
+/// Due rows of the retry table of the lanes `$2`, in id order, at most `$1`, locked for this
+/// batch; as `outbox::CLAIM`, a row waits while an earlier row of its key is backed off.
+pub(crate) const CLAIM_RETRY: &str = "\
+SELECT o.id, o.topic, o.message_key, o.headers::text, o.payload::text,
+       extract(epoch FROM o.created_at)::float8, hashtext(coalesce(o.message_key, '')) & 63,
+       true
+  FROM {s}.outbox_retry AS o
+ WHERE o.status = 'pending' AND (o.available_at <= now()) IS TRUE
+   AND (hashtext(coalesce(o.message_key, '')) & 63) = ANY($2::int[])
+   AND NOT EXISTS (
+         SELECT 1 FROM {s}.outbox_retry AS e
+          WHERE e.status = 'pending' AND e.message_key = o.message_key
+            AND e.id < o.id AND e.available_at > now())
+ ORDER BY o.id
+ LIMIT $1
+ FOR UPDATE OF o SKIP LOCKED";
+
+/// Of the keys `$1`, those with a pending row in the retry table: their rows read from the
+/// ring are copied in behind it instead of being sent (per-key order).
+pub(crate) const RETRY_KEYS: &str = "\
+SELECT DISTINCT t.message_key FROM {s}.outbox_retry AS t
+ WHERE t.status = 'pending' AND t.message_key = ANY($1::text[])";
+
+/// A retry row reached Kafka: it is gone. `$1` = ids.
+pub(crate) const RETRY_SENT: &str = "\
+DELETE FROM {s}.outbox_retry WHERE id = ANY($1::bigint[])";
+
+/// Back off retry rows whose produce failed: `outbox::MARK_FAILED` on the retry table.
+pub(crate) const RETRY_FAILED: &str = "\
+UPDATE {s}.outbox_retry AS o
+   SET attempts     = o.attempts + 1,
+       last_error   = ($2::text[])[array_position($1::bigint[], o.id)],
+       available_at = now() + make_interval(secs => least(300.0,
+                          power(2.0, least(o.attempts, 30)) * (0.75 + random() * 0.5))),
+       status       = CASE WHEN o.attempts + 1 >= $3 THEN 'failed' ELSE 'pending' END
+ WHERE o.id = ANY($1::bigint[])";
+
+/// Settles a batch's ring rows, in the claim's transaction: each lane `$1[i]` whose cursor is
+/// still at or past where this batch started reading it (`$2[i]`: the batch before it in the
+/// pipeline settled it that far) moves to `$3[i]`; for the lanes that moved, the rows that did
+/// not reach Kafka are copied into the retry table — `$4` ids with `$5` their lanes, `$6` the
+/// error of a refused row (NULL for a row held behind another of its key), `$7` whether it
+/// failed for good (a schema refusal, or `max_attempts` of 1). The copy reads the ring by
+/// primary key. A lane that did not move copies nothing: its rows are read again.
+pub(crate) const ADVANCE: &str = "\
+WITH moved AS (
+    UPDATE {s}.outbox_lanes AS c
+       SET next_id = v.next, moved_at = now()
+      FROM unnest($1::int[], $2::bigint[], $3::bigint[]) AS v(lane, start, next)
+     WHERE c.lane = v.lane AND c.next_id >= v.start AND c.next_id < v.next
+ RETURNING c.lane)
+INSERT INTO {s}.outbox_retry (id, topic, message_key, headers, payload, created_at,
+                              status, attempts, last_error, available_at)
+SELECT o.id, o.topic, o.message_key, o.headers, o.payload, o.created_at,
+       CASE WHEN f.dead THEN 'failed' ELSE 'pending' END,
+       CASE WHEN f.error IS NULL THEN 0 ELSE 1 END, f.error,
+       CASE WHEN f.error IS NULL THEN now()
+            ELSE now() + make_interval(secs => 0.75 + random() * 0.5) END
+  FROM unnest($4::bigint[], $5::int[], $6::text[], $7::bool[]) AS f(id, lane, error, dead)
+  JOIN {s}.outbox_ring AS o ON o.id = f.id
+ WHERE f.lane IN (SELECT lane FROM moved)
+ ORDER BY o.id
+ON CONFLICT (id) DO NOTHING";
