@@ -19,6 +19,9 @@
 //! cursor UPDATE per lane per batch, the leaf TRUNCATEd, the lanes vacuumed. It bounds what the
 //! design can cost, to judge it before it is built; it is not the feature.
 //!
+//! A third line, `wal_per_event_ring`, measures the ring as built so far, with the relay (see
+//! `ring_relay`), and its drain rate against the table's.
+//!
 //! `cargo bench --bench wal` (env: ROWS=100000, PER_TX=100, KEYS=1000, BATCH=2000).
 
 #[path = "support/mod.rs"]
@@ -234,6 +237,152 @@ async fn main() {
     drop(relay);
     delete_topic(&topic).await;
     ring_model(&c, &s, rows, per_tx, keys, param("BATCH", 2000)).await;
+    drop_schema(&db).await;
+    ring_relay(rows, per_tx, keys, rows as f64 / drain_secs).await;
+}
+
+/// The ring as built so far (`outbox_use_ring()`), with the relay: the same rows INSERTed into
+/// `outbox` (the view, through its trigger), published by the relay from the lanes' cursors,
+/// the leaf reclaimed by hand (`TRUNCATE`: rotation is not built yet), the lanes vacuumed;
+/// the drain rate as a ratio to the table's in the same run (`table_drain_per_sec`).
+async fn ring_relay(rows: usize, per_tx: usize, keys: usize, table_drain_per_sec: f64) {
+    let db = fresh_db().await;
+    let c = outbox::connect(&db).await.unwrap();
+    let s = db.schema.quoted();
+    let have_pgstattuple = c
+        .batch_execute("CREATE EXTENSION IF NOT EXISTS pgstattuple")
+        .await
+        .is_ok();
+    c.batch_execute(&format!(
+        "SET search_path TO {s}; SELECT outbox_use_ring(); RESET search_path;
+         CREATE TABLE {s}.plain (LIKE {s}.outbox_legacy INCLUDING DEFAULTS INCLUDING IDENTITY);
+         ALTER TABLE {s}.plain ADD PRIMARY KEY (id);
+         ALTER TABLE {s}.plain SET (autovacuum_enabled = false);"
+    ))
+    .await
+    .unwrap();
+    let topic = format!("bench.{}.wal", rand_name(8));
+    create_topic(&topic, 6).await;
+    let relay = {
+        let mut cfg = outbox::RelayConfig::default();
+        cfg.cleanup = {
+            let mut cc = outbox::CleanupConfig::default();
+            cc.interval = None;
+            cc
+        };
+        outbox::Relay::new(&db, &kafka(), cfg).unwrap()
+    };
+    relay.rebalance().await;
+    relay.run_once().await.unwrap();
+    c.batch_execute("CHECKPOINT").await.unwrap();
+
+    let a = lsn(&c).await;
+    c.batch_execute(&insert_sql(&format!("{s}.plain"), &s, rows, per_tx, keys))
+        .await
+        .unwrap();
+    let plain_insert = lsn(&c).await - a;
+
+    let a = lsn(&c).await;
+    c.batch_execute(
+        &insert_sql(&format!("{s}.outbox"), &s, rows, per_tx, keys)
+            .replace("'bench.wal'", &format!("'{topic}'")),
+    )
+    .await
+    .unwrap();
+    let enqueue = lsn(&c).await - a;
+
+    let a = lsn(&c).await;
+    let started = Instant::now();
+    let mut published = 0usize;
+    while let outbox::Outcome::Published(n) = relay.run_once().await.unwrap() {
+        published += n.sent;
+    }
+    let drain_secs = started.elapsed().as_secs_f64();
+    let relay_wal = lsn(&c).await - a;
+    assert_eq!(published, rows, "the relay published every row");
+    let leaf = format!("{s}.outbox_ring_0");
+    let dead_after_drain = if have_pgstattuple {
+        dead_tuples(&c, &leaf).await
+    } else {
+        None
+    };
+
+    let a = lsn(&c).await;
+    c.batch_execute(&format!(
+        "UPDATE {s}.outbox_generation SET gen = 1, since = now();
+         SET lock_timeout = '50ms';
+         LOCK TABLE {leaf} IN ACCESS EXCLUSIVE MODE NOWAIT;
+         TRUNCATE {leaf};
+         RESET lock_timeout;"
+    ))
+    .await
+    .unwrap();
+    let reclaim = lsn(&c).await - a;
+    let a = lsn(&c).await;
+    c.batch_execute(&format!(
+        "VACUUM {s}.outbox_lanes, {s}.outbox_generation, {s}.outbox_retry"
+    ))
+    .await
+    .unwrap();
+    let vacuum_wal = lsn(&c).await - a;
+
+    // A snapshot held open while a tenth of the volume goes through: the ring keeps no dead
+    // tuple; the lanes keep one version per lane per batch until it ends.
+    let held_rows = (rows / 10).max(per_tx) / per_tx * per_tx;
+    let holder = outbox::connect(&db).await.unwrap();
+    holder
+        .batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT 1")
+        .await
+        .unwrap();
+    c.batch_execute(
+        &insert_sql(&format!("{s}.outbox"), &s, held_rows, per_tx, keys)
+            .replace("'bench.wal'", &format!("'{topic}'")),
+    )
+    .await
+    .unwrap();
+    let mut held_published = 0usize;
+    while let outbox::Outcome::Published(n) = relay.run_once().await.unwrap() {
+        held_published += n.sent;
+    }
+    assert_eq!(held_published, held_rows);
+    c.batch_execute(&format!("VACUUM {s}.outbox_lanes"))
+        .await
+        .unwrap();
+    let (ring_dead_held, lanes_dead_held) = if have_pgstattuple {
+        (
+            dead_tuples(&c, &format!("{s}.outbox_ring_1")).await,
+            dead_tuples(&c, &format!("{s}.outbox_lanes")).await,
+        )
+    } else {
+        (None, None)
+    };
+    holder.batch_execute("COMMIT").await.unwrap();
+
+    let per = |b: i64| round2(b as f64 / rows as f64);
+    let total = enqueue + relay_wal + reclaim + vacuum_wal;
+    let drain_per_sec = rows as f64 / drain_secs;
+    emit(
+        "wal_per_event_ring",
+        serde_json::json!({"rows": rows, "per_tx": per_tx, "keys": keys,
+                           "storage": "ring (outbox_use_ring()), the relay; reclaimed by a hand TRUNCATE until rotation exists"}),
+        serde_json::json!({
+            "plain_insert_bytes_per_event": per(plain_insert),
+            "enqueue_bytes_per_event": per(enqueue),
+            "relay_bytes_per_event": per(relay_wal),
+            "reclaim_bytes_per_event": per(reclaim),
+            "vacuum_bytes_per_event": per(vacuum_wal),
+            "total_bytes_per_event": per(total),
+            "total_to_plain_insert": round2(total as f64 / plain_insert as f64),
+            "dead_tuples_after_drain": dead_after_drain,
+            "held_snapshot_rows": held_rows,
+            "ring_dead_tuples_while_held": ring_dead_held,
+            "lanes_dead_tuples_while_held": lanes_dead_held,
+            "drain_msgs_per_sec": drain_per_sec.round(),
+            "drain_to_table": round2(drain_per_sec / table_drain_per_sec),
+        }),
+    );
+    drop(relay);
+    delete_topic(&topic).await;
     drop_schema(&db).await;
 }
 

@@ -91,6 +91,13 @@ pub struct CleanupReport {
     pub statements: u64,
     /// The slowest single statement.
     pub longest_statement: Duration,
+    /// Ring storage: generations reclaimed whole (TRUNCATE), instead of rows deleted.
+    pub generations_reclaimed: u64,
+    /// Ring storage: generations that could be reclaimed but whose lock was busy (relays
+    /// reading them); the next run tries again.
+    pub generations_busy: u64,
+    /// Ring storage: new rows go to the next generation from now on.
+    pub generation_advanced: bool,
 }
 
 /// Runs cleanup once for the tables of `db.schema`.
@@ -114,6 +121,7 @@ pub async fn cleanup_with_progress(
     let pool = crate::db::pool(db).expect("pool configuration is static");
     run_with(
         &pool,
+        &db.schema,
         &Statements::new(&db.schema),
         config,
         &CancellationToken::new(),
@@ -124,6 +132,7 @@ pub async fn cleanup_with_progress(
 
 pub(crate) async fn run_with(
     pool: &Pool,
+    schema: &crate::schema::Schema,
     stmts: &Statements,
     config: &CleanupConfig,
     cancel: &CancellationToken,
@@ -133,13 +142,23 @@ pub(crate) async fn run_with(
     let batch = i64::try_from(config.batch_size).unwrap_or(i64::MAX);
     let mut last_id: i64 = 0;
     // On ring storage (`outbox_use_ring()`) nothing is deleted row by row: whole generations
-    // are reclaimed instead.
+    // are reclaimed instead (`rotate.rs`).
     let on_ring: bool = pool
         .get()
         .await?
         .query_one(stmts.ring_layout.as_str(), &[])
         .await?
         .get(0);
+    if on_ring {
+        let started = Instant::now();
+        let mut c = pool.get().await?;
+        let r = crate::rotate::rotate(&mut c, schema, config.sent_retention).await?;
+        report.longest_statement = report.longest_statement.max(started.elapsed());
+        report.generations_reclaimed = r.reclaimed;
+        report.generations_busy = r.busy;
+        report.generation_advanced = r.advanced;
+        progress(&report);
+    }
     while !on_ring {
         if cancel.is_cancelled() {
             return Ok(report);

@@ -55,7 +55,8 @@
 //! | `migrate` | core | [`migrate()`]: the embedded migrations (`migrations/`), kept in refinery's history table |
 //! | `wire` | core | [`wire`]: framework headers, dead-letter kinds, retry-topic names, archived headers |
 //! | `config` | core | [`DbConfig`], [`KafkaConfig`] (plain settings; the Kafka client comes with `kafka`) |
-//! | `cleanup` | core | [`cleanup()`], [`CleanupConfig`]: retention deletes in bounded batches |
+//! | `cleanup` | core | [`cleanup()`], [`CleanupConfig`]: retention deletes in bounded batches; on ring storage it rotates instead |
+//! | `rotate` | core | ring storage's rotation: generations moved on and settled leaves reclaimed whole (TRUNCATE), each step its own transaction (private) |
 //! | `status` | core | [`status::status()`] and [`status::requeue`]: operator views and repair |
 //! | `instances` | core | [`instances::overview`]: heartbeats of every relay, consumer and archiver; breakers opened or closed by hand |
 //! | `verdict` | core | [`verdict::verdicts`]: ok / warn / bad per part of the system, from the alert rules' thresholds, in words |
@@ -67,7 +68,7 @@
 //! | `classify` | core | transient vs permanent Postgres errors (tokio-postgres and sqlx) |
 //! | `sqlx` | `sqlx` | `outbox::sqlx::enqueue` into an sqlx transaction or connection; the consumer's sqlx driver lives in `consumer/driver/sqlx.rs`, its handler traits in `consumer/sqlx.rs` |
 //! | `schemas` | `schemas` | `schemas::Schemas`: the registry client and its caches (`registry.rs`), the Confluent frame (`frame.rs`), one file per format (`avro.rs` over `binary.rs`'s primitives, `protobuf.rs`, `json_schema.rs`), schema files for `outbox schemas register/check` (`files.rs`), the parsers the property tests reach (`probe.rs`) |
-//! | `db`, `backoff`, `outage` | core | connections; capped backoff; one log line per outage (private) |
+//! | `db`, `backoff`, `outage`, `crash` | core | connections; capped backoff; one log line per outage; `OUTBOX_CRASH_AT`, the kill -9 test hook (private) |
 //! | `kafka` | `kafka` | the idempotent producer preset, librdkafka callbacks, typed refusal reasons (private) |
 //! | `topics` | `kafka` | [`topics::apply_file`]: topics as code (main, retry chain, DLQ): the plan (`mod.rs`), applied to the broker (`apply.rs`) |
 //! | `relay` | `relay` | [`Relay`]: take → send → mark (`mod.rs`); `batch.rs` claimed rows and their fates, `producer.rs` its settings and error meanings, `reports.rs` delivery reports, `poll_thread.rs` the producers' polling thread, `pipeline.rs` batches overlapped, `tasks.rs` `run` and the background loops, `lanes.rs`, `floor.rs`, `config.rs`, `error.rs`, `send.rs` a batch handed to librdkafka and its fates, `exactly_once.rs` (exactly-once: a transactional producer per slot of lanes, the two-deep pipeline), `progress.rs` (progress records, fencing and recovery), `ring.rs` (append-only storage: read from the lanes' cursors, move them, copy what needs another attempt into the retry table), `schemas.rs` rows of topics with a schema encoded |
@@ -97,6 +98,7 @@ mod cleanup;
 mod config;
 #[cfg(feature = "consumer")]
 pub mod consumer;
+mod crash;
 mod db;
 #[cfg(feature = "dlq")]
 pub mod dlq;
@@ -112,6 +114,7 @@ mod outage;
 #[cfg(feature = "relay")]
 mod relay;
 pub mod republish;
+mod rotate;
 mod schema;
 #[cfg(feature = "schemas")]
 pub mod schemas;

@@ -117,6 +117,11 @@ impl Claimed {
             .zip(fates)
             .filter(|(_, f)| !matches!(f, Fate::Sent))
             .filter_map(|(r, _)| r.key().map(str::to_owned))
+            .chain(
+                self.ring
+                    .iter()
+                    .flat_map(super::ring::RingRead::parked_keys),
+            )
     }
 }
 

@@ -64,29 +64,8 @@ impl Slots {
     }
 }
 
-/// A test hook: `OUTBOX_CRASH_AT=<point>[:<n>]` aborts the process (no cleanup, like
-/// `kill -9`) the `n`-th time (default 1st) the relay reaches `point`: `after_produce`,
-/// `before_commit`, `during_commit`, `after_commit`. Read once; unset in production.
-pub(super) fn crash_point(point: &str) {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static HITS: AtomicU64 = AtomicU64::new(0);
-    if let Some((p, n)) = crash_at() {
-        if p == point && HITS.fetch_add(1, Ordering::SeqCst) + 1 == *n {
-            eprintln!("OUTBOX_CRASH_AT={point}: aborting");
-            std::process::abort();
-        }
-    }
-}
-
-/// `OUTBOX_CRASH_AT` as (point, n), read once.
-fn crash_at() -> &'static Option<(String, u64)> {
-    static AT: std::sync::OnceLock<Option<(String, u64)>> = std::sync::OnceLock::new();
-    AT.get_or_init(|| {
-        let v = std::env::var("OUTBOX_CRASH_AT").ok()?;
-        let (p, n) = v.split_once(':').unwrap_or((&v, "1"));
-        Some((p.to_owned(), n.parse().unwrap_or(1)))
-    })
-}
+use crate::crash::at as crash_at;
+pub(super) use crate::crash::point as crash_point;
 
 impl Relay {
     /// One exactly-once pass, repeated while its claim comes back full: every owned slot fenced

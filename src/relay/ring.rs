@@ -26,9 +26,17 @@ use super::*;
 /// moved onto the ring while relays run is seen within this).
 const LAYOUT_TTL: Duration = Duration::from_secs(10);
 
-/// Which storage a schema's outbox is on, as last seen.
+/// How long a relay trusts its list of leaves to read (a leaf that stopped being settled — a
+/// row written into it late — is read again within this; rotation keeps it meanwhile).
+const LEAVES_TTL: Duration = Duration::from_secs(1);
+
+/// Which storage a schema's outbox is on, and which leaves of the ring hold rows not yet read,
+/// as last seen.
 #[derive(Debug, Default)]
-pub(crate) struct Layout(Mutex<Option<(bool, Instant)>>);
+pub(crate) struct Layout(
+    Mutex<Option<(bool, Instant)>>,
+    Mutex<Option<(String, Instant)>>,
+);
 
 /// What a ring claim read, for its settle.
 pub(crate) struct RingRead {
@@ -41,25 +49,37 @@ pub(crate) struct RingRead {
     bound: Option<i64>,
     /// Ring rows of keys waiting in the retry table: copied in behind, never sent.
     parked: Vec<(i64, i32)>,
-    /// The read took as many rows as it could: more may follow right after `bound`.
-    full: bool,
+    /// How far this batch and those in flight before it read: the next batch reads from
+    /// here (never again what a batch in flight holds).
+    reach: Option<i64>,
+    /// The keys of the parked rows: the batch after this one holds its rows of them back
+    /// (their order is the retry table's now).
+    parked_keys: Vec<String>,
+    /// The leaves read (`{gens}`), for the copies at settle.
+    gens: String,
 }
 
 impl RingRead {
-    /// Where the next batch reads from while this one is in flight (see [`Ahead`]): right
-    /// after this one, when it was full.
+    /// Where the next batch reads from while this one is in flight (see [`Ahead`]): past
+    /// everything this one and those before it read.
     pub(super) fn ahead(&self) -> Option<Ahead> {
-        self.full.then_some(Ahead {
+        Some(Ahead {
             scan_from: self.from,
-            next: self.bound?,
+            next: self.reach?,
         })
+    }
+
+    /// Keys whose rows were parked behind the retry table in this batch.
+    pub(super) fn parked_keys(&self) -> impl Iterator<Item = String> + '_ {
+        self.parked_keys.iter().cloned()
     }
 }
 
 impl Relay {
     /// Whether this relay's schema is on ring storage (cached for [`LAYOUT_TTL`]).
     pub(super) async fn on_ring(&self, c: &deadpool_postgres::Object) -> Result<bool, RelayError> {
-        if let Some((ring, at)) = *self.layout.0.lock().expect("layout lock") {
+        let cached = *self.layout.0.lock().expect("layout lock");
+        if let Some((ring, at)) = cached {
             if at.elapsed() < LAYOUT_TTL {
                 return Ok(ring);
             }
@@ -68,6 +88,37 @@ impl Relay {
         let ring: bool = c.query_one(&stmt, &[]).await?.get(0);
         *self.layout.0.lock().expect("layout lock") = Some((ring, Instant::now()));
         Ok(ring)
+    }
+
+    /// The leaves a claim reads, as a literal list for `{gens}`: the current generation and
+    /// the next (rotation moves only one step), and every leaf whose newest row is at or above
+    /// the lowest lane cursor. Asked in its own statement, outside the claim's transaction
+    /// (it looks at every leaf), at most once per [`LEAVES_TTL`].
+    async fn readable_leaves(&self, c: &deadpool_postgres::Object) -> Result<String, RelayError> {
+        if let Some((gens, at)) = self.layout.1.lock().expect("layout lock").as_ref() {
+            if at.elapsed() < LEAVES_TTL {
+                return Ok(gens.clone());
+            }
+        }
+        let stmt = c.prepare_cached(&self.stmts.ring_rotation_state).await?;
+        let row = c.query_one(&stmt, &[]).await?;
+        let current: i16 = row.get(0);
+        let lowest: Option<i64> = row.get(2);
+        let newest: Vec<Option<i64>> = row.get(3);
+        let mut gens: Vec<i16> = vec![current, (current + 1) % crate::sql::ring::LEAVES];
+        for (g, id) in (0..crate::sql::ring::LEAVES).zip(&newest) {
+            if id.is_some_and(|id| id >= lowest.unwrap_or(0)) && !gens.contains(&g) {
+                gens.push(g);
+            }
+        }
+        gens.sort_unstable();
+        let list = gens
+            .iter()
+            .map(i16::to_string)
+            .collect::<Vec<_>>()
+            .join(",");
+        *self.layout.1.lock().expect("layout lock") = Some((list.clone(), Instant::now()));
+        Ok(list)
     }
 
     /// [`Relay::claim_in`] on ring storage: reads instead of claiming (see the module's doc).
@@ -79,7 +130,10 @@ impl Relay {
         ahead: Option<Ahead>,
     ) -> Result<Claimed, RelayError> {
         let c = tx.client();
-        let sample = c.prepare_cached(&self.stmts.ring_sample).await?;
+        let gens = self.readable_leaves(c).await?;
+        let sample = c
+            .prepare_cached(&self.stmts.ring_sample.replace("{gens}", &gens))
+            .await?;
         let params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&lanes];
         let ((), sampled) =
             futures::try_join!(c.batch_execute("BEGIN"), c.query_one(&sample, &params))?;
@@ -96,8 +150,8 @@ impl Relay {
             floor.begin(&lanes, sample)
         };
         let lowest = cursors.iter().copied().min().unwrap_or(0);
-        // Right after the batch in flight before this one, if any (it was full, see `Ahead`):
-        // its rows are settled by it, not read again.
+        // Past what the batches in flight before this one read (see `Ahead`): their rows are
+        // settled by them, not read again.
         let from = ahead.map_or(lowest, |a| a.next.max(lowest));
         let batch = i64::try_from(limit).unwrap_or(i64::MAX);
         metrics::gauge!(crate::metrics::OUTBOX_LANES_OWNED).set(lanes.len() as f64);
@@ -119,7 +173,9 @@ impl Relay {
         }
         let mut read = 0usize;
         if let Some(below) = begin.visible_below.filter(|b| *b > from) {
-            let stmt = c.prepare_cached(&self.stmts.ring_read).await?;
+            let stmt = c
+                .prepare_cached(&self.stmts.ring_read.replace("{gens}", &gens))
+                .await?;
             let ring_rows = c
                 .query(&stmt, &[&batch, &lanes, &from, &below])
                 .instrument(tracing::debug_span!(
@@ -164,15 +220,18 @@ impl Relay {
             }
         }
         let mut parked = Vec::new();
+        let mut parked_keys = HashSet::new();
         if !waiting.is_empty() {
             rows.retain(|r| {
                 let park = !r.retry && r.key().is_some_and(|k| waiting.contains(k));
                 if park {
                     parked.push((r.id, r.lane()));
+                    parked_keys.extend(r.key().map(str::to_owned));
                 }
                 !park
             });
         }
+        let reach = bound.or(ahead.map(|a| a.next));
         Ok(Claimed {
             tx,
             rows,
@@ -185,7 +244,9 @@ impl Relay {
                 cursors,
                 bound,
                 parked,
-                full: read >= limit,
+                reach,
+                parked_keys: parked_keys.into_iter().collect(),
+                gens,
             }),
         })
     }
@@ -204,11 +265,16 @@ impl Relay {
         let c = tx.client();
         let (mut retry_sent, mut retry_failed, mut retry_errs, mut retry_broken, mut broken_errs) =
             (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
-        // Per lane: the first ring row that must be read again (deferred), if any.
+        // Per lane: the first ring row that must be read again, if any. Only when nothing of
+        // the batch reached Kafka (the cluster or the registry unreachable): the lane then
+        // waits at that row and the batch is read again. When other rows went through, a
+        // deferred row (one partition away, a report missing) goes to the retry table with
+        // the rows of its key behind it, so one row cannot pin its lane (and the rotation).
+        let any_sent = fates.iter().any(|f| matches!(f, Fate::Sent));
         let mut stop: HashMap<i32, i64> = HashMap::new();
         for (row, fate) in rows.iter().zip(fates) {
             if !row.retry {
-                if matches!(fate, Fate::Deferred(_) | Fate::Waiting(_)) {
+                if !any_sent && matches!(fate, Fate::Deferred(_) | Fate::Waiting(_)) {
                     stop.entry(row.lane())
                         .and_modify(|s| *s = (*s).min(row.id))
                         .or_insert(row.id);
@@ -245,8 +311,8 @@ impl Relay {
                     Some(err.clone()),
                     *reason == RefusalReason::Contract || self.config.max_attempts <= 1,
                 ),
-                Fate::HeldBack => (None, false),
-                _ => continue,
+                Fate::HeldBack | Fate::Deferred(_) | Fate::Waiting(_) => (None, false),
+                Fate::Sent => continue,
             };
             copy_ids.push(row.id);
             copy_lanes.push(row.lane());
@@ -276,7 +342,8 @@ impl Relay {
         let (sent_stmt, failed_stmt, advance) = (
             c.prepare_cached(&self.stmts.ring_retry_sent).await?,
             c.prepare_cached(&self.stmts.ring_retry_failed).await?,
-            c.prepare_cached(&self.stmts.ring_advance).await?,
+            c.prepare_cached(&self.stmts.ring_advance.replace("{gens}", &read.gens))
+                .await?,
         );
         let sent = async {
             if !retry_sent.is_empty() {

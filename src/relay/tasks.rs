@@ -163,6 +163,7 @@ pub(crate) async fn refresh_outbox_gauges(pool: &Pool, stmts: &Statements) {
 
 pub(super) async fn cleanup_schedule(
     pool: Pool,
+    schema: crate::schema::Schema,
     stmts: Arc<Statements>,
     config: crate::cleanup::CleanupConfig,
     every: Duration,
@@ -175,7 +176,7 @@ pub(super) async fn cleanup_schedule(
             () = cancel.cancelled() => return,
             _ = tick.tick() => {}
         }
-        match cleanup::run_with(&pool, &stmts, &config, &cancel, &mut |_| {}).await {
+        match cleanup::run_with(&pool, &schema, &stmts, &config, &cancel, &mut |_| {}).await {
             Ok(r) => info!(
                 outbox_deleted = r.outbox_deleted,
                 processed_deleted = r.processed_deleted,
@@ -228,6 +229,7 @@ impl Relay {
         if let Some(every) = self.config.cleanup.interval {
             tracker.spawn(cleanup_schedule(
                 self.pool.clone(),
+                self.db.schema.clone(),
                 self.stmts.clone(),
                 self.config.cleanup.clone(),
                 every,

@@ -67,6 +67,7 @@ pub(crate) struct Statements {
     pub ring_retry_sent: String,
     pub ring_retry_failed: String,
     pub ring_advance: String,
+    pub ring_rotation_state: String,
 }
 
 impl Statements {
@@ -107,6 +108,7 @@ impl Statements {
             ring_retry_sent: r(ring::RETRY_SENT),
             ring_retry_failed: r(ring::RETRY_FAILED),
             ring_advance: r(ring::ADVANCE),
+            ring_rotation_state: r(&ring::rotation_state()),
         }
     }
 

@@ -9,12 +9,16 @@ pub(crate) const LAYOUT: &str = "\
 SELECT coalesce((SELECT c.relkind = 'v' FROM pg_class AS c
                   WHERE c.oid = to_regclass('{s}.outbox')), false)";
 
+/// `{gens}` in the statements below: the leaves a relay reads (see `relay/ring.rs`), as a
+/// literal list, so the planner prunes the others at plan time and the claim's transaction
+/// holds no lock on them: rotation can truncate a settled leaf while batches are in flight.
+
 /// First statement of a ring claim: as `outbox::SAMPLE` (the highest visible id and the
 /// transactions holding `ROW EXCLUSIVE` on the ring, which every INSERT takes before drawing
 /// its id), then whether a row of the lanes `$1` waits in the retry table and is due, and the
 /// lanes' cursors in the order of `$1`.
 pub(crate) const SAMPLE: &str = "\
-SELECT coalesce((SELECT max(m.id) FROM {s}.outbox_ring AS m), 0),
+SELECT coalesce((SELECT max(m.id) FROM {s}.outbox_ring AS m WHERE m.gen IN ({gens})), 0),
        array(SELECT l.virtualtransaction FROM pg_locks AS l
               WHERE l.locktype = 'relation' AND l.mode = 'RowExclusiveLock'
                 AND l.relation = '{s}.outbox_ring'::regclass
@@ -37,7 +41,7 @@ SELECT o.id, o.topic, o.message_key, o.headers::text, o.payload::text,
   FROM {s}.outbox_ring AS o
   JOIN {s}.outbox_lanes AS c ON c.lane = hashtext(coalesce(o.message_key, '')) & 63
  WHERE o.id >= $3 AND o.id < $4 AND o.id >= c.next_id
-   AND c.lane = ANY($2::int[])
+   AND c.lane = ANY($2::int[]) AND o.gen IN ({gens})
  ORDER BY o.id
  LIMIT $1";
 
@@ -100,7 +104,61 @@ SELECT o.id, o.topic, o.message_key, o.headers, o.payload, o.created_at,
        CASE WHEN f.error IS NULL THEN now()
             ELSE now() + make_interval(secs => 0.75 + random() * 0.5) END
   FROM unnest($4::bigint[], $5::int[], $6::text[], $7::bool[]) AS f(id, lane, error, dead)
-  JOIN {s}.outbox_ring AS o ON o.id = f.id
+  JOIN {s}.outbox_ring AS o ON o.id = f.id AND o.gen IN ({gens})
  WHERE f.lane IN (SELECT lane FROM moved)
  ORDER BY o.id
 ON CONFLICT (id) DO NOTHING";
+
+/// The ring's leaves, `outbox_ring_0 … _7` (`V18__ring_storage.sql`).
+pub(crate) const LEAVES: i16 = 8;
+
+/// What rotation looks at: the current generation, seconds since it began, the lowest lane
+/// cursor (every row below it, in every lane, has been published or copied), and per leaf
+/// (in order) its newest row's id and age in seconds, NULL when the leaf is empty — each found
+/// at the end of the leaf's primary key, whatever its size.
+pub(crate) fn rotation_state() -> String {
+    let (mut ids, mut ages) = (Vec::new(), Vec::new());
+    for g in 0..LEAVES {
+        ids.push(format!(
+            "(SELECT id FROM {{s}}.outbox_ring_{g} ORDER BY id DESC LIMIT 1)"
+        ));
+        ages.push(format!(
+            "(SELECT extract(epoch FROM now() - created_at)::float8 \
+               FROM {{s}}.outbox_ring_{g} ORDER BY id DESC LIMIT 1)"
+        ));
+    }
+    format!(
+        "SELECT g.gen, extract(epoch FROM now() - g.since)::float8,
+                (SELECT min(c.next_id) FROM {{s}}.outbox_lanes AS c),
+                ARRAY[{}]::bigint[], ARRAY[{}]::float8[]
+           FROM {{s}}.outbox_generation AS g",
+        ids.join(", "),
+        ages.join(", ")
+    )
+}
+
+/// Reclaiming leaf `{g}`, first statements of its own transaction: wait at most 50 ms for the
+/// lock (the relays' reads hold a share of it for a batch; the services' INSERTs go to the
+/// current leaf and never touch this one), then, under the lock, whether it may go: not the
+/// current generation, and every row in it below every lane's cursor (a row written into it
+/// late — a REPEATABLE READ writer that saw the old generation — keeps it until the relays have
+/// read it).
+pub(crate) const RECLAIM_LOCK: &str = "\
+SET LOCAL lock_timeout = '50ms';
+LOCK TABLE {s}.outbox_ring_{g} IN ACCESS EXCLUSIVE MODE";
+
+/// See [`RECLAIM_LOCK`].
+pub(crate) const RECLAIM_CHECK: &str = "\
+SELECT (SELECT gen FROM {s}.outbox_generation) <> {g}
+   AND coalesce((SELECT max(id) FROM {s}.outbox_ring_{g})
+                 < (SELECT min(c.next_id) FROM {s}.outbox_lanes AS c), true)";
+
+/// The leaf's rows, all published, go at once: no dead tuple, no vacuum.
+pub(crate) const RECLAIM: &str = "TRUNCATE {s}.outbox_ring_{g}";
+
+/// New rows go to leaf `{g}` from now on, if it is empty and generation `$1` is still the
+/// current one. Returns a row when it moved.
+pub(crate) const ADVANCE_GEN: &str = "\
+UPDATE {s}.outbox_generation SET gen = {g}, since = now()
+ WHERE gen = $1 AND NOT EXISTS (SELECT 1 FROM {s}.outbox_ring_{g})
+RETURNING gen";

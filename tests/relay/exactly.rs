@@ -375,7 +375,14 @@ async fn a_clean_start_and_drain_logs_no_warning() {
     drop(r);
     let text = std::fs::read_to_string(&log).unwrap();
     let _ = std::fs::remove_file(&log);
-    let warnings: Vec<&str> = text.lines().filter(|l| l.contains("WARN")).collect();
+    // librdkafka's own retry of the producer id while the broker's transaction coordinator
+    // is still loading (a fresh cluster, or other exactly-once tests starting at the same
+    // moment) is the broker warming up, not this relay: it retries and goes on.
+    let warnings: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("WARN"))
+        .filter(|l| !(l.contains("librdkafka: GETPID:") && l.ends_with(": retrying")))
+        .collect();
     assert!(warnings.is_empty(), "warnings logged: {warnings:#?}");
 }
 

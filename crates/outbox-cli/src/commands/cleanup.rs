@@ -34,6 +34,19 @@ pub async fn run(args: Args, out: &mut dyn Write) -> anyhow::Result<()> {
         "deleted {} sent outbox row(s), {} processed_messages row(s) and {} settled dead letter(s) in {} statement(s); longest {:?}",
         r.outbox_deleted, r.processed_deleted, r.dlq_purged, r.statements, r.longest_statement
     )?;
+    if r.generations_reclaimed > 0 || r.generations_busy > 0 || r.generation_advanced {
+        writeln!(
+            out,
+            "ring storage: {} generation(s) reclaimed, {} busy (tried again next run), {}",
+            r.generations_reclaimed,
+            r.generations_busy,
+            if r.generation_advanced {
+                "new rows go to the next generation"
+            } else {
+                "the current generation stays"
+            }
+        )?;
+    }
 
     Ok(())
 }
