@@ -243,8 +243,9 @@ async fn main() {
 
 /// The ring as built so far (`outbox_use_ring()`), with the relay: the same rows INSERTed into
 /// `outbox` (the view, through its trigger), published by the relay from the lanes' cursors,
-/// the leaf reclaimed by hand (`TRUNCATE`: rotation is not built yet), the lanes vacuumed;
-/// the drain rate as a ratio to the table's in the same run (`table_drain_per_sec`).
+/// the leaf reclaimed by rotation (two cleanup runs: the generation moves on, the read leaf is
+/// truncated), the lanes vacuumed; the drain rate as a ratio to the table's in the same run
+/// (`table_drain_per_sec`).
 async fn ring_relay(rows: usize, per_tx: usize, keys: usize, table_drain_per_sec: f64) {
     let db = fresh_db().await;
     let c = outbox::connect(&db).await.unwrap();
@@ -307,16 +308,20 @@ async fn ring_relay(rows: usize, per_tx: usize, keys: usize, table_drain_per_sec
         None
     };
 
+    // Rotation, as cleanup runs it (retention 0): the first run moves the generation on, the
+    // second reclaims the leaf the relay has read.
     let a = lsn(&c).await;
-    c.batch_execute(&format!(
-        "UPDATE {s}.outbox_generation SET gen = 1, since = now();
-         SET lock_timeout = '50ms';
-         LOCK TABLE {leaf} IN ACCESS EXCLUSIVE MODE NOWAIT;
-         TRUNCATE {leaf};
-         RESET lock_timeout;"
-    ))
-    .await
-    .unwrap();
+    let mut cc = outbox::CleanupConfig::default();
+    cc.interval = None;
+    cc.sent_retention = std::time::Duration::ZERO;
+    let first = outbox::cleanup(&db, &cc).await.unwrap();
+    let second = outbox::cleanup(&db, &cc).await.unwrap();
+    assert!(first.generation_advanced);
+    assert_eq!(
+        second.generations_reclaimed, 1,
+        "the read leaf is reclaimed"
+    );
+    assert_eq!(scalar(&c, &format!("SELECT count(*) FROM {leaf}")).await, 0);
     let reclaim = lsn(&c).await - a;
     let a = lsn(&c).await;
     c.batch_execute(&format!(
@@ -364,7 +369,7 @@ async fn ring_relay(rows: usize, per_tx: usize, keys: usize, table_drain_per_sec
     emit(
         "wal_per_event_ring",
         serde_json::json!({"rows": rows, "per_tx": per_tx, "keys": keys,
-                           "storage": "ring (outbox_use_ring()), the relay; reclaimed by a hand TRUNCATE until rotation exists"}),
+                           "storage": "ring (outbox_use_ring()): the relay, rotation by cleanup"}),
         serde_json::json!({
             "plain_insert_bytes_per_event": per(plain_insert),
             "enqueue_bytes_per_event": per(enqueue),

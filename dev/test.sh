@@ -11,6 +11,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 if [ "${1:-}" = quick ]; then
   dev/up.sh
   . dev/env.sh
+  export RUST_TEST_THREADS="${RUST_TEST_THREADS:-6}"
   cargo build --locked -p outbox-cli
   cargo build --locked -p outbox --example billing_consumer
   cargo test --locked --lib

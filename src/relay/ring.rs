@@ -130,13 +130,27 @@ impl Relay {
         ahead: Option<Ahead>,
     ) -> Result<Claimed, RelayError> {
         let c = tx.client();
-        let gens = self.readable_leaves(c).await?;
-        let sample = c
+        let mut gens = self.readable_leaves(c).await?;
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&lanes];
+        let stmt = c
             .prepare_cached(&self.stmts.ring_sample.replace("{gens}", &gens))
             .await?;
-        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&lanes];
-        let ((), sampled) =
-            futures::try_join!(c.batch_execute("BEGIN"), c.query_one(&sample, &params))?;
+        let ((), mut sampled) =
+            futures::try_join!(c.batch_execute("BEGIN"), c.query_one(&stmt, &params))?;
+        let current: i16 = sampled.get(4);
+        if !gens.split(',').any(|g| g == current.to_string()) {
+            // The generation moved past the leaves this relay reads (two rotations within
+            // `LEAVES_TTL`): sample again with the new leaves, and ask for the list next time.
+            *self.layout.1.lock().expect("layout lock") = None;
+            gens = format!(
+                "{gens},{current},{}",
+                (current + 1) % crate::sql::ring::LEAVES
+            );
+            let stmt = c
+                .prepare_cached(&self.stmts.ring_sample.replace("{gens}", &gens))
+                .await?;
+            sampled = c.query_one(&stmt, &params).await?;
+        }
         let sample = Sample {
             at: Instant::now(),
             max_id: sampled.get(0),
@@ -339,11 +353,12 @@ impl Relay {
                 }
             }
         }
-        let (sent_stmt, failed_stmt, advance) = (
+        let (sent_stmt, failed_stmt, advance, advance_lanes) = (
             c.prepare_cached(&self.stmts.ring_retry_sent).await?,
             c.prepare_cached(&self.stmts.ring_retry_failed).await?,
             c.prepare_cached(&self.stmts.ring_advance.replace("{gens}", &read.gens))
                 .await?,
+            c.prepare_cached(&self.stmts.ring_advance_lanes).await?,
         );
         let sent = async {
             if !retry_sent.is_empty() {
@@ -369,7 +384,11 @@ impl Relay {
             Ok(())
         };
         let moved = async {
-            if !adv_lanes.is_empty() {
+            if !adv_lanes.is_empty() && copy_ids.is_empty() {
+                c.execute(&advance_lanes, &[&adv_lanes, &adv_start, &adv_next])
+                    .instrument(tracing::debug_span!("outbox.mark", lanes = adv_lanes.len()))
+                    .await?;
+            } else if !adv_lanes.is_empty() {
                 c.execute(
                     &advance,
                     &[

@@ -55,7 +55,12 @@ where
     loop {
         match click().await {
             Ok(()) => return,
-            Err(e) if e.is_stale_element_reference() && tokio::time::Instant::now() < deadline => {
+            // Re-rendered since it was found, or covered for a moment (a layout still
+            // settling at phone width): find it again.
+            Err(e)
+                if (e.is_stale_element_reference() || e.to_string().contains("intercepted"))
+                    && tokio::time::Instant::now() < deadline =>
+            {
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
             Err(e) => panic!("cannot click {what}: {e}"),
@@ -629,7 +634,14 @@ async fn the_tiles_lead_to_every_process_partition_and_breaker_and_the_list_sort
         c.set_window_size(390, 844).await.unwrap();
         c.goto(&format!("{base}/#/messages?topic={topic}")).await.unwrap();
         wait_text(c, "#match-count", "3 letters match").await;
-        wait_text(c, "button", "Replay these").await.click().await.unwrap();
+        retry_stale("Replay these", || async {
+            wait_text(c, "button", "Replay these")
+                .await
+                .click()
+                .await
+                .map(drop)
+        })
+        .await;
         wait_text(c, "#replay-says", "3 letters dead-lettered by").await;
         let fit = c
             .execute(
