@@ -2,7 +2,7 @@
 # The whole test suite on a fresh machine: services up, then every test and bench smoke run
 # against the real Postgres and Kafka, the docs and the packages. `.ci/run` runs exactly this.
 #
-# `dev/test.sh quick` is the edit loop (about 3 minutes on a warm build): the unit tests and the
+# `dev/test.sh quick` is the edit loop (about 2 minutes on a warm build): the unit tests and the
 # fast integration tests of each part — the basics of the relay, the consumer and the DLQ, the
 # admin API, replay jobs and the crate's shape (without the per-feature builds). It is not what
 # CI runs.

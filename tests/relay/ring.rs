@@ -543,3 +543,25 @@ async fn pipelined_batches_with_due_retry_rows_send_each_ring_row_once() {
         .collect();
     assert_eq!(r, (0..30).collect::<Vec<i64>>(), "key r in order, once");
 }
+
+#[tokio::test]
+async fn an_exactly_once_relay_refuses_ring_storage_with_a_clear_error_and_publishes_nothing() {
+    // Until its progress records carry the lanes' cursors (the next step of issue 33), an
+    // exactly-once relay must not run on the ring: a typed error, nothing published.
+    let (db, c) = ring_db().await;
+    let topic = topic_name();
+    create_topic(&topic, 1).await;
+    enqueue_n(&db, &topic, 3, 1, 3).await;
+    let mut config = relay_config();
+    let mut eo = outbox::ExactlyOnce::default();
+    eo.progress_topic = format!("{topic}.progress");
+    config.exactly_once = Some(eo);
+    let relay = Relay::new(&db, &kafka(), config).unwrap();
+    let err = relay.run_once().await.expect_err("refused").to_string();
+    assert!(err.contains("ring storage"), "{err}");
+    assert_eq!(topic_len(&topic).await, 0);
+    assert_eq!(
+        count(&c, "SELECT count(*) FROM outbox WHERE status = 'pending'").await,
+        3
+    );
+}
