@@ -65,6 +65,30 @@ async fn dead_tuples(c: &tokio_postgres::Client, table: &str) -> Option<i64> {
     .map(|r| r.get(0))
 }
 
+/// A relay with default settings and no cleanup schedule (the bench runs cleanup itself).
+fn bench_relay(db: &outbox::DbConfig) -> outbox::Relay {
+    let mut cfg = outbox::RelayConfig::default();
+    cfg.cleanup.interval = None;
+    outbox::Relay::new(db, &kafka(), cfg).unwrap()
+}
+
+/// Passes until one comes back empty; the rows published.
+async fn publish_all(relay: &outbox::Relay) -> usize {
+    let mut published = 0;
+    while let outbox::Outcome::Published(n) = relay.run_once().await.unwrap() {
+        published += n.sent;
+    }
+    published
+}
+
+/// One cleanup run with no retention: today's table deletes every sent row, the ring rotates.
+async fn cleanup_now(db: &outbox::DbConfig) -> outbox::CleanupReport {
+    let mut cc = outbox::CleanupConfig::default();
+    cc.interval = None;
+    cc.sent_retention = std::time::Duration::ZERO;
+    outbox::cleanup(db, &cc).await.unwrap()
+}
+
 /// `rows` rows in transactions of `per_tx`, by plain SQL from a procedure loop (one round trip,
 /// so the phase measures what Postgres writes, not the client), the same body as the bench
 /// fill: ≈200-byte JSON payloads, `keys` keys, the four standard headers.
@@ -111,15 +135,7 @@ async fn main() {
     ))
     .await
     .unwrap();
-    let relay = {
-        let mut cfg = outbox::RelayConfig::default();
-        cfg.cleanup = {
-            let mut cc = outbox::CleanupConfig::default();
-            cc.interval = None;
-            cc
-        };
-        outbox::Relay::new(&db, &kafka(), cfg).unwrap()
-    };
+    let relay = bench_relay(&db);
     // The relay's first pass (lanes, producer id) before anything is measured.
     relay.rebalance().await;
     relay.run_once().await.unwrap();
@@ -145,10 +161,7 @@ async fn main() {
 
     let a = lsn(&c).await;
     let started = Instant::now();
-    let mut published = 0usize;
-    while let outbox::Outcome::Published(n) = relay.run_once().await.unwrap() {
-        published += n.sent;
-    }
+    let published = publish_all(&relay).await;
     let drain_secs = started.elapsed().as_secs_f64();
     let relay_wal = lsn(&c).await - a;
     assert_eq!(published, rows, "the relay published every row");
@@ -159,12 +172,7 @@ async fn main() {
     };
 
     let a = lsn(&c).await;
-    let cleanup = {
-        let mut cc = outbox::CleanupConfig::default();
-        cc.interval = None;
-        cc.sent_retention = std::time::Duration::ZERO;
-        outbox::cleanup(&db, &cc).await.unwrap()
-    };
+    let cleanup = cleanup_now(&db).await;
     let cleanup_wal = lsn(&c).await - a;
     assert_eq!(
         cleanup.outbox_deleted as usize, rows,
@@ -192,17 +200,9 @@ async fn main() {
     )
     .await
     .unwrap();
-    let mut held_published = 0usize;
-    while let outbox::Outcome::Published(n) = relay.run_once().await.unwrap() {
-        held_published += n.sent;
-    }
+    let held_published = publish_all(&relay).await;
     assert_eq!(held_published, held_rows);
-    {
-        let mut cc = outbox::CleanupConfig::default();
-        cc.interval = None;
-        cc.sent_retention = std::time::Duration::ZERO;
-        outbox::cleanup(&db, &cc).await.unwrap();
-    }
+    cleanup_now(&db).await;
     c.batch_execute(&format!("VACUUM {s}.outbox"))
         .await
         .unwrap();
@@ -264,15 +264,7 @@ async fn ring_relay(rows: usize, per_tx: usize, keys: usize, table_drain_per_sec
     .unwrap();
     let topic = format!("bench.{}.wal", rand_name(8));
     create_topic(&topic, 6).await;
-    let relay = {
-        let mut cfg = outbox::RelayConfig::default();
-        cfg.cleanup = {
-            let mut cc = outbox::CleanupConfig::default();
-            cc.interval = None;
-            cc
-        };
-        outbox::Relay::new(&db, &kafka(), cfg).unwrap()
-    };
+    let relay = bench_relay(&db);
     relay.rebalance().await;
     relay.run_once().await.unwrap();
     c.batch_execute("CHECKPOINT").await.unwrap();
@@ -294,10 +286,7 @@ async fn ring_relay(rows: usize, per_tx: usize, keys: usize, table_drain_per_sec
 
     let a = lsn(&c).await;
     let started = Instant::now();
-    let mut published = 0usize;
-    while let outbox::Outcome::Published(n) = relay.run_once().await.unwrap() {
-        published += n.sent;
-    }
+    let published = publish_all(&relay).await;
     let drain_secs = started.elapsed().as_secs_f64();
     let relay_wal = lsn(&c).await - a;
     assert_eq!(published, rows, "the relay published every row");
@@ -311,11 +300,8 @@ async fn ring_relay(rows: usize, per_tx: usize, keys: usize, table_drain_per_sec
     // Rotation, as cleanup runs it (retention 0): the first run moves the generation on, the
     // second reclaims the leaf the relay has read.
     let a = lsn(&c).await;
-    let mut cc = outbox::CleanupConfig::default();
-    cc.interval = None;
-    cc.sent_retention = std::time::Duration::ZERO;
-    let first = outbox::cleanup(&db, &cc).await.unwrap();
-    let second = outbox::cleanup(&db, &cc).await.unwrap();
+    let first = cleanup_now(&db).await;
+    let second = cleanup_now(&db).await;
     assert!(first.generation_advanced);
     assert_eq!(
         second.generations_reclaimed, 1,
@@ -345,10 +331,7 @@ async fn ring_relay(rows: usize, per_tx: usize, keys: usize, table_drain_per_sec
     )
     .await
     .unwrap();
-    let mut held_published = 0usize;
-    while let outbox::Outcome::Published(n) = relay.run_once().await.unwrap() {
-        held_published += n.sent;
-    }
+    let held_published = publish_all(&relay).await;
     assert_eq!(held_published, held_rows);
     c.batch_execute(&format!("VACUUM {s}.outbox_lanes"))
         .await

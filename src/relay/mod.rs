@@ -500,7 +500,13 @@ impl Relay {
             }
         }
         if let Some(read) = ring {
-            self.settle_ring(tx, &rows, &fates, &lanes, read).await?;
+            let marks = Marks {
+                sent: &sent,
+                refused: (&refused_ids, &refused_errs),
+                broken: (&broken_ids, &broken_errs),
+            };
+            self.settle_ring(tx, &rows, &fates, &lanes, read, &marks)
+                .await?;
             self.after_settle(sent_topics, lags);
             report.sent = sent.len();
             report.backed_off = refused_ids.len() + broken_ids.len();
@@ -524,31 +530,20 @@ impl Relay {
         // The marks, the floor probe and COMMIT go out together and are read back in order
         // (one round trip, not four). If a mark fails, Postgres turns the COMMIT into a
         // rollback and the error is returned; the connection is then closed, not reused.
-        let mark = async {
-            if !sent.is_empty() {
-                c.execute(&mark_sent, &[&sent])
-                    .instrument(tracing::debug_span!("outbox.mark", sent = sent.len()))
-                    .await?;
-            }
-            Ok::<_, tokio_postgres::Error>(())
-        };
-        let back_off = async {
-            if !refused_ids.is_empty() {
-                c.execute(
-                    &mark_failed,
-                    &[&refused_ids, &refused_errs, &self.config.max_attempts],
-                )
-                .await?;
-            }
-            Ok(())
-        };
-        let fail_now = async {
-            if !broken_ids.is_empty() {
-                c.execute(&mark_failed, &[&broken_ids, &broken_errs, &1i32])
-                    .await?;
-            }
-            Ok(())
-        };
+        let mark = mark_unless_empty(c, &mark_sent, &sent, [&sent])
+            .instrument(tracing::debug_span!("outbox.mark", sent = sent.len()));
+        let back_off = mark_unless_empty(
+            c,
+            &mark_failed,
+            &refused_ids,
+            [&refused_ids, &refused_errs, &self.config.max_attempts],
+        );
+        let fail_now = mark_unless_empty(
+            c,
+            &mark_failed,
+            &broken_ids,
+            [&broken_ids, &broken_errs, &1i32],
+        );
         let probe = async {
             match bound {
                 Some(bound) => Ok(c
@@ -603,4 +598,25 @@ impl Relay {
         }
         debug!(?report, "batch settled");
     }
+}
+
+/// What a batch's fates say to mark, by row id, as [`Relay::settle`] sorted them: sent, refused
+/// (backed off, with their errors), broken (a schema refusal: failed at once).
+pub(super) struct Marks<'a> {
+    pub sent: &'a [i64],
+    pub refused: (&'a [i64], &'a [String]),
+    pub broken: (&'a [i64], &'a [String]),
+}
+
+/// Runs the mark `stmt` with `params` unless `ids` (the rows it marks) is empty.
+pub(super) async fn mark_unless_empty<const N: usize>(
+    c: &deadpool_postgres::Object,
+    stmt: &tokio_postgres::Statement,
+    ids: &[i64],
+    params: [&(dyn tokio_postgres::types::ToSql + Sync); N],
+) -> Result<(), tokio_postgres::Error> {
+    if !ids.is_empty() {
+        c.execute(stmt, &params).await?;
+    }
+    Ok(())
 }

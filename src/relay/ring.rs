@@ -33,10 +33,12 @@ const LEAVES_TTL: Duration = Duration::from_secs(1);
 /// Which storage a schema's outbox is on, and which leaves of the ring hold rows not yet read,
 /// as last seen.
 #[derive(Debug, Default)]
-pub(crate) struct Layout(
-    Mutex<Option<(bool, Instant)>>,
-    Mutex<Option<(String, Instant)>>,
-);
+pub(crate) struct Layout {
+    /// On ring storage, and when that was seen.
+    ring: Mutex<Option<(bool, Instant)>>,
+    /// The leaves to read (`{gens}`), and when they were listed.
+    leaves: Mutex<Option<(String, Instant)>>,
+}
 
 /// What a ring claim read, for its settle.
 pub(crate) struct RingRead {
@@ -78,7 +80,7 @@ impl RingRead {
 impl Relay {
     /// Whether this relay's schema is on ring storage (cached for [`LAYOUT_TTL`]).
     pub(super) async fn on_ring(&self, c: &deadpool_postgres::Object) -> Result<bool, RelayError> {
-        let cached = *self.layout.0.lock().expect("layout lock");
+        let cached = *self.layout.ring.lock().expect("layout lock");
         if let Some((ring, at)) = cached {
             if at.elapsed() < LAYOUT_TTL {
                 return Ok(ring);
@@ -86,7 +88,7 @@ impl Relay {
         }
         let stmt = c.prepare_cached(&self.stmts.ring_layout).await?;
         let ring: bool = c.query_one(&stmt, &[]).await?.get(0);
-        *self.layout.0.lock().expect("layout lock") = Some((ring, Instant::now()));
+        *self.layout.ring.lock().expect("layout lock") = Some((ring, Instant::now()));
         Ok(ring)
     }
 
@@ -95,7 +97,7 @@ impl Relay {
     /// the lowest lane cursor. Asked in its own statement, outside the claim's transaction
     /// (it looks at every leaf), at most once per [`LEAVES_TTL`].
     async fn readable_leaves(&self, c: &deadpool_postgres::Object) -> Result<String, RelayError> {
-        if let Some((gens, at)) = self.layout.1.lock().expect("layout lock").as_ref() {
+        if let Some((gens, at)) = self.layout.leaves.lock().expect("layout lock").as_ref() {
             if at.elapsed() < LEAVES_TTL {
                 return Ok(gens.clone());
             }
@@ -117,7 +119,7 @@ impl Relay {
             .map(i16::to_string)
             .collect::<Vec<_>>()
             .join(",");
-        *self.layout.1.lock().expect("layout lock") = Some((list.clone(), Instant::now()));
+        *self.layout.leaves.lock().expect("layout lock") = Some((list.clone(), Instant::now()));
         Ok(list)
     }
 
@@ -141,7 +143,7 @@ impl Relay {
         if !gens.split(',').any(|g| g == current.to_string()) {
             // The generation moved past the leaves this relay reads (two rotations within
             // `LEAVES_TTL`): sample again with the new leaves, and ask for the list next time.
-            *self.layout.1.lock().expect("layout lock") = None;
+            *self.layout.leaves.lock().expect("layout lock") = None;
             gens = format!(
                 "{gens},{current},{}",
                 (current + 1) % crate::sql::ring::LEAVES
@@ -265,9 +267,8 @@ impl Relay {
         })
     }
 
-    /// [`Relay::settle`] on ring storage: the retry rows' marks, the lanes' cursors and the
-    /// copies, then COMMIT, in one round trip. Returns the report and the sent rows' topics and
-    /// lags for the metrics.
+    /// [`Relay::settle`] on ring storage: the retry rows' marks (the retry rows among
+    /// `marks`), the lanes' cursors and the copies, then COMMIT, in one round trip.
     pub(super) async fn settle_ring(
         &self,
         tx: OpenTx,
@@ -275,37 +276,37 @@ impl Relay {
         fates: &[Fate],
         lanes: &[i32],
         read: RingRead,
+        marks: &Marks<'_>,
     ) -> Result<(), RelayError> {
         let c = tx.client();
-        let (mut retry_sent, mut retry_failed, mut retry_errs, mut retry_broken, mut broken_errs) =
-            (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let retry: HashSet<i64> = rows.iter().filter(|r| r.retry).map(|r| r.id).collect();
+        let of_retry = |(ids, errs): (&[i64], &[String])| -> (Vec<i64>, Vec<String>) {
+            ids.iter()
+                .zip(errs)
+                .filter(|(id, _)| retry.contains(id))
+                .map(|(id, e)| (*id, e.clone()))
+                .unzip()
+        };
+        let retry_sent: Vec<i64> = marks
+            .sent
+            .iter()
+            .copied()
+            .filter(|id| retry.contains(id))
+            .collect();
+        let (retry_failed, retry_errs) = of_retry(marks.refused);
+        let (retry_broken, broken_errs) = of_retry(marks.broken);
         // Per lane: the first ring row that must be read again, if any. Only when nothing of
         // the batch reached Kafka (the cluster or the registry unreachable): the lane then
         // waits at that row and the batch is read again. When other rows went through, a
         // deferred row (one partition away, a report missing) goes to the retry table with
         // the rows of its key behind it, so one row cannot pin its lane (and the rotation).
-        let any_sent = fates.iter().any(|f| matches!(f, Fate::Sent));
+        let any_sent = !marks.sent.is_empty();
         let mut stop: HashMap<i32, i64> = HashMap::new();
         for (row, fate) in rows.iter().zip(fates) {
-            if !row.retry {
-                if !any_sent && matches!(fate, Fate::Deferred(_) | Fate::Waiting(_)) {
-                    stop.entry(row.lane())
-                        .and_modify(|s| *s = (*s).min(row.id))
-                        .or_insert(row.id);
-                }
-                continue;
-            }
-            match fate {
-                Fate::Sent => retry_sent.push(row.id),
-                Fate::Refused(err, RefusalReason::Contract) => {
-                    retry_broken.push(row.id);
-                    broken_errs.push(err.clone());
-                }
-                Fate::Refused(err, _) => {
-                    retry_failed.push(row.id);
-                    retry_errs.push(err.clone());
-                }
-                Fate::Deferred(_) | Fate::Waiting(_) | Fate::HeldBack => {}
+            if !row.retry && !any_sent && matches!(fate, Fate::Deferred(_) | Fate::Waiting(_)) {
+                stop.entry(row.lane())
+                    .and_modify(|s| *s = (*s).min(row.id))
+                    .or_insert(row.id);
             }
         }
         // The ring rows to copy into the retry table (only if their lane moves past them).
@@ -360,29 +361,19 @@ impl Relay {
                 .await?,
             c.prepare_cached(&self.stmts.ring_advance_lanes).await?,
         );
-        let sent = async {
-            if !retry_sent.is_empty() {
-                c.execute(&sent_stmt, &[&retry_sent]).await?;
-            }
-            Ok::<_, tokio_postgres::Error>(())
-        };
-        let failed = async {
-            if !retry_failed.is_empty() {
-                c.execute(
-                    &failed_stmt,
-                    &[&retry_failed, &retry_errs, &self.config.max_attempts],
-                )
-                .await?;
-            }
-            Ok(())
-        };
-        let broken = async {
-            if !retry_broken.is_empty() {
-                c.execute(&failed_stmt, &[&retry_broken, &broken_errs, &1i32])
-                    .await?;
-            }
-            Ok(())
-        };
+        let sent = mark_unless_empty(c, &sent_stmt, &retry_sent, [&retry_sent]);
+        let failed = mark_unless_empty(
+            c,
+            &failed_stmt,
+            &retry_failed,
+            [&retry_failed, &retry_errs, &self.config.max_attempts],
+        );
+        let broken = mark_unless_empty(
+            c,
+            &failed_stmt,
+            &retry_broken,
+            [&retry_broken, &broken_errs, &1i32],
+        );
         let moved = async {
             if !adv_lanes.is_empty() && copy_ids.is_empty() {
                 c.execute(&advance_lanes, &[&adv_lanes, &adv_start, &adv_next])

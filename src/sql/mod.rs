@@ -107,7 +107,7 @@ impl Statements {
             ring_claim_retry: r(ring::CLAIM_RETRY),
             ring_retry_keys: r(ring::RETRY_KEYS),
             ring_retry_sent: r(ring::RETRY_SENT),
-            ring_retry_failed: r(ring::RETRY_FAILED),
+            ring_retry_failed: r(&ring::retry_failed()),
             ring_advance: r(ring::ADVANCE),
             ring_advance_lanes: r(ring::ADVANCE_LANES),
             ring_rotation_state: r(&ring::rotation_state()),

@@ -73,15 +73,11 @@ SELECT DISTINCT t.message_key FROM {s}.outbox_retry AS t
 pub(crate) const RETRY_SENT: &str = "\
 DELETE FROM {s}.outbox_retry WHERE id = ANY($1::bigint[])";
 
-/// Back off retry rows whose produce failed: `outbox::MARK_FAILED` on the retry table.
-pub(crate) const RETRY_FAILED: &str = "\
-UPDATE {s}.outbox_retry AS o
-   SET attempts     = o.attempts + 1,
-       last_error   = ($2::text[])[array_position($1::bigint[], o.id)],
-       available_at = now() + make_interval(secs => least(300.0,
-                          power(2.0, least(o.attempts, 30)) * (0.75 + random() * 0.5))),
-       status       = CASE WHEN o.attempts + 1 >= $3 THEN 'failed' ELSE 'pending' END
- WHERE o.id = ANY($1::bigint[])";
+/// Back off retry rows whose produce failed: `outbox::MARK_FAILED` (the same backoff and
+/// `failed` at the maximum) on the retry table.
+pub(crate) fn retry_failed() -> String {
+    super::outbox::MARK_FAILED.replace("UPDATE {s}.outbox AS o", "UPDATE {s}.outbox_retry AS o")
+}
 
 /// Settles a batch's ring rows, in the claim's transaction: each lane `$1[i]` whose cursor is
 /// still at or past where this batch started reading it (`$2[i]`: the batch before it in the

@@ -36,6 +36,17 @@ async fn ring_writes(c: &tokio_postgres::Client, rows: i64) -> (i64, i64, i64) {
     got.get()
 }
 
+/// Seed 002's plain-SQL insert of one row of `key` with `{"seq": seq}` into `topic`.
+async fn insert_seq(c: &tokio_postgres::Client, topic: &str, key: &str, seq: i32) {
+    c.execute(
+        "INSERT INTO outbox (topic, message_key, headers, payload)
+         VALUES ($1, $2, '{\"message_type\":\"t\"}', jsonb_build_object('seq', $3::int))",
+        &[&topic, &key, &seq],
+    )
+    .await
+    .unwrap();
+}
+
 /// Every record's `seq` by key, in topic order.
 fn seqs_by_key(recs: &[Record]) -> HashMap<String, Vec<i64>> {
     let mut by: HashMap<String, Vec<i64>> = HashMap::new();
@@ -141,13 +152,7 @@ async fn a_refused_row_backs_off_in_the_retry_table_and_its_key_follows_it_there
     let missing = topic_name(); // created later
                                 // Key `m`: four rows to a topic that does not exist yet; keys k*: rows that flow.
     for seq in 0..4 {
-        c.execute(
-            "INSERT INTO outbox (topic, message_key, headers, payload)
-             VALUES ($1, 'm', '{\"message_type\":\"t\"}', jsonb_build_object('seq', $2::int))",
-            &[&missing, &seq],
-        )
-        .await
-        .unwrap();
+        insert_seq(&c, &missing, "m", seq).await;
     }
     let good = enqueue_n(&db, &topic, 30, 5, 10).await;
 
@@ -183,13 +188,7 @@ async fn a_refused_row_backs_off_in_the_retry_table_and_its_key_follows_it_there
     );
     assert_eq!(count(&c, "SELECT count(*) FROM outbox_retry").await, 4);
     // Rows of `m` written from now on queue behind them too, not ahead.
-    c.execute(
-        "INSERT INTO outbox (topic, message_key, headers, payload)
-         VALUES ($1, 'm', '{\"message_type\":\"t\"}', '{\"seq\": 4}')",
-        &[&missing],
-    )
-    .await
-    .unwrap();
+    insert_seq(&c, &missing, "m", 4).await;
     assert!(matches!(
         relay.run_once().await.unwrap(),
         Outcome::Empty | Outcome::Published(_)
@@ -225,13 +224,7 @@ async fn a_refused_row_backs_off_in_the_retry_table_and_its_key_follows_it_there
 async fn failed_rows_on_the_ring_are_requeued_by_seed_002s_update() {
     let (db, c) = ring_db().await;
     let missing = topic_name();
-    c.execute(
-        "INSERT INTO outbox (topic, message_key, headers, payload)
-         VALUES ($1, 'f', '{\"message_type\":\"t\"}', '{\"seq\": 0}')",
-        &[&missing],
-    )
-    .await
-    .unwrap();
+    insert_seq(&c, &missing, "f", 0).await;
     let mut cfg = relay_config();
     cfg.max_attempts = 1;
     let relay = Relay::new(&db, &kafka(), cfg).unwrap();
@@ -477,13 +470,7 @@ async fn pipelined_batches_with_due_retry_rows_send_each_ring_row_once() {
     // Key `r`: a head refused (its topic is missing) and 29 rows behind it, all in the retry
     // table.
     for seq in 0..30 {
-        c.execute(
-            "INSERT INTO outbox (topic, message_key, headers, payload)
-             VALUES ($1, 'r', '{\"message_type\":\"t\"}', jsonb_build_object('seq', $2::int))",
-            &[&missing, &seq],
-        )
-        .await
-        .unwrap();
+        insert_seq(&c, &missing, "r", seq).await;
     }
     let mut cfg = relay_config();
     cfg.batch_size = 20;
@@ -564,4 +551,40 @@ async fn an_exactly_once_relay_refuses_ring_storage_with_a_clear_error_and_publi
         count(&c, "SELECT count(*) FROM outbox WHERE status = 'pending'").await,
         3
     );
+}
+
+#[tokio::test]
+async fn moving_a_schema_with_unsent_rows_onto_the_ring_is_refused_and_changes_nothing() {
+    let db = fresh_db().await;
+    let c = client(&db).await;
+    let topic = topic_name();
+    insert_seq(&c, &topic, "u", 0).await;
+    let err = c
+        .batch_execute("SELECT outbox_use_ring()")
+        .await
+        .expect_err("refused");
+    let text = err
+        .as_db_error()
+        .map(|e| e.message().to_owned())
+        .unwrap_or_default();
+    assert!(text.contains("unsent rows"), "{err:?}");
+    assert_eq!(
+        texts(
+            &c,
+            "SELECT relkind::text FROM pg_class WHERE oid = 'outbox'::regclass"
+        )
+        .await,
+        ["r"],
+        "still the table"
+    );
+    assert_eq!(
+        count(&c, "SELECT count(*) FROM outbox WHERE status = 'pending'").await,
+        1
+    );
+    // A second call on a moved schema is a no-op.
+    let ring = fresh_db().await;
+    let r = client(&ring).await;
+    r.batch_execute("SELECT outbox_use_ring(); SELECT outbox_use_ring()")
+        .await
+        .unwrap();
 }
