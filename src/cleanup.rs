@@ -159,7 +159,14 @@ pub(crate) async fn run_with(
         report.generation_advanced = r.advanced;
         progress(&report);
     }
-    while !on_ring {
+    // On the ring, the sent rows the table held when the schema moved (`outbox_legacy`) go
+    // by retention as before; the table is otherwise never written again.
+    let delete_sent = if on_ring {
+        stmts.cleanup_legacy.as_str()
+    } else {
+        stmts.cleanup_outbox.as_str()
+    };
+    loop {
         if cancel.is_cancelled() {
             return Ok(report);
         }
@@ -167,7 +174,7 @@ pub(crate) async fn run_with(
         let started = Instant::now();
         let row = client
             .query_one(
-                stmts.cleanup_outbox.as_str(),
+                delete_sent,
                 &[&config.sent_retention.as_secs_f64(), &batch, &last_id],
             )
             .await?;

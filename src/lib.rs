@@ -56,6 +56,7 @@
 //! | `wire` | core | [`wire`]: framework headers, dead-letter kinds, retry-topic names, archived headers |
 //! | `config` | core | [`DbConfig`], [`KafkaConfig`] (plain settings; the Kafka client comes with `kafka`) |
 //! | `cleanup` | core | [`cleanup()`], [`CleanupConfig`]: retention deletes in bounded batches; on ring storage it rotates instead |
+//! | `storage` | core | [`storage::use_ring`]: which storage a schema is on, and its online move onto append-only ring storage |
 //! | `rotate` | core | ring storage's rotation: generations moved on and settled leaves reclaimed whole (TRUNCATE), each step its own transaction (private) |
 //! | `status` | core | [`status::status()`] and [`status::requeue`]: operator views and repair |
 //! | `instances` | core | [`instances::overview`]: heartbeats of every relay, consumer and archiver; breakers opened or closed by hand |
@@ -118,6 +119,7 @@ mod rotate;
 mod schema;
 #[cfg(feature = "schemas")]
 pub mod schemas;
+pub mod storage;
 pub mod verdict;
 
 /// The schema id of a payload in the Confluent wire format (magic byte 0, 4-byte id); a JSON

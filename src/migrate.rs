@@ -17,7 +17,7 @@ use crate::db;
 
 /// The embedded migrations, in version order. A file in `migrations/` missing here fails the
 /// unit test `every_file_is_embedded`.
-const MIGRATIONS: [(i32, &str, &str); 18] = [
+const MIGRATIONS: [(i32, &str, &str); 19] = [
     (1, "outbox", include_str!("../migrations/V1__outbox.sql")),
     (
         2,
@@ -99,6 +99,11 @@ const MIGRATIONS: [(i32, &str, &str); 18] = [
         18,
         "ring_storage",
         include_str!("../migrations/V18__ring_storage.sql"),
+    ),
+    (
+        19,
+        "ring_upgrade",
+        include_str!("../migrations/V19__ring_upgrade.sql"),
     ),
 ];
 

@@ -112,8 +112,16 @@ pub async fn requeue_sent(
         return Err(RequeueError::Invalid("a re-publish needs an actor".into()));
     }
     let mut c = crate::db::connect(db).await?;
+    let on_ring: bool = c
+        .query_one(&render(crate::sql::ring::LAYOUT, &db.schema), &[])
+        .await?
+        .get(0);
     let (select, audit) = (
-        render(q::REQUEUE_SENT, &db.schema),
+        if on_ring {
+            render(&crate::sql::ring::requeue_sent(), &db.schema)
+        } else {
+            render(q::REQUEUE_SENT, &db.schema)
+        },
         render(q::AUDIT_REQUEUE_SENT, &db.schema),
     );
     let head = c

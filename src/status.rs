@@ -43,6 +43,9 @@ pub struct OutboxStatus {
     /// or off for that group (a consumer cleans up its own group's marks by default).
     #[serde(default)]
     pub overdue_marks: Vec<OverdueMarks>,
+    /// Which storage the outbox is on, its size, and on ring storage its generations.
+    #[serde(default)]
+    pub storage: Option<crate::storage::StorageState>,
 }
 
 /// One group's processed marks past retention.
@@ -160,12 +163,14 @@ pub(crate) async fn status_on(
             count: r.get(1),
         })
         .collect();
+    let storage = Some(crate::storage::state_on(client, &db.schema).await?);
     Ok(OutboxStatus {
         counts,
         oldest_pending_age_secs,
         failed_by_error,
         open_breakers,
         overdue_marks,
+        storage,
     })
 }
 

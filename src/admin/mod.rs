@@ -426,12 +426,13 @@ pub async fn serve_with(
     let gauges_stop = stop.clone();
     let pool = crate::db::pool(db).map_err(std::io::Error::other)?;
     let stmts = crate::sql::Statements::new(&db.schema);
+    let schema = db.schema.clone();
     tokio::spawn(async move {
         loop {
             if let Err(e) = dlq.refresh_gauges().await {
                 tracing::debug!(error = %e, "dlq gauges not refreshed");
             }
-            crate::relay::refresh_outbox_gauges(&pool, &stmts).await;
+            crate::relay::refresh_outbox_gauges(&pool, &schema, &stmts).await;
             tokio::select! {
                 () = gauges_stop.cancelled() => return,
                 () = tokio::time::sleep(Duration::from_secs(15)) => {}

@@ -62,6 +62,24 @@ pub const OUTBOX_BATCH_SIZE: &str = "outbox_batch_size";
 pub const OUTBOX_CLAIM_SECONDS: &str = "outbox_claim_seconds";
 /// Ordering lanes this relay owns (of 64).
 pub const OUTBOX_LANES_OWNED: &str = "outbox_relay_lanes_owned";
+/// Bytes on disk of the outbox's storage, indexes included: the `outbox` table, or on ring
+/// storage its leaves, retry table, lanes and the table it moved from.
+pub const OUTBOX_STORAGE_BYTES: &str = "outbox_storage_bytes";
+/// Ring storage: leaves of the ring (of 8) holding rows, the current one included. About 7 in
+/// steady state (the generation moves every `sent_retention / 6`); 8 means the leaf after the
+/// current one is not reclaimed and the generation cannot move on.
+pub const OUTBOX_RING_GENERATIONS: &str = "outbox_ring_generations";
+/// Ring storage: seconds since the newest row of the oldest leaf that is not current was
+/// written (0 when none): how long it has waited; it is reclaimed once this passes
+/// `sent_retention` and the relays have read it.
+pub const OUTBOX_RING_OLDEST_GENERATION_AGE: &str = "outbox_ring_oldest_generation_age_seconds";
+/// `outbox_ring_rotations_total{result}`: the relay's scheduled rotations on ring storage:
+/// `reclaimed` (a leaf truncated), `busy` (a leaf's lock was held: tried again next time),
+/// `advanced` (the generation moved to the next leaf).
+pub const OUTBOX_RING_ROTATIONS: &str = "outbox_ring_rotations_total";
+/// Scheduled cleanups (row deletes, or rotation on ring storage) that failed; each is retried
+/// at the next tick.
+pub const OUTBOX_CLEANUP_FAILURES: &str = "outbox_cleanup_failures_total";
 
 /// `outbox_consumer_messages_total{topic,group,outcome}`: `handled`, `duplicate`, `retried`,
 /// `dead_lettered`, `skipped`, `dropped`, `foreign_retry` (another group's retry record, ignored),
@@ -126,7 +144,7 @@ pub const RELAY_TXN_UNKNOWN: &str = "outbox_relay_transactions_unknown_total";
 pub const RELAY_SLOT_RECOVERIES: &str = "outbox_relay_slot_recoveries_total";
 
 /// Every metric name the code exports, for the dashboard and alert-rule checks.
-pub const ALL: [&str; 33] = [
+pub const ALL: [&str; 38] = [
     RELAY_EXACTLY_ONCE,
     RELAY_TXN_COMMITTED,
     RELAY_TXN_ABORTED,
@@ -145,6 +163,11 @@ pub const ALL: [&str; 33] = [
     OUTBOX_BATCH_SIZE,
     OUTBOX_CLAIM_SECONDS,
     OUTBOX_LANES_OWNED,
+    OUTBOX_STORAGE_BYTES,
+    OUTBOX_RING_GENERATIONS,
+    OUTBOX_RING_OLDEST_GENERATION_AGE,
+    OUTBOX_RING_ROTATIONS,
+    OUTBOX_CLEANUP_FAILURES,
     CONSUMER_MESSAGES,
     CONSUMER_HANDLER_SECONDS,
     CONSUMER_LAG,

@@ -350,6 +350,24 @@ impl Relay {
             }
             return self.claim_ring(tx, limit, lanes, ahead).await;
         }
+        let claimed = self.claim_table(tx, limit, lanes, after, ahead).await;
+        if claimed.is_err() {
+            // The schema may have just moved onto the ring (`storage::use_ring`): the table's
+            // statements fail on the view. Look again at the next claim, not in 10 s.
+            self.layout.forget();
+        }
+        claimed
+    }
+
+    /// [`Relay::claim_in`] on the `outbox` table: lock the rows.
+    async fn claim_table(
+        &self,
+        tx: OpenTx,
+        limit: usize,
+        lanes: Vec<i32>,
+        after: &HashMap<String, i64>,
+        ahead: Option<Ahead>,
+    ) -> Result<Claimed, RelayError> {
         let c = tx.client();
         let sample = c.prepare_cached(&self.stmts.sample).await?;
         let ((), sampled) =

@@ -77,6 +77,13 @@ impl RingRead {
     }
 }
 
+impl Layout {
+    /// Forgets what was seen of the storage: the next claim asks again.
+    pub(super) fn forget(&self) {
+        *self.ring.lock().expect("layout lock") = None;
+    }
+}
+
 impl Relay {
     /// Whether this relay's schema is on ring storage (cached for [`LAYOUT_TTL`]).
     pub(super) async fn on_ring(&self, c: &deadpool_postgres::Object) -> Result<bool, RelayError> {

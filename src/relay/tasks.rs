@@ -132,7 +132,12 @@ pub(super) async fn listen(
 
 /// The relay's "cron module": runs cleanup at start and then every `every`.
 /// Refreshes the outbox gauges every 15 s (cheap statements, see `sql::GAUGES`).
-pub(super) async fn gauges_schedule(pool: Pool, stmts: Arc<Statements>, cancel: CancellationToken) {
+pub(super) async fn gauges_schedule(
+    pool: Pool,
+    schema: crate::schema::Schema,
+    stmts: Arc<Statements>,
+    cancel: CancellationToken,
+) {
     let mut tick = tokio::time::interval(Duration::from_secs(15));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -140,16 +145,32 @@ pub(super) async fn gauges_schedule(pool: Pool, stmts: Arc<Statements>, cancel: 
             () = cancel.cancelled() => return,
             _ = tick.tick() => {}
         }
-        refresh_outbox_gauges(&pool, &stmts).await;
+        refresh_outbox_gauges(&pool, &schema, &stmts).await;
     }
 }
 
-/// Sets `outbox_rows{status}` and `outbox_oldest_pending_age_seconds` (see `sql::GAUGES`).
-pub(crate) async fn refresh_outbox_gauges(pool: &Pool, stmts: &Statements) {
-    let row = match pool.get().await {
-        Ok(c) => c.query_one(&stmts.gauges, &[]).await,
-        Err(_) => return,
+/// Sets `outbox_rows{status}` and `outbox_oldest_pending_age_seconds` (see `sql::GAUGES`),
+/// and the storage's gauges (`storage::state`: sizes from the files, the ring's leaves from
+/// the ends of their primary keys).
+pub(crate) async fn refresh_outbox_gauges(
+    pool: &Pool,
+    schema: &crate::schema::Schema,
+    stmts: &Statements,
+) {
+    let Ok(c) = pool.get().await else {
+        return;
     };
+    match crate::storage::state_on(&c, schema).await {
+        Ok(s) => {
+            metrics::gauge!(crate::metrics::OUTBOX_STORAGE_BYTES).set(s.bytes as f64);
+            metrics::gauge!(crate::metrics::OUTBOX_RING_GENERATIONS)
+                .set(f64::from(s.generations.unwrap_or(0)));
+            metrics::gauge!(crate::metrics::OUTBOX_RING_OLDEST_GENERATION_AGE)
+                .set(s.oldest_generation_age_secs.unwrap_or(0.0));
+        }
+        Err(e) => debug!(error = %e, "storage gauges not refreshed"),
+    }
+    let row = c.query_one(&stmts.gauges, &[]).await;
     if let Ok(r) = row {
         let (pending, failed, total): (i64, i64, i64) = (r.get(0), r.get(1), r.get(2));
         let oldest: Option<f64> = r.get(3);
@@ -177,12 +198,23 @@ pub(super) async fn cleanup_schedule(
             _ = tick.tick() => {}
         }
         match cleanup::run_with(&pool, &schema, &stmts, &config, &cancel, &mut |_| {}).await {
-            Ok(r) => info!(
-                outbox_deleted = r.outbox_deleted,
-                processed_deleted = r.processed_deleted,
-                "scheduled cleanup done"
-            ),
-            Err(e) => warn!(error = %e, "scheduled cleanup failed; will retry at the next tick"),
+            Ok(r) => {
+                let rotations = |result: &'static str| metrics::counter!(crate::metrics::OUTBOX_RING_ROTATIONS, "result" => result);
+                rotations("reclaimed").increment(r.generations_reclaimed);
+                rotations("busy").increment(r.generations_busy);
+                rotations("advanced").increment(u64::from(r.generation_advanced));
+                info!(
+                    outbox_deleted = r.outbox_deleted,
+                    processed_deleted = r.processed_deleted,
+                    generations_reclaimed = r.generations_reclaimed,
+                    generations_busy = r.generations_busy,
+                    "scheduled cleanup done"
+                );
+            }
+            Err(e) => {
+                metrics::counter!(crate::metrics::OUTBOX_CLEANUP_FAILURES).increment(1);
+                warn!(error = %e, "scheduled cleanup failed; will retry at the next tick");
+            }
         }
     }
 }
@@ -236,8 +268,16 @@ impl Relay {
                 cancel.clone(),
             ));
         }
+        // The counters exist from the start (at 0), so a rule's `increase()` sees the first
+        // failure, also on a relay that leaves cleanup to a cron job.
+        metrics::counter!(crate::metrics::OUTBOX_CLEANUP_FAILURES).increment(0);
+        for result in ["reclaimed", "busy", "advanced"] {
+            metrics::counter!(crate::metrics::OUTBOX_RING_ROTATIONS, "result" => result)
+                .increment(0);
+        }
         tracker.spawn(gauges_schedule(
             self.pool.clone(),
+            self.db.schema.clone(),
             self.stmts.clone(),
             cancel.clone(),
         ));

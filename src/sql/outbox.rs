@@ -13,12 +13,15 @@
 /// cannot use it as an index condition: on the pending `(available_at, id)` index it bounds
 /// nothing (every pending row is due) and the scan would read every entry below the floor —
 /// exactly the entries the floor exists to skip. Measured in `tests/relay/plans.rs`.
+/// `o.ctid` (true of every row) makes the claim fail on ring storage's view, which has no
+/// `ctid`: a relay that has not yet seen a schema move onto the ring (`storage::use_ring`)
+/// errs and looks again, instead of claiming ring rows it could never mark sent.
 pub(super) const CLAIM: &str = "\
 SELECT o.id, o.topic, o.message_key, o.headers::text, o.payload::text,
        extract(epoch FROM o.created_at)::float8, hashtext(coalesce(o.message_key, '')) & 63
   FROM {s}.outbox AS o
  WHERE o.status = 'pending' AND o.id >= $3 AND (o.available_at <= now()) IS TRUE
-   AND (hashtext(coalesce(o.message_key, '')) & 63) = ANY($2::int[])
+   AND (hashtext(coalesce(o.message_key, '')) & 63) = ANY($2::int[]) AND o.ctid IS NOT NULL
    AND NOT EXISTS (
          SELECT 1 FROM {s}.outbox AS e
           WHERE e.status = 'pending' AND e.message_key = o.message_key
@@ -36,7 +39,7 @@ SELECT o.id, o.topic, o.message_key, o.headers::text, o.payload::text,
        extract(epoch FROM o.created_at)::float8, hashtext(coalesce(o.message_key, '')) & 63
   FROM {s}.outbox AS o
  WHERE o.status = 'pending' AND o.id >= $3 AND (o.available_at <= now()) IS TRUE
-   AND (hashtext(coalesce(o.message_key, '')) & 63) = ANY($2::int[])
+   AND (hashtext(coalesce(o.message_key, '')) & 63) = ANY($2::int[]) AND o.ctid IS NOT NULL
  ORDER BY o.id
  LIMIT $1
  FOR UPDATE OF o SKIP LOCKED";

@@ -9,6 +9,25 @@ pub(crate) const LAYOUT: &str = "\
 SELECT coalesce((SELECT c.relkind = 'v' FROM pg_class AS c
                   WHERE c.oid = to_regclass('{s}.outbox')), false)";
 
+/// Moves the schema onto the ring (`V19__ring_upgrade.sql`), waiting at most `$1` seconds
+/// for the table. Returns the rows carried into the retry table, NULL when already moved.
+pub(crate) const USE_RING: &str = "SELECT {s}.outbox_use_ring(make_interval(secs => $1::float8))";
+
+/// The bytes on disk of the outbox's storage, indexes included, and whether it is the ring:
+/// the `outbox` table, or the ring's leaves, the retry table, the lanes and the table the schema
+/// moved from. Sizes come from the files, not from reading rows.
+pub(crate) const STORAGE: &str = "\
+SELECT k.ring,
+       CASE WHEN k.ring
+            THEN (SELECT coalesce(sum(pg_total_relation_size(p.relid)), 0)::bigint
+                    FROM pg_partition_tree('{s}.outbox_ring') AS p)
+                 + pg_total_relation_size('{s}.outbox_retry')
+                 + pg_total_relation_size('{s}.outbox_lanes')
+                 + coalesce(pg_total_relation_size(to_regclass('{s}.outbox_legacy')), 0)
+            ELSE pg_total_relation_size('{s}.outbox') END
+  FROM (SELECT coalesce((SELECT c.relkind = 'v' FROM pg_class AS c
+                          WHERE c.oid = to_regclass('{s}.outbox')), false) AS ring) AS k";
+
 /// `{gens}` in the statements below: the leaves a relay reads (see `relay/ring.rs`), as a
 /// literal list, so the planner prunes the others at plan time and the claim's transaction
 /// holds no lock on them: rotation can truncate a settled leaf while batches are in flight.
@@ -77,6 +96,19 @@ DELETE FROM {s}.outbox_retry WHERE id = ANY($1::bigint[])";
 /// `failed` at the maximum) on the retry table.
 pub(crate) fn retry_failed() -> String {
     super::outbox::MARK_FAILED.replace("UPDATE {s}.outbox AS o", "UPDATE {s}.outbox_retry AS o")
+}
+
+/// Cleanup on the ring: `outbox::CLEANUP_OUTBOX` on `outbox_legacy`, the table the schema had
+/// before it moved (only sent rows are left there: `V19__ring_upgrade.sql`).
+pub(crate) fn cleanup_legacy() -> String {
+    super::outbox::CLEANUP_OUTBOX.replace("{s}.outbox", "{s}.outbox_legacy")
+}
+
+/// A re-publish batch on the ring: `outbox::REQUEUE_SENT` without its row lock (a view over
+/// a `UNION` cannot be locked; the view's `INSTEAD OF UPDATE` trigger copies each row into the
+/// retry table, once: `ON CONFLICT`).
+pub(crate) fn requeue_sent() -> String {
+    super::outbox::REQUEUE_SENT.replace(" FOR UPDATE)", ")")
 }
 
 /// Settles a batch's ring rows, in the claim's transaction: each lane `$1[i]` whose cursor is

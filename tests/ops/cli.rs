@@ -42,6 +42,75 @@ async fn catalog(c: &tokio_postgres::Client, schema: &str) -> String {
 }
 
 #[tokio::test]
+async fn migrate_ring_moves_a_schema_with_a_backlog_once_and_refuses_bad_flags() {
+    let db = fresh_db().await;
+    let c = client(&db).await;
+    c.batch_execute(
+        "INSERT INTO outbox (topic, message_key, payload) VALUES ('t.a', 'k', '{}'), ('t.a', 'k', '{}');
+         UPDATE outbox SET status = 'failed', last_error = 'refused' WHERE id = (SELECT min(id) FROM outbox)",
+    )
+    .await
+    .unwrap();
+    let bad = run(outbox_cmd(&db).args(["migrate", "--ring", "--attempts", "0"]));
+    assert_eq!(bad.status.code(), Some(2), "{}", text(&bad));
+    assert_eq!(
+        texts(
+            &c,
+            "SELECT relkind::text FROM pg_class WHERE oid = 'outbox'::regclass"
+        )
+        .await,
+        ["r"],
+        "a refused command changes nothing"
+    );
+    // A transaction holding the table: every try waits its 100 ms and gives up, nothing moves.
+    let mut holder = client(&db).await;
+    let hold = holder.transaction().await.unwrap();
+    hold.batch_execute("LOCK TABLE outbox IN ROW EXCLUSIVE MODE")
+        .await
+        .unwrap();
+    let busy = run(outbox_cmd(&db).args([
+        "migrate",
+        "--ring",
+        "--lock-wait",
+        "100ms",
+        "--attempts",
+        "2",
+    ]));
+    assert_eq!(busy.status.code(), Some(1), "{}", text(&busy));
+    assert!(text(&busy).contains("stayed locked"), "{}", text(&busy));
+    hold.rollback().await.unwrap();
+    assert_eq!(
+        count(&c, "SELECT count(*) FROM outbox WHERE status <> 'sent'").await,
+        2,
+        "still on the table, both rows unsent"
+    );
+
+    let moved = run(outbox_cmd(&db).args(["migrate", "--ring"]));
+    assert!(moved.status.success(), "{}", text(&moved));
+    assert!(
+        text(&moved).contains("moved onto ring storage (2 unsent rows carried over"),
+        "{}",
+        text(&moved)
+    );
+    let again = run(outbox_cmd(&db).args(["migrate", "--ring"]));
+    assert!(again.status.success(), "{}", text(&again));
+    assert!(
+        text(&again).contains("is on ring storage"),
+        "{}",
+        text(&again)
+    );
+    // Seed 002's view of the carried rows, unchanged.
+    assert_eq!(
+        texts(
+            &c,
+            "SELECT status || ':' || coalesce(last_error, '') FROM outbox ORDER BY id"
+        )
+        .await,
+        ["failed:refused", "pending:"]
+    );
+}
+
+#[tokio::test]
 async fn migrate_twice_is_a_no_op_and_creates_the_seed_schema() {
     let schema = format!("m_{}", hex(10));
     let db = outbox::DbConfig::new(&database_url(), &schema).unwrap();

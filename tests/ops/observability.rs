@@ -469,6 +469,70 @@ async fn metrics_equal_the_work_done_stay_bounded_and_cover_the_dashboard_and_ru
     );
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_ring_storage_the_relay_exports_its_size_generations_and_rotations() {
+    let db = fresh_db().await;
+    let c = client(&db).await;
+    outbox::storage::use_ring(&db, outbox::storage::MoveOptions::default())
+        .await
+        .unwrap();
+    let topic = topic_name();
+    create_topic(&topic, 1).await;
+    enqueue_n(&db, &topic, 500, 10, 100).await;
+    let port = free_port();
+    // Retention of a second: every cleanup tick reclaims what the relay has read and moves
+    // the generation on.
+    let _relay = spawn(
+        &db,
+        &[
+            "relay",
+            "--metrics-addr",
+            &format!("127.0.0.1:{port}"),
+            "--cleanup-interval",
+            "1s",
+            "--sent-retention",
+            "1s",
+        ],
+    );
+    let text = wait_metric(
+        port,
+        "published, a generation reclaimed and one advanced",
+        |t| {
+            value(t, "outbox_published_total", &[("topic", &topic)]) == Some(500.0)
+                && value(t, "outbox_ring_rotations_total", &[("result", "reclaimed")])
+                    .is_some_and(|v| v >= 1.0)
+                && value(t, "outbox_ring_rotations_total", &[("result", "advanced")])
+                    .is_some_and(|v| v >= 2.0)
+        },
+    )
+    .await;
+    assert!(value(&text, "outbox_storage_bytes", &[]).is_some_and(|b| b > 0.0));
+    assert!(value(&text, "outbox_ring_generations", &[]).is_some_and(|g| g >= 1.0));
+    assert!(value(&text, "outbox_ring_oldest_generation_age_seconds", &[]).is_some());
+    assert_eq!(
+        value(&text, "outbox_cleanup_failures_total", &[]),
+        Some(0.0)
+    );
+    // The leaves the relay read are gone: no row written before it started is left.
+    assert_eq!(count(&c, "SELECT count(*) FROM outbox_ring").await, 0);
+    // `outbox status` names the storage.
+    let out = outbox_command(&db)
+        .args(["status", "--json"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["storage"]["layout"], "ring", "{v}");
+    assert!(v["storage"]["generations"].as_u64().is_some(), "{v}");
+    let out = outbox_command(&db).arg("status").output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("storage: ring, "), "{text}");
+    assert!(
+        text.contains(" of 8 generations hold rows (current "),
+        "{text}"
+    );
+}
+
 #[test]
 fn the_consoles_verdicts_use_the_alert_rules_thresholds() {
     // One source: the numbers the home page judges by are the ones the alerts fire on.

@@ -9,3 +9,4 @@ mod plans;
 mod ring;
 mod security;
 mod sqlx;
+mod upgrade;

@@ -1,4 +1,5 @@
-//! `outbox migrate`: Apply the embedded migrations (idempotent).
+//! `outbox migrate`: Apply the embedded migrations (idempotent); with `--ring`, then move the
+//! schema onto append-only ring storage, online.
 
 use std::io::Write;
 
@@ -12,10 +13,27 @@ use crate::args::*;
 pub struct Args {
     #[command(flatten)]
     db: DbArgs,
+    /// Then move the schema onto append-only ring storage (no per-row UPDATE or DELETE; see
+    /// docs/RELIABILITY.md "Storage"), online: services keep inserting, relays keep
+    /// publishing, unsent rows are carried over. A no-op when it already is.
+    #[arg(long)]
+    ring: bool,
+    /// With --ring: how long one try waits for the outbox table (services' INSERTs queue
+    /// behind a waiting try), e.g. 500ms or 2s.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "1s")]
+    lock_wait: std::time::Duration,
+    /// With --ring: tries before giving up (nothing changes on a try that times out).
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    attempts: u32,
 }
 
 pub async fn run(args: Args, out: &mut dyn Write) -> anyhow::Result<()> {
-    let Args { db } = args;
+    let Args {
+        db,
+        ring,
+        lock_wait,
+        attempts,
+    } = args;
     let db = db_config(&db)?;
     let report = outbox::migrate(&db).await.context("migrate failed")?;
     if report.applied.is_empty() {
@@ -25,6 +43,22 @@ pub async fn run(args: Args, out: &mut dyn Write) -> anyhow::Result<()> {
             writeln!(out, "applied {m}")?;
         }
     }
-
+    if ring {
+        let mut options = outbox::storage::MoveOptions::default();
+        options.lock_wait = lock_wait;
+        options.attempts = attempts;
+        let moved = outbox::storage::use_ring(&db, options)
+            .await
+            .context("moving onto ring storage failed")?;
+        if moved.moved {
+            writeln!(
+                out,
+                "schema {} moved onto ring storage ({} unsent rows carried over, {} tries)",
+                db.schema, moved.carried, moved.attempts
+            )?;
+        } else {
+            writeln!(out, "schema {} is on ring storage", db.schema)?;
+        }
+    }
     Ok(())
 }

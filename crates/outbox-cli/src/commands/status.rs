@@ -125,6 +125,9 @@ pub(crate) fn render(
             Some(a) => writeln!(out, "oldest pending age: {a:.1} s")?,
             None => writeln!(out, "oldest pending age: - (no pending rows)")?,
         }
+        if let Some(st) = &s.storage {
+            storage_line(st, out)?;
+        }
         if s.open_breakers.is_empty() {
             writeln!(out, "circuit breakers: none open")?;
         } else {
@@ -166,9 +169,79 @@ pub(crate) fn render(
     Ok(())
 }
 
+/// One line on the storage: its kind and size, and on the ring where rotation stands.
+fn storage_line(st: &outbox::storage::StorageState, out: &mut dyn Write) -> std::io::Result<()> {
+    let size = mebibytes(st.bytes);
+    match (st.generation, st.generations) {
+        (Some(current), Some(in_use)) => {
+            let oldest = st.oldest_generation_age_secs.map_or_else(
+                || "none waiting".to_owned(),
+                |a| {
+                    format!(
+                        "the oldest waiting {}",
+                        humantime::format_duration(std::time::Duration::from_secs(a as u64))
+                    )
+                },
+            );
+            writeln!(
+                out,
+                "storage: ring, {size}, {in_use} of 8 generations hold rows (current {current}), \
+                 {oldest} to be reclaimed{}",
+                if in_use >= 8 {
+                    " - FULL: the next generation is not reclaimed (a relay behind, or cleanup not running)"
+                } else {
+                    ""
+                }
+            )
+        }
+        _ => writeln!(out, "storage: {}, {size}", st.layout),
+    }
+}
+
+/// `bytes` as MiB with one decimal.
+fn mebibytes(bytes: i64) -> String {
+    format!("{:.1} MiB", bytes as f64 / (1024.0 * 1024.0))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn status_names_the_storage_and_a_full_ring() {
+        let doc = |storage: serde_json::Value| -> String {
+            let s: outbox::status::OutboxStatus = serde_json::from_value(serde_json::json!({
+                "counts": [], "oldest_pending_age_secs": null, "failed_by_error": [],
+                "open_breakers": [], "storage": storage
+            }))
+            .unwrap();
+            let mut out = Vec::new();
+            render(&s, false, &mut out).unwrap();
+            String::from_utf8(out).unwrap()
+        };
+        let table = doc(serde_json::json!({"layout": "table", "bytes": 3_145_728,
+            "generation": null, "generations": null, "oldest_generation_age_secs": null}));
+        assert!(table.contains("storage: table, 3.0 MiB"), "{table}");
+        let ring = doc(
+            serde_json::json!({"layout": "ring", "bytes": 1_048_576, "generation": 3,
+            "generations": 7, "oldest_generation_age_secs": 7260.0}),
+        );
+        assert!(
+            ring.contains("storage: ring, 1.0 MiB, 7 of 8 generations hold rows (current 3), the oldest waiting 2h 1m to be reclaimed"),
+            "{ring}"
+        );
+        assert!(!ring.contains("FULL"), "{ring}");
+        let full = doc(
+            serde_json::json!({"layout": "ring", "bytes": 0, "generation": 0,
+            "generations": 8, "oldest_generation_age_secs": 1.0}),
+        );
+        assert!(
+            full.contains("FULL: the next generation is not reclaimed"),
+            "{full}"
+        );
+        // Older documents without the field still read.
+        assert!(!doc(serde_json::Value::Null).contains("storage:"));
+    }
 
     #[test]
     fn status_names_counts_age_breakers_and_failed_groups() {
