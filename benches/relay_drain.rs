@@ -23,7 +23,9 @@
 //! exactly-once relay (`relay_drain_exactly_once`) next to the idempotent one, and Avro and
 //! Protobuf topics (`relay_drain_formats`, rows encoded through the schema registry) next to
 //! plain JSON; ONLY_FORMATS=1 runs just those, three rounds. The full run and ONLY_EXACTLY_ONCE
-//! end with what an idle relay costs (`relay_idle_cpu`), idempotent and exactly-once.
+//! end with what an idle relay costs (`relay_idle_cpu`), idempotent and exactly-once. Ring
+//! storage (`relay_drain_ring`) is drained next to the table in the full run; ONLY_RING=1
+//! runs PAIRS=3 pairs of the two, with Kafka alone measured once before them.
 
 #[path = "support/mod.rs"]
 mod support;
@@ -47,10 +49,17 @@ struct Setup {
     exactly_once: bool,
     /// The topic's payload format (rows encoded through the registry unless plain JSON).
     format: outbox::schemas::Format,
+    /// Append-only ring storage (`outbox::storage::use_ring`) instead of the table.
+    ring: bool,
 }
 
 async fn drain_with(s: Setup, rows: usize, batch: usize, keys: usize) -> serde_json::Value {
     let db = fresh_db().await;
+    if s.ring {
+        outbox::storage::use_ring(&db, outbox::storage::MoveOptions::default())
+            .await
+            .unwrap();
+    }
     let topic = format!("bench.{}.created", rand_name(8));
     create_topic(&topic, 6).await;
     let schemas = bench_schemas(&topic, s.format).await;
@@ -144,6 +153,7 @@ async fn drain_with(s: Setup, rows: usize, batch: usize, keys: usize) -> serde_j
     }
     serde_json::json!({
         "relays": s.relays,
+        "storage": if s.ring { "ring" } else { "table" },
         "exactly_once": s.exactly_once,
         "format": format_name(s.format),
         "in_flight_batches": s.in_flight,
@@ -426,6 +436,7 @@ fn analyzed_setup(relays: usize, in_flight: usize) -> Setup {
         analyze: true,
         exactly_once: false,
         format: outbox::schemas::Format::Json,
+        ring: false,
     }
 }
 
@@ -532,6 +543,44 @@ async fn main() {
         }
         return;
     }
+    // Ring storage against the table, PAIRS (default 3) pairs, alternating which goes first,
+    // with Kafka alone (the same records, all in flight) measured once before them: the ring
+    // drops the per-row lock and UPDATE, and this shows how near that leaves it to producing.
+    if std::env::var("ONLY_RING").is_ok() {
+        let kafka = kafka_ceiling(rows, keys).await;
+        let ring_setup = Setup {
+            ring: true,
+            ..analyzed_setup(1, depth)
+        };
+        for pair in 0..param("PAIRS", 3) {
+            let (table, ring) = if pair % 2 == 0 {
+                let t = drain_with(analyzed_setup(1, depth), rows, batch, keys).await;
+                (t, drain_with(ring_setup, rows, batch, keys).await)
+            } else {
+                let r = drain_with(ring_setup, rows, batch, keys).await;
+                (
+                    drain_with(analyzed_setup(1, depth), rows, batch, keys).await,
+                    r,
+                )
+            };
+            emit(
+                "relay_drain_ring",
+                params.clone(),
+                serde_json::json!({
+                    "table_msgs_per_sec": rate(&table),
+                    "ring_msgs_per_sec": rate(&ring),
+                    "ring_to_table": round2(rate(&ring) / rate(&table)),
+                    "kafka_alone_msgs_per_sec": kafka.round(),
+                    "ring_to_kafka_alone": round2(rate(&ring) / kafka),
+                    "table_to_kafka_alone": round2(rate(&table) / kafka),
+                    "first": if pair % 2 == 0 { "table" } else { "ring" },
+                    "cpu_seconds_table_ring": [table["cpu_seconds"], ring["cpu_seconds"]],
+                    "cores_busy_table_ring": [table["cores_busy"], ring["cores_busy"]],
+                }),
+            );
+        }
+        return;
+    }
     // Schema formats against plain JSON only, three rounds.
     if std::env::var("ONLY_FORMATS").is_ok() {
         formats(3, depth, rows, batch, keys, &params).await;
@@ -618,6 +667,29 @@ async fn main() {
             // out of this machine's reach in this run, whatever the relays do.
             "two_to_one_bound": round2(cores() / one["cores_busy"].as_f64().unwrap()),
             "one_batch_at_a_time_two_to_one": round2(rate(&two_serial) / rate(&serial)),
+        }),
+    );
+    // Ring storage (no per-row lock, UPDATE or DELETE) next to the table, same backlog.
+    let ring = drain_with(
+        Setup {
+            ring: true,
+            ..analyzed(1, depth)
+        },
+        rows,
+        batch,
+        keys,
+    )
+    .await;
+    emit(
+        "relay_drain_ring",
+        params.clone(),
+        serde_json::json!({
+            "table_msgs_per_sec": rate(&one),
+            "ring_msgs_per_sec": rate(&ring),
+            "ring_to_table": round2(rate(&ring) / rate(&one)),
+            "kafka_alone_msgs_per_sec": kafka.round(),
+            "ring_to_kafka_alone": round2(rate(&ring) / kafka),
+            "table_to_kafka_alone": round2(rate(&one) / kafka),
         }),
     );
     // Exactly-once next to idempotent, same backlog, back to back after a warm-up of both.

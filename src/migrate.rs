@@ -17,7 +17,7 @@ use crate::db;
 
 /// The embedded migrations, in version order. A file in `migrations/` missing here fails the
 /// unit test `every_file_is_embedded`.
-const MIGRATIONS: [(i32, &str, &str); 19] = [
+const MIGRATIONS: [(i32, &str, &str); 20] = [
     (1, "outbox", include_str!("../migrations/V1__outbox.sql")),
     (
         2,
@@ -104,6 +104,11 @@ const MIGRATIONS: [(i32, &str, &str); 19] = [
         19,
         "ring_upgrade",
         include_str!("../migrations/V19__ring_upgrade.sql"),
+    ),
+    (
+        20,
+        "ring_writes",
+        include_str!("../migrations/V20__ring_writes.sql"),
     ),
 ];
 

@@ -106,7 +106,17 @@ pub async fn fill_outbox_stats(
         done += n;
     }
     if analyze {
-        c.batch_execute(&format!("ANALYZE {}.outbox", db.schema.quoted()))
+        // On ring storage `outbox` is a view: the rows are in the ring.
+        let ring: bool = c
+            .query_one(
+                "SELECT relkind = 'v' FROM pg_class WHERE oid = to_regclass($1)",
+                &[&format!("{}.outbox", db.schema.quoted())],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        let table = if ring { "outbox_ring" } else { "outbox" };
+        c.batch_execute(&format!("ANALYZE {}.{table}", db.schema.quoted()))
             .await
             .unwrap();
     }

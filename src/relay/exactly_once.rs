@@ -219,11 +219,11 @@ impl Relay {
             let mut after: HashMap<String, i64> = HashMap::new();
             let mut unconfirmed: HashMap<i32, Vec<i64>> = HashMap::new();
             if let Some((c, fates, sent)) = &prev {
-                for (r, f) in c.rows.iter().zip(fates) {
+                // Rows that did not reach Kafka, and on ring storage the keys whose rows were
+                // parked behind the retry table: their later rows wait.
+                blocked.extend(c.unsent_keys(fates));
+                for r in &c.rows {
                     if let Some(k) = r.key() {
-                        if !matches!(f, Fate::Sent) {
-                            blocked.insert(k.to_owned());
-                        }
                         let e = after.entry(k.to_owned()).or_insert(r.id);
                         *e = (*e).max(r.id);
                     }

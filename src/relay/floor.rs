@@ -25,6 +25,9 @@
 //! open `long_transaction` after the sample is passed anyway; its rows, and rows put back to
 //! `pending` by plain SQL, are found by the sweep ([`crate::Relay::sweep`], every
 //! `sweep_interval`, off the claim path) instead of at commit. Nothing is ever skipped for good.
+//! On ring storage, where nothing below a lane's cursor is read again, the writers passed are
+//! listed by transaction id ([`ClaimFloor::passed`], `outbox_passed`) before the cursors pass
+//! them, and the ring's sweep copies their rows once they commit.
 //! (The same holds if someone sets the id sequence's `CACHE` above 1, which lets a session use
 //! ids drawn long before: those rows too reach Kafka through the sweep.)
 
@@ -83,6 +86,8 @@ pub(crate) struct ClaimFloor {
     long_transaction: Duration,
     /// See [`Begin::clean`].
     clean: bool,
+    /// See [`ClaimFloor::passed`].
+    passed: HashSet<String>,
 }
 
 impl ClaimFloor {
@@ -94,14 +99,15 @@ impl ClaimFloor {
             rewind: None,
             long_transaction,
             clean: false,
+            passed: HashSet::new(),
         }
     }
 
-    /// Never passes a writer that is still open, however long it stays open. Ring storage
-    /// (`ring.rs`) has no sweep to find such a writer's rows later: below a lane's cursor they
-    /// would never be read.
-    pub fn hold_long_writers(&mut self) {
-        self.long_transaction = Duration::MAX;
+    /// The writers this floor passed while they were open and that were still running at the
+    /// last [`ClaimFloor::begin`]: ring storage (`ring.rs`) lists them before its cursors pass
+    /// their rows, so their rows are found once they commit.
+    pub fn passed(&self) -> Vec<String> {
+        self.passed.iter().cloned().collect()
     }
 
     /// The current floor (0 = scan from the head).
@@ -165,7 +171,15 @@ impl ClaimFloor {
         let usable = |s: &Sample| {
             s.writers.iter().all(|w| !running.contains(w)) || cap_at.is_some_and(|t| s.at <= t)
         };
+        self.passed.retain(|w| running.contains(w));
         let j = self.samples.iter().rposition(usable)?;
+        self.passed.extend(
+            self.samples[j]
+                .writers
+                .iter()
+                .filter(|w| running.contains(*w))
+                .cloned(),
+        );
         let max_id = self.samples[j].max_id;
         self.samples.drain(..j);
         Some(max_id)
@@ -238,8 +252,18 @@ mod tests {
             f.finish(b.bound(None), None);
         }
         // 5 s after the first sample that saw it, it no longer holds the floor.
+        assert!(f.passed().is_empty(), "not passed while it holds the floor");
         let b = f.begin(LANES, sample(t0, 5_100, 999, &["9/1"]));
         assert_eq!(b.visible_below, Some(12));
+        // It was passed while open (ring storage lists it); the short writers were not.
+        assert_eq!(f.passed(), ["9/1"]);
+        f.finish(b.bound(None), None);
+        let b = f.begin(LANES, sample(t0, 5_200, 1_000, &["9/1"]));
+        assert_eq!(f.passed(), ["9/1"], "still running: still passed");
+        f.finish(b.bound(None), None);
+        // Once it has ended it is no longer reported.
+        f.begin(LANES, sample(t0, 5_300, 1_001, &[]));
+        assert!(f.passed().is_empty());
     }
 
     #[test]

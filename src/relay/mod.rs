@@ -208,9 +208,17 @@ impl Relay {
     /// [`Relay::run`] sweeps every `sweep_interval` on its own connection, off the claim path
     /// (while a snapshot is held open, this walks every row sent since, like the claim used to).
     ///
+    /// On ring storage it finds the writers passed while open that have since committed, and
+    /// sends their rows below the lanes' cursors through the retry table; it returns `Some(0)`
+    /// when it copied any (the next claim finds them), `None` otherwise.
+    ///
     /// # Errors
     /// [`RelayError`] when Postgres fails.
     pub async fn sweep(&self) -> Result<Option<i64>, RelayError> {
+        if self.on_ring(&self.pool.get().await?).await? {
+            let copied = ring::sweep_passed(&self.pool, &self.stmts).await?;
+            return Ok((copied > 0).then_some(0));
+        }
         sweep_with(&self.pool, &self.stmts, &self.floor).await
     }
 
@@ -341,13 +349,6 @@ impl Relay {
     ) -> Result<Claimed, RelayError> {
         let tx = OpenTx::connect(&self.pool).await?;
         if self.on_ring(tx.client()).await? {
-            if self.config.exactly_once.is_some() {
-                return Err(ConfigError::Value {
-                    name: "exactly_once",
-                    reason: "not available yet on ring storage (outbox_use_ring())".into(),
-                }
-                .into());
-            }
             return self.claim_ring(tx, limit, lanes, ahead).await;
         }
         let claimed = self.claim_table(tx, limit, lanes, after, ahead).await;

@@ -60,13 +60,35 @@ impl Relay {
             0
         } else {
             let mut c = self.pool.get().await?;
+            let ring = self.on_ring(&c).await?;
             // A zombie still holding these rows locked (its session alive, its process
             // frozen) makes this wait: bounded, and retried at the next pass, so the slot
             // never produces before its last batch is marked.
             let tx = c.transaction().await?;
             tx.batch_execute(crate::sql::RECOVER_LOCK_TIMEOUT).await?;
-            let recover = tx.prepare_cached(&self.stmts.recover_sent).await?;
-            let n = tx.execute(&recover, &[&ids]).await?;
+            let n = if ring {
+                // Ring storage: the lanes' cursors moved past the ids, the retry rows among
+                // them removed (`sql::ring::RECOVER`). The writers open now are listed first:
+                // one of them may hold rows below the cursors' new places.
+                let writers: Vec<String> =
+                    tx.query_one(&self.stmts.ring_writers, &[]).await?.get(0);
+                if !writers.is_empty() {
+                    tx.execute(&self.stmts.ring_pass, &[&writers]).await?;
+                }
+                let recover = tx.prepare_cached(&self.stmts.ring_recover).await?;
+                let r = tx.query_one(&recover, &[&ids]).await?;
+                let (gone, moved, copied): (i64, i64, i64) = (r.get(0), r.get(1), r.get(2));
+                if copied > 0 {
+                    info!(
+                        slot,
+                        copied, "slot recovery copied parked rows into the retry table"
+                    );
+                }
+                u64::try_from(gone + moved).unwrap_or_default()
+            } else {
+                let recover = tx.prepare_cached(&self.stmts.recover_sent).await?;
+                tx.execute(&recover, &[&ids]).await?
+            };
             tx.commit().await?;
             n
         };

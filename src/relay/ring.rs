@@ -9,6 +9,10 @@
 //! A lane whose batch left a row deferred (Kafka unreachable, no report) stops at that row and
 //! reads it again, with everything after it, and copies nothing.
 //!
+//! A writer the floor passes while still open (open longer than `long_transaction`) is
+//! listed by its xid in the claim's transaction (`outbox_passed`); once it has committed, the
+//! ring's sweep ([`sweep_passed`]) copies its rows below the cursors into the retry table.
+//!
 //! Pipelined batches: a batch reads from where the one before it stopped reading, before that
 //! one settled. Its cursor moves only if the lane's cursor reached where it started reading
 //! (the batch before it settled that far): otherwise its rows are read again, and since the
@@ -167,11 +171,17 @@ impl Relay {
         };
         let retry_due: bool = sampled.get(2);
         let cursors: Vec<i64> = sampled.get(3);
-        let begin = {
+        let (begin, passed) = {
             let mut floor = self.floor.lock().expect("floor lock");
-            floor.hold_long_writers();
-            floor.begin(&lanes, sample)
+            let begin = floor.begin(&lanes, sample);
+            (begin, floor.passed())
         };
+        if !passed.is_empty() {
+            // Listed in this transaction, before its cursors move past their rows (see
+            // `sweep_passed`).
+            let pass = c.prepare_cached(&self.stmts.ring_pass).await?;
+            c.execute(&pass, &[&passed]).await?;
+        }
         let lowest = cursors.iter().copied().min().unwrap_or(0);
         // Past what the batches in flight before this one read (see `Ahead`): their rows are
         // settled by them, not read again.
@@ -307,9 +317,25 @@ impl Relay {
         // waits at that row and the batch is read again. When other rows went through, a
         // deferred row (one partition away, a report missing) goes to the retry table with
         // the rows of its key behind it, so one row cannot pin its lane (and the rotation).
-        let any_sent = !marks.sent.is_empty();
+        // Exactly-once: per slot, each its own Kafka transaction (a slot that aborted sent
+        // nothing, whatever the others did; its rows are read again, never copied: the slot's
+        // recovery must find them at or above the cursor, or sent).
+        let group = |lane: i32| {
+            if self.config.exactly_once.is_some() {
+                super::lanes::slot_of(lane)
+            } else {
+                0
+            }
+        };
+        let sent_in: HashSet<i32> = rows
+            .iter()
+            .zip(fates)
+            .filter(|(_, f)| matches!(f, Fate::Sent))
+            .map(|(r, _)| group(r.lane()))
+            .collect();
         let mut stop: HashMap<i32, i64> = HashMap::new();
         for (row, fate) in rows.iter().zip(fates) {
+            let any_sent = sent_in.contains(&group(row.lane()));
             if !row.retry && !any_sent && matches!(fate, Fate::Deferred(_) | Fate::Waiting(_)) {
                 stop.entry(row.lane())
                     .and_modify(|s| *s = (*s).min(row.id))
@@ -408,4 +434,46 @@ impl Relay {
         tx.committed();
         Ok(())
     }
+}
+
+/// The ring's sweep (every `sweep_interval`): writers the floor passed while open
+/// (`outbox_passed`) that have since committed get their rows below the lanes' cursors copied
+/// into the retry table, once; those that rolled back are forgotten. Returns the rows copied.
+/// (No ring row is updated: the copies go to the retry table, as a refused row's do.)
+pub(super) async fn sweep_passed(
+    pool: &deadpool_postgres::Pool,
+    stmts: &Statements,
+) -> Result<u64, RelayError> {
+    let mut c = pool.get().await?;
+    let passed: Vec<(String, Option<String>)> = c
+        .query(&stmts.ring_passed, &[])
+        .await?
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    let mut copied = 0;
+    for (xid, status) in passed {
+        if status.as_deref() == Some("in progress") {
+            continue;
+        }
+        let tx = c.transaction().await?;
+        // Only the sweep that takes the entry off the list copies (one at a time).
+        if tx.execute(&stmts.ring_unpass, &[&xid]).await? == 0 {
+            continue;
+        }
+        // Committed, or too old for Postgres to say (then copy too: a writer that rolled back
+        // left no row to find).
+        if status.as_deref() != Some("aborted") {
+            tx.query_one(&stmts.ring_hold_cursors, &[]).await?;
+            let n = tx.execute(&stmts.ring_copy_passed, &[&xid]).await?;
+            tracing::info!(
+                xid,
+                rows = n,
+                "a writer passed while open has committed: its rows below the cursors go out through the retry table"
+            );
+            copied += n;
+        }
+        tx.commit().await?;
+    }
+    Ok(copied)
 }

@@ -57,6 +57,22 @@ pub(super) async fn sweep_schedule(
             () = cancel.cancelled() => return,
             _ = tick.tick() => {}
         }
+        let on_ring = match pool.get().await {
+            Ok(c) => c
+                .query_one(&stmts.ring_layout, &[])
+                .await
+                .map(|r| r.get::<_, bool>(0))
+                .unwrap_or(false),
+            Err(_) => false,
+        };
+        if on_ring {
+            match super::ring::sweep_passed(&pool, &stmts).await {
+                Ok(0) => {}
+                Ok(_) => wake.notify_one(),
+                Err(e) => debug!(error = %e, "ring sweep failed; will retry at the next tick"),
+            }
+            continue;
+        }
         match sweep_with(&pool, &stmts, &floor).await {
             Ok(Some(_)) => wake.notify_one(),
             Ok(None) => {}

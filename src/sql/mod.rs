@@ -70,6 +70,13 @@ pub(crate) struct Statements {
     pub ring_advance: String,
     pub ring_advance_lanes: String,
     pub ring_rotation_state: String,
+    pub ring_recover: String,
+    pub ring_pass: String,
+    pub ring_writers: String,
+    pub ring_passed: String,
+    pub ring_unpass: String,
+    pub ring_hold_cursors: String,
+    pub ring_copy_passed: String,
 }
 
 impl Statements {
@@ -113,6 +120,13 @@ impl Statements {
             ring_advance: r(ring::ADVANCE),
             ring_advance_lanes: r(ring::ADVANCE_LANES),
             ring_rotation_state: r(&ring::rotation_state()),
+            ring_recover: r(ring::RECOVER),
+            ring_pass: r(ring::PASS),
+            ring_writers: r(ring::RING_WRITERS),
+            ring_passed: r(ring::PASSED),
+            ring_unpass: r(ring::UNPASS),
+            ring_hold_cursors: r(ring::HOLD_CURSORS),
+            ring_copy_passed: r(ring::COPY_PASSED),
         }
     }
 

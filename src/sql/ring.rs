@@ -98,6 +98,90 @@ pub(crate) fn retry_failed() -> String {
     super::outbox::MARK_FAILED.replace("UPDATE {s}.outbox AS o", "UPDATE {s}.outbox_retry AS o")
 }
 
+/// Exactly-once recovery on the ring: the ids `$1` of a slot's last committed Kafka
+/// transaction (and of its batch before, while unconfirmed) reached Kafka; make the database
+/// say so if their settle was lost (a crash between the commit and the settle). Retry rows
+/// among them leave the retry table. For each lane, its cursor moves past the highest of them,
+/// if it is not already: the batches read every row of the lane from the cursor up, so a row
+/// in between that is not among the ids was parked or held back by those batches, and is
+/// copied into the retry table (behind its key) as their settle would have. Every part is a
+/// no-op once done. Returns the retry rows removed, the lanes moved and the rows copied.
+pub(crate) const RECOVER: &str = "\
+WITH sent AS (SELECT DISTINCT unnest($1::bigint[]) AS id),
+gone AS (DELETE FROM {s}.outbox_retry AS t WHERE t.id IN (SELECT id FROM sent) RETURNING t.id),
+last AS (
+    SELECT hashtext(coalesce(o.message_key, '')) & 63 AS lane, max(o.id) AS last
+      FROM {s}.outbox_ring AS o WHERE o.id IN (SELECT id FROM sent)
+     GROUP BY 1),
+moving AS (
+    SELECT c.lane, c.next_id AS start, l.last + 1 AS next
+      FROM last AS l JOIN {s}.outbox_lanes AS c ON c.lane = l.lane
+     WHERE c.next_id <= l.last),
+copied AS (
+    INSERT INTO {s}.outbox_retry (id, topic, message_key, headers, payload, created_at)
+    SELECT o.id, o.topic, o.message_key, o.headers, o.payload, o.created_at
+      FROM moving AS m
+      JOIN {s}.outbox_ring AS o
+        ON o.id >= m.start AND o.id < m.next
+       AND (hashtext(coalesce(o.message_key, '')) & 63) = m.lane
+     WHERE o.id NOT IN (SELECT id FROM sent)
+    ON CONFLICT (id) DO NOTHING
+    RETURNING id),
+moved AS (
+    UPDATE {s}.outbox_lanes AS c SET next_id = m.next, moved_at = now()
+      FROM moving AS m WHERE c.lane = m.lane AND c.next_id = m.start
+    RETURNING c.lane)
+SELECT (SELECT count(*) FROM gone)::bigint, (SELECT count(*) FROM moved)::bigint,
+       (SELECT count(*) FROM copied)::bigint";
+
+/// Lists the writers `$1` (virtual transaction ids) a claim's floor passed while they were
+/// still open, by their transaction id, before the claim's cursors move past their rows (see
+/// `V20__ring_writes.sql`). `pg_locks` gives a 32-bit xid; its epoch is the current one, or
+/// the one before when it is above the current counter (it was drawn before the wrap).
+pub(crate) const PASS: &str = "\
+INSERT INTO {s}.outbox_passed (xid)
+SELECT DISTINCT ((((c.x >> 32) - CASE WHEN t.x > (c.x & 4294967295) THEN 1 ELSE 0 END) << 32)
+                 | t.x)::text::xid8
+  FROM (SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint AS x) AS c,
+       LATERAL (SELECT l.transactionid::text::bigint AS x FROM pg_locks AS l
+                 WHERE l.locktype = 'transactionid' AND l.mode = 'ExclusiveLock' AND l.granted
+                   AND l.virtualtransaction = ANY($1::text[])) AS t
+ON CONFLICT (xid) DO NOTHING";
+
+/// The transactions writing the ring now (virtual transaction ids), for [`PASS`]: exactly-once
+/// recovery moves cursors past ids no claim of its own proved visible, so every writer open
+/// then is listed (one still open may hold rows below the new cursors).
+pub(crate) const RING_WRITERS: &str = "\
+SELECT coalesce(array_agg(l.virtualtransaction), '{}')
+  FROM pg_locks AS l
+ WHERE l.locktype = 'relation' AND l.mode = 'RowExclusiveLock'
+   AND l.relation = '{s}.outbox_ring'::regclass AND l.pid IS DISTINCT FROM pg_backend_pid()";
+
+/// The writers passed while open, and whether each has ended (`pg_xact_status`: `committed`,
+/// `aborted`, `in progress`, NULL when too old to say).
+pub(crate) const PASSED: &str = "\
+SELECT p.xid::text, pg_xact_status(p.xid) FROM {s}.outbox_passed AS p ORDER BY p.xid";
+
+/// Takes passed writer `$1` off the list; the sweep that gets the row copies its rows, in the
+/// same transaction (only one sweep can).
+pub(crate) const UNPASS: &str = "DELETE FROM {s}.outbox_passed WHERE xid = $1::text::xid8";
+
+/// Waits for the settles in progress and holds the cursors still while a passed writer's
+/// rows are copied: a cursor moving past one of them after the copy looked would lose it.
+pub(crate) const HOLD_CURSORS: &str = "\
+SELECT count(*) FROM (SELECT 1 FROM {s}.outbox_lanes FOR SHARE) AS l";
+
+/// A committed passed writer's (`$1`) rows below their lane's cursor, copied into the retry
+/// table (published once from there); its rows above the cursor are read as usual. Reads
+/// every leaf (no index on `xid`: this runs once per writer passed, never per event).
+pub(crate) const COPY_PASSED: &str = "\
+INSERT INTO {s}.outbox_retry (id, topic, message_key, headers, payload, created_at)
+SELECT o.id, o.topic, o.message_key, o.headers, o.payload, o.created_at
+  FROM {s}.outbox_ring AS o
+  JOIN {s}.outbox_lanes AS c ON c.lane = hashtext(coalesce(o.message_key, '')) & 63
+ WHERE o.xid = $1::text::xid8 AND o.id < c.next_id
+ON CONFLICT (id) DO NOTHING";
+
 /// Cleanup on the ring: `outbox::CLEANUP_OUTBOX` on `outbox_legacy`, the table the schema had
 /// before it moved (only sent rows are left there: `V19__ring_upgrade.sql`).
 pub(crate) fn cleanup_legacy() -> String {
@@ -180,7 +264,7 @@ pub(crate) fn rotation_state() -> String {
 /// current leaf and never touch this one), then, under the lock, whether it may go: not the
 /// current generation, and every row in it below every lane's cursor (a row written into it
 /// late — a REPEATABLE READ writer that saw the old generation — keeps it until the relays have
-/// read it).
+/// read it), and no writer passed while open is still listed (its rows may be anywhere).
 pub(crate) const RECLAIM_LOCK: &str = "\
 SET LOCAL lock_timeout = '50ms';
 LOCK TABLE {s}.outbox_ring_{g} IN ACCESS EXCLUSIVE MODE";
@@ -189,7 +273,8 @@ LOCK TABLE {s}.outbox_ring_{g} IN ACCESS EXCLUSIVE MODE";
 pub(crate) const RECLAIM_CHECK: &str = "\
 SELECT (SELECT gen FROM {s}.outbox_generation) <> {g}
    AND coalesce((SELECT max(id) FROM {s}.outbox_ring_{g})
-                 < (SELECT min(c.next_id) FROM {s}.outbox_lanes AS c), true)";
+                 < (SELECT min(c.next_id) FROM {s}.outbox_lanes AS c), true)
+   AND NOT EXISTS (SELECT 1 FROM {s}.outbox_passed)";
 
 /// The leaf's rows, all published, go at once: no dead tuple, no vacuum.
 pub(crate) const RECLAIM: &str = "TRUNCATE {s}.outbox_ring_{g}";

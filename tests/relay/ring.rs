@@ -37,7 +37,7 @@ async fn ring_writes(c: &tokio_postgres::Client, rows: i64) -> (i64, i64, i64) {
 }
 
 /// Seed 002's plain-SQL insert of one row of `key` with `{"seq": seq}` into `topic`.
-async fn insert_seq(c: &tokio_postgres::Client, topic: &str, key: &str, seq: i32) {
+async fn insert_seq(c: &impl tokio_postgres::GenericClient, topic: &str, key: &str, seq: i32) {
     c.execute(
         "INSERT INTO outbox (topic, message_key, headers, payload)
          VALUES ($1, $2, '{\"message_type\":\"t\"}', jsonb_build_object('seq', $3::int))",
@@ -275,10 +275,11 @@ async fn on_the_ring_a_row_committed_after_newer_rows_were_sent_is_published_onc
         .await
         .unwrap()
         .get(0);
-    // Newer rows commit while it is open, and passes run; no cursor passes it (today's
-    // `long_transaction` escape hatch is off on the ring: 1 s here).
+    // Newer rows commit while it is open, and passes run; no cursor passes it while it has
+    // been open less than `long_transaction` (1 s here; a writer open longer is passed and
+    // listed: `a_writer_left_open_…`).
     let started = std::time::Instant::now();
-    while started.elapsed() < Duration::from_secs(2) {
+    while started.elapsed() < Duration::from_millis(700) {
         enqueue_n(&db, &topic, 2, 1, 2).await;
         relay.run_once().await.unwrap();
         let behind = count(
@@ -532,28 +533,6 @@ async fn pipelined_batches_with_due_retry_rows_send_each_ring_row_once() {
 }
 
 #[tokio::test]
-async fn an_exactly_once_relay_refuses_ring_storage_with_a_clear_error_and_publishes_nothing() {
-    // Until its progress records carry the lanes' cursors (the next step of issue 33), an
-    // exactly-once relay must not run on the ring: a typed error, nothing published.
-    let (db, c) = ring_db().await;
-    let topic = topic_name();
-    create_topic(&topic, 1).await;
-    enqueue_n(&db, &topic, 3, 1, 3).await;
-    let mut config = relay_config();
-    let mut eo = outbox::ExactlyOnce::default();
-    eo.progress_topic = format!("{topic}.progress");
-    config.exactly_once = Some(eo);
-    let relay = Relay::new(&db, &kafka(), config).unwrap();
-    let err = relay.run_once().await.expect_err("refused").to_string();
-    assert!(err.contains("ring storage"), "{err}");
-    assert_eq!(topic_len(&topic).await, 0);
-    assert_eq!(
-        count(&c, "SELECT count(*) FROM outbox WHERE status = 'pending'").await,
-        3
-    );
-}
-
-#[tokio::test]
 async fn moving_a_schema_onto_the_ring_by_plain_sql_carries_its_unsent_rows_and_a_second_call_does_nothing(
 ) {
     // The online move with relays running is `upgrade.rs`; here the SQL function alone.
@@ -578,4 +557,84 @@ async fn moving_a_schema_onto_the_ring_by_plain_sql_carries_its_unsent_rows_and_
         1
     );
     assert_eq!(count(&c, "SELECT count(*) FROM outbox_retry").await, 1);
+}
+
+#[tokio::test]
+async fn a_writer_left_open_does_not_stop_publishing_and_its_rows_go_out_once_after_it_commits() {
+    let (db, c) = ring_db().await;
+    let topic = topic_name();
+    create_topic(&topic, 1).await;
+    // A service's transaction writes a row and stays open (a forgotten BEGIN).
+    let mut late = client(&db).await;
+    let open = late.transaction().await.unwrap();
+    insert_seq(&open, &topic, "late", 0).await;
+    for i in 1..=20 {
+        insert_seq(&c, &topic, &format!("k{i}"), i).await;
+    }
+    let mut cfg = relay_config();
+    cfg.long_transaction = Duration::from_secs(1);
+    let relay = Relay::new(&db, &kafka(), cfg).unwrap();
+    // Once it has been open longer than `long_transaction`, the relay passes it: the 20 rows
+    // written after it go out, and it is listed.
+    wait_until(
+        Duration::from_secs(20),
+        "the rows after the open writer published",
+        || async {
+            relay.run_once().await.unwrap();
+            topic_len(&topic).await == 20
+        },
+    )
+    .await;
+    assert_eq!(count(&c, "SELECT count(*) FROM outbox_passed").await, 1);
+    assert_eq!(
+        relay.sweep().await.unwrap(),
+        None,
+        "still open: nothing to copy"
+    );
+    open.commit().await.unwrap();
+    // Its row is now below its lane's cursor. While it is listed, rotation reclaims nothing:
+    // the leaf holding that row must stay until the row is copied.
+    rotate(&db).await;
+    let r = rotate(&db).await;
+    assert_eq!(r.generations_reclaimed, 0, "{r:?}");
+    assert_eq!(
+        count(
+            &c,
+            "SELECT count(*) FROM outbox_ring WHERE message_key = 'late'"
+        )
+        .await,
+        1
+    );
+    // The sweep sends it through the retry table, once.
+    assert_eq!(relay.sweep().await.unwrap(), Some(0));
+    assert_eq!(
+        relay.sweep().await.unwrap(),
+        None,
+        "a second sweep copies nothing"
+    );
+    wait_until(
+        Duration::from_secs(20),
+        "the late row published",
+        || async {
+            relay.run_once().await.unwrap();
+            topic_len(&topic).await == 21
+        },
+    )
+    .await;
+    assert!(matches!(relay.run_once().await.unwrap(), Outcome::Empty));
+    let recs = read_all(&topic).await;
+    assert_eq!(recs.len(), 21, "each row once");
+    assert_eq!(
+        recs.iter()
+            .filter(|r| r.key.as_deref() == Some(&b"late"[..]))
+            .count(),
+        1
+    );
+    assert_eq!(count(&c, "SELECT count(*) FROM outbox_passed").await, 0);
+    assert_eq!(
+        count(&c, "SELECT count(*) FROM outbox WHERE status <> 'sent'").await,
+        0
+    );
+    // Nothing is listed any more: rotation reclaims the leaf.
+    assert!(rotate(&db).await.generations_reclaimed >= 1);
 }

@@ -211,6 +211,27 @@ async fn a_table_with_pending_backed_off_failed_and_sent_rows_moves_onto_the_rin
         "nothing in the old table is left to send"
     );
 
+    // `outbox trace` finds a row sent on the table before the move, one written to the ring,
+    // and the failed one, each with its state.
+    let ring_id: String = c
+        .query_one(
+            "SELECT headers->>'message_id' FROM outbox_ring ORDER BY id DESC LIMIT 1",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    for (id, status) in [
+        (written[0].as_str(), "sent"),
+        (ring_id.as_str(), "sent"),
+        (failed_id.as_str(), "failed"),
+    ] {
+        let j = outbox::journey::trace(&db, id).await.unwrap();
+        assert_eq!(j.len(), 1, "{id}");
+        assert_eq!(j[0].outbox.len(), 1, "{id}");
+        assert_eq!(j[0].outbox[0].status, status, "{id}");
+    }
+
     // The operator's repairs work as before: seed 002's requeue of the failed row ...
     c.batch_execute(
         "UPDATE outbox SET status = 'pending', attempts = 0, available_at = now()
