@@ -63,7 +63,17 @@ pub(crate) struct RingRead {
     parked_keys: Vec<String>,
     /// The leaves read (`{gens}`), for the copies at settle.
     gens: String,
+    /// Read past a batch still in flight (see [`Ahead`]): then every lane moves at settle,
+    /// conditionally, as the chain of batches needs. Otherwise no batch of this relay is in
+    /// flight and only the lanes that had rows here move (see `IDLE_LAG`).
+    pipelined: bool,
 }
+
+/// A lane with no row in a batch keeps its cursor (one UPDATE, and one dead tuple while a
+/// snapshot is held, per lane and batch is what a steady trickle of one-row batches would
+/// otherwise cost: 64 per batch) until it lags the batch's bound by more than this many ids;
+/// a read starts at the lowest cursor, so this bounds what it steps over.
+const IDLE_LAG: i64 = 256;
 
 impl RingRead {
     /// Where the next batch reads from while this one is in flight (see [`Ahead`]): past
@@ -280,6 +290,7 @@ impl Relay {
                 reach,
                 parked_keys: parked_keys.into_iter().collect(),
                 gens,
+                pipelined: ahead.is_some(),
             }),
         })
     }
@@ -375,12 +386,21 @@ impl Relay {
                 copy_dead.push(false);
             }
         }
+        let touched: HashSet<i32> = rows
+            .iter()
+            .filter(|r| !r.retry)
+            .map(Row::lane)
+            .chain(read.parked.iter().map(|(_, lane)| *lane))
+            .collect();
         let (mut adv_lanes, mut adv_start, mut adv_next) = (Vec::new(), Vec::new(), Vec::new());
         if let Some(bound) = read.bound {
             for (lane, cursor) in lanes.iter().zip(&read.cursors) {
                 let next = stop.get(lane).map_or(bound, |s| (*s).min(bound));
                 let start = read.from.max(*cursor);
-                if next > start {
+                // Not pipelined, no row of the lane here: nothing of it lies below the bound,
+                // so its cursor may stay (see `IDLE_LAG`).
+                let idle = !read.pipelined && !touched.contains(lane) && next - *cursor <= IDLE_LAG;
+                if next > start && !idle {
                     adv_lanes.push(*lane);
                     adv_start.push(start);
                     adv_next.push(next);

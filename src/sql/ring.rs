@@ -262,9 +262,11 @@ pub(crate) fn rotation_state() -> String {
 /// Reclaiming leaf `{g}`, first statements of its own transaction: wait at most 50 ms for the
 /// lock (the relays' reads hold a share of it for a batch; the services' INSERTs go to the
 /// current leaf and never touch this one), then, under the lock, whether it may go: not the
-/// current generation, and every row in it below every lane's cursor (a row written into it
+/// current generation, and every row in it below its lane's cursor (a row written into it
 /// late — a REPEATABLE READ writer that saw the old generation — keeps it until the relays have
-/// read it), and no writer passed while open is still listed (its rows may be anywhere).
+/// read it), and no writer passed while open is still listed (its rows may be anywhere). Only
+/// the rows at or above the lowest cursor are looked at (an idle lane's cursor lags by at most
+/// a few hundred ids), from the end of the leaf's primary key.
 pub(crate) const RECLAIM_LOCK: &str = "\
 SET LOCAL lock_timeout = '50ms';
 LOCK TABLE {s}.outbox_ring_{g} IN ACCESS EXCLUSIVE MODE";
@@ -272,8 +274,11 @@ LOCK TABLE {s}.outbox_ring_{g} IN ACCESS EXCLUSIVE MODE";
 /// See [`RECLAIM_LOCK`].
 pub(crate) const RECLAIM_CHECK: &str = "\
 SELECT (SELECT gen FROM {s}.outbox_generation) <> {g}
-   AND coalesce((SELECT max(id) FROM {s}.outbox_ring_{g})
-                 < (SELECT min(c.next_id) FROM {s}.outbox_lanes AS c), true)
+   AND NOT EXISTS (
+         SELECT 1 FROM {s}.outbox_ring_{g} AS o
+           JOIN {s}.outbox_lanes AS c ON c.lane = hashtext(coalesce(o.message_key, '')) & 63
+          WHERE o.id >= (SELECT min(m.next_id) FROM {s}.outbox_lanes AS m)
+            AND o.id >= c.next_id)
    AND NOT EXISTS (SELECT 1 FROM {s}.outbox_passed)";
 
 /// The leaf's rows, all published, go at once: no dead tuple, no vacuum.
