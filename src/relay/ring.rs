@@ -63,10 +63,12 @@ pub(crate) struct RingRead {
     parked_keys: Vec<String>,
     /// The leaves read (`{gens}`), for the copies at settle.
     gens: String,
-    /// Read past a batch still in flight (see [`Ahead`]): then every lane moves at settle,
-    /// conditionally, as the chain of batches needs. Otherwise no batch of this relay is in
-    /// flight and only the lanes that had rows here move (see `IDLE_LAG`).
-    pipelined: bool,
+    /// No batch of this relay is in flight before this one (it read past none, see [`Ahead`])
+    /// and none will be claimed after it before it settles (it is not full: the pipelines
+    /// claim the next batch only after a full one). Only then may a lane with no row here keep
+    /// its cursor (see `IDLE_LAG`): a batch read past this one would otherwise find such a
+    /// lane's cursor short of where it started, and not move it past rows it sent.
+    alone: bool,
 }
 
 /// A lane with no row in a batch keeps its cursor (one UPDATE, and one dead tuple while a
@@ -275,6 +277,8 @@ impl Relay {
             });
         }
         let reach = bound.or(ahead.map(|a| a.next));
+        // What the pipelines compare with the limit to claim the next batch.
+        let rows_claimed = rows.len();
         Ok(Claimed {
             tx,
             rows,
@@ -290,7 +294,7 @@ impl Relay {
                 reach,
                 parked_keys: parked_keys.into_iter().collect(),
                 gens,
-                pipelined: ahead.is_some(),
+                alone: ahead.is_none() && rows_claimed < limit,
             }),
         })
     }
@@ -397,9 +401,9 @@ impl Relay {
             for (lane, cursor) in lanes.iter().zip(&read.cursors) {
                 let next = stop.get(lane).map_or(bound, |s| (*s).min(bound));
                 let start = read.from.max(*cursor);
-                // Not pipelined, no row of the lane here: nothing of it lies below the bound,
-                // so its cursor may stay (see `IDLE_LAG`).
-                let idle = !read.pipelined && !touched.contains(lane) && next - *cursor <= IDLE_LAG;
+                // No row of the lane here, and no batch before or after this one in flight:
+                // nothing of it lies below the bound, so its cursor may stay (see `IDLE_LAG`).
+                let idle = read.alone && !touched.contains(lane) && next - *cursor <= IDLE_LAG;
                 if next > start && !idle {
                     adv_lanes.push(*lane);
                     adv_start.push(start);

@@ -681,3 +681,33 @@ async fn a_trickle_of_one_row_batches_moves_only_the_lanes_it_touches() {
         0
     );
 }
+
+#[tokio::test]
+async fn a_full_first_batch_moves_every_lane_so_the_batch_read_past_it_can_settle() {
+    // A first batch (nothing in flight before it) that is full has the next batch read past
+    // it before it settles. Had it kept an idle lane's cursor, that next batch would find the
+    // lane short of where it started reading, leave it, and send its rows again.
+    let (db, c) = ring_db().await;
+    let topic = topic_name();
+    create_topic(&topic, 1).await;
+    for i in 0..5 {
+        insert_seq(&c, &topic, "a", i).await;
+    }
+    for i in 5..8 {
+        insert_seq(&c, &topic, "m", i).await;
+    }
+    let mut cfg = relay_config();
+    cfg.batch_size = 5;
+    cfg.in_flight_batches = 2;
+    let relay = Relay::new(&db, &kafka(), cfg).unwrap();
+    wait_until(Duration::from_secs(20), "drained", || async {
+        relay.run_pipeline().await.unwrap();
+        count(&c, "SELECT count(*) FROM outbox WHERE status <> 'sent'").await == 0
+    })
+    .await;
+    for _ in 0..3 {
+        relay.run_pipeline().await.unwrap();
+    }
+    let recs = read_all(&topic).await;
+    assert_eq!(recs.len(), 8, "each row once");
+}
