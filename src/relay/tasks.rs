@@ -176,8 +176,12 @@ pub(crate) async fn refresh_outbox_gauges(
     let Ok(c) = pool.get().await else {
         return;
     };
+    let mut gauges = &stmts.gauges;
     match crate::storage::state_on(&c, schema).await {
         Ok(s) => {
+            if s.layout == "ring" {
+                gauges = &stmts.ring_gauges;
+            }
             metrics::gauge!(crate::metrics::OUTBOX_STORAGE_BYTES).set(s.bytes as f64);
             metrics::gauge!(crate::metrics::OUTBOX_RING_GENERATIONS)
                 .set(f64::from(s.generations.unwrap_or(0)));
@@ -186,7 +190,7 @@ pub(crate) async fn refresh_outbox_gauges(
         }
         Err(e) => debug!(error = %e, "storage gauges not refreshed"),
     }
-    let row = c.query_one(&stmts.gauges, &[]).await;
+    let row = c.query_one(gauges.as_str(), &[]).await;
     if let Ok(r) = row {
         let (pending, failed, total): (i64, i64, i64) = (r.get(0), r.get(1), r.get(2));
         let oldest: Option<f64> = r.get(3);

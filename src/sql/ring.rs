@@ -28,6 +28,28 @@ SELECT k.ring,
   FROM (SELECT coalesce((SELECT c.relkind = 'v' FROM pg_class AS c
                           WHERE c.oid = to_regclass('{s}.outbox')), false) AS ring) AS k";
 
+/// The relay's gauges on ring storage, as `outbox::GAUGES` on the table (pending, failed, all
+/// rows, the oldest pending row's age), without reading the view: pending ring rows are those
+/// at or above their lane's cursor, found from the lowest cursor up (the backlog, not the
+/// ring); all rows are the planner's estimate. A statement over the whole view would hold
+/// every leaf for seconds at volume, and rotation could reclaim none meanwhile.
+pub(crate) const GAUGES: &str = "\
+WITH ahead AS (
+    SELECT o.id, o.created_at FROM {s}.outbox_ring AS o
+      JOIN {s}.outbox_lanes AS c ON c.lane = hashtext(coalesce(o.message_key, '')) & 63
+     WHERE o.id >= (SELECT min(m.next_id) FROM {s}.outbox_lanes AS m) AND o.id >= c.next_id
+       AND NOT EXISTS (SELECT 1 FROM {s}.outbox_retry AS t WHERE t.id = o.id)),
+waiting AS (
+    SELECT created_at FROM ahead
+    UNION ALL
+    SELECT t.created_at FROM {s}.outbox_retry AS t WHERE t.status = 'pending')
+SELECT (SELECT count(*) FROM waiting)::bigint,
+       (SELECT count(*) FROM {s}.outbox_retry AS t WHERE t.status = 'failed')::bigint,
+       (SELECT coalesce(sum(greatest(c.reltuples, 0)), 0)::bigint FROM pg_class AS c
+         WHERE c.oid IN (SELECT p.relid FROM pg_partition_tree('{s}.outbox_ring') AS p)
+            OR c.oid = to_regclass('{s}.outbox_legacy')),
+       (SELECT extract(epoch FROM now() - min(created_at))::float8 FROM waiting)";
+
 /// `{gens}` in the statements below: the leaves a relay reads (see `relay/ring.rs`), as a
 /// literal list, so the planner prunes the others at plan time and the claim's transaction
 /// holds no lock on them: rotation can truncate a settled leaf while batches are in flight.

@@ -506,6 +506,13 @@ async fn on_ring_storage_the_relay_exports_its_size_generations_and_rotations() 
         },
     )
     .await;
+    // The backlog gauges, from the lanes' cursors (not the view): 500 pending at the first
+    // refresh, then none (refreshed every 15 s).
+    wait_metric(port, "the backlog gauge at 0", |t| {
+        value(t, "outbox_rows", &[("status", "pending")]) == Some(0.0)
+            && value(t, "outbox_oldest_pending_age_seconds", &[]) == Some(0.0)
+    })
+    .await;
     assert!(value(&text, "outbox_storage_bytes", &[]).is_some_and(|b| b > 0.0));
     assert!(value(&text, "outbox_ring_generations", &[]).is_some_and(|g| g >= 1.0));
     assert!(value(&text, "outbox_ring_oldest_generation_age_seconds", &[]).is_some());
