@@ -48,7 +48,7 @@ async fn insert_seq(c: &impl tokio_postgres::GenericClient, topic: &str, key: &s
 }
 
 /// Every record's `seq` by key, in topic order.
-fn seqs_by_key(recs: &[Record]) -> HashMap<String, Vec<i64>> {
+pub(crate) fn seqs_by_key(recs: &[Record]) -> HashMap<String, Vec<i64>> {
     let mut by: HashMap<String, Vec<i64>> = HashMap::new();
     for r in recs {
         let key = String::from_utf8(r.key.clone().unwrap_or_default()).unwrap();

@@ -178,7 +178,7 @@ async fn a_table_with_pending_backed_off_failed_and_sent_rows_moves_onto_the_rin
     let expected: HashSet<&String> = written.iter().filter(|id| **id != failed_id).collect();
     let got: HashSet<&String> = seen.keys().collect();
     assert_eq!(got, expected, "each written row once, the failed one not");
-    for (key, seqs) in seqs(&recs) {
+    for (key, seqs) in super::ring::seqs_by_key(&recs) {
         assert!(seqs.windows(2).all(|p| p[0] < p[1]), "{key}: {seqs:?}");
     }
     // Seed 002's view of it: the failed row is still failed, with its error.
@@ -260,16 +260,4 @@ async fn a_table_with_pending_backed_off_failed_and_sent_rows_moves_onto_the_rin
     let done = outbox::cleanup(&db, &cc).await.unwrap();
     assert!(done.outbox_deleted > 0, "{done:?}");
     assert_eq!(count(&c, "SELECT count(*) FROM outbox_legacy").await, 0);
-}
-
-/// Every record's `seq` by key, in topic order.
-fn seqs(recs: &[Record]) -> HashMap<String, Vec<i64>> {
-    let mut by: HashMap<String, Vec<i64>> = HashMap::new();
-    for r in recs {
-        let key = String::from_utf8(r.key.clone().unwrap_or_default()).unwrap();
-        by.entry(key)
-            .or_default()
-            .push(r.json()["seq"].as_i64().unwrap());
-    }
-    by
 }
