@@ -56,6 +56,9 @@ for line in open(sys.argv[1]):
 PY
 wait "$services" || { cat "$logs/services"; echo "[test] services did not start" >&2; exit 1; }
 cat "$logs/services"
+# Schemas left by earlier runs (each test makes its own and keeps it for reading after a
+# failure) would otherwise grow the dev database without bound.
+dev/prune.sh
 export RUST_TEST_THREADS="${RUST_TEST_THREADS:-6}"
 # Runs the test binaries whose "kind name" matches the regex $1 and not $2 (the rest of the
 # arguments go to each), in their package's directory as `cargo test` does; the exit code of
