@@ -104,14 +104,17 @@ async fn soak(ring: bool) {
         })
     };
 
-    // Writers: two connections sharing the rate.
+    // Writers: WRITERS connections sharing the rate (default one per 250 transactions a
+    // second, at least two: a connection commits one transaction at a time, and each commit
+    // waits for its WAL flush, so two could not keep 2,000 single-row transactions a second).
+    let writers_n = param("WRITERS", (rate / per_tx / 250).max(2));
     let committed: Arc<Mutex<Vec<(String, i64)>>> = Arc::default();
     // Each transaction's start and end (µs): its enqueue latency, and whether a rotation
     // happened while it ran.
     let enqueues: Arc<Mutex<Vec<(i64, i64)>>> = Arc::default();
     let t0 = now_us();
     let mut writers = Vec::new();
-    for w in 0..2 {
+    for w in 0..writers_n {
         let (db, topic, committed, enqueues) = (
             db.clone(),
             topic.clone(),
@@ -121,7 +124,7 @@ async fn soak(ring: bool) {
         writers.push(tokio::spawn(async move {
             let mut c = outbox::connect(&db).await.unwrap();
             let enq = outbox::Enqueuer::new(&db.schema);
-            let per = rate / 2;
+            let per = rate / writers_n;
             let mut tick = tokio::time::interval(Duration::from_micros(
                 1_000_000 * per_tx as u64 / per as u64,
             ));
@@ -132,7 +135,7 @@ async fn soak(ring: bool) {
                         outbox::Message::new(
                             &topic,
                             "order_created",
-                            format!("key-{}", (i * 2 + w) % 1000),
+                            format!("key-{}", (i * writers_n + w) % 1000),
                             serde_json::json!({"n": i, "pad": "x".repeat(150)}),
                         )
                     })

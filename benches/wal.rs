@@ -311,14 +311,14 @@ async fn ring_relay(rows: usize, per_tx: usize, keys: usize, table_drain_per_sec
     let reclaim = lsn(&c).await - a;
     let a = lsn(&c).await;
     c.batch_execute(&format!(
-        "VACUUM {s}.outbox_lanes, {s}.outbox_generation, {s}.outbox_retry"
+        "VACUUM {s}.outbox_cursor_log, {s}.outbox_generation, {s}.outbox_retry"
     ))
     .await
     .unwrap();
     let vacuum_wal = lsn(&c).await - a;
 
     // A snapshot held open while a tenth of the volume goes through: the ring keeps no dead
-    // tuple; the lanes keep one version per lane per batch until it ends.
+    // tuple, nor does the lanes' cursor log (appended to; trimmed only when no snapshot is held).
     let held_rows = (rows / 10).max(per_tx) / per_tx * per_tx;
     let holder = outbox::connect(&db).await.unwrap();
     holder
@@ -333,13 +333,13 @@ async fn ring_relay(rows: usize, per_tx: usize, keys: usize, table_drain_per_sec
     .unwrap();
     let held_published = publish_all(&relay).await;
     assert_eq!(held_published, held_rows);
-    c.batch_execute(&format!("VACUUM {s}.outbox_lanes"))
+    c.batch_execute(&format!("VACUUM {s}.outbox_cursor_log"))
         .await
         .unwrap();
     let (ring_dead_held, lanes_dead_held) = if have_pgstattuple {
         (
             dead_tuples(&c, &format!("{s}.outbox_ring_1")).await,
-            dead_tuples(&c, &format!("{s}.outbox_lanes")).await,
+            dead_tuples(&c, &format!("{s}.outbox_cursor_log")).await,
         )
     } else {
         (None, None)

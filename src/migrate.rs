@@ -17,7 +17,7 @@ use crate::db;
 
 /// The embedded migrations, in version order. A file in `migrations/` missing here fails the
 /// unit test `every_file_is_embedded`.
-const MIGRATIONS: [(i32, &str, &str); 20] = [
+const MIGRATIONS: [(i32, &str, &str); 21] = [
     (1, "outbox", include_str!("../migrations/V1__outbox.sql")),
     (
         2,
@@ -109,6 +109,11 @@ const MIGRATIONS: [(i32, &str, &str); 20] = [
         20,
         "ring_writes",
         include_str!("../migrations/V20__ring_writes.sql"),
+    ),
+    (
+        21,
+        "ring_cursor_log",
+        include_str!("../migrations/V21__ring_cursor_log.sql"),
     ),
 ];
 

@@ -6,7 +6,7 @@
 //! A leaf that is not current, whose newest row is older than `sent_retention`, and all of
 //! whose rows the relays have read (its highest id below every lane's cursor) is TRUNCATEd.
 //! So the ring holds at most `sent_retention` plus two periods of rows, and nothing is
-//! vacuumed.
+//! vacuumed. Each run also trims the lanes' cursor log to each lane's newest entry.
 //!
 //! Each step is one short transaction, so a `kill -9` at any point leaves the leaf either
 //! whole or empty, and the generation moved or not: never a row lost. The reclaim waits at most
@@ -80,5 +80,7 @@ pub(crate) async fn rotate(
         done.advanced = moved.is_some();
         crate::crash::point("rotate_advanced");
     }
+    // The lanes' cursor entries other than each lane's newest (`TRIM_CURSORS`).
+    c.execute(&render(sql::TRIM_CURSORS, 0), &[]).await?;
     Ok(done)
 }

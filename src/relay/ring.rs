@@ -222,7 +222,7 @@ impl Relay {
                 .prepare_cached(&self.stmts.ring_read.replace("{gens}", &gens))
                 .await?;
             let ring_rows = c
-                .query(&stmt, &[&batch, &lanes, &from, &below])
+                .query(&stmt, &[&batch, &lanes, &from, &below, &cursors])
                 .instrument(tracing::debug_span!(
                     "outbox.claim",
                     batch,
