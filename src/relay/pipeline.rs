@@ -21,6 +21,9 @@
 //!   produced (it failed) sends nothing and rolls back.
 //!
 //! Lanes are rebalanced only when no batch is in flight, as in the serial pass.
+//!
+//! On the table, a batch that comes back short ends the pass. On ring storage only a batch
+//! that read nothing does (see `pump`).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
@@ -171,8 +174,13 @@ impl Relay {
                 }
             };
             let sendable = claimed.sendable();
-            if claimed.len() < self.config.batch_size || sendable == 0 {
-                tally.more = false; // drained (or nothing here can move): the caller waits
+            // Drained (or nothing here can move): the caller waits. On ring storage a short
+            // batch does not end the pass: it read only up to the ids its sample proved
+            // committed, not all that was there, so the next claim overlaps its produce
+            // instead of waiting for it; the pass ends at a claim that finds nothing.
+            let short = claimed.len() < self.config.batch_size && claimed.ring.is_none();
+            if short || sendable == 0 {
+                tally.more = false;
             }
             seq += 1;
             ahead = claimed.ahead(self.config.batch_size);

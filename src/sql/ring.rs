@@ -74,6 +74,16 @@ SELECT coalesce((SELECT max(m.id) FROM {s}.outbox_ring AS m WHERE m.gen IN ({gen
                JOIN {s}.outbox_lanes AS c ON c.lane = u.lane ORDER BY u.n),
        (SELECT g.gen FROM {s}.outbox_generation AS g)";
 
+/// A claim's second look (see `relay/ring.rs`): the first two columns of [`SAMPLE`].
+pub(crate) const RECHECK: &str = "\
+SELECT coalesce((SELECT max(m.id) FROM {s}.outbox_ring AS m WHERE m.gen IN ({gens})), 0),
+       array(SELECT l.virtualtransaction FROM pg_locks AS l
+              WHERE l.locktype = 'relation' AND l.mode = 'RowExclusiveLock'
+                AND l.relation = '{s}.outbox_ring'::regclass
+                AND l.database = (SELECT d.oid FROM pg_database AS d
+                                   WHERE d.datname = current_database())
+                AND l.pid IS DISTINCT FROM pg_backend_pid())";
+
 /// The next rows of the lanes `$2` in id order: from `$3` up to (not including) `$4`, the
 /// ids proven committed or rolled back, each lane from its own cursor (`$5`, as [`SAMPLE`]
 /// read them, in the order of `$2`). At most `$1`. A merge of the leaves' primary keys; no
