@@ -33,6 +33,15 @@ pub enum StorageError {
         /// How long each try waited for the table.
         lock_wait: Duration,
     },
+    /// [`MoveOptions::lock_wait`] is above [`MoveOptions::MAX_LOCK_WAIT`]: the services'
+    /// INSERTs would queue behind a try that long. Nothing was done.
+    #[error("lock wait {lock_wait:?} is above the {max:?} the move allows (services' INSERTs queue behind it)")]
+    LockWaitTooLong {
+        /// What was asked.
+        lock_wait: Duration,
+        /// [`MoveOptions::MAX_LOCK_WAIT`].
+        max: Duration,
+    },
 }
 
 /// What [`use_ring`] did.
@@ -64,6 +73,9 @@ impl MoveOptions {
     pub const DEFAULT_LOCK_WAIT: Duration = Duration::from_secs(1);
     /// Default [`MoveOptions::attempts`].
     pub const DEFAULT_ATTEMPTS: u32 = 30;
+    /// Largest [`MoveOptions::lock_wait`]: every INSERT of the services waits behind a try
+    /// for as long as it waits.
+    pub const MAX_LOCK_WAIT: Duration = Duration::from_secs(60);
 }
 
 impl Default for MoveOptions {
@@ -88,8 +100,15 @@ impl Default for MoveOptions {
 ///
 /// # Errors
 /// [`StorageError::Postgres`] on a connection or SQL error; [`StorageError::Busy`] when the
-/// table stayed held through every try. Either way nothing changed.
+/// table stayed held through every try; [`StorageError::LockWaitTooLong`] before anything
+/// else. Either way nothing changed.
 pub async fn use_ring(db: &DbConfig, options: MoveOptions) -> Result<RingMove, StorageError> {
+    if options.lock_wait > MoveOptions::MAX_LOCK_WAIT {
+        return Err(StorageError::LockWaitTooLong {
+            lock_wait: options.lock_wait,
+            max: MoveOptions::MAX_LOCK_WAIT,
+        });
+    }
     let client = crate::db::connect(db).await?;
     let on_ring = crate::sql::render(crate::sql::ring::LAYOUT, &db.schema);
     if client.query_one(&on_ring, &[]).await?.get::<_, bool>(0) {

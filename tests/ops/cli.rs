@@ -53,6 +53,15 @@ async fn migrate_ring_moves_a_schema_with_a_backlog_once_and_refuses_bad_flags()
     .unwrap();
     let bad = run(outbox_cmd(&db).args(["migrate", "--ring", "--attempts", "0"]));
     assert_eq!(bad.status.code(), Some(2), "{}", text(&bad));
+    for wait in ["0s", "2h", "9999999999999s"] {
+        let bad = run(outbox_cmd(&db).args(["migrate", "--ring", "--lock-wait", wait]));
+        assert_eq!(bad.status.code(), Some(2), "{wait}: {}", text(&bad));
+        assert!(
+            text(&bad).contains("must be from 1ms to 1m"),
+            "{}",
+            text(&bad)
+        );
+    }
     assert_eq!(
         texts(
             &c,
@@ -108,6 +117,20 @@ async fn migrate_ring_moves_a_schema_with_a_backlog_once_and_refuses_bad_flags()
         .await,
         ["failed:refused", "pending:"]
     );
+    // The operator's verbs work on the ring as on the table: `requeue --failed` puts the
+    // failed row back to pending, and `status` counts both rows pending.
+    let requeued = run(outbox_cmd(&db).args(["requeue", "--failed"]));
+    assert!(requeued.status.success(), "{}", text(&requeued));
+    assert_eq!(
+        count(&c, "SELECT count(*) FROM outbox WHERE status = 'pending'").await,
+        2,
+        "{}",
+        text(&requeued)
+    );
+    let status = run(outbox_cmd(&db).args(["status", "--json"]));
+    assert!(status.status.success(), "{}", text(&status));
+    let v: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+    assert_eq!(v["storage"]["layout"], "ring", "{v}");
 }
 
 #[tokio::test]

@@ -8,7 +8,22 @@ use outbox_testkit::*;
 /// back: nothing; a batch keeps its order; an invalid message is refused before any SQL.
 #[tokio::test]
 async fn sqlx_enqueue_publishes_what_commits_and_refuses_what_is_invalid() {
+    sqlx_enqueue_on(false).await;
+}
+
+/// The same on ring storage: sqlx's INSERTs go through the view's rule onto the ring.
+#[tokio::test]
+async fn sqlx_enqueue_on_ring_storage_publishes_what_commits() {
+    sqlx_enqueue_on(true).await;
+}
+
+async fn sqlx_enqueue_on(ring: bool) {
     let db = fresh_db().await;
+    if ring {
+        outbox::storage::use_ring(&db, outbox::storage::MoveOptions::default())
+            .await
+            .unwrap();
+    }
     let topic = topic_name();
     create_topic(&topic, 1).await;
     let pool = sqlx_pool(&db, 2).await;
@@ -99,6 +114,15 @@ async fn sqlx_enqueue_publishes_what_commits_and_refuses_what_is_invalid() {
     assert_eq!(recs[0].headers["entity_id"], "A-1");
     assert!(recs[0].headers["traceparent"].starts_with("00-4bf9"));
     assert_eq!(recs[2].json(), serde_json::json!({"total": 3}));
+    if ring {
+        // Written to the ring's leaves, not to a table named `outbox`.
+        let c = client(&db).await;
+        assert_eq!(
+            count(&c, "SELECT count(*) FROM outbox_ring").await,
+            5,
+            "the ring holds the committed rows"
+        );
+    }
 }
 
 /// A database error is `EnqueueError::Sqlx`, classified like a tokio-postgres one: a missing

@@ -135,7 +135,23 @@ async fn json_schema_end_to_end() {
 /// the schema accepts it (a compatible new version), a requeue publishes it under the new id.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_row_that_breaks_its_schema_fails_with_the_reason_and_goes_after_the_fix() {
+    breaks_its_schema(false).await;
+}
+
+/// The same on ring storage: the refused row is copied into the retry table as `failed`, and
+/// the requeue sends it from there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_ring_storage_a_row_that_breaks_its_schema_fails_and_goes_after_the_fix() {
+    breaks_its_schema(true).await;
+}
+
+async fn breaks_its_schema(ring: bool) {
     let db = fresh_db().await;
+    if ring {
+        outbox::storage::use_ring(&db, outbox::storage::MoveOptions::default())
+            .await
+            .unwrap();
+    }
     let topic = topic_name();
     create_topic(&topic, 1).await;
     let url = registry_url();

@@ -19,12 +19,25 @@ pub struct Args {
     #[arg(long)]
     ring: bool,
     /// With --ring: how long one try waits for the outbox table (services' INSERTs queue
-    /// behind a waiting try), e.g. 500ms or 2s.
-    #[arg(long, value_parser = humantime::parse_duration, default_value = "1s")]
+    /// behind a waiting try), e.g. 500ms or 2s; 1ms to 60s.
+    #[arg(long, value_parser = parse_lock_wait, default_value = "1s")]
     lock_wait: std::time::Duration,
     /// With --ring: tries before giving up (nothing changes on a try that times out).
     #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u32).range(1..=10_000))]
     attempts: u32,
+}
+
+/// `--lock-wait`: a duration from 1 ms to [`outbox::storage::MoveOptions::MAX_LOCK_WAIT`].
+fn parse_lock_wait(s: &str) -> Result<std::time::Duration, String> {
+    let d = humantime::parse_duration(s).map_err(|e| e.to_string())?;
+    let max = outbox::storage::MoveOptions::MAX_LOCK_WAIT;
+    if d < std::time::Duration::from_millis(1) || d > max {
+        return Err(format!(
+            "must be from 1ms to {} (services' INSERTs queue behind each try)",
+            humantime::format_duration(max)
+        ));
+    }
+    Ok(d)
 }
 
 pub async fn run(args: Args, out: &mut dyn Write) -> anyhow::Result<()> {
