@@ -476,11 +476,11 @@ impl Relay {
         );
         let moved = async {
             if !adv_lanes.is_empty() && copy_ids.is_empty() {
-                c.execute(&advance_lanes, &[&adv_lanes, &adv_start, &adv_next])
+                c.query(&advance_lanes, &[&adv_lanes, &adv_start, &adv_next])
                     .instrument(tracing::debug_span!("outbox.mark", lanes = adv_lanes.len()))
-                    .await?;
+                    .await
             } else if !adv_lanes.is_empty() {
-                c.execute(
+                c.query(
                     &advance,
                     &[
                         &adv_lanes,
@@ -493,19 +493,27 @@ impl Relay {
                     ],
                 )
                 .instrument(tracing::debug_span!("outbox.mark", lanes = adv_lanes.len()))
-                .await?;
+                .await
+            } else {
+                Ok(Vec::new())
             }
-            Ok(())
         };
         let done = futures::try_join!(sent, failed, broken, moved, c.batch_execute("COMMIT"));
         let mut clean = self.layout.clean.lock().expect("layout lock");
-        if done.is_err() {
+        let Ok((_, _, _, moved, ())) = done else {
             clean.clear();
-        }
-        done?;
+            return done.map(|_| ()).map_err(Into::into);
+        };
         tx.committed();
-        for lane in &adv_lanes {
-            clean.remove(lane);
+        // A lane that moved has nothing left to read below where it moved to; one whose
+        // cursor was not where this batch expected did not move, and is not known clean.
+        let moved: HashSet<i32> = moved.iter().map(|r| r.get(0)).collect();
+        for (lane, next) in adv_lanes.iter().zip(&adv_next) {
+            if moved.contains(lane) {
+                clean.insert(*lane, *next);
+            } else {
+                clean.remove(lane);
+            }
         }
         clean.extend(kept);
         Ok(())

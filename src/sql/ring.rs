@@ -245,6 +245,7 @@ pub(crate) fn requeue_sent() -> String {
 /// primary key, driven by the ids (no `ORDER BY`: with one, the planner walked the whole ring
 /// in id order to join it, 35 ms at 100,000 rows and growing). A lane that did not move copies
 /// nothing: its rows are read again.
+/// Returns the lanes that moved.
 pub(crate) const ADVANCE: &str = "\
 WITH held AS MATERIALIZED (SELECT pg_advisory_xact_lock_shared('{s}.outbox_cursor_log'::regclass::oid::bigint)),
 moved AS (
@@ -254,21 +255,23 @@ moved AS (
       JOIN {s}.outbox_lanes AS c ON c.lane = v.lane
      WHERE c.next_id >= v.start AND c.next_id < v.next
     ON CONFLICT DO NOTHING
-    RETURNING lane)
-INSERT INTO {s}.outbox_retry (id, topic, message_key, headers, payload, created_at,
-                              status, attempts, last_error, available_at)
-SELECT o.id, o.topic, o.message_key, o.headers, o.payload, o.created_at,
-       CASE WHEN f.dead THEN 'failed' ELSE 'pending' END,
-       CASE WHEN f.error IS NULL THEN 0 ELSE 1 END, f.error,
-       CASE WHEN f.error IS NULL THEN now()
-            ELSE now() + make_interval(secs => 0.75 + random() * 0.5) END
-  FROM unnest($4::bigint[], $5::int[], $6::text[], $7::bool[]) AS f(id, lane, error, dead)
-  JOIN {s}.outbox_ring AS o ON o.id = f.id AND o.gen IN ({gens})
- WHERE f.lane IN (SELECT lane FROM moved)
-ON CONFLICT (id) DO NOTHING";
+    RETURNING lane),
+copied AS (
+    INSERT INTO {s}.outbox_retry (id, topic, message_key, headers, payload, created_at,
+                                  status, attempts, last_error, available_at)
+    SELECT o.id, o.topic, o.message_key, o.headers, o.payload, o.created_at,
+           CASE WHEN f.dead THEN 'failed' ELSE 'pending' END,
+           CASE WHEN f.error IS NULL THEN 0 ELSE 1 END, f.error,
+           CASE WHEN f.error IS NULL THEN now()
+                ELSE now() + make_interval(secs => 0.75 + random() * 0.5) END
+      FROM unnest($4::bigint[], $5::int[], $6::text[], $7::bool[]) AS f(id, lane, error, dead)
+      JOIN {s}.outbox_ring AS o ON o.id = f.id AND o.gen IN ({gens})
+     WHERE f.lane IN (SELECT lane FROM moved)
+    ON CONFLICT (id) DO NOTHING)
+SELECT lane FROM moved";
 
 /// [`ADVANCE`] when nothing is to be copied (the usual batch): the cursors alone, a few small
-/// rows appended to the log. (An `INSERT … SELECT` of nothing into the retry table would
+/// rows appended to the log; returns the lanes that moved. (An `INSERT … SELECT` of nothing into the retry table would
 /// still fire its NOTIFY trigger, and wake every relay after every batch.)
 pub(crate) const ADVANCE_LANES: &str = "\
 WITH held AS MATERIALIZED (SELECT pg_advisory_xact_lock_shared('{s}.outbox_cursor_log'::regclass::oid::bigint))
@@ -277,7 +280,8 @@ SELECT v.lane, v.next
   FROM held CROSS JOIN unnest($1::int[], $2::bigint[], $3::bigint[]) AS v(lane, start, next)
   JOIN {s}.outbox_lanes AS c ON c.lane = v.lane
  WHERE c.next_id >= v.start AND c.next_id < v.next
-ON CONFLICT DO NOTHING";
+ON CONFLICT DO NOTHING
+RETURNING lane";
 
 /// Rotation's trim of the cursor log: each lane's entries below its newest go, unless a
 /// transaction in this database has held a snapshot for more than 5 s (rows deleted now could
