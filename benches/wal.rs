@@ -339,7 +339,13 @@ async fn ring_relay(rows: usize, per_tx: usize, keys: usize, table_drain_per_sec
     let (ring_dead_held, lanes_dead_held) = if have_pgstattuple {
         (
             dead_tuples(&c, &format!("{s}.outbox_ring_1")).await,
-            dead_tuples(&c, &format!("{s}.outbox_cursor_log")).await,
+            match (
+                dead_tuples(&c, &format!("{s}.outbox_cursor_log_0")).await,
+                dead_tuples(&c, &format!("{s}.outbox_cursor_log_1")).await,
+            ) {
+                (Some(a), Some(b)) => Some(a + b),
+                _ => None,
+            },
         )
     } else {
         (None, None)

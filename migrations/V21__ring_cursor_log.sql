@@ -7,15 +7,32 @@
 -- and it kept growing with the hold. Now a cursor move is an INSERT of the lane's new
 -- position; a lane's cursor is its highest entry, found at the end of the primary key whatever
 -- the log's length. `outbox_lanes` stays, as a view, for everything that reads it (the
--- `outbox` view, operators' queries). Rotation deletes the entries below each lane's newest
--- one, but not while a transaction has held a snapshot for more than 5 s (the deleted rows
--- could not be vacuumed before it ends; the log grows instead, by a few rows per batch).
+-- `outbox` view, operators' queries).
+--
+-- The log has two halves; new entries go to the active one (`outbox_cursor_half`). Each
+-- rotation copies every lane's newest entry from the inactive half into the active one,
+-- TRUNCATEs the inactive half and makes it the active one: no entry is ever deleted, so a held
+-- snapshot leaves no dead tuple here either, and the log holds at most two rotation periods.
+CREATE TABLE outbox_cursor_half (
+    half smallint NOT NULL CHECK (half IN (0, 1))
+);
+INSERT INTO outbox_cursor_half VALUES (0);
+CREATE UNIQUE INDEX outbox_cursor_half_one ON outbox_cursor_half ((true));
+
+CREATE FUNCTION outbox_cursor_active_half() RETURNS smallint
+LANGUAGE sql STABLE
+SET search_path FROM CURRENT
+AS 'SELECT half FROM outbox_cursor_half';
+
 CREATE TABLE outbox_cursor_log (
+    half     smallint    NOT NULL DEFAULT outbox_cursor_active_half(),
     lane     integer     NOT NULL CHECK (lane BETWEEN 0 AND 63),
     next_id  bigint      NOT NULL,
     moved_at timestamptz NOT NULL DEFAULT now(),
-    PRIMARY KEY (lane, next_id)
-);
+    PRIMARY KEY (lane, next_id, half)
+) PARTITION BY LIST (half);
+CREATE TABLE outbox_cursor_log_0 PARTITION OF outbox_cursor_log FOR VALUES IN (0);
+CREATE TABLE outbox_cursor_log_1 PARTITION OF outbox_cursor_log FOR VALUES IN (1);
 INSERT INTO outbox_cursor_log (lane, next_id, moved_at)
 SELECT lane, next_id, moved_at FROM outbox_lanes;
 ALTER TABLE outbox_lanes RENAME TO outbox_lanes_v18;

@@ -6,7 +6,8 @@
 //! A leaf that is not current, whose newest row is older than `sent_retention`, and all of
 //! whose rows the relays have read (its highest id below every lane's cursor) is TRUNCATEd.
 //! So the ring holds at most `sent_retention` plus two periods of rows, and nothing is
-//! vacuumed. Each run also trims the lanes' cursor log to each lane's newest entry.
+//! vacuumed. Each run also swaps the lanes' cursor log's halves: the inactive half, each
+//! lane's newest entry carried into the active one, is truncated and becomes the active one.
 //!
 //! Each step is one short transaction, so a `kill -9` at any point leaves the leaf either
 //! whole or empty, and the generation moved or not: never a row lost. The reclaim waits at most
@@ -27,6 +28,8 @@ pub(crate) struct Rotation {
     pub busy: u64,
     /// The current generation moved to the next leaf.
     pub advanced: bool,
+    /// The cursor log's halves were swapped (its inactive half truncated).
+    pub cursors_swapped: bool,
 }
 
 /// One rotation of `schema`'s ring, on `c`: reclaim what may go, then move the generation on
@@ -80,7 +83,41 @@ pub(crate) async fn rotate(
         done.advanced = moved.is_some();
         crate::crash::point("rotate_advanced");
     }
-    // The lanes' cursor entries other than each lane's newest (`TRIM_CURSORS`).
-    c.execute(&render(sql::TRIM_CURSORS, 0), &[]).await?;
+    done.cursors_swapped = swap_cursor_halves(c, schema).await?;
     Ok(done)
+}
+
+/// The cursor log's swap (`sql::CURSOR_SWAP_LOCK`): the inactive half's newest entry per lane
+/// is copied into the active half and the inactive half truncated, in one transaction (a
+/// `kill -9` leaves it whole or swapped), then it becomes the active half. False when its lock
+/// was busy: tried again next time (the log grows by one period meanwhile).
+async fn swap_cursor_halves(
+    c: &mut tokio_postgres::Client,
+    schema: &Schema,
+) -> Result<bool, tokio_postgres::Error> {
+    let q = schema.quoted();
+    let active: i16 = c
+        .query_one(&sql::CURSOR_HALF.replace("{s}", &q), &[])
+        .await?
+        .get(0);
+    let inactive = 1 - active;
+    let render = |t: &str| {
+        t.replace("{s}", &q)
+            .replace("{a}", &active.to_string())
+            .replace("{h}", &inactive.to_string())
+    };
+    let tx = c.transaction().await?;
+    if let Err(e) = tx.batch_execute(&render(sql::CURSOR_SWAP_LOCK)).await {
+        if e.code() == Some(&tokio_postgres::error::SqlState::LOCK_NOT_AVAILABLE) {
+            return Ok(false);
+        }
+        return Err(e);
+    }
+    tx.execute(&render(sql::CURSOR_CARRY), &[]).await?;
+    tx.batch_execute(&render(sql::CURSOR_TRUNCATE)).await?;
+    crate::crash::point("cursors_truncated");
+    tx.commit().await?;
+    c.execute(&render(sql::CURSOR_FLIP), &[]).await?;
+    crate::crash::point("cursors_flipped");
+    Ok(true)
 }

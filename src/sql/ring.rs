@@ -23,7 +23,8 @@ SELECT k.ring,
             THEN (SELECT coalesce(sum(pg_total_relation_size(p.relid)), 0)::bigint
                     FROM pg_partition_tree('{s}.outbox_ring') AS p)
                  + pg_total_relation_size('{s}.outbox_retry')
-                 + pg_total_relation_size('{s}.outbox_cursor_log')
+                 + (SELECT coalesce(sum(pg_total_relation_size(p.relid)), 0)::bigint
+                      FROM pg_partition_tree('{s}.outbox_cursor_log') AS p)
                  + coalesce(pg_total_relation_size(to_regclass('{s}.outbox_legacy')), 0)
             ELSE pg_total_relation_size('{s}.outbox') END
   FROM (SELECT coalesce((SELECT c.relkind = 'v' FROM pg_class AS c
@@ -283,19 +284,30 @@ SELECT v.lane, v.next
 ON CONFLICT DO NOTHING
 RETURNING lane";
 
-/// Rotation's trim of the cursor log: each lane's entries below its newest go, unless a
-/// transaction in this database has held a snapshot for more than 5 s (rows deleted now could
-/// not be vacuumed before it ends: better a longer log of live rows than dead tuples piling
-/// up; the relays' own transactions last milliseconds). Returns the entries deleted.
-pub(crate) const TRIM_CURSORS: &str = "\
-DELETE FROM {s}.outbox_cursor_log AS l
- USING {s}.outbox_lanes AS c
- WHERE l.lane = c.lane AND l.next_id < c.next_id
-   AND NOT EXISTS (
-         SELECT 1 FROM pg_stat_activity AS a
-          WHERE a.datname = current_database() AND a.backend_xmin IS NOT NULL
-            AND a.pid <> pg_backend_pid()
-            AND a.xact_start < now() - interval '5 seconds')";
+/// The cursor log's active half (`V21__ring_cursor_log.sql`): new entries go there.
+pub(crate) const CURSOR_HALF: &str = "SELECT half FROM {s}.outbox_cursor_half";
+
+/// Rotation's swap of the cursor log's halves, first statements of its own transaction: wait
+/// at most 50 ms for the inactive half `{h}` (every claim reads both halves; a claim arriving
+/// meanwhile waits behind this), then copy each lane's newest entry from it into the active
+/// half `{a}`, so that truncating it loses no lane's position.
+pub(crate) const CURSOR_SWAP_LOCK: &str = "\
+SET LOCAL lock_timeout = '50ms';
+LOCK TABLE {s}.outbox_cursor_log_{h} IN ACCESS EXCLUSIVE MODE";
+
+/// See [`CURSOR_SWAP_LOCK`].
+pub(crate) const CURSOR_CARRY: &str = "\
+INSERT INTO {s}.outbox_cursor_log (half, lane, next_id, moved_at)
+SELECT {a}, m.lane, max(m.next_id), max(m.moved_at) FROM {s}.outbox_cursor_log_{h} AS m
+ GROUP BY m.lane
+ON CONFLICT DO NOTHING";
+
+/// The inactive half's entries, each lane's newest now also in the active half, go at once.
+pub(crate) const CURSOR_TRUNCATE: &str = "TRUNCATE {s}.outbox_cursor_log_{h}";
+
+/// The emptied half becomes the active one (if `{a}` still is).
+pub(crate) const CURSOR_FLIP: &str =
+    "UPDATE {s}.outbox_cursor_half SET half = {h} WHERE half = {a}";
 
 /// The ring's leaves, `outbox_ring_0 … _7` (`V18__ring_storage.sql`).
 pub(crate) const LEAVES: i16 = 8;
