@@ -229,4 +229,11 @@ pub mod testing {
     pub fn inject_refusals(relay: &crate::Relay, probability: f64) {
         relay.inject_refusals(probability);
     }
+
+    /// How many rows [`inject_refusals`] has refused so far, as a handle that stays valid
+    /// after the relay is moved into [`Relay::run`](crate::Relay::run).
+    #[cfg(feature = "relay")]
+    pub fn injected_refusals(relay: &crate::Relay) -> std::sync::Arc<std::sync::atomic::AtomicU64> {
+        relay.injected_refusals()
+    }
 }

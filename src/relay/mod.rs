@@ -101,6 +101,8 @@ pub struct Relay {
     /// Test hook: the probability (as `f64` bits) that a row is refused with "injected produce
     /// failure" instead of being produced. Set only through `outbox::testing`.
     inject_refusals: std::sync::atomic::AtomicU64,
+    /// Test hook: how many rows were refused that way (`outbox::testing::injected_refusals`).
+    injected: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl Relay {
@@ -158,6 +160,7 @@ impl Relay {
             config,
             known_topics: Mutex::new(HashMap::new()),
             inject_refusals: std::sync::atomic::AtomicU64::new(0f64.to_bits()),
+            injected: Arc::default(),
         })
     }
 
@@ -165,6 +168,11 @@ impl Relay {
     pub(crate) fn inject_refusals(&self, probability: f64) {
         self.inject_refusals
             .store(probability.to_bits(), std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Test hook behind `outbox::testing::injected_refusals`.
+    pub(crate) fn injected_refusals(&self) -> Arc<std::sync::atomic::AtomicU64> {
+        self.injected.clone()
     }
 
     fn producer(&self) -> RelayProducer {

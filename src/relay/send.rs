@@ -102,6 +102,8 @@ impl Relay {
             let headers = if let Some(p) = problems.get(row.topic()) {
                 Err(p.clone())
             } else if inject > 0.0 && fastrand::f64() < inject {
+                self.injected
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 Err((
                     "injected produce failure".to_owned(),
                     RefusalReason::Refused,
