@@ -56,34 +56,38 @@ SELECT (SELECT count(*) FROM waiting)::bigint,
 /// literal list, so the planner prunes the others at plan time and the claim's transaction
 /// holds no lock on them: rotation can truncate a settled leaf while batches are in flight.
 
-/// First statement of a ring claim: as `outbox::SAMPLE` (the highest visible id and the
-/// transactions holding `ROW EXCLUSIVE` on the ring, which every INSERT takes before drawing
-/// its id), then whether a row of the lanes `$1` waits in the retry table and is due, the
-/// lanes' cursors in the order of `$1`, and the current generation.
-pub(crate) const SAMPLE: &str = "\
+/// The first two columns of [`SAMPLE`] and [`RECHECK`]: the highest visible id and the
+/// transactions writing the ring.
+macro_rules! sample_head {
+    () => {
+        "\
 SELECT coalesce((SELECT max(m.id) FROM {s}.outbox_ring AS m WHERE m.gen IN ({gens})), 0),
        array(SELECT l.virtualtransaction FROM pg_locks AS l
               WHERE l.locktype = 'relation' AND l.mode = 'RowExclusiveLock'
                 AND l.relation = '{s}.outbox_ring'::regclass
                 AND l.database = (SELECT d.oid FROM pg_database AS d
                                    WHERE d.datname = current_database())
-                AND l.pid IS DISTINCT FROM pg_backend_pid()),
+                AND l.pid IS DISTINCT FROM pg_backend_pid())"
+    };
+}
+
+/// First statement of a ring claim: as `outbox::SAMPLE` (the highest visible id and the
+/// transactions holding `ROW EXCLUSIVE` on the ring, which every INSERT takes before drawing
+/// its id), then whether a row of the lanes `$1` waits in the retry table and is due, the
+/// lanes' cursors in the order of `$1`, and the current generation.
+pub(crate) const SAMPLE: &str = concat!(
+    sample_head!(),
+    ",
        EXISTS (SELECT 1 FROM {s}.outbox_retry AS t
                 WHERE t.status = 'pending' AND t.available_at <= now()
                   AND (hashtext(coalesce(t.message_key, '')) & 63) = ANY($1::int[])),
        array(SELECT c.next_id FROM unnest($1::int[]) WITH ORDINALITY AS u(lane, n)
                JOIN {s}.outbox_lanes AS c ON c.lane = u.lane ORDER BY u.n),
-       (SELECT g.gen FROM {s}.outbox_generation AS g)";
+       (SELECT g.gen FROM {s}.outbox_generation AS g)"
+);
 
 /// A claim's second look (see `relay/ring.rs`): the first two columns of [`SAMPLE`].
-pub(crate) const RECHECK: &str = "\
-SELECT coalesce((SELECT max(m.id) FROM {s}.outbox_ring AS m WHERE m.gen IN ({gens})), 0),
-       array(SELECT l.virtualtransaction FROM pg_locks AS l
-              WHERE l.locktype = 'relation' AND l.mode = 'RowExclusiveLock'
-                AND l.relation = '{s}.outbox_ring'::regclass
-                AND l.database = (SELECT d.oid FROM pg_database AS d
-                                   WHERE d.datname = current_database())
-                AND l.pid IS DISTINCT FROM pg_backend_pid())";
+pub(crate) const RECHECK: &str = sample_head!();
 
 /// The next rows of the lanes `$2` in id order: from `$3` up to (not including) `$4`, the
 /// ids proven committed or rolled back, each lane from its own cursor (`$5`, as [`SAMPLE`]

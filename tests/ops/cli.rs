@@ -62,6 +62,14 @@ async fn migrate_ring_moves_a_schema_with_a_backlog_once_and_refuses_bad_flags()
             text(&bad)
         );
     }
+    // Not a duration at all: clap's usage error, exit 2.
+    let long = "9".repeat(5000);
+    for wait in ["abc", "-1s", "1s; DROP TABLE outbox", long.as_str()] {
+        let flag = format!("--lock-wait={wait}");
+        let bad = run(outbox_cmd(&db).args(["migrate", "--ring", flag.as_str()]));
+        assert_eq!(bad.status.code(), Some(2), "{}", text(&bad));
+        assert!(text(&bad).contains("--lock-wait"), "{}", text(&bad));
+    }
     assert_eq!(
         texts(
             &c,
