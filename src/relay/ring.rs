@@ -253,8 +253,14 @@ impl Relay {
             let stmt = c
                 .prepare_cached(&self.stmts.ring_read.replace("{gens}", &gens))
                 .await?;
+            let mut by_lane: Vec<Option<i64>> = vec![None; super::LANES as usize];
+            for (lane, cursor) in lanes.iter().zip(&cursors) {
+                if let Some(slot) = usize::try_from(*lane).ok().and_then(|l| by_lane.get_mut(l)) {
+                    *slot = Some(*cursor);
+                }
+            }
             let ring_rows = c
-                .query(&stmt, &[&batch, &lanes, &from, &below, &cursors])
+                .query(&stmt, &[&batch, &from, &below, &by_lane])
                 .instrument(tracing::debug_span!(
                     "outbox.claim",
                     batch,
