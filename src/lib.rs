@@ -187,6 +187,7 @@ pub mod testing {
             ("mark_failed", s.mark_failed),
             ("cleanup_outbox", s.cleanup_outbox),
             ("cleanup_processed", s.cleanup_processed),
+            ("ring_read", s.ring_read),
         ]
     }
 
