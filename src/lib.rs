@@ -188,6 +188,9 @@ pub mod testing {
             ("cleanup_outbox", s.cleanup_outbox),
             ("cleanup_processed", s.cleanup_processed),
             ("ring_read", s.ring_read),
+            ("ring_sample", s.ring_sample),
+            ("ring_advance_lanes", s.ring_advance_lanes),
+            ("ring_gauges", s.ring_gauges),
         ]
     }
 
