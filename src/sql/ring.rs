@@ -79,19 +79,39 @@ SELECT coalesce((SELECT max(m.id) FROM {s}.outbox_ring AS m WHERE m.gen IN ({gen
     };
 }
 
+/// [`SAMPLE`]'s third column: whether a row of the lanes `$1` waits in the retry table and is
+/// due.
+macro_rules! retry_due {
+    () => {
+        ",
+       EXISTS (SELECT 1 FROM {s}.outbox_retry AS t
+                WHERE t.status = 'pending' AND t.available_at <= now()
+                  AND (hashtext(coalesce(t.message_key, '')) & 63) = ANY($1::int[]))"
+    };
+}
+
 /// First statement of a ring claim: as `outbox::SAMPLE` (the highest visible id and the
 /// transactions holding `ROW EXCLUSIVE` on the ring, which every INSERT takes before drawing
 /// its id), then whether a row of the lanes `$1` waits in the retry table and is due, the
 /// lanes' cursors in the order of `$1`, and the current generation.
 pub(crate) const SAMPLE: &str = concat!(
     sample_head!(),
+    retry_due!(),
     ",
-       EXISTS (SELECT 1 FROM {s}.outbox_retry AS t
-                WHERE t.status = 'pending' AND t.available_at <= now()
-                  AND (hashtext(coalesce(t.message_key, '')) & 63) = ANY($1::int[])),
        array(SELECT coalesce((SELECT m.next_id FROM {s}.outbox_cursor_log AS m
                                WHERE m.lane = u.lane ORDER BY m.next_id DESC LIMIT 1), 0)
                FROM unnest($1::int[]) WITH ORDINALITY AS u(lane, n) ORDER BY u.n),
+       (SELECT g.gen FROM {s}.outbox_generation AS g)"
+);
+
+/// [`SAMPLE`] without the cursors (NULL in their place), for a relay that knows them: every
+/// cursor of its lanes moved by its own settles since it last read them (see `relay/ring.rs`).
+/// A sample reads 64 entries of the log fewer, a third of its cost.
+pub(crate) const SAMPLE_KNOWN: &str = concat!(
+    sample_head!(),
+    retry_due!(),
+    ",
+       NULL::bigint[],
        (SELECT g.gen FROM {s}.outbox_generation AS g)"
 );
 
