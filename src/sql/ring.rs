@@ -60,9 +60,9 @@ SELECT (SELECT count(*) FROM waiting)::bigint,
                             || to_regclass('{s}.outbox_legacy')::oid)),
        (SELECT extract(epoch FROM now() - min(created_at))::float8 FROM waiting)";
 
-/// `{gens}` in the statements below: the leaves a relay reads (see `relay/ring.rs`), as a
-/// literal list, so the planner prunes the others at plan time and the claim's transaction
-/// holds no lock on them: rotation can truncate a settled leaf while batches are in flight.
+// `{gens}` in the statements below: the leaves a relay reads (see `relay/ring.rs`), as a
+// literal list, so the planner prunes the others at plan time and the claim's transaction
+// holds no lock on them: rotation can truncate a settled leaf while batches are in flight.
 
 /// The first two columns of [`SAMPLE`] and [`RECHECK`]: the highest visible id and the
 /// transactions writing the ring.
