@@ -8,9 +8,7 @@
 //! A statement that needs a lane's cursor probes the log's primary key for the lane's newest
 //! entry itself, or takes all 64 as an array once; none joins the `outbox_lanes` view: under
 //! the relay's plan settings (no hash or merge join) such a join evaluated the view's 64 probes
-//! for every row joined: 4,096 for a sample of 64 lanes. A new entry names the active half
-//! itself, read once per statement: the column's default calls a function per row (6.5 µs
-//! against 4.0 per entry).
+//! for every row joined: 4,096 for a sample of 64 lanes.
 
 /// Whether the schema's `outbox` is the view over the ring (`outbox_use_ring()` ran).
 pub(crate) const LAYOUT: &str = "\
@@ -208,8 +206,8 @@ copied AS (
     ON CONFLICT (id) DO NOTHING
     RETURNING id),
 moved AS (
-    INSERT INTO {s}.outbox_cursor_log (half, lane, next_id)
-    SELECT (SELECT h.half FROM {s}.outbox_cursor_half AS h), m.lane, m.next FROM moving AS m
+    INSERT INTO {s}.outbox_cursor_log (lane, next_id)
+    SELECT m.lane, m.next FROM moving AS m
     ON CONFLICT DO NOTHING
     RETURNING lane)
 SELECT (SELECT count(*) FROM gone)::bigint, (SELECT count(*) FROM moved)::bigint,
@@ -294,8 +292,8 @@ pub(crate) fn requeue_sent() -> String {
 pub(crate) const ADVANCE: &str = "\
 WITH held AS MATERIALIZED (SELECT pg_advisory_xact_lock_shared('{s}.outbox_cursor_log'::regclass::oid::bigint)),
 moved AS (
-    INSERT INTO {s}.outbox_cursor_log (half, lane, next_id)
-    SELECT (SELECT h.half FROM {s}.outbox_cursor_half AS h), v.lane, v.next
+    INSERT INTO {s}.outbox_cursor_log (lane, next_id)
+    SELECT v.lane, v.next
       FROM held CROSS JOIN unnest($1::int[], $2::bigint[], $3::bigint[]) AS v(lane, start, next)
      CROSS JOIN LATERAL (SELECT m.next_id FROM {s}.outbox_cursor_log AS m
                           WHERE m.lane = v.lane ORDER BY m.next_id DESC LIMIT 1) AS c
@@ -321,8 +319,8 @@ SELECT lane FROM moved";
 /// still fire its NOTIFY trigger, and wake every relay after every batch.)
 pub(crate) const ADVANCE_LANES: &str = "\
 WITH held AS MATERIALIZED (SELECT pg_advisory_xact_lock_shared('{s}.outbox_cursor_log'::regclass::oid::bigint))
-INSERT INTO {s}.outbox_cursor_log (half, lane, next_id)
-SELECT (SELECT h.half FROM {s}.outbox_cursor_half AS h), v.lane, v.next
+INSERT INTO {s}.outbox_cursor_log (lane, next_id)
+SELECT v.lane, v.next
   FROM held CROSS JOIN unnest($1::int[], $2::bigint[], $3::bigint[]) AS v(lane, start, next)
  CROSS JOIN LATERAL (SELECT m.next_id FROM {s}.outbox_cursor_log AS m
                       WHERE m.lane = v.lane ORDER BY m.next_id DESC LIMIT 1) AS c
