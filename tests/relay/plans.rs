@@ -127,6 +127,23 @@ async fn claim_mark_and_cleanup_use_indexes_not_table_scans() {
     );
 }
 
+/// Sets the relay's session settings on `c` (index scans and nested loops only) and returns
+/// the relay's hot statements for `db`'s schema, by name.
+async fn as_the_relay(
+    c: &tokio_postgres::Client,
+    db: &outbox::DbConfig,
+) -> std::collections::HashMap<&'static str, String> {
+    for kv in outbox::testing::relay_session_settings()
+        .split_whitespace()
+        .filter(|w| *w != "-c")
+    {
+        c.batch_execute(&format!("SET {kv}")).await.unwrap();
+    }
+    outbox::testing::hot_statements(&db.schema)
+        .into_iter()
+        .collect()
+}
+
 /// Shared buffers (hit + read) of the top node of `EXPLAIN (ANALYZE, BUFFERS)`.
 async fn buffers(
     c: &mut tokio_postgres::Client,
@@ -242,15 +259,7 @@ async fn a_never_analyzed_backlog_is_claimed_by_walking_the_index_whatever_the_s
         "the outbox must never have been analyzed"
     );
     // The relay's session settings (index scans and nested loops only).
-    for kv in outbox::testing::relay_session_settings()
-        .split_whitespace()
-        .filter(|w| *w != "-c")
-    {
-        c.batch_execute(&format!("SET {kv}")).await.unwrap();
-    }
-    let stmts: std::collections::HashMap<_, _> = outbox::testing::hot_statements(&db.schema)
-        .into_iter()
-        .collect();
+    let stmts = as_the_relay(&c, &db).await;
     let lanes: Vec<i32> = (0..outbox::testing::LANES).collect();
     let keys: Vec<String> = (0..1000).map(|k| format!("k{k}")).collect();
     let from_zero = vec![0i64; keys.len()];
@@ -318,15 +327,7 @@ async fn the_ring_read_walks_one_batch_of_a_backlog_not_the_backlog() {
     )
     .await
     .unwrap();
-    for kv in outbox::testing::relay_session_settings()
-        .split_whitespace()
-        .filter(|w| *w != "-c")
-    {
-        c.batch_execute(&format!("SET {kv}")).await.unwrap();
-    }
-    let stmts: std::collections::HashMap<_, _> = outbox::testing::hot_statements(&db.schema)
-        .into_iter()
-        .collect();
+    let stmts = as_the_relay(&c, &db).await;
     let read = stmts["ring_read"].replace("{gens}", "0,1");
     // Every lane owned, every cursor at the start; half the lanes owned by another relay.
     let all: Vec<Option<i64>> = vec![Some(0); outbox::testing::LANES as usize];
@@ -381,15 +382,7 @@ async fn the_ring_reads_each_lane_cursor_once_per_statement() {
     )
     .await
     .unwrap();
-    for kv in outbox::testing::relay_session_settings()
-        .split_whitespace()
-        .filter(|w| *w != "-c")
-    {
-        c.batch_execute(&format!("SET {kv}")).await.unwrap();
-    }
-    let stmts: std::collections::HashMap<_, _> = outbox::testing::hot_statements(&db.schema)
-        .into_iter()
-        .collect();
+    let stmts = as_the_relay(&c, &db).await;
     let lanes: Vec<i32> = (0..outbox::testing::LANES).collect();
     let start: Vec<i64> = vec![0; lanes.len()];
     let next: Vec<i64> = vec![40_000; lanes.len()];
