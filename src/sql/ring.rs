@@ -35,19 +35,30 @@ SELECT k.ring,
   FROM (SELECT coalesce((SELECT c.relkind = 'v' FROM pg_class AS c
                           WHERE c.oid = to_regclass('{s}.outbox')), false) AS ring) AS k";
 
+/// The cursor of row `o`'s lane, from all 64 taken once as an array (an InitPlan), for
+/// statements that look at many rows of many lanes.
+macro_rules! row_cursor {
+    () => {
+        "(SELECT array_agg(coalesce((SELECT m.next_id FROM {s}.outbox_cursor_log AS m
+                                   WHERE m.lane = l.lane ORDER BY m.next_id DESC LIMIT 1), 0)
+                          ORDER BY l.lane)
+             FROM generate_series(0, 63) AS l(lane))[(hashtext(coalesce(o.message_key, '')) & 63) + 1]"
+    };
+}
+
 /// The relay's gauges on ring storage, as `outbox::GAUGES` on the table (pending, failed, all
 /// rows, the oldest pending row's age), without reading the view: pending ring rows are those
 /// at or above their lane's cursor, found from the lowest cursor up (the backlog, not the
 /// ring); all rows are the planner's estimate. A statement over the whole view would hold
 /// every leaf for seconds at volume, and rotation could reclaim none meanwhile.
-pub(crate) const GAUGES: &str = "\
+pub(crate) const GAUGES: &str = concat!(
+    "\
 WITH ahead AS (
     SELECT o.id, o.created_at FROM {s}.outbox_ring AS o
      WHERE o.id >= (SELECT min(m.next_id) FROM {s}.outbox_lanes AS m)
-       AND o.id >= (SELECT array_agg(coalesce((SELECT m.next_id FROM {s}.outbox_cursor_log AS m
-                                   WHERE m.lane = l.lane ORDER BY m.next_id DESC LIMIT 1), 0)
-                          ORDER BY l.lane)
-             FROM generate_series(0, 63) AS l(lane))[(hashtext(coalesce(o.message_key, '')) & 63) + 1]
+       AND o.id >= ",
+    row_cursor!(),
+    "
        AND NOT EXISTS (SELECT 1 FROM {s}.outbox_retry AS t WHERE t.id = o.id)),
 waiting AS (
     SELECT created_at FROM ahead
@@ -58,7 +69,8 @@ SELECT (SELECT count(*) FROM waiting)::bigint,
        (SELECT coalesce(sum(greatest(c.reltuples, 0)), 0)::bigint FROM pg_class AS c
          WHERE c.oid = ANY (array(SELECT p.relid FROM pg_partition_tree('{s}.outbox_ring') AS p)
                             || to_regclass('{s}.outbox_legacy')::oid)),
-       (SELECT extract(epoch FROM now() - min(created_at))::float8 FROM waiting)";
+       (SELECT extract(epoch FROM now() - min(created_at))::float8 FROM waiting)"
+);
 
 // `{gens}` in the statements below: the leaves a relay reads (see `relay/ring.rs`), as a
 // literal list, so the planner prunes the others at plan time and the claim's transaction
@@ -255,16 +267,17 @@ SELECT 1 FROM (SELECT pg_advisory_xact_lock('{s}.outbox_cursor_log'::regclass::o
 /// A committed passed writer's (`$1`) rows below their lane's cursor, copied into the retry
 /// table (published once from there); its rows above the cursor are read as usual. Reads
 /// every leaf (no index on `xid`: this runs once per writer passed, never per event).
-pub(crate) const COPY_PASSED: &str = "\
+pub(crate) const COPY_PASSED: &str = concat!(
+    "\
 INSERT INTO {s}.outbox_retry (id, topic, message_key, headers, payload, created_at)
 SELECT o.id, o.topic, o.message_key, o.headers, o.payload, o.created_at
   FROM {s}.outbox_ring AS o
  WHERE o.xid = $1::text::xid8
-   AND o.id < (SELECT array_agg(coalesce((SELECT m.next_id FROM {s}.outbox_cursor_log AS m
-                                   WHERE m.lane = l.lane ORDER BY m.next_id DESC LIMIT 1), 0)
-                          ORDER BY l.lane)
-             FROM generate_series(0, 63) AS l(lane))[(hashtext(coalesce(o.message_key, '')) & 63) + 1]
-ON CONFLICT (id) DO NOTHING";
+   AND o.id < ",
+    row_cursor!(),
+    "
+ON CONFLICT (id) DO NOTHING"
+);
 
 /// Cleanup on the ring: `outbox::CLEANUP_OUTBOX` on `outbox_legacy`, the table the schema had
 /// before it moved (only sent rows are left there: `V19__ring_upgrade.sql`).
@@ -394,16 +407,17 @@ SET LOCAL lock_timeout = '50ms';
 LOCK TABLE {s}.outbox_ring_{g} IN ACCESS EXCLUSIVE MODE";
 
 /// See [`RECLAIM_LOCK`].
-pub(crate) const RECLAIM_CHECK: &str = "\
+pub(crate) const RECLAIM_CHECK: &str = concat!(
+    "\
 SELECT (SELECT gen FROM {s}.outbox_generation) <> {g}
    AND NOT EXISTS (
          SELECT 1 FROM {s}.outbox_ring_{g} AS o
           WHERE o.id >= (SELECT min(m.next_id) FROM {s}.outbox_lanes AS m)
-            AND o.id >= (SELECT array_agg(coalesce((SELECT m.next_id FROM {s}.outbox_cursor_log AS m
-                                   WHERE m.lane = l.lane ORDER BY m.next_id DESC LIMIT 1), 0)
-                          ORDER BY l.lane)
-             FROM generate_series(0, 63) AS l(lane))[(hashtext(coalesce(o.message_key, '')) & 63) + 1])
-   AND NOT EXISTS (SELECT 1 FROM {s}.outbox_passed)";
+            AND o.id >= ",
+    row_cursor!(),
+    ")
+   AND NOT EXISTS (SELECT 1 FROM {s}.outbox_passed)"
+);
 
 /// The leaf's rows, all published, go at once: no dead tuple, no vacuum.
 pub(crate) const RECLAIM: &str = "TRUNCATE {s}.outbox_ring_{g}";
