@@ -17,7 +17,7 @@ use crate::db;
 
 /// The embedded migrations, in version order. A file in `migrations/` missing here fails the
 /// unit test `every_file_is_embedded`.
-const MIGRATIONS: [(i32, &str, &str); 21] = [
+const MIGRATIONS: [(i32, &str, &str); 22] = [
     (1, "outbox", include_str!("../migrations/V1__outbox.sql")),
     (
         2,
@@ -114,6 +114,11 @@ const MIGRATIONS: [(i32, &str, &str); 21] = [
         21,
         "ring_cursor_log",
         include_str!("../migrations/V21__ring_cursor_log.sql"),
+    ),
+    (
+        22,
+        "ring_passed_lanes",
+        include_str!("../migrations/V22__ring_passed_lanes.sql"),
     ),
 ];
 

@@ -68,15 +68,12 @@ impl Relay {
             tx.batch_execute(crate::sql::RECOVER_LOCK_TIMEOUT).await?;
             let n = if ring {
                 // Ring storage: the lanes' cursors moved past the ids, the retry rows among
-                // them removed (`sql::ring::RECOVER`). The writers open now are listed first:
-                // one of them may hold rows below the cursors' new places.
+                // them removed (`sql::ring::RECOVER`); the writers open now are listed as
+                // passed in the lanes it moves (one may hold rows the moves step over).
                 let writers: Vec<String> =
                     tx.query_one(&self.stmts.ring_writers, &[]).await?.get(0);
-                if !writers.is_empty() {
-                    tx.execute(&self.stmts.ring_pass, &[&writers]).await?;
-                }
                 let recover = tx.prepare_cached(&self.stmts.ring_recover).await?;
-                let r = tx.query_one(&recover, &[&ids]).await?;
+                let r = tx.query_one(&recover, &[&ids, &writers]).await?;
                 let (gone, moved, copied): (i64, i64, i64) = (r.get(0), r.get(1), r.get(2));
                 if copied > 0 {
                     info!(

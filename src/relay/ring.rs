@@ -75,6 +75,9 @@ pub(crate) struct RingRead {
     parked_keys: Vec<String>,
     /// The leaves read (`{gens}`), for the copies at settle.
     gens: String,
+    /// A writer is listed as passed in the claim's lanes: its rows were left out, so a lane
+    /// with nothing read is not known to hold nothing (it moves, see [`IDLE_LAG`]).
+    passing: bool,
 }
 
 /// How many times, and how long apart, a claim looks again whether the writers its sample
@@ -188,8 +191,8 @@ impl Relay {
         let stmt = c
             .prepare_cached(&sample_sql.replace("{gens}", &gens))
             .await?;
-        let ((), mut sampled) =
-            futures::try_join!(c.batch_execute("BEGIN"), c.query_one(&stmt, &params))?;
+        // Outside the claim's transaction, which opens once the writers passed are listed.
+        let mut sampled = c.query_one(&stmt, &params).await?;
         let current: i16 = sampled.get(4);
         if !gens.split(',').any(|g| g == current.to_string()) {
             // The generation moved past the leaves this relay reads (two rotations within
@@ -210,6 +213,7 @@ impl Relay {
             writers: sampled.get(1),
         };
         let retry_due: bool = sampled.get(2);
+        let mut passing: bool = sampled.get(5);
         let cursors: Vec<i64> = match known {
             Some(known) => known,
             None => {
@@ -262,49 +266,62 @@ impl Relay {
             passed = floor.passed();
         }
         if !passed.is_empty() {
-            // Listed in this transaction, before its cursors move past their rows (see
-            // `sweep_passed`).
+            // Listed in every lane of this claim, and committed, before the claim reads: this
+            // claim and every later one of these lanes leave their rows out until the sweep
+            // copies the ones the cursors step over (see `sweep_passed`). A claim of the batch
+            // after this one must not read them as usual once they commit.
             let pass = c.prepare_cached(&self.stmts.ring_pass).await?;
-            c.execute(&pass, &[&passed]).await?;
+            c.execute(&pass, &[&passed, &lanes]).await?;
+            passing = true;
         }
+        // The claim's transaction, holding the cursors' lock: the passed list cannot change
+        // until it ends. Sent with the claim's first statement (one round trip).
+        let mut begin_held = Some(c.batch_execute(&self.stmts.ring_begin_held));
         let batch = i64::try_from(limit).unwrap_or(i64::MAX);
         metrics::gauge!(crate::metrics::OUTBOX_LANES_OWNED).set(lanes.len() as f64);
         let claim_started = Instant::now();
         let mut rows: Vec<Row> = Vec::new();
         if retry_due {
             let claim = c.prepare_cached(&self.stmts.ring_claim_retry).await?;
-            rows.extend(
-                c.query(&claim, &[&batch, &lanes])
-                    .await?
-                    .into_iter()
-                    .map(|r| Row {
-                        id: r.get(0),
-                        created: r.get(5),
-                        raw: r,
-                        retry: true,
-                    }),
-            );
+            let params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&batch, &lanes];
+            let query = c.query(&claim, &params);
+            let due = match begin_held.take() {
+                Some(open) => futures::try_join!(open, query)?.1,
+                None => query.await?,
+            };
+            rows.extend(due.into_iter().map(|r| Row {
+                id: r.get(0),
+                created: r.get(5),
+                raw: r,
+                retry: true,
+            }));
         }
         let mut read = 0usize;
         if let Some(below) = begin.visible_below.filter(|b| *b > from) {
-            let stmt = c
-                .prepare_cached(&self.stmts.ring_read.replace("{gens}", &gens))
-                .await?;
+            let read_sql = if passing {
+                &self.stmts.ring_read_passing
+            } else {
+                &self.stmts.ring_read
+            };
+            let stmt = c.prepare_cached(&read_sql.replace("{gens}", &gens)).await?;
             let mut by_lane: Vec<Option<i64>> = vec![None; super::LANES as usize];
             for (lane, cursor) in lanes.iter().zip(&cursors) {
                 if let Some(slot) = usize::try_from(*lane).ok().and_then(|l| by_lane.get_mut(l)) {
                     *slot = Some(*cursor);
                 }
             }
-            let ring_rows = c
-                .query(&stmt, &[&batch, &from, &below, &by_lane])
-                .instrument(tracing::debug_span!(
-                    "outbox.claim",
-                    batch,
-                    lanes = lanes.len(),
-                    from
-                ))
-                .await?;
+            let params: [&(dyn tokio_postgres::types::ToSql + Sync); 4] =
+                [&batch, &from, &below, &by_lane];
+            let query = c.query(&stmt, &params).instrument(tracing::debug_span!(
+                "outbox.claim",
+                batch,
+                lanes = lanes.len(),
+                from
+            ));
+            let ring_rows = match begin_held.take() {
+                Some(open) => futures::try_join!(open, query)?.1,
+                None => query.await?,
+            };
             read = ring_rows.len();
             rows.extend(ring_rows.into_iter().map(|r| Row {
                 id: r.get(0),
@@ -313,6 +330,10 @@ impl Relay {
                 retry: false,
             }));
         }
+        if let Some(open) = begin_held.take() {
+            open.await?;
+        }
+        drop(begin_held);
         metrics::histogram!(crate::metrics::OUTBOX_CLAIM_SECONDS)
             .record(claim_started.elapsed().as_secs_f64());
         let full_last = (read >= limit)
@@ -367,6 +388,7 @@ impl Relay {
                 reach,
                 parked_keys: parked_keys.into_iter().collect(),
                 gens,
+                passing,
             }),
         })
     }
@@ -487,7 +509,10 @@ impl Relay {
                 };
                 // No row of the lane here: its cursor may stay (see `IDLE_LAG`), known clean
                 // up to the bound.
-                let idle = clean_to_from && !touched.contains(lane) && next - *cursor <= IDLE_LAG;
+                let idle = !read.passing
+                    && clean_to_from
+                    && !touched.contains(lane)
+                    && next - *cursor <= IDLE_LAG;
                 if idle {
                     kept.push((*lane, next));
                 } else if next > start {
@@ -568,8 +593,9 @@ impl Relay {
 }
 
 /// The ring's sweep (every `sweep_interval`): writers the floor passed while open
-/// (`outbox_passed`) that have since committed get their rows below the lanes' cursors copied
-/// into the retry table, once; those that rolled back are forgotten. Returns the rows copied.
+/// (`outbox_passed`) that have since committed get the rows the cursors stepped over while
+/// they were listed copied into the retry table, once; those that rolled back are forgotten.
+/// Returns the rows copied.
 /// (No ring row is updated: the copies go to the retry table, as a refused row's do.)
 pub(super) async fn sweep_passed(
     pool: &deadpool_postgres::Pool,
@@ -588,19 +614,25 @@ pub(super) async fn sweep_passed(
             continue;
         }
         let tx = c.transaction().await?;
-        // Only the sweep that takes the entry off the list copies (one at a time).
-        if tx.execute(&stmts.ring_unpass, &[&xid]).await? == 0 {
+        // The claims in flight end first (they read without its rows), new ones wait.
+        tx.query_one(&stmts.ring_hold_cursors, &[]).await?;
+        // Only the sweep that takes the entries off the list copies (one at a time).
+        let entries = tx.query(&stmts.ring_unpass, &[&xid]).await?;
+        if entries.is_empty() {
             continue;
         }
         // Committed, or too old for Postgres to say (then copy too: a writer that rolled back
         // left no row to find).
         if status.as_deref() != Some("aborted") {
-            tx.query_one(&stmts.ring_hold_cursors, &[]).await?;
-            let n = tx.execute(&stmts.ring_copy_passed, &[&xid]).await?;
+            let lanes: Vec<i32> = entries.iter().map(|r| r.get(0)).collect();
+            let from: Vec<i64> = entries.iter().map(|r| r.get(1)).collect();
+            let n = tx
+                .execute(&stmts.ring_copy_passed, &[&xid, &lanes, &from])
+                .await?;
             tracing::info!(
                 xid,
                 rows = n,
-                "a writer passed while open has committed: its rows below the cursors go out through the retry table"
+                "a writer passed while open has committed: the rows of it the cursors stepped over go out through the retry table"
             );
             copied += n;
         }

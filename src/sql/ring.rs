@@ -102,10 +102,21 @@ macro_rules! retry_due {
     };
 }
 
+/// The last column of [`SAMPLE`] and [`SAMPLE_KNOWN`]: whether a writer is listed as passed
+/// in one of the lanes `$1` (the claim then reads with [`READ_PASSING`]).
+macro_rules! passed_listed {
+    () => {
+        ",
+       EXISTS (SELECT 1 FROM {s}.outbox_passed AS p WHERE p.lane = ANY($1::int[]))"
+    };
+}
+
 /// First statement of a ring claim: as `outbox::SAMPLE` (the highest visible id and the
 /// transactions holding `ROW EXCLUSIVE` on the ring, which every INSERT takes before drawing
 /// its id), then whether a row of the lanes `$1` waits in the retry table and is due, the
-/// lanes' cursors in the order of `$1`, and the current generation.
+/// lanes' cursors in the order of `$1`, the current generation and whether a writer is listed
+/// as passed in one of the lanes. Outside the claim's transaction: it is opened afterwards,
+/// with [`BEGIN_HELD`].
 pub(crate) const SAMPLE: &str = concat!(
     sample_head!(),
     retry_due!(),
@@ -113,7 +124,8 @@ pub(crate) const SAMPLE: &str = concat!(
        array(SELECT coalesce((SELECT m.next_id FROM {s}.outbox_cursor_log AS m
                                WHERE m.lane = u.lane ORDER BY m.next_id DESC LIMIT 1), 0)
                FROM unnest($1::int[]) WITH ORDINALITY AS u(lane, n) ORDER BY u.n),
-       (SELECT g.gen FROM {s}.outbox_generation AS g)"
+       (SELECT g.gen FROM {s}.outbox_generation AS g)",
+    passed_listed!()
 );
 
 /// [`SAMPLE`] without the cursors (NULL in their place), for a relay that knows them: every
@@ -124,7 +136,8 @@ pub(crate) const SAMPLE_KNOWN: &str = concat!(
     retry_due!(),
     ",
        NULL::bigint[],
-       (SELECT g.gen FROM {s}.outbox_generation AS g)"
+       (SELECT g.gen FROM {s}.outbox_generation AS g)",
+    passed_listed!()
 );
 
 /// A claim's second look (see `relay/ring.rs`): the first two columns of [`SAMPLE`].
@@ -151,6 +164,31 @@ SELECT o.id, o.topic, o.message_key, o.headers::text, o.payload::text,
    AND o.id >= ($4::bigint[])[(hashtext(coalesce(o.message_key, '')) & 63) + 1]
  ORDER BY o.id
  LIMIT $1";
+
+/// [`READ`] while a writer is listed as passed in the claim's lanes: its rows in those lanes
+/// are left out (the sweep copies the ones the cursors step over, `COPY_PASSED`), even once
+/// it has committed, until the sweep has taken it off the list. Read in the claim's
+/// transaction, which holds the cursors' lock ([`BEGIN_HELD`]): the list cannot change
+/// between this read and the settle.
+pub(crate) const READ_PASSING: &str = "\
+SELECT o.id, o.topic, o.message_key, o.headers::text, o.payload::text,
+       extract(epoch FROM o.created_at)::float8, hashtext(coalesce(o.message_key, '')) & 63,
+       false
+  FROM {s}.outbox_ring AS o
+ WHERE o.id >= $2 AND o.id < $3 AND o.gen IN ({gens})
+   AND o.id >= ($4::bigint[])[(hashtext(coalesce(o.message_key, '')) & 63) + 1]
+   AND NOT EXISTS (SELECT 1 FROM {s}.outbox_passed AS p
+                    WHERE p.xid = o.xid AND p.lane = hashtext(coalesce(o.message_key, '')) & 63)
+ ORDER BY o.id
+ LIMIT $1";
+
+/// Opens a ring claim's transaction, holding the cursors' lock shared (see [`HOLD_CURSORS`])
+/// until it ends: the sweep waits for the claims in flight before it takes a writer off the
+/// passed list. Sent before the claim's first statement in the transaction, whose snapshot is
+/// then taken with the lock held.
+pub(crate) const BEGIN_HELD: &str = "\
+BEGIN;
+SELECT pg_advisory_xact_lock_shared('{s}.outbox_cursor_log'::regclass::oid::bigint)";
 
 /// Due rows of the retry table of the lanes `$2`, in id order, at most `$1`, locked for this
 /// batch; as `outbox::CLAIM`, a row waits while an earlier row of its key is backed off.
@@ -185,6 +223,25 @@ pub(crate) fn retry_failed() -> String {
     super::outbox::MARK_FAILED.replace("UPDATE {s}.outbox AS o", "UPDATE {s}.outbox_retry AS o")
 }
 
+/// The transaction ids (xid8) of the writers whose virtual transaction ids are in `$p`, as a
+/// subquery with one column, `xid`. `pg_locks` gives a 32-bit xid; its epoch is the current
+/// one, or the one before when it is above the current counter (it was drawn before the wrap).
+macro_rules! writer_xids {
+    ($p:literal) => {
+        concat!(
+            "\
+SELECT DISTINCT ((((c.x >> 32) - CASE WHEN t.x > (c.x & 4294967295) THEN 1 ELSE 0 END) << 32)
+                 | t.x)::text::xid8 AS xid
+  FROM (SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint AS x) AS c,
+       LATERAL (SELECT l.transactionid::text::bigint AS x FROM pg_locks AS l
+                 WHERE l.locktype = 'transactionid' AND l.mode = 'ExclusiveLock' AND l.granted
+                   AND l.virtualtransaction = ANY(",
+            $p,
+            "::text[])) AS t"
+        )
+    };
+}
+
 /// Exactly-once recovery on the ring: the ids `$1` of a slot's last committed Kafka
 /// transaction (and of its batch before, while unconfirmed) reached Kafka; make the database
 /// say so if their settle was lost (a crash between the commit and the settle). Retry rows
@@ -192,8 +249,13 @@ pub(crate) fn retry_failed() -> String {
 /// if it is not already: the batches read every row of the lane from the cursor up, so a row
 /// in between that is not among the ids was parked or held back by those batches, and is
 /// copied into the retry table (behind its key) as their settle would have. Every part is a
-/// no-op once done. Returns the retry rows removed, the lanes moved and the rows copied.
-pub(crate) const RECOVER: &str = "\
+/// no-op once done. The writers `$2` (virtual transaction ids, [`RING_WRITERS`]) still open
+/// in this statement's snapshot may hold rows the moves step over, unseen: each is listed as
+/// passed in every lane that moves, from where the lane was (the sweep copies those rows once
+/// it has committed). A writer that committed before is seen: its rows are copied here.
+/// Returns the retry rows removed, the lanes moved and the rows copied.
+pub(crate) const RECOVER: &str = concat!(
+    "\
 WITH sent AS (SELECT DISTINCT unnest($1::bigint[]) AS id),
 gone AS (DELETE FROM {s}.outbox_retry AS t WHERE t.id IN (SELECT id FROM sent) RETURNING t.id),
 last AS (
@@ -221,27 +283,40 @@ moved AS (
     INSERT INTO {s}.outbox_cursor_log (lane, next_id)
     SELECT m.lane, m.next FROM moving AS m
     ON CONFLICT DO NOTHING
-    RETURNING lane)
+    RETURNING lane),
+passed AS (
+    INSERT INTO {s}.outbox_passed (xid, lane, from_id)
+    SELECT w.xid, m.lane, m.start
+      FROM (",
+    writer_xids!("$2"),
+    ") AS w CROSS JOIN moving AS m
+     WHERE NOT pg_visible_in_snapshot(w.xid, pg_current_snapshot())
+    ON CONFLICT (xid, lane) DO NOTHING)
 SELECT (SELECT count(*) FROM gone)::bigint, (SELECT count(*) FROM moved)::bigint,
-       (SELECT count(*) FROM copied)::bigint";
+       (SELECT count(*) FROM copied)::bigint"
+);
 
 /// Lists the writers `$1` (virtual transaction ids) a claim's floor passed while they were
-/// still open, by their transaction id, before the claim's cursors move past their rows (see
-/// `V20__ring_writes.sql`). `pg_locks` gives a 32-bit xid; its epoch is the current one, or
-/// the one before when it is above the current counter (it was drawn before the wrap).
-pub(crate) const PASS: &str = "\
-INSERT INTO {s}.outbox_passed (xid)
-SELECT DISTINCT ((((c.x >> 32) - CASE WHEN t.x > (c.x & 4294967295) THEN 1 ELSE 0 END) << 32)
-                 | t.x)::text::xid8
-  FROM (SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint AS x) AS c,
-       LATERAL (SELECT l.transactionid::text::bigint AS x FROM pg_locks AS l
-                 WHERE l.locktype = 'transactionid' AND l.mode = 'ExclusiveLock' AND l.granted
-                   AND l.virtualtransaction = ANY($1::text[])) AS t
-ON CONFLICT (xid) DO NOTHING";
+/// still open, by their transaction id, in each of the claim's lanes `$2`, from the lane's
+/// cursor now (see `V20__ring_writes.sql`, `V22__ring_passed_lanes.sql`). Run on its own,
+/// committed before the claim reads: from then on every claim of those lanes leaves the
+/// writer's rows out ([`READ_PASSING`]) until the sweep copies the ones the cursors stepped
+/// over. A writer already listed in a lane keeps its first entry there.
+pub(crate) const PASS: &str = concat!(
+    "\
+INSERT INTO {s}.outbox_passed (xid, lane, from_id)
+SELECT w.xid, u.lane,
+       coalesce((SELECT m.next_id FROM {s}.outbox_cursor_log AS m
+                  WHERE m.lane = u.lane ORDER BY m.next_id DESC LIMIT 1), 0)
+  FROM (",
+    writer_xids!("$1"),
+    ") AS w CROSS JOIN unnest($2::int[]) AS u(lane)
+ON CONFLICT (xid, lane) DO NOTHING"
+);
 
-/// The transactions writing the ring now (virtual transaction ids), for [`PASS`]: exactly-once
+/// The transactions writing the ring now (virtual transaction ids), for [`RECOVER`]: exactly-once
 /// recovery moves cursors past ids no claim of its own proved visible, so every writer open
-/// then is listed (one still open may hold rows below the new cursors).
+/// then may hold rows it steps over.
 pub(crate) const RING_WRITERS: &str = "\
 SELECT coalesce(array_agg(l.virtualtransaction), '{}')
   FROM pg_locks AS l
@@ -251,29 +326,38 @@ SELECT coalesce(array_agg(l.virtualtransaction), '{}')
 /// The writers passed while open, and whether each has ended (`pg_xact_status`: `committed`,
 /// `aborted`, `in progress`, NULL when too old to say).
 pub(crate) const PASSED: &str = "\
-SELECT p.xid::text, pg_xact_status(p.xid) FROM {s}.outbox_passed AS p ORDER BY p.xid";
+SELECT DISTINCT p.xid::text, pg_xact_status(p.xid) FROM {s}.outbox_passed AS p ORDER BY 1";
 
-/// Takes passed writer `$1` off the list; the sweep that gets the row copies its rows, in the
-/// same transaction (only one sweep can).
-pub(crate) const UNPASS: &str = "DELETE FROM {s}.outbox_passed WHERE xid = $1::text::xid8";
+/// Takes passed writer `$1` off the list, returning its entries (lane, and where the lane's
+/// cursor was when it was listed there); the sweep that gets them copies its rows, in the same
+/// transaction (only one sweep can).
+pub(crate) const UNPASS: &str =
+    "DELETE FROM {s}.outbox_passed WHERE xid = $1::text::xid8 RETURNING lane, from_id";
 
-/// Waits for the settles in progress and holds the cursors still while a passed writer's
-/// rows are copied: a cursor moving past one of them after the copy looked would lose it.
-/// An advisory lock, keyed by the cursor log's oid, that every statement moving a cursor
-/// takes shared in its transaction (no row is locked or written for it).
+/// Waits for the claims in flight, and holds new ones back, while a passed writer is taken off
+/// the list and its rows are copied: a claim that read without its rows (the list as it was)
+/// and settled after the copy looked would step over rows nobody copies. An advisory lock,
+/// keyed by the cursor log's oid, that every claim takes shared for its whole transaction
+/// ([`BEGIN_HELD`]), as every other statement moving a cursor does (no row is locked or
+/// written for it).
 pub(crate) const HOLD_CURSORS: &str = "\
 SELECT 1 FROM (SELECT pg_advisory_xact_lock('{s}.outbox_cursor_log'::regclass::oid::bigint)) AS l";
 
-/// A committed passed writer's (`$1`) rows below their lane's cursor, copied into the retry
-/// table (published once from there); its rows above the cursor are read as usual. Reads
-/// every leaf (no index on `xid`: this runs once per writer passed, never per event).
+/// A committed passed writer's (`$1`) rows that the cursors stepped over while it was listed,
+/// copied into the retry table (published once from there): for each of its entries (lane
+/// `$2[i]`, listed when the lane's cursor was at `$3[i]`), its rows of the lane from there up
+/// to the lane's cursor now. Its rows above the cursor are read as usual once it is off the
+/// list; the claims left out all of its rows of the lane while it was on it, so none was read.
+/// Reads every leaf (no index on `xid`: this runs once per writer passed, never per event).
 pub(crate) const COPY_PASSED: &str = concat!(
     "\
 INSERT INTO {s}.outbox_retry (id, topic, message_key, headers, payload, created_at)
 SELECT o.id, o.topic, o.message_key, o.headers, o.payload, o.created_at
-  FROM {s}.outbox_ring AS o
- WHERE o.xid = $1::text::xid8
-   AND o.id < ",
+  FROM (SELECT r.id, r.topic, r.message_key, r.headers, r.payload, r.created_at
+          FROM {s}.outbox_ring AS r WHERE r.xid = $1::text::xid8 OFFSET 0) AS o
+  JOIN unnest($2::int[], $3::bigint[]) AS e(lane, from_id)
+    ON e.lane = hashtext(coalesce(o.message_key, '')) & 63 AND o.id >= e.from_id
+ WHERE o.id < ",
     row_cursor!(),
     "
 ON CONFLICT (id) DO NOTHING"

@@ -392,6 +392,53 @@ async fn each_batch_writes_a_progress_record_naming_its_ids() {
     let _ = more;
 }
 
+/// A new owner's recovery on ring storage while a service's transaction is open. Recovery
+/// once listed every open writer as passed, whether or not a cursor moved past its rows; once
+/// it committed, its rows were read as usual and the sweep copied them again: each published
+/// twice. Only the rows a recovery steps over while their writer is open go to the sweep.
+#[tokio::test]
+async fn on_ring_storage_a_writer_open_during_a_recovery_is_published_once() {
+    let s = setup_on(true).await;
+    let mut ids: HashSet<String> = enqueue(&s.db, &s.topic, 0, 100, 16)
+        .await
+        .into_iter()
+        .collect();
+    let mut config = relay_config();
+    let mut eo = outbox::ExactlyOnce::default();
+    eo.progress_topic = s.progress.clone();
+    config.exactly_once = Some(eo);
+    let first = Relay::new(&s.db, &kafka(), config.clone()).unwrap();
+    assert_eq!(drain(&first).await, 100);
+    drop(first);
+    // A service's transaction, open while the next owner takes the slots over.
+    let mut w = client(&s.db).await;
+    let open = w.transaction().await.unwrap();
+    let msgs: Vec<Message> = (100..116)
+        .map(|seq| {
+            Message::new(
+                &s.topic,
+                "it_event",
+                format!("k{}", seq % 16),
+                serde_json::json!({ "seq": seq }),
+            )
+        })
+        .collect();
+    ids.extend(msgs.iter().map(|m| m.message_id().to_string()));
+    outbox::Enqueuer::new(&s.db.schema)
+        .enqueue_batch(&open, &msgs)
+        .await
+        .unwrap();
+    let heir = Relay::new(&s.db, &kafka(), config).unwrap();
+    heir.run_once().await.unwrap();
+    open.commit().await.unwrap();
+    assert_eq!(drain(&heir).await, 16);
+    heir.sweep().await.unwrap();
+    drain(&heir).await;
+    let counts = delivery(&bootstrap(), &s.topic, &ids).await;
+    assert_eq!(counts.records, 116, "{counts:?}");
+    assert!(counts.exactly_once(), "{counts:?}");
+}
+
 /// What an operator reads: an exactly-once relay that takes its slots over (fencing, reading
 /// each progress partition to its end) and publishes a backlog logs no warning. Reading a
 /// progress partition to its end once logged a `PartitionEOF` warning per slot at every start.
