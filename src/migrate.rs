@@ -17,7 +17,7 @@ use crate::db;
 
 /// The embedded migrations, in version order. A file in `migrations/` missing here fails the
 /// unit test `every_file_is_embedded`.
-const MIGRATIONS: [(i32, &str, &str); 22] = [
+const MIGRATIONS: [(i32, &str, &str); 23] = [
     (1, "outbox", include_str!("../migrations/V1__outbox.sql")),
     (
         2,
@@ -119,6 +119,11 @@ const MIGRATIONS: [(i32, &str, &str); 22] = [
         22,
         "ring_passed_lanes",
         include_str!("../migrations/V22__ring_passed_lanes.sql"),
+    ),
+    (
+        23,
+        "applied_sequences",
+        include_str!("../migrations/V23__applied_sequences.sql"),
     ),
 ];
 

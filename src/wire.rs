@@ -65,6 +65,13 @@ pub const X_REPLAY_OF: &str = "x-replay-of";
 /// letter it was edited from.
 pub const X_EDITED_FROM: &str = "x-edited-from";
 
+/// The event's sequence in its source: the outbox row's id, added by the relay to every record
+/// it publishes (unless the row's own headers already carry one, which is kept as written).
+/// Per key it increases in publication order, and a retry, a dead letter and a replay keep it:
+/// a handler compares it with what it has applied for the entity to ignore an older delivery
+/// (`Delivered::newer_than_applied`). Not a service header: a replay keeps it.
+pub const X_OUTBOX_SEQ: &str = "x-outbox-seq";
+
 /// Every header the framework manages; replays strip them all.
 pub const SERVICE_HEADERS: [&str; 11] = [
     X_RETRY_ATTEMPT,

@@ -327,6 +327,75 @@ impl Delivered {
             .and_then(|v| std::str::from_utf8(v).ok())
     }
 
+    /// The event's sequence in its source ([`X_OUTBOX_SEQ`](crate::wire::X_OUTBOX_SEQ): the
+    /// outbox row's id, added by the relay): per key it increases in publication order, and a
+    /// retry, a dead letter and a replay keep it. `None` for a record that carries none (not
+    /// published by our relay) or one that is not a number.
+    pub fn sequence(&self) -> Option<i64> {
+        self.header(crate::wire::X_OUTBOX_SEQ)?.trim().parse().ok()
+    }
+
+    /// Whether this delivery is newer than anything applied so far for its entity (its key) in
+    /// `scope` (your consumer group's name, or any name the handlers that share a view of the
+    /// entity agree on), recording its [`sequence`](Self::sequence) as the newest if so — in
+    /// `tx`, the handler's transaction, so the record and the handler's changes commit
+    /// together. A handler that must not apply older state over newer (a replayed dead letter
+    /// whose key was handled meanwhile, a late committer published after newer rows of its key)
+    /// returns early when this is `false`:
+    ///
+    /// ```no_run
+    /// # use outbox::consumer::{Delivered, HandlerError};
+    /// async fn on_balance(msg: &Delivered, tx: &tokio_postgres::Transaction<'_>) -> Result<(), HandlerError> {
+    ///     if !msg.newer_than_applied(tx, "ledger").await? {
+    ///         return Ok(()); // older than what this entity already shows: ignored
+    ///     }
+    ///     // … apply it
+    ///     Ok(())
+    /// }
+    /// ```
+    ///
+    /// A delivery without a sequence or a key has nothing to compare: `true`, nothing
+    /// recorded. The record is a row per entity in `applied_sequences` (the outbox schema, on
+    /// the handlers' `search_path`).
+    pub async fn newer_than_applied(
+        &self,
+        tx: &impl tokio_postgres::GenericClient,
+        scope: &str,
+    ) -> Result<bool, HandlerError> {
+        let (Some(seq), Some(key)) = (self.sequence(), self.key.as_deref()) else {
+            return Ok(true);
+        };
+        let row = tx
+            .query_opt(
+                crate::sql::marks::APPLY_SEQUENCE,
+                &[&scope, &self.topic, &key, &seq],
+            )
+            .await?;
+        Ok(row.is_some())
+    }
+
+    /// [`newer_than_applied`](Self::newer_than_applied) for an sqlx handler, on its
+    /// transaction's connection. The service's pool decides the `search_path`: the outbox
+    /// schema must be on it (it is when that schema is `public`).
+    #[cfg(feature = "sqlx")]
+    pub async fn newer_than_applied_sqlx(
+        &self,
+        tx: &mut sqlx::PgConnection,
+        scope: &str,
+    ) -> Result<bool, HandlerError> {
+        let (Some(seq), Some(key)) = (self.sequence(), self.key.as_deref()) else {
+            return Ok(true);
+        };
+        let row = sqlx::query(crate::sql::marks::APPLY_SEQUENCE)
+            .bind(scope)
+            .bind(&self.topic)
+            .bind(key)
+            .bind(seq)
+            .fetch_optional(tx)
+            .await?;
+        Ok(row.is_some())
+    }
+
     /// The key to send with an external call so that a repeated call is applied once: the
     /// message id, the same on every redelivery and replay of this message.
     pub fn idempotency_key(&self) -> &str {

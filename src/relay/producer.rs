@@ -135,11 +135,18 @@ pub(super) fn fate_of_error(e: &KafkaError) -> Fate {
 }
 
 /// Converts the stored headers (a JSON object) to Kafka headers. Non-string values, written by
-/// plain-SQL producers, are sent as their JSON text.
-pub(super) fn kafka_headers(raw: &str) -> Result<OwnedHeaders, String> {
+/// plain-SQL producers, are sent as their JSON text. The row's `id` goes along as
+/// [`X_OUTBOX_SEQ`](crate::wire::X_OUTBOX_SEQ), unless the row carries that header itself.
+pub(super) fn kafka_headers(raw: &str, id: i64) -> Result<OwnedHeaders, String> {
     let map: serde_json::Map<String, serde_json::Value> =
         serde_json::from_str(raw).map_err(|_| "headers must be a JSON object".to_string())?;
-    let mut h = OwnedHeaders::new_with_capacity(map.len());
+    let mut h = OwnedHeaders::new_with_capacity(map.len() + 1);
+    if !map.contains_key(crate::wire::X_OUTBOX_SEQ) {
+        h = h.insert(Header {
+            key: crate::wire::X_OUTBOX_SEQ,
+            value: Some(id.to_string().as_bytes()),
+        });
+    }
     for (k, v) in &map {
         let text = match v {
             serde_json::Value::String(s) => std::borrow::Cow::Borrowed(s.as_str()),
@@ -157,6 +164,22 @@ pub(super) fn kafka_headers(raw: &str) -> Result<OwnedHeaders, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_rows_id_goes_along_as_its_sequence_unless_the_row_names_one() {
+        use rdkafka::message::Headers as _;
+        let seq = |h: &OwnedHeaders| -> Vec<String> {
+            h.iter()
+                .filter(|x| x.key == crate::wire::X_OUTBOX_SEQ)
+                .map(|x| String::from_utf8(x.value.unwrap().to_vec()).unwrap())
+                .collect()
+        };
+        let h = kafka_headers(r#"{"message_type":"t"}"#, 42).unwrap();
+        assert_eq!(seq(&h), ["42"]);
+        assert_eq!(h.count(), 2);
+        let own = kafka_headers(r#"{"message_type":"t","x-outbox-seq":"7"}"#, 42).unwrap();
+        assert_eq!(seq(&own), ["7"], "a caller's own header is never rewritten");
+    }
 
     #[test]
     pub(super) fn a_purged_or_timed_out_message_stays_pending_and_a_refused_one_is_backed_off() {

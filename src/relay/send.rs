@@ -109,7 +109,7 @@ impl Relay {
                     RefusalReason::Refused,
                 ))
             } else {
-                kafka_headers(row.headers()).map_err(|e| (e, RefusalReason::Refused))
+                kafka_headers(row.headers(), row.id).map_err(|e| (e, RefusalReason::Refused))
             };
             let headers = match headers {
                 Ok(h) => h,

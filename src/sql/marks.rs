@@ -93,3 +93,15 @@ SELECT m.consumer_group, m.topic, m.message_id, m.processed_at
   FROM pairs JOIN {s}.processed_messages m
     ON m.consumer_group = pairs.g AND m.topic = pairs.t AND m.message_id = ANY($1)
  ORDER BY m.processed_at";
+
+/// `Delivered::newer_than_applied`: records sequence `$4` as the newest applied for entity
+/// `$3` (the record's key) of topic `$2` in scope `$1` if it is newer than the one recorded;
+/// a row back when it was (apply), none when it was not (ignore). Unqualified: handlers run
+/// with the outbox schema first on their `search_path`.
+pub(crate) const APPLY_SEQUENCE: &str = "\
+INSERT INTO applied_sequences AS a (scope, topic, entity_key, seq)
+VALUES ($1, $2, $3, $4)
+ON CONFLICT (scope, topic, entity_key) DO UPDATE
+   SET seq = excluded.seq, applied_at = now()
+ WHERE a.seq < excluded.seq
+RETURNING a.seq";

@@ -3,3 +3,4 @@
 mod basics;
 mod comebacks;
 mod journey;
+mod order;
