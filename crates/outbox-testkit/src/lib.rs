@@ -308,8 +308,36 @@ impl Delivery {
 }
 
 /// Reads `topic` on `servers` `read_committed` and counts [`Delivery`] against `ids` (bodies
-/// carry a `seq` that grows per key, as the tests' writers enqueue them).
+/// carry a `seq` that grows per key, as the tests' writers enqueue them). A transaction's
+/// commit returns to its producer once the broker has logged it, before its commit markers
+/// reach the partitions; until they do, a `read_committed` reader stops short of its records.
+/// So an id missing is looked for again, for up to 30 s: one that is really lost stays lost.
 pub async fn delivery(
+    servers: &str,
+    topic: &str,
+    ids: &std::collections::HashSet<String>,
+) -> Delivery {
+    let started = tokio::time::Instant::now();
+    let deadline = started + Duration::from_secs(30);
+    let mut first_lost = None;
+    loop {
+        let d = delivery_now(servers, topic, ids).await;
+        if d.lost == 0 || tokio::time::Instant::now() >= deadline {
+            if let (Some(n), 0) = (first_lost, d.lost) {
+                eprintln!(
+                    "delivery: {n} ids were not readable yet; all were {} ms later",
+                    started.elapsed().as_millis()
+                );
+            }
+            return d;
+        }
+        first_lost.get_or_insert(d.lost);
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// [`delivery`] as a `read_committed` reader sees it now.
+async fn delivery_now(
     servers: &str,
     topic: &str,
     ids: &std::collections::HashSet<String>,
