@@ -695,7 +695,10 @@ async fn the_selection_is_frozen_and_jobs_pause_resume_and_cancel() {
         ..Filter::default()
     };
     let mut o = opts("tester");
-    o.rate = 20.0;
+    // Slow enough that the pause below, a CLI process started once 3 letters are out, lands
+    // before the last letter even on a loaded machine: at 20 per second the job once finished
+    // (20 of 20 sent) before the pause arrived.
+    o.rate = 2.0;
     let dry = dlq.dry_run(&f, &o).await.unwrap();
     assert_eq!(dry.count, 20);
     let job = dlq.create_job(&f, &o).await.unwrap();
