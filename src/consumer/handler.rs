@@ -335,6 +335,12 @@ impl Delivered {
         self.header(crate::wire::X_OUTBOX_SEQ)?.trim().parse().ok()
     }
 
+    /// The sequence and key [`newer_than_applied`](Self::newer_than_applied) compares and
+    /// records; `None` when either is missing (nothing to compare).
+    fn sequenced_key(&self) -> Option<(i64, &[u8])> {
+        Some((self.sequence()?, self.key.as_deref()?))
+    }
+
     /// Whether this delivery is newer than anything applied so far for its entity (its key) in
     /// `scope` (your consumer group's name, or any name the handlers that share a view of the
     /// entity agree on), recording its [`sequence`](Self::sequence) as the newest if so — in
@@ -362,7 +368,7 @@ impl Delivered {
         tx: &impl tokio_postgres::GenericClient,
         scope: &str,
     ) -> Result<bool, HandlerError> {
-        let (Some(seq), Some(key)) = (self.sequence(), self.key.as_deref()) else {
+        let Some((seq, key)) = self.sequenced_key() else {
             return Ok(true);
         };
         let row = tx
@@ -383,7 +389,7 @@ impl Delivered {
         tx: &mut sqlx::PgConnection,
         scope: &str,
     ) -> Result<bool, HandlerError> {
-        let (Some(seq), Some(key)) = (self.sequence(), self.key.as_deref()) else {
+        let Some((seq, key)) = self.sequenced_key() else {
             return Ok(true);
         };
         let row = sqlx::query(crate::sql::marks::APPLY_SEQUENCE)

@@ -119,7 +119,7 @@ impl Statements {
             ring_sample: r(ring::SAMPLE),
             ring_sample_known: r(ring::SAMPLE_KNOWN),
             ring_read: r(ring::READ),
-            ring_read_passing: r(ring::READ_PASSING),
+            ring_read_passing: r(&ring::read_passing()),
             ring_begin_held: r(ring::BEGIN_HELD),
             ring_recheck: r(ring::RECHECK),
             ring_claim_retry: r(ring::CLAIM_RETRY),

@@ -103,7 +103,7 @@ macro_rules! retry_due {
 }
 
 /// The last column of [`SAMPLE`] and [`SAMPLE_KNOWN`]: whether a writer is listed as passed
-/// in one of the lanes `$1` (the claim then reads with [`READ_PASSING`]).
+/// in one of the lanes `$1` (the claim then reads with [`read_passing`]).
 macro_rules! passed_listed {
     () => {
         ",
@@ -170,17 +170,15 @@ SELECT o.id, o.topic, o.message_key, o.headers::text, o.payload::text,
 /// it has committed, until the sweep has taken it off the list. Read in the claim's
 /// transaction, which holds the cursors' lock ([`BEGIN_HELD`]): the list cannot change
 /// between this read and the settle.
-pub(crate) const READ_PASSING: &str = "\
-SELECT o.id, o.topic, o.message_key, o.headers::text, o.payload::text,
-       extract(epoch FROM o.created_at)::float8, hashtext(coalesce(o.message_key, '')) & 63,
-       false
-  FROM {s}.outbox_ring AS o
- WHERE o.id >= $2 AND o.id < $3 AND o.gen IN ({gens})
-   AND o.id >= ($4::bigint[])[(hashtext(coalesce(o.message_key, '')) & 63) + 1]
+pub(crate) fn read_passing() -> String {
+    READ.replace(
+        "\n ORDER BY o.id",
+        "
    AND NOT EXISTS (SELECT 1 FROM {s}.outbox_passed AS p
                     WHERE p.xid = o.xid AND p.lane = hashtext(coalesce(o.message_key, '')) & 63)
- ORDER BY o.id
- LIMIT $1";
+ ORDER BY o.id",
+    )
+}
 
 /// Opens a ring claim's transaction, holding the cursors' lock shared (see [`HOLD_CURSORS`])
 /// until it ends: the sweep waits for the claims in flight before it takes a writer off the
@@ -300,7 +298,7 @@ SELECT (SELECT count(*) FROM gone)::bigint, (SELECT count(*) FROM moved)::bigint
 /// still open, by their transaction id, in each of the claim's lanes `$2`, from the lane's
 /// cursor now (see `V20__ring_writes.sql`, `V22__ring_passed_lanes.sql`). Run on its own,
 /// committed before the claim reads: from then on every claim of those lanes leaves the
-/// writer's rows out ([`READ_PASSING`]) until the sweep copies the ones the cursors stepped
+/// writer's rows out ([`read_passing`]) until the sweep copies the ones the cursors stepped
 /// over. A writer already listed in a lane keeps its first entry there.
 pub(crate) const PASS: &str = concat!(
     "\
