@@ -15,7 +15,10 @@
 //! Environment: `OUTBOX_SCHEMA` (default `public`), `BILLING_TOPIC` (`orders.created`),
 //! `BILLING_GROUP` (`billing-service`), `BILLING_CONCURRENCY` (16), `BILLING_INSTANCE_ID`
 //! (static group membership: unset by default), `OUTBOX_KAFKA_PROPERTIES` (`name=value;…`,
-//! passed to librdkafka).
+//! passed to librdkafka), `BILLING_STRICT_ORDER` (`1`: a customer's orders are charged in
+//! order — one that is dead-lettered holds the customer's later orders until it is
+//! resolved), `BILLING_REFUNDS` (`1`: negative totals are refunds; without it they are
+//! refused — the bug a later version fixes, after which the refused orders are replayed).
 
 use outbox::consumer::{Consumer, ConsumerConfig, Delivered, HandlerError};
 
@@ -23,6 +26,22 @@ use outbox::consumer::{Consumer, ConsumerConfig, Delivered, HandlerError};
 /// classified by SQLSTATE (serialization failures and lost connections are retried).
 /// A handler is a plain `async fn`.
 async fn charge(msg: &Delivered, tx: &tokio_postgres::Transaction<'_>) -> Result<(), HandlerError> {
+    charge_with(msg, tx, false).await
+}
+
+/// [`charge`] by a version that knows refunds (negative totals).
+async fn charge_or_refund(
+    msg: &Delivered,
+    tx: &tokio_postgres::Transaction<'_>,
+) -> Result<(), HandlerError> {
+    charge_with(msg, tx, true).await
+}
+
+async fn charge_with(
+    msg: &Delivered,
+    tx: &tokio_postgres::Transaction<'_>,
+    refunds: bool,
+) -> Result<(), HandlerError> {
     {
         let body = msg.json();
         let order = body["order_number"]
@@ -31,7 +50,7 @@ async fn charge(msg: &Delivered, tx: &tokio_postgres::Transaction<'_>) -> Result
         let cents = body["total_cents"]
             .as_i64()
             .ok_or_else(|| HandlerError::permanent("total_cents missing"))?;
-        if cents <= 0 {
+        if cents == 0 || (cents < 0 && !refunds) {
             return Err(HandlerError::permanent(format!(
                 "refusing to charge {cents} cents"
             )));
@@ -94,7 +113,15 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     config.instance_id = std::env::var("BILLING_INSTANCE_ID")
         .ok()
         .filter(|s| !s.is_empty());
-    let consumer = Consumer::new(&db, &kafka, config)?.handler("order_created", charge);
+    if env("BILLING_STRICT_ORDER", "") == "1" {
+        config.strict_order = Some(outbox::consumer::StrictOrder::new(config.topics.clone()));
+    }
+    let consumer = Consumer::new(&db, &kafka, config)?;
+    let consumer = if env("BILLING_REFUNDS", "") == "1" {
+        consumer.handler("order_created", charge_or_refund)
+    } else {
+        consumer.handler("order_created", charge)
+    };
     let stats = consumer.stats();
     consumer
         .run(async {

@@ -144,6 +144,23 @@ pub struct AuditStep {
     pub reason: Option<String>,
 }
 
+/// Strict per-key order: the message waits behind its key's failed head, or is that head.
+#[derive(Debug, Clone, Serialize)]
+pub struct HoldStep {
+    /// The consumer group.
+    pub group: String,
+    /// The (original) topic.
+    pub topic: String,
+    /// `held` (it waits behind `head`) or `head` (its key's later messages wait for it).
+    pub role: String,
+    /// The message its key waits for.
+    pub head: Option<String>,
+    /// Since when: it arrived (`held`), or the head failed (`head`).
+    pub since: String,
+    /// For a head: how many messages wait behind it.
+    pub waiting: i64,
+}
+
 /// Everything known about one message.
 #[derive(Debug, Clone, Serialize)]
 pub struct MessageJourney {
@@ -159,6 +176,8 @@ pub struct MessageJourney {
     pub replays: Vec<ReplayStep>,
     /// Operator actions on those letters.
     pub audit: Vec<AuditStep>,
+    /// Strict order: where it waits behind its key's head, or holds its key.
+    pub holds: Vec<HoldStep>,
 }
 
 fn ts(t: SystemTime) -> String {
@@ -330,7 +349,24 @@ pub async fn trace_on(
                 reason: r.get(6),
             })
             .collect();
+        let holds = match &id {
+            Some(m) => c
+                .query(&s(crate::sql::holds::TRACE), &[m])
+                .await?
+                .iter()
+                .map(|r| HoldStep {
+                    group: r.get(0),
+                    topic: r.get(1),
+                    role: r.get(2),
+                    head: r.get(3),
+                    since: ts(r.get(4)),
+                    waiting: r.get(5),
+                })
+                .collect(),
+            None => Vec::new(),
+        };
         out.push(MessageJourney {
+            holds,
             outbox: rows
                 .iter()
                 .filter(|r| r.get::<_, Option<String>>(3) == id)

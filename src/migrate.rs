@@ -17,7 +17,7 @@ use crate::db;
 
 /// The embedded migrations, in version order. A file in `migrations/` missing here fails the
 /// unit test `every_file_is_embedded`.
-const MIGRATIONS: [(i32, &str, &str); 23] = [
+const MIGRATIONS: [(i32, &str, &str); 24] = [
     (1, "outbox", include_str!("../migrations/V1__outbox.sql")),
     (
         2,
@@ -124,6 +124,11 @@ const MIGRATIONS: [(i32, &str, &str); 23] = [
         23,
         "applied_sequences",
         include_str!("../migrations/V23__applied_sequences.sql"),
+    ),
+    (
+        24,
+        "key_holds",
+        include_str!("../migrations/V24__key_holds.sql"),
     ),
 ];
 

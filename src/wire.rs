@@ -100,6 +100,9 @@ pub enum DeadLetterKind {
     Panic,
     /// A downstream dependency was unavailable: parked by the circuit breaker, drained later.
     Unavailable,
+    /// Held behind a failed message of its key (strict per-key order) past the group's hold
+    /// expiry, with `OnHoldExpiry::DeadLetter`: it follows its head to the DLQ, in order.
+    HeldExpired,
 }
 
 impl DeadLetterKind {
@@ -111,6 +114,7 @@ impl DeadLetterKind {
             Self::Decode => "decode",
             Self::Panic => "panic",
             Self::Unavailable => "unavailable",
+            Self::HeldExpired => "held-expired",
         }
     }
 }

@@ -88,6 +88,11 @@ pub struct ConsumerConfig {
     /// (on by default: 35 days, batches of 5,000, hourly; `None` turns it off, e.g. when
     /// `outbox cleanup` runs from cron). The `outbox_marks_overdue` gauge is exported either way.
     pub cleanup: Option<super::MarksCleanup>,
+    /// Strict per-key order on some topics (off by default): a keyed message that is
+    /// dead-lettered or sent to a retry topic holds its key, and the key's later messages wait
+    /// behind it (durably, in order, the partition flowing) until it is resolved. See
+    /// [`super::StrictOrder`] and RELIABILITY.md.
+    pub strict_order: Option<super::StrictOrder>,
     /// Which driver runs the handlers' transactions (default [`Driver::TokioPostgres`]). One
     /// choice for the whole consumer: every guarantee (the inbox mark in the handler's
     /// transaction, commit groups, retries, dead letters, the breaker) is the runtime's, the
@@ -183,6 +188,7 @@ impl ConsumerConfig {
             session_timeout: DEFAULT_SESSION_TIMEOUT,
             commit_group: DEFAULT_COMMIT_GROUP,
             cleanup: Some(super::MarksCleanup::default()),
+            strict_order: None,
             driver: Driver::TokioPostgres,
             #[cfg(feature = "schemas")]
             schemas: None,
@@ -225,6 +231,9 @@ impl ConsumerConfig {
         }
         if let Some(b) = &self.breaker {
             b.validate().map_err(ConsumerError::Config)?;
+        }
+        if let Some(s) = &self.strict_order {
+            s.validate(&self.topics).map_err(ConsumerError::Config)?;
         }
         if self.commit_group == 0 || self.commit_group > MAX_COMMIT_GROUP {
             return bad(format!(

@@ -44,6 +44,9 @@ pub(super) struct Ctx {
     /// The last lag per `topic/partition` librdkafka reported, in messages and in seconds
     /// (the age bound of the oldest unconsumed message), for the heartbeat.
     pub(super) lag: Arc<Mutex<std::collections::BTreeMap<String, (i64, f64)>>>,
+    /// Set on every assignment: the runtime reloads the held keys (strict order) before it
+    /// dispatches a message of the new partitions.
+    pub(super) holds_stale: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// Whether partitions of a topic flow in `mode`: DLQ topics only while draining or probing,
@@ -134,6 +137,7 @@ impl ConsumerContext for Ctx {
 
     fn post_rebalance(&self, c: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         if let Rebalance::Assign(tpl) = rebalance {
+            self.holds_stale.store(true, Ordering::SeqCst);
             if self.backpressure.load(Ordering::SeqCst) {
                 // Backpressure is on: new partitions must not flow in unbounded.
                 let _ = c.pause(tpl);

@@ -13,6 +13,7 @@ use super::drain::process_drain;
 use super::driver::Kind;
 use super::envelope::Fate;
 use super::envelope::{Done, DoneItem, Envelope, LaneKey};
+use super::holds::process_keyed;
 use super::process::{process, process_batch};
 use super::runtime::Runtime;
 
@@ -161,17 +162,21 @@ impl Runtime<'_> {
                 return;
             }
             let drain = env.drain;
+            // A key that may be held (strict order) goes alone through its hold's check.
+            let keyed = self.shared.holds.may_hold(&env);
             let mut batch = vec![(key, env)];
             // A probe is one message: no batch, no commit group.
             let probe = mode == BreakerMode::Probe;
-            if let Some((ty, max)) = (!drain && !probe)
+            if let Some((ty, max)) = (!drain && !probe && !keyed)
                 .then(|| self.batch_of(&batch[0].1))
                 .flatten()
             {
                 self.gather(&mut batch, max, |rt, e| {
-                    rt.allowed(mode, e) && rt.batch_of(e).is_some_and(|(t, _)| t == ty)
+                    rt.allowed(mode, e)
+                        && !rt.shared.holds.may_hold(e)
+                        && rt.batch_of(e).is_some_and(|(t, _)| t == ty)
                 });
-            } else if !drain && !probe && self.single(&batch[0].1) {
+            } else if !drain && !probe && !keyed && self.single(&batch[0].1) {
                 // A commit group (`commit_group.rs`), only when more heads wait than slots are free:
                 // the waiting heads are spread over the free slots, so no slot idles.
                 let free = (limit - self.running).min(tx_limit - self.running_tx);
@@ -179,7 +184,10 @@ impl Runtime<'_> {
                 let size = waiting.div_ceil(free).min(self.shared.config.commit_group);
                 if size > 1 {
                     self.gather(&mut batch, size, |rt, e| {
-                        rt.allowed(mode, e) && !e.drain && rt.single(e)
+                        rt.allowed(mode, e)
+                            && !e.drain
+                            && !rt.shared.holds.may_hold(e)
+                            && rt.single(e)
                     });
                 }
             }
@@ -199,6 +207,8 @@ impl Runtime<'_> {
                         vec![Fate::Abandoned; envs.len()]
                     } else if drain {
                         vec![process_drain(envs[0], &shared).await]
+                    } else if keyed {
+                        vec![process_keyed(envs[0], &shared).await]
                     } else if envs.len() == 1 {
                         vec![process(envs[0], &shared).await]
                     } else if single {

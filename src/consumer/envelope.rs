@@ -38,10 +38,29 @@ pub(super) struct Envelope {
 /// How processing of one message ended.
 #[derive(Clone, Copy)]
 pub(super) enum Fate {
-    /// Handled, duplicate, skipped, forwarded or dead-lettered with the broker's ack.
+    /// Handled, duplicate, skipped, or parked behind the breaker with the broker's ack.
     Final,
+    /// Final too: left the main path with the broker's ack, to a retry topic or the DLQ. In
+    /// strict order its key is held behind it (`holds.rs`).
+    Left(Left),
     /// Given up at shutdown: not final, the offset stays before it.
     Abandoned,
+}
+
+/// Where a message that left the main path went.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Left {
+    /// Forwarded to a retry topic: it comes back.
+    Retrying,
+    /// Dead-lettered, of this kind: it comes back only if replayed.
+    Dead(crate::wire::DeadLetterKind),
+}
+
+impl Fate {
+    /// The offset may move past the message.
+    pub(super) fn is_final(self) -> bool {
+        !matches!(self, Self::Abandoned)
+    }
 }
 
 /// The outcome of one task (one message, or a batch of messages from different lanes).

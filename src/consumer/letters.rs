@@ -11,7 +11,7 @@ use rdkafka::util::Timeout;
 use tracing::{debug, warn};
 
 use super::dead_letter::*;
-use super::envelope::{Envelope, Fate};
+use super::envelope::{Envelope, Fate, Left};
 use super::record::{Origin, Raw};
 use super::stats::ConsumerStats;
 use super::tx::count;
@@ -67,7 +67,7 @@ pub(super) async fn dead_letter(
     if written_before {
         debug!(topic = %raw.topic, partition = raw.partition, offset = raw.offset, "already dead-lettered before a restart: not written again");
         log.record(&shared.pool, raw, &shared.cancel).await;
-        return Fate::Final;
+        return Fate::Left(Left::Dead(kind));
     }
     let target = match &shared.producer {
         super::Sink::Kafka(p) => log.target(p, &topic, origin.partition).await,
@@ -83,7 +83,7 @@ pub(super) async fn dead_letter(
         log.record(&shared.pool, raw, &shared.cancel).await;
         ConsumerStats::inc(&shared.stats.dead_lettered);
         count(shared, &origin.topic, "dead_lettered", 1);
-        Fate::Final
+        Fate::Left(Left::Dead(kind))
     } else {
         Fate::Abandoned
     }
@@ -184,10 +184,14 @@ pub(super) async fn park(
         attempts,
     )
     .await;
-    if let (Fate::Final, Some(b)) = (f, shared.breaker()) {
+    if !f.is_final() {
+        return f;
+    }
+    if let Some(b) = shared.breaker() {
         b.parked.fetch_add(1, Ordering::Relaxed);
     }
-    f
+    // Parked, not dead: the breaker's drain delivers it before newer messages of its key.
+    Fate::Final
 }
 
 /// Parks a drained letter again: a new dead letter with `x-dlq-retries + 1`; the record read
@@ -210,11 +214,14 @@ pub(super) async fn repark_after(
     calls: u32,
 ) -> Fate {
     let f = dead_letter(&env.raw, &env.origin, shared, kind, error, calls).await;
-    if let (Fate::Final, Some(b)) = (f, shared.breaker()) {
+    if !f.is_final() {
+        return f;
+    }
+    if let Some(b) = shared.breaker() {
         b.reparked.fetch_add(1, Ordering::Relaxed);
         superseded(env, shared, kind).await;
     }
-    f
+    Fate::Final
 }
 
 /// The letter read during a drain now has a successor in the DLQ (parked again, or

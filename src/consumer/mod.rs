@@ -45,6 +45,7 @@ mod retry;
 mod runtime;
 mod schemas;
 pub use schemas::REGISTRY_DEPENDENCY;
+mod holds;
 mod setup;
 #[cfg(feature = "sqlx")]
 mod sqlx;
@@ -73,6 +74,7 @@ pub use harness::{Harness, Verdict, Written};
 pub use inbox::{Inbox, InboxOutcome};
 pub use retry::RetryStrategy;
 mod moved;
+pub use holds::{OnHoldExpiry, StrictOrder};
 #[allow(deprecated)]
 pub use moved::*;
 pub use stats::ConsumerStats;
@@ -167,6 +169,10 @@ struct Shared {
     /// A call handler is registered (fixed at start: it sizes the pool, starts the mark
     /// writers, and lets call lanes pass in-transaction ones waiting for a slot).
     has_calls: bool,
+    /// The outbox schema, for the statements rendered where they are used.
+    db_schema: crate::schema::Schema,
+    /// Strict per-key order: which keys are held (`holds.rs`).
+    holds: holds::Holds,
 }
 
 /// Where the runtime's own records (retry hops, dead letters) are written.
@@ -193,6 +199,8 @@ pub struct Consumer {
     stats: Arc<ConsumerStats>,
     breakers: Arc<Breakers>,
     freshness: Option<Arc<dyn FreshnessCheck>>,
+    /// Set by the rebalance callback, read by the runtime: reload the held keys.
+    holds_stale: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Consumer {
@@ -239,6 +247,7 @@ impl Consumer {
             stats: Arc::default(),
             breakers,
             freshness: None,
+            holds_stale: Arc::new(std::sync::atomic::AtomicBool::new(true)),
         })
     }
 
@@ -416,6 +425,7 @@ impl Consumer {
         let kafka_outage = Arc::new(crate::outage::Outage::new("kafka", "consumer"));
         let lag = Arc::new(Mutex::new(std::collections::BTreeMap::new()));
         let consumer: StreamConsumer<Ctx> = cc.create_with_context(Ctx {
+            holds_stale: self.holds_stale.clone(),
             lag: lag.clone(),
             kafka_outage: kafka_outage.clone(),
             assigned: assigned.clone(),
@@ -605,6 +615,9 @@ impl Consumer {
             retry_topics,
             drain_topics,
         ));
+        if shared.holds.enabled() {
+            tokio::spawn(holds::run(shared.clone()));
+        }
         // The mark writers of call handlers, one connection each; they outlive the runtime's
         // shutdown so messages finishing meanwhile still get their marks.
         let writers_stop = CancellationToken::new();

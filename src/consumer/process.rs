@@ -12,7 +12,7 @@ use tracing::{debug, warn, Instrument as _};
 use super::breaker::BreakerMode;
 use super::dead_letter::*;
 use super::driver::Kind;
-use super::envelope::{Envelope, Fate, Tried};
+use super::envelope::{Envelope, Fate, Left, Tried};
 use super::handler::{Delivered, HandlerError};
 use super::inbox::InboxOutcome;
 use super::letters::{dead_letter, park, produce_until_acked, repark_after, settle};
@@ -112,11 +112,17 @@ pub(super) async fn process(env: &Envelope, shared: &Shared) -> Fate {
 ///
 /// `first` is a try that already happened elsewhere (in a commit group, see
 /// `commit_group.rs`): it counts as attempt 1.
-pub(super) async fn process_from(
-    env: &Envelope,
-    shared: &Shared,
-    mut first: Option<Tried>,
-) -> Fate {
+///
+/// In strict per-key order, a message that leaves for a retry topic or the DLQ holds its key
+/// behind it (`holds.rs`).
+pub(super) async fn process_from(env: &Envelope, shared: &Shared, first: Option<Tried>) -> Fate {
+    let fate = try_message(env, shared, first).await;
+    super::holds::after(env, shared, fate).await
+}
+
+/// [`process_from`] without the hold: what a release of held messages runs (it writes the
+/// key's new head itself, under the hold's lock).
+pub(super) async fn try_message(env: &Envelope, shared: &Shared, mut first: Option<Tried>) -> Fate {
     let (raw, origin) = (&env.raw, &env.origin);
     let d = match &env.decoded {
         Ok(d) => d,
@@ -360,7 +366,7 @@ pub(super) async fn process_from(
                 return if produce_until_acked(shared, &topic, None, raw, headers).await {
                     ConsumerStats::inc(&shared.stats.forwarded_to_retry);
                     count(shared, &origin.topic, "retried", 1);
-                    Fate::Final
+                    Fate::Left(Left::Retrying)
                 } else {
                     Fate::Abandoned
                 };

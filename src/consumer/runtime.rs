@@ -112,6 +112,9 @@ impl Runtime<'_> {
         loop {
             self.forget_revoked();
             self.steer();
+            // Held keys (strict order) of newly assigned partitions are known before any of
+            // their messages is dispatched.
+            self.shared.holds.reload(&self.shared).await;
             self.dispatch(&done_tx);
             self.backpressure();
             if self.gauges_at.elapsed() >= Duration::from_secs(1) {
@@ -379,7 +382,7 @@ impl Runtime<'_> {
                     self.ready.push_back(item.lane);
                 }
             }
-            if let Fate::Final = item.fate {
+            if item.fate.is_final() {
                 if let Some(ts) = item.timestamp_ms {
                     let mut last = self.last_final.lock().expect("last_final lock");
                     let e = last.entry(item.tp.clone()).or_insert(ts);

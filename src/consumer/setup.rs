@@ -133,6 +133,8 @@ impl Consumer {
         drain_topics: HashMap<String, String>,
     ) -> Shared {
         let has_calls = self.handlers.values().any(|h| !h.holds_transaction());
+        let holds =
+            super::holds::Holds::new(self.config.strict_order.as_ref(), self.holds_stale.clone());
         Shared {
             dlq: crate::dlq::Dlq::with_pool(pool.clone(), self.db.schema.clone()),
             dead_lettered: DeadLetterLog::new(&self.db.schema, &self.config.group, &self.kafka),
@@ -151,6 +153,8 @@ impl Consumer {
             registry_outage: crate::outage::Outage::new("schema registry", "consumer"),
             marks: call::Marks::default(),
             has_calls,
+            db_schema: self.db.schema.clone(),
+            holds,
         }
     }
 

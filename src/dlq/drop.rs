@@ -199,6 +199,15 @@ impl Dlq {
                 .get(0),
             )
         };
+        if from == Status::New && !ids.is_empty() {
+            // A dropped head resolves its key's hold (strict order): the consumer's upkeep
+            // lets the held messages through.
+            tx.execute(
+                &self.sql(crate::sql::holds::RELEASE_DROPPED),
+                &[&ids, &reason],
+            )
+            .await?;
+        }
         tx.commit().await?;
         Ok((ids, audit_id))
     }

@@ -96,6 +96,12 @@ pub const CONSUMER_LAG_SECONDS: &str = "outbox_consumer_lag_seconds";
 pub const CONSUMER_PAUSED: &str = "outbox_consumer_paused_partitions";
 /// `{group}`: messages accepted and not yet final.
 pub const CONSUMER_IN_FLIGHT: &str = "outbox_consumer_in_flight";
+/// `{topic,group}`: keys held behind a failed head (strict per-key order).
+pub const CONSUMER_HELD_KEYS: &str = "outbox_consumer_held_keys";
+/// `{topic,group}`: messages waiting behind held keys' heads.
+pub const CONSUMER_HELD_MESSAGES: &str = "outbox_consumer_held_messages";
+/// `{topic,group}`: age in seconds of the oldest hold (0 with none).
+pub const CONSUMER_OLDEST_HOLD_SECONDS: &str = "outbox_consumer_oldest_hold_seconds";
 
 /// `{topic,group}`: failed writes to a retry or dead-letter topic (`topic` is the target); each
 /// is retried, the offset held meanwhile.
@@ -144,7 +150,7 @@ pub const RELAY_TXN_UNKNOWN: &str = "outbox_relay_transactions_unknown_total";
 pub const RELAY_SLOT_RECOVERIES: &str = "outbox_relay_slot_recoveries_total";
 
 /// Every metric name the code exports, for the dashboard and alert-rule checks.
-pub const ALL: [&str; 38] = [
+pub const ALL: [&str; 41] = [
     RELAY_EXACTLY_ONCE,
     RELAY_TXN_COMMITTED,
     RELAY_TXN_ABORTED,
@@ -174,6 +180,9 @@ pub const ALL: [&str; 38] = [
     CONSUMER_LAG_SECONDS,
     CONSUMER_PAUSED,
     CONSUMER_IN_FLIGHT,
+    CONSUMER_HELD_KEYS,
+    CONSUMER_HELD_MESSAGES,
+    CONSUMER_OLDEST_HOLD_SECONDS,
     DLQ_MESSAGES,
     DLQ_OLDEST_AGE,
     DLQ_ARCHIVED,

@@ -16,6 +16,7 @@ use crate::schema::Schema;
 
 pub(crate) mod breakers;
 pub(crate) mod dead_letters;
+pub(crate) mod holds;
 pub(crate) mod instances;
 pub(crate) mod locks;
 pub(crate) mod marks;

@@ -4,3 +4,4 @@ mod basics;
 mod comebacks;
 mod journey;
 mod order;
+mod strict;

@@ -557,6 +557,8 @@ async function viewTrace(q) {
     }
     if (!m.outbox.length) add(null, "outbox", "no row (cleaned up, or not published through the outbox)");
     for (const h of m.handled) add(h.at, "handled", h.group + " from " + h.topic);
+    for (const h of m.holds || []) add(h.since, h.role === "held" ? "held" : "holding",
+      h.role === "held" ? h.group + " behind " + (h.head || "?") : h.group + ": " + h.waiting + " waiting behind it");
     for (const l of m.dead_letters) add(l.failed_at, "dead-lettered", el("span", {},
       el("a", { href: "#/message/" + l.id }, "#" + l.id), " by " + or(l.group) + " (" + or(l.kind) + "): " + or(l.error) +
       " — now " + l.status + (l.status_reason ? " (" + l.status_reason + ")" : "") + (l.comeback_of ? " — came back from job " + l.comeback_of[0] : "")));

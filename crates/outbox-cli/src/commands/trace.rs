@@ -83,6 +83,24 @@ fn render(j: &MessageJourney, out: &mut dyn Write) -> std::io::Result<()> {
             h.group, h.topic, h.at
         )?;
     }
+    for h in &j.holds {
+        if h.role == "held" {
+            writeln!(
+                out,
+                "  held     by {:<24} on {} behind {} since {} (strict order: waits for its key's failed message)",
+                h.group,
+                h.topic,
+                opt(&h.head),
+                h.since
+            )?;
+        } else {
+            writeln!(
+                out,
+                "  holding  its key in {:<20} on {} since {}: {} message(s) wait behind it",
+                h.group, h.topic, h.since, h.waiting
+            )?;
+        }
+    }
     for l in &j.dead_letters {
         writeln!(
             out,
