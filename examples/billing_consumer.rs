@@ -15,9 +15,9 @@
 //! Environment: `OUTBOX_SCHEMA` (default `public`), `BILLING_TOPIC` (`orders.created`),
 //! `BILLING_GROUP` (`billing-service`), `BILLING_CONCURRENCY` (16), `BILLING_INSTANCE_ID`
 //! (static group membership: unset by default), `OUTBOX_KAFKA_PROPERTIES` (`name=value;…`,
-//! passed to librdkafka), `BILLING_STRICT_ORDER` (`1`: a customer's orders are charged in
-//! order — one that is dead-lettered holds the customer's later orders until it is
-//! resolved), `BILLING_REFUNDS` (`1`: negative totals are refunds; without it they are
+//! passed to librdkafka), `BILLING_TOPICS_FILE` (the topics file: where its `strict_order`
+//! names the group, a customer's orders are charged in order — one that is dead-lettered
+//! holds the customer's later orders until it is resolved), `BILLING_REFUNDS` (`1`: negative totals are refunds; without it they are
 //! refused — the bug a later version fixes, after which the refused orders are replayed).
 
 use outbox::consumer::{Consumer, ConsumerConfig, Delivered, HandlerError};
@@ -113,8 +113,16 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     config.instance_id = std::env::var("BILLING_INSTANCE_ID")
         .ok()
         .filter(|s| !s.is_empty());
-    if env("BILLING_STRICT_ORDER", "") == "1" {
-        config.strict_order = Some(outbox::consumer::StrictOrder::new(config.topics.clone()));
+    // Strict order where the deployment's topics file says so (`strict_order =
+    // ["billing-service"]` on a topic).
+    let strict = match std::env::var("BILLING_TOPICS_FILE") {
+        Ok(path) => {
+            outbox::topics::strict_order_topics(&std::fs::read_to_string(path)?, &config.group)?
+        }
+        Err(_) => Vec::new(),
+    };
+    if !strict.is_empty() {
+        config.strict_order = Some(outbox::consumer::StrictOrder::new(strict));
     }
     let consumer = Consumer::new(&db, &kafka, config)?;
     let consumer = if env("BILLING_REFUNDS", "") == "1" {

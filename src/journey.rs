@@ -297,6 +297,12 @@ pub async fn trace_on(
     for r in &marks_by {
         add(Some(r.get(2)));
     }
+    // A message held in strict order may be nowhere else yet (produced by another service,
+    // neither handled nor dead-lettered).
+    let holds_by = c.query(&s(crate::sql::holds::TRACE), &[&ids]).await?;
+    for r in &holds_by {
+        add(r.get(6));
+    }
     known.truncate(MAX_TRACED as usize);
     let named: Vec<String> = known.iter().flatten().cloned().collect();
     let rows = c.query(&s(outbox::JOURNEY_ROWS), &[&named]).await?;
@@ -349,22 +355,18 @@ pub async fn trace_on(
                 reason: r.get(6),
             })
             .collect();
-        let holds = match &id {
-            Some(m) => c
-                .query(&s(crate::sql::holds::TRACE), &[m])
-                .await?
-                .iter()
-                .map(|r| HoldStep {
-                    group: r.get(0),
-                    topic: r.get(1),
-                    role: r.get(2),
-                    head: r.get(3),
-                    since: ts(r.get(4)),
-                    waiting: r.get(5),
-                })
-                .collect(),
-            None => Vec::new(),
-        };
+        let holds = holds_by
+            .iter()
+            .filter(|r| r.get::<_, Option<String>>(6) == id)
+            .map(|r| HoldStep {
+                group: r.get(0),
+                topic: r.get(1),
+                role: r.get(2),
+                head: r.get(3),
+                since: ts(r.get(4)),
+                waiting: r.get(5),
+            })
+            .collect();
         out.push(MessageJourney {
             holds,
             outbox: rows

@@ -335,6 +335,18 @@ pub(super) async fn dlq_messages(
     ok(json!({"messages": rows, next_name: next, "total": total}))
 }
 
+/// Keys held in strict per-key order: the key (operators only: keys are contents), its head
+/// and the head's letter, how many wait, since when.
+pub(super) async fn holds(State(s): State<AppState>, Extension(c): Extension<Caller>) -> ApiResult {
+    let mut holds = s.dlq.held_keys(crate::dlq::MAX_HOLDS_LISTED).await?;
+    if c.role < Role::Operator {
+        for h in &mut holds {
+            h.key = None;
+        }
+    }
+    ok(json!({ "holds": holds }))
+}
+
 pub(super) async fn dlq_message(
     State(s): State<AppState>,
     Extension(c): Extension<Caller>,

@@ -89,6 +89,7 @@ pub const ROUTES: &[RouteSpec] = &[
     r("POST", "/api/breakers/open", At(Role::Operator)),
     r("POST", "/api/breakers/close", At(Role::Operator)),
     r("GET", "/api/dlq/summary", At(Role::Viewer)),
+    r("GET", "/api/holds", At(Role::Viewer)),
     r("GET", "/api/dlq/messages", At(Role::Viewer)),
     r("GET", "/api/dlq/messages/{id}", At(Role::Viewer)),
     r("GET", "/api/dlq/messages/{id}/editable", At(Role::Operator)),
@@ -314,6 +315,7 @@ pub fn app_with(
         .route("/api/breakers/open", post(h::breaker_open))
         .route("/api/breakers/close", post(h::breaker_close))
         .route("/api/dlq/summary", get(h::dlq_summary))
+        .route("/api/holds", get(h::holds))
         .route("/api/dlq/messages", get(h::dlq_messages))
         .route("/api/dlq/messages/{id}", get(h::dlq_message))
         .route("/api/dlq/messages/{id}/editable", get(edit::editable))

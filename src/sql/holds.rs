@@ -111,25 +111,31 @@ pub(crate) const RELEASE_DROPPED: &str = "UPDATE {s}.consumer_holds h
    AND h.topic = d.original_topic AND h.message_key = d.message_key
    AND h.head_message_id = d.message_id";
 
-/// Every hold (the admin API and the dashboard), oldest first, with how many wait behind it.
+/// Every hold (the admin API, the dashboard, `outbox dlq holds`), oldest first, with how many
+/// wait behind it and the head's archived letter (the one to replay or drop), if archived.
 pub(crate) const LIST: &str = "SELECT h.consumer_group, h.topic, h.message_key,
        h.head_message_id, h.head_state, h.held_since, h.expires_at,
        (SELECT count(*) FROM {s}.consumer_held x WHERE x.consumer_group = h.consumer_group
-           AND x.topic = h.topic AND x.message_key = h.message_key)::bigint,
-       h.released_reason
+           AND x.topic = h.topic AND x.message_key = h.message_key)::bigint AS waiting,
+       h.released_reason,
+       (SELECT max(d.id) FROM {s}.dead_letters d
+         WHERE d.message_id = h.head_message_id AND d.consumer_group = h.consumer_group
+           AND d.original_topic = h.topic) AS head_letter
   FROM {s}.consumer_holds h ORDER BY h.held_since LIMIT $1";
 
 /// A message's holds, for `outbox trace`: held behind a head (since it arrived), or the head
 /// a key waits for (since it failed, with how many wait).
+/// Of the message ids `$1`.
 pub(crate) const TRACE: &str = "SELECT x.consumer_group, x.topic, 'held'::text,
-       h.head_message_id, x.held_at, 0::bigint
+       h.head_message_id, x.held_at, 0::bigint, x.message_id
   FROM {s}.consumer_held x
   LEFT JOIN {s}.consumer_holds h USING (consumer_group, topic, message_key)
- WHERE x.message_id = $1
+ WHERE x.message_id = ANY($1)
 UNION ALL
 SELECT h.consumer_group, h.topic, 'head'::text, h.head_message_id, h.held_since,
        (SELECT count(*) FROM {s}.consumer_held x WHERE x.consumer_group = h.consumer_group
-           AND x.topic = h.topic AND x.message_key = h.message_key)::bigint
+           AND x.topic = h.topic AND x.message_key = h.message_key)::bigint,
+       h.head_message_id
   FROM {s}.consumer_holds h
- WHERE h.head_message_id = $1
+ WHERE h.head_message_id = ANY($1)
  ORDER BY 5";

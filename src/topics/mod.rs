@@ -20,8 +20,13 @@
 //! name = "orders.created"
 //! partitions = 12                      # any default can be overridden per topic
 //! groups = ["billing-service", "notifications-service"]
+//! strict_order = ["billing-service"]   # groups that hold a key behind its dead letter
 //! config = { "cleanup.policy" = "compact" }  # a state topic (its retry and DLQ topics stay "delete")
 //! ```
+//!
+//! `strict_order` is read by the consumer ([`strict_order_topics`] into
+//! `ConsumerConfig::strict_order`), not by `topics apply`: one file says what each group
+//! promises about a topic.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -81,6 +86,8 @@ struct Defaults {
     dlq_suffix: Option<String>,
     dlq_retention: Option<String>,
     dlq_replication_factor: Option<i32>,
+    /// Groups in strict per-key order on every topic (read by the consumer).
+    strict_order: Option<Vec<String>>,
     #[serde(default)]
     config: BTreeMap<String, String>,
     #[serde(default)]
@@ -107,6 +114,8 @@ struct TopicEntry {
     dlq_suffix: Option<String>,
     dlq_retention: Option<String>,
     dlq_replication_factor: Option<i32>,
+    /// Groups in strict per-key order on this topic (read by the consumer).
+    strict_order: Option<Vec<String>>,
     #[serde(default)]
     config: BTreeMap<String, String>,
     #[serde(default)]
@@ -192,6 +201,27 @@ pub fn dead_letter_topics(toml_text: &str) -> Result<Vec<(String, String)>, Topi
         .topics
         .iter()
         .map(|t| (dlq_name(t, &file.defaults), t.name.clone()))
+        .collect())
+}
+
+/// The topics on which `group` keeps strict per-key order, by the file's `strict_order` (a
+/// topic's own list replaces the defaults' one): what `ConsumerConfig::strict_order` takes.
+///
+/// # Errors
+/// As [`plan`].
+pub fn strict_order_topics(toml_text: &str, group: &str) -> Result<Vec<String>, TopicsError> {
+    plan(toml_text)?;
+    let file: File = toml::from_str(toml_text).map_err(|e| TopicsError::Parse(e.to_string()))?;
+    Ok(file
+        .topics
+        .iter()
+        .filter(|t| {
+            t.strict_order
+                .as_ref()
+                .or(file.defaults.strict_order.as_ref())
+                .is_some_and(|g| g.iter().any(|g| g == group))
+        })
+        .map(|t| t.name.clone())
         .collect())
 }
 
@@ -335,6 +365,35 @@ mod tests {
         .unwrap();
         let without = plan("[[topic]]\nname = \"orders.created\"").unwrap();
         assert_eq!(with, without);
+    }
+
+    #[test]
+    fn strict_order_is_per_group_and_a_topic_list_replaces_the_default() {
+        let f = r#"
+            [defaults]
+            strict_order = ["ledger"]
+            [[topic]]
+            name = "accounts.events"
+            [[topic]]
+            name = "orders.created"
+            strict_order = ["billing-service"]
+            [[topic]]
+            name = "audit.log"
+            strict_order = []
+        "#;
+        assert_eq!(
+            super::strict_order_topics(f, "ledger").unwrap(),
+            ["accounts.events"]
+        );
+        assert_eq!(
+            super::strict_order_topics(f, "billing-service").unwrap(),
+            ["orders.created"]
+        );
+        assert!(super::strict_order_topics(f, "other").unwrap().is_empty());
+        assert!(
+            super::strict_order_topics("[[topic]]\nname = \"a\"\nstrict_order = \"x\"", "x")
+                .is_err()
+        );
     }
 
     #[test]

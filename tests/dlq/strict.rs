@@ -414,15 +414,24 @@ struct Billing(Child);
 impl Billing {
     fn start(db: &DbConfig, topic: &str, group: &str, strict: bool, refunds: bool) -> Self {
         let flag = |b: bool| if b { "1" } else { "" };
+        let mut cmd = Command::new(example_binary("billing_consumer"));
+        if strict {
+            // The deployment's topics file names the group strict on the topic.
+            let path = std::env::temp_dir().join(format!("topics-{group}.toml"));
+            std::fs::write(
+                &path,
+                format!("[[topic]]\nname = \"{topic}\"\nstrict_order = [\"{group}\"]\n"),
+            )
+            .unwrap();
+            cmd.env("BILLING_TOPICS_FILE", path);
+        }
         Self(
-            Command::new(example_binary("billing_consumer"))
-                .env("DATABASE_URL", database_url())
+            cmd.env("DATABASE_URL", database_url())
                 .env("KAFKA_BOOTSTRAP_SERVERS", bootstrap())
                 .env("OUTBOX_SCHEMA", db.schema.name())
                 .env("BILLING_TOPIC", topic)
                 .env("BILLING_GROUP", group)
                 .env("BILLING_CONCURRENCY", "16")
-                .env("BILLING_STRICT_ORDER", flag(strict))
                 .env("BILLING_REFUNDS", flag(refunds))
                 .env("RUST_LOG", "warn")
                 .stdin(Stdio::null())

@@ -8,7 +8,7 @@ use fantoccini::{Client, Locator};
 use outbox_testkit::*;
 
 use crate::browser::{
-    click, click_in, confirm_enabled, open_console, shot, sign_in, wait_text, TOKEN,
+    click, click_in, confirm_enabled, open_console, shot, sign_in, wait_text, TOKEN, VIEWER_TOKEN,
 };
 use crate::jobs::{comes_back, letters};
 
@@ -456,4 +456,144 @@ async fn the_console_says_lag_backlog_and_throughput_filters_in_place_and_keeps_
     };
     result.await;
     console.c.clone().close().await.unwrap();
+}
+
+/// Refuses an event whose body says `poison`.
+async fn refuse_poison(
+    m: &outbox::consumer::Delivered,
+    _tx: &tokio_postgres::Transaction<'_>,
+) -> Result<(), outbox::consumer::HandlerError> {
+    if m.json()["poison"].as_bool() == Some(true) {
+        return Err(outbox::consumer::HandlerError::permanent(
+            "rule 7 rejects the event",
+        ));
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_key_shows_its_head_and_what_waits_and_dropping_the_head_lets_them_go() {
+    use outbox::consumer::{Consumer, ConsumerConfig, RetryStrategy, StrictOrder};
+    let db = fresh_db().await;
+    let topic = topic_name();
+    create_topic_family(&topic, 1, &[]).await;
+    let group = format!("ledger-{}", hex(4));
+    let mut cfg = ConsumerConfig::new(&group, [&topic]);
+    cfg.retry = RetryStrategy::InPlace {
+        attempts: 1,
+        base: Duration::from_millis(10),
+        max: Duration::from_millis(10),
+    };
+    let mut strict = StrictOrder::new([&topic]);
+    strict.check_interval = Duration::from_millis(200);
+    cfg.strict_order = Some(strict);
+    let consumer = Consumer::new(&db, &kafka(), cfg)
+        .unwrap()
+        .handler("it_event", refuse_poison);
+    let stats = consumer.stats();
+    let stop = tokio_util::sync::CancellationToken::new();
+    let s = stop.clone();
+    let run = tokio::spawn(async move { consumer.run(async move { s.cancelled().await }).await });
+    let ids: Vec<String> = (0..4).map(|_| uuid::Uuid::now_v7().to_string()).collect();
+    for (i, (key, poison)) in [
+        ("acct-7", true),
+        ("acct-7", false),
+        ("acct-7", false),
+        ("acct-8", false),
+    ]
+    .iter()
+    .enumerate()
+    {
+        produce_event(
+            &topic,
+            key,
+            "it_event",
+            &ids[i],
+            &serde_json::json!({ "poison": poison }),
+        )
+        .await;
+    }
+    let pg = client(&db).await;
+    wait_until(
+        Duration::from_secs(60),
+        "acct-7 held behind its refused event",
+        || async { count(&pg, "SELECT count(*) FROM consumer_held").await == 2 },
+    )
+    .await;
+    archive_once(&db, vec![format!("{topic}.dlq")]).await;
+    // The CLI's trace says where a held message waits, and what its head holds.
+    let o = outbox_command(&db)
+        .args(["trace", &ids[1]])
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{out}");
+    assert!(
+        out.contains(&format!("held     by {group}"))
+            && out.contains(&format!("behind {}", ids[0])),
+        "{out}"
+    );
+    let o = outbox_command(&db)
+        .args(["trace", &ids[0]])
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains("2 message(s) wait behind it"), "{out}");
+
+    let console = open_console(&db).await;
+    let (c, base) = (&console.c, console.base.clone());
+    let result = async {
+        // A viewer sees the hold, not the key (keys are contents).
+        sign_in(&console, VIEWER_TOKEN).await;
+        wait_text(c, "#holds tr.hold", &group).await;
+        wait_text(c, "#holds .key", "(hidden)").await;
+        wait_text(c, "#holds .waiting", "2").await;
+        click(c, Locator::Id("sign-out")).await;
+        wait_text(c, "#login-error", "Signed out.").await;
+        sign_in(&console, TOKEN).await;
+        wait_text(c, "#holds .key", "acct-7").await;
+        shot(c, "held-keys").await;
+        // The trace timeline shows the wait.
+        c.goto(&format!("{base}/#/trace")).await.unwrap();
+        let q = c.wait().for_element(Locator::Id("trace-q")).await.unwrap();
+        q.send_keys(&ids[1]).await.unwrap();
+        click(c, Locator::Css("#trace-form button")).await;
+        wait_text(
+            c,
+            ".timeline tr[data-step=held]",
+            &format!("{group} behind {}", ids[0]),
+        )
+        .await;
+        // The operator decides the refused event is obsolete: drops the head from its page.
+        c.goto(&format!("{base}/#/")).await.unwrap();
+        wait_text(c, "#holds a.head", "#").await;
+        click(c, Locator::Css("#holds a.head")).await;
+        wait_text(c, "#drop-one", "Drop").await;
+        click(c, Locator::Id("drop-one")).await;
+        c.wait()
+            .for_element(Locator::Id("drop-reason"))
+            .await
+            .unwrap()
+            .send_keys("obsolete: the account was closed")
+            .await
+            .unwrap();
+        click(c, Locator::Id("modal-confirm")).await;
+        wait_until(Duration::from_secs(30), "the hold released", || async {
+            count(&pg, "SELECT count(*) FROM consumer_holds").await == 0
+        })
+        .await;
+        c.goto(&format!("{base}/#/audit")).await.unwrap();
+        c.goto(&format!("{base}/#/")).await.unwrap();
+        wait_text(c, "#no-holds", "No key is held.").await;
+    };
+    result.await;
+    console.c.clone().close().await.unwrap();
+    wait_until(
+        Duration::from_secs(30),
+        "the held events handled",
+        || async { outbox::consumer::ConsumerStats::get(&stats.handled) == 3 },
+    )
+    .await;
+    stop.cancel();
+    run.await.unwrap().unwrap();
 }

@@ -382,6 +382,20 @@ function closeBreakerDialog(group, dependency) {
 async function viewGroups() {
   const strip = await overviewStrip();
   const s = await api("/api/dlq/summary");
+  const held = (await api("/api/holds")).holds;
+  // Strict per-key order: each held key, its head (the letter to replay or drop), how many
+  // wait behind it, since when.
+  const holds = el("table", { id: "holds" },
+    el("tr", {}, el("th", {}, "Group"), el("th", {}, "Topic"), el("th", {}, "Key"), el("th", {}, "Waiting for"),
+      el("th", { class: "num" }, "Held behind it"), el("th", {}, "Since"), el("th", {}, "State")),
+    held.map(h => el("tr", { class: "hold" },
+      el("td", {}, h.group), el("td", {}, h.topic),
+      el("td", { class: "key" }, h.key === null ? "(hidden)" : h.key),
+      el("td", {}, h.head_letter ? el("a", { href: "#/message/" + h.head_letter, class: "head" }, "#" + h.head_letter)
+        : (h.head_message_id || "?"), el("div", { class: "muted" }, h.head_message_id || "")),
+      el("td", { class: "num waiting" }, String(h.waiting)),
+      el("td", {}, age(h.age_secs), el("div", { class: "muted" }, h.since)),
+      el("td", {}, el("span", { class: "pill" }, h.state), h.released_reason ? el("div", { class: "muted" }, h.released_reason) : ""))));
   const topics = el("table", { id: "topics" },
     el("tr", {}, el("th", {}, "Topic"), el("th", {}, "Group"), el("th", { class: "num" }, "New"),
       el("th", { class: "num" }, "Replayed"), el("th", { class: "num" }, "Dropped"), el("th", {}, "Oldest new")),
@@ -419,6 +433,8 @@ async function viewGroups() {
     s.topics.length ? topics : el("p", { class: "muted" }, "The archive is empty. Is `outbox dlq archive` running?"),
     el("h2", {}, "New dead letters grouped by cause"),
     s.groups.length ? groups : el("p", { class: "muted", id: "no-groups" }, "No new dead letters."),
+    el("h2", {}, "Held keys (strict order)"),
+    held.length ? holds : el("p", { class: "muted", id: "no-holds" }, "No key is held."),
   ];
 }
 
