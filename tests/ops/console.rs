@@ -487,6 +487,8 @@ async fn a_held_key_shows_its_head_and_what_waits_and_dropping_the_head_lets_the
     let mut strict = StrictOrder::new([&topic]);
     strict.check_interval = Duration::from_millis(200);
     cfg.strict_order = Some(strict);
+    let metrics_port = free_port();
+    cfg.metrics_addr = Some(format!("127.0.0.1:{metrics_port}").parse().unwrap());
     let consumer = Consumer::new(&db, &kafka(), cfg)
         .unwrap()
         .handler("it_event", refuse_poison);
@@ -519,6 +521,16 @@ async fn a_held_key_shows_its_head_and_what_waits_and_dropping_the_head_lets_the
         "acct-7 held behind its refused event",
         || async { count(&pg, "SELECT count(*) FROM consumer_held").await == 2 },
     )
+    .await;
+    // The gauges say one key held, two messages behind it, and how old the hold is.
+    let labels = [("topic", topic.as_str()), ("group", group.as_str())];
+    wait_until(Duration::from_secs(30), "the hold gauges", || async {
+        let m = crate::observability::scrape(metrics_port).await;
+        let v = |n| crate::observability::value(&m, n, &labels);
+        v("outbox_consumer_held_keys") == Some(1.0)
+            && v("outbox_consumer_held_messages") == Some(2.0)
+            && v("outbox_consumer_oldest_hold_seconds").is_some_and(|s| s > 0.0)
+    })
     .await;
     archive_once(&db, vec![format!("{topic}.dlq")]).await;
     // The CLI's trace says where a held message waits, and what its head holds.
@@ -593,6 +605,11 @@ async fn a_held_key_shows_its_head_and_what_waits_and_dropping_the_head_lets_the
         "the held events handled",
         || async { outbox::consumer::ConsumerStats::get(&stats.handled) == 3 },
     )
+    .await;
+    wait_until(Duration::from_secs(30), "the gauges back to 0", || async {
+        let m = crate::observability::scrape(metrics_port).await;
+        crate::observability::value(&m, "outbox_consumer_held_keys", &labels) == Some(0.0)
+    })
     .await;
     stop.cancel();
     run.await.unwrap().unwrap();

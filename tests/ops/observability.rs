@@ -60,7 +60,7 @@ fn alert_rules_pass_promtool_and_each_alert_fires_in_its_unit_test() {
     assert_eq!(rules.matches("description: ").count(), names.len());
 }
 
-async fn scrape(port: u16) -> String {
+pub(crate) async fn scrape(port: u16) -> String {
     let port = port.to_string();
     tokio::task::spawn_blocking(move || {
         let o = Command::new("curl")
@@ -74,7 +74,7 @@ async fn scrape(port: u16) -> String {
 }
 
 /// The value of the first sample whose line starts with `name{` and contains every label.
-fn value(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+pub(crate) fn value(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
     text.lines()
         .filter(|l| !l.starts_with('#'))
         .filter(|l| l.starts_with(&format!("{name}{{")) || l.starts_with(&format!("{name} ")))
