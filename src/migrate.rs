@@ -17,7 +17,7 @@ use crate::db;
 
 /// The embedded migrations, in version order. A file in `migrations/` missing here fails the
 /// unit test `every_file_is_embedded`.
-const MIGRATIONS: [(i32, &str, &str); 24] = [
+const MIGRATIONS: [(i32, &str, &str); 25] = [
     (1, "outbox", include_str!("../migrations/V1__outbox.sql")),
     (
         2,
@@ -129,6 +129,11 @@ const MIGRATIONS: [(i32, &str, &str); 24] = [
         24,
         "key_holds",
         include_str!("../migrations/V24__key_holds.sql"),
+    ),
+    (
+        25,
+        "passed_letters",
+        include_str!("../migrations/V25__passed_letters.sql"),
     ),
 ];
 

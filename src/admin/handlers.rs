@@ -385,6 +385,8 @@ pub(super) struct ReplayBody {
     #[serde(default)]
     confirm_kinds: bool,
     #[serde(default)]
+    confirm_order: bool,
+    #[serde(default)]
     dry_run: bool,
 }
 
@@ -418,7 +420,7 @@ impl ReplayFilter {
 }
 
 /// The options a replay body takes besides the filter.
-const REPLAY_FIELDS: [&str; 13] = [
+const REPLAY_FIELDS: [&str; 14] = [
     "to",
     "rate",
     "limit",
@@ -431,6 +433,7 @@ const REPLAY_FIELDS: [&str; 13] = [
     "marks_retention_secs",
     "watch_secs",
     "confirm_kinds",
+    "confirm_order",
     "dry_run",
 ];
 
@@ -482,6 +485,7 @@ pub(super) async fn dlq_replay(
         accept_duplicates: b.accept_duplicates,
         watch: b.watch_secs.map_or(d.watch, Duration::from_secs),
         confirm_kinds: b.confirm_kinds,
+        confirm_order: b.confirm_order,
         actor: c.holder.clone(),
     };
     if b.dry_run {

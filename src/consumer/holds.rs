@@ -118,6 +118,7 @@ impl Holds {
         }
     }
 
+    /// Strict order is on for some topic.
     pub(super) fn enabled(&self) -> bool {
         !self.strict.is_empty()
     }
@@ -129,17 +130,28 @@ impl Holds {
             .and(env.raw.key.as_deref())
     }
 
-    /// True when `env` must take the database path: its key may be held.
+    /// The key, when `env` is a keyed message of a topic not in strict order.
+    fn loose_key<'e>(&self, env: &'e Envelope) -> Option<&'e [u8]> {
+        (!env.drain && !self.strict.contains(&env.origin.topic))
+            .then_some(())
+            .and(env.raw.key.as_deref())
+    }
+
+    /// True when `env` must take the database path: its key may be held (strict order), or
+    /// (otherwise) it has a letter not yet passed by a newer message.
     pub(super) fn may_hold(&self, env: &Envelope) -> bool {
-        let Some(key) = self.strict_key(env) else {
-            return false;
-        };
-        !self.loaded.load(Ordering::SeqCst)
-            || self
-                .keys
+        let known = |key: &[u8]| {
+            self.keys
                 .lock()
                 .expect("holds lock")
                 .contains(&(env.origin.topic.clone(), key.to_vec()))
+        };
+        if let Some(key) = self.strict_key(env) {
+            return !self.loaded.load(Ordering::SeqCst) || known(key);
+        }
+        // Without strict order, a key missed while the set loads only loses a dry run's
+        // warning, never a message: no database path for every message meanwhile.
+        self.loose_key(env).is_some_and(known)
     }
 
     fn remember(&self, topic: &str, key: &[u8], held: bool) {
@@ -154,7 +166,7 @@ impl Holds {
     /// Reloads the held keys after an assignment (before the new partitions' first message
     /// is dispatched). On failure every key takes the database path until a load succeeds.
     pub(super) async fn reload(&self, shared: &Shared) {
-        if !self.enabled() || !self.stale.load(Ordering::SeqCst) {
+        if !self.stale.load(Ordering::SeqCst) {
             return;
         }
         if self
@@ -169,15 +181,18 @@ impl Holds {
         self.stale.store(false, Ordering::SeqCst);
         let loaded = async {
             let c = shared.pool.get().await.ok()?;
-            let rows = c
-                .query(&render(q::KEYS, &shared.db_schema), &[&shared.config.group])
-                .await
-                .ok()?;
-            Some(
-                rows.iter()
-                    .map(|r| (r.get::<_, String>(0), r.get::<_, Vec<u8>>(1)))
-                    .collect::<HashSet<_>>(),
-            )
+            let mut keys = HashSet::new();
+            for sql in [q::KEYS, q::PASSED_KEYS] {
+                let rows = c
+                    .query(&render(sql, &shared.db_schema), &[&shared.config.group])
+                    .await
+                    .ok()?;
+                keys.extend(
+                    rows.iter()
+                        .map(|r| (r.get::<_, String>(0), r.get::<_, Vec<u8>>(1))),
+                );
+            }
+            Some(keys)
         }
         .await;
         match loaded {
@@ -245,6 +260,12 @@ fn hold_state(left: Left) -> Option<&'static str> {
 /// which is recognised as already written and holds the key then).
 pub(super) async fn after(env: &Envelope, shared: &Shared, fate: Fate) -> Fate {
     let Fate::Left(left) = fate else { return fate };
+    if let (Some(key), Left::Dead(kind)) = (shared.holds.loose_key(env), left) {
+        if kind != DeadLetterKind::Unavailable {
+            note_passed(env, shared, key).await;
+        }
+        return fate;
+    }
     let (Some(key), Some(st)) = (shared.holds.strict_key(env), hold_state(left)) else {
         return fate;
     };
@@ -279,9 +300,57 @@ pub(super) async fn after(env: &Envelope, shared: &Shared, fate: Fate) -> Fate {
     fate
 }
 
+/// Without strict order: a keyed message dead-lettered is noted, so that a replay's dry run can
+/// say when newer messages of its key were handled meanwhile. One try: a note lost to an
+/// outage costs a warning, never the message.
+async fn note_passed(env: &Envelope, shared: &Shared, key: &[u8]) {
+    let Some(id) = message_id(env) else { return };
+    let noted = async {
+        let c = shared.pool.get().await.map_err(|e| e.to_string())?;
+        c.execute(
+            &render(q::PASSED, &shared.db_schema),
+            &[&shared.config.group, &env.origin.topic, &key, &id],
+        )
+        .await
+        .map_err(|e| e.to_string())
+    }
+    .await;
+    match noted {
+        Ok(_) => shared.holds.remember(&env.origin.topic, key, true),
+        Err(e) => warn!(error = %e, "cannot note the dead-lettered key for replay checks"),
+    }
+}
+
+/// Without strict order, a message of a key with a letter: handled, it passes the letter
+/// (a replay of it would land behind this message).
+async fn process_passing(env: &Envelope, shared: &Shared, key: &[u8]) -> Fate {
+    let fate = process(env, shared).await;
+    if matches!(fate, Fate::Final) {
+        let id = message_id(env).unwrap_or_default();
+        let passed = async {
+            let c = shared.pool.get().await.map_err(|e| e.to_string())?;
+            c.execute(
+                &render(q::PASSED_BY_NEWER, &shared.db_schema),
+                &[&shared.config.group, &env.origin.topic, &key, &id],
+            )
+            .await
+            .map_err(|e| e.to_string())
+        }
+        .await;
+        match passed {
+            Ok(_) => shared.holds.remember(&env.origin.topic, key, false),
+            Err(e) => warn!(error = %e, "cannot note a letter passed by a newer message"),
+        }
+    }
+    fate
+}
+
 /// A message whose key may be held: the head coming back, a message held behind it, or (the
-/// hold gone) the usual path.
+/// hold gone) the usual path. Without strict order, [`process_passing`].
 pub(super) async fn process_keyed(env: &Envelope, shared: &Shared) -> Fate {
+    if let Some(key) = shared.holds.loose_key(env) {
+        return process_passing(env, shared, key).await;
+    }
     let key = shared
         .holds
         .strict_key(env)
@@ -519,6 +588,10 @@ async fn release_locked(
             return Ok(true);
         };
         let seq: i64 = row.get("seq");
+        if let Some(rate) = pace {
+            // Behind a replayed head, at its job's rate.
+            tokio::time::sleep(Duration::from_secs_f64(1.0 / rate)).await;
+        }
         let mut env = envelope(&row, key, shared);
         let fate = if dead_letter_them {
             let why = format!(
@@ -598,9 +671,6 @@ async fn release_locked(
         }
         // The deletes commit with the hold's end: a crash meanwhile lets the same messages
         // through again, and the inbox makes each a duplicate.
-        if let Some(rate) = pace {
-            tokio::time::sleep(Duration::from_secs_f64(1.0 / rate)).await;
-        }
     }
 }
 

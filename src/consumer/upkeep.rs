@@ -44,6 +44,8 @@ pub struct MarksCleaned {
     pub processed: u64,
     /// Dead-letter records (`dead_lettered`) deleted.
     pub dead_lettered: u64,
+    /// Notes of keyed letters (`consumer_passed`, for the replay's order check) deleted.
+    pub passed: u64,
 }
 
 /// Deletes `group`'s processed marks and dead-letter records older than `c.retention`, in
@@ -64,6 +66,7 @@ pub async fn cleanup_marks(
     for (table, at) in [
         ("processed_messages", "processed_at"),
         ("dead_lettered", "dead_lettered_at"),
+        ("consumer_passed", "dead_at"),
     ] {
         let sql = render(
             &marks::CLEANUP_GROUP
@@ -76,10 +79,10 @@ pub async fn cleanup_marks(
                 .query_one(&sql, &[&secs, &batch, &group])
                 .await?
                 .get::<_, i64>(0) as u64;
-            if table == "processed_messages" {
-                done.processed += n;
-            } else {
-                done.dead_lettered += n;
+            match table {
+                "processed_messages" => done.processed += n,
+                "dead_lettered" => done.dead_lettered += n,
+                _ => done.passed += n,
             }
             if n < batch as u64 {
                 break;

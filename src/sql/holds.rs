@@ -139,3 +139,28 @@ SELECT h.consumer_group, h.topic, 'head'::text, h.head_message_id, h.held_since,
   FROM {s}.consumer_holds h
  WHERE h.head_message_id = ANY($1)
  ORDER BY 5";
+
+/// A group not in strict order dead-lettered message `$4` of the key: noted, so that the first
+/// later message of the key it handles marks the letter as passed by newer events.
+pub(crate) const PASSED: &str = "INSERT INTO {s}.consumer_passed
+    (consumer_group, topic, message_key, message_id)
+VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING";
+
+/// Message `$4`, a later one of the key, was handled: the key's open letters are passed (not
+/// the message's own: a replayed letter handled does not pass itself).
+pub(crate) const PASSED_BY_NEWER: &str = "UPDATE {s}.consumer_passed SET newer_handled_at = now()
+ WHERE consumer_group = $1 AND topic = $2 AND message_key = $3 AND newer_handled_at IS NULL
+   AND message_id <> $4";
+
+/// The keys of the group whose letters are not passed yet (loaded with the held keys).
+pub(crate) const PASSED_KEYS: &str = "SELECT DISTINCT topic, message_key FROM {s}.consumer_passed
+ WHERE consumer_group = $1 AND newer_handled_at IS NULL";
+
+/// Of archived letters `$1`, those whose group has handled a newer message of their key since
+/// it dead-lettered them: (letter id, when the newer one was handled).
+pub(crate) const PASSED_LETTERS: &str = "SELECT d.id, min(p.newer_handled_at)
+  FROM {s}.dead_letters d
+  JOIN {s}.consumer_passed p ON p.message_id = d.message_id
+   AND p.consumer_group = d.consumer_group AND p.topic = d.original_topic
+ WHERE d.id = ANY($1) AND p.newer_handled_at IS NOT NULL
+ GROUP BY d.id";

@@ -131,7 +131,14 @@ async fn applied(c: &tokio_postgres::Client, group: &str) -> HashMap<String, Vec
     m
 }
 
-async fn replay_all(db: &DbConfig, topic: &str, group: &str) -> i64 {
+/// Archives the DLQ, then replays `group`'s letters of `topic` at `rate`.
+async fn replay_all(
+    db: &DbConfig,
+    topic: &str,
+    group: &str,
+    rate: f64,
+    confirm_order: bool,
+) -> i64 {
     Archiver::new(db, &kafka(), vec![format!("{topic}.dlq")])
         .unwrap()
         .group(&format!("it-arch-{}", hex(6)))
@@ -143,7 +150,8 @@ async fn replay_all(db: &DbConfig, topic: &str, group: &str) -> i64 {
     o.canary = 0;
     o.confirm_kinds = true;
     o.actor = "oncall".into();
-    o.rate = 50.0;
+    o.rate = rate;
+    o.confirm_order = confirm_order;
     let f = Filter {
         topic: Some(topic.to_owned()),
         group: Some(group.to_owned()),
@@ -161,7 +169,7 @@ async fn a_dead_lettered_message_holds_its_key_across_a_restart_until_its_replay
 ) {
     let db = fresh_db().await;
     let c = client(&db).await;
-    c.batch_execute("CREATE TABLE applied (n bigserial, grp text, k text, seq bigint)")
+    c.batch_execute("CREATE TABLE applied (n bigserial, grp text, k text, seq bigint, at timestamptz DEFAULT clock_timestamp())")
         .await
         .unwrap();
     let topic = topic_name();
@@ -262,8 +270,61 @@ async fn a_dead_lettered_message_holds_its_key_across_a_restart_until_its_replay
 
     // The fix is deployed; the letters are replayed; the held messages follow their heads.
     fixed.store(true, Ordering::SeqCst);
-    replay_all(&db, &topic, &strict).await;
-    replay_all(&db, &topic, &loose).await;
+    // The strict group's heads hold back what came after them: nothing passed them.
+    let dlq = Dlq::new(&db);
+    archive_once(&db, vec![format!("{topic}.dlq")]).await;
+    let of = |g: &str| Filter {
+        topic: Some(topic.clone()),
+        group: Some(g.to_owned()),
+        ..Filter::default()
+    };
+    let mut o = ReplayOptions::default();
+    o.confirm_kinds = true;
+    o.canary = 0;
+    let dry = dlq.dry_run(&of(&strict), &o).await.unwrap();
+    assert_eq!((dry.count, dry.passed_by_newer), (2, 0));
+    // The loose group handled newer events of both keys: the dry run says so and a replay
+    // needs the confirmation.
+    let dry = dlq.dry_run(&of(&loose), &o).await.unwrap();
+    assert_eq!(
+        (dry.count, dry.passed_by_newer),
+        (2, 2),
+        "letters passed by newer events"
+    );
+    let refused = dlq
+        .create_job(&of(&loose), &o)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(refused.contains("--confirm-order"), "{refused}");
+    let cli = outbox_command(&db)
+        .args([
+            "dlq",
+            "replay",
+            "--dry-run",
+            "--confirm-kinds",
+            "--topic",
+            &topic,
+            "--group",
+            &loose,
+        ])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&cli.stdout);
+    assert!(
+        cli.status.success(),
+        "{said}{}",
+        String::from_utf8_lossy(&cli.stderr)
+    );
+    assert!(
+        said.contains("2 letter(s)")
+            && said.contains("newer messages of their key already handled")
+            && said.contains("needs --confirm-order"),
+        "{said}"
+    );
+    // The strict group's replay goes at 5 letters/s: its released messages follow no faster.
+    replay_all(&db, &topic, &strict, 5.0, false).await;
+    replay_all(&db, &topic, &loose, 50.0, true).await;
     wait_until(
         Duration::from_secs(60),
         "every event applied by both groups",
@@ -301,6 +362,22 @@ async fn a_dead_lettered_message_holds_its_key_across_a_restart_until_its_replay
         "without strict order the replay lands last"
     );
     assert_eq!(l["k7"], vec![0, 1, 0, 1, 2]);
+    // k3's four held events followed its replayed head at the job's rate (5/s).
+    let at: Vec<f64> = c
+        .query(
+            "SELECT extract(epoch FROM at)::float8 FROM applied WHERE grp = $1 AND k = 'k3' ORDER BY n",
+            &[&strict],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    let gaps: Vec<f64> = at.windows(2).map(|w| w[1] - w[0]).collect();
+    assert!(
+        gaps.iter().all(|g| *g >= 0.18),
+        "released faster than the job's rate: {gaps:?}"
+    );
     assert_eq!(
         count(&c, "SELECT count(*) FROM consumer_holds").await
             + count(&c, "SELECT count(*) FROM consumer_held").await,
@@ -313,7 +390,7 @@ async fn a_dead_lettered_message_holds_its_key_across_a_restart_until_its_replay
 async fn a_dropped_head_lets_its_key_go_on_and_an_expired_hold_follows_its_head_to_the_dlq() {
     let db = fresh_db().await;
     let c = client(&db).await;
-    c.batch_execute("CREATE TABLE applied (n bigserial, grp text, k text, seq bigint)")
+    c.batch_execute("CREATE TABLE applied (n bigserial, grp text, k text, seq bigint, at timestamptz DEFAULT clock_timestamp())")
         .await
         .unwrap();
     let topic = topic_name();
@@ -478,8 +555,8 @@ async fn charged(c: &tokio_postgres::Client) -> HashMap<String, Vec<String>> {
     m
 }
 
-async fn replay_group(db: &DbConfig, topic: &str, group: &str) {
-    replay_all(db, topic, group).await;
+async fn replay_group(db: &DbConfig, topic: &str, group: &str, confirm_order: bool) {
+    replay_all(db, topic, group, 100.0, confirm_order).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -570,8 +647,8 @@ async fn a_thousand_keys_with_poison_heads_keep_their_order_through_a_kill_9_and
     l.kill9();
     let fixed = Billing::start(&strict_db, &topic, &strict, true, true);
     let fixed_loose = Billing::start(&loose_db, &topic, &loose, false, true);
-    replay_group(&strict_db, &topic, &strict).await;
-    replay_group(&loose_db, &topic, &loose).await;
+    replay_group(&strict_db, &topic, &strict, false).await;
+    replay_group(&loose_db, &topic, &loose, true).await;
     wait_until(
         Duration::from_secs(180),
         "every order charged by both",

@@ -142,14 +142,20 @@ async function replayDialog(selection, label) {
   const risky = (dry.risky_kinds || []).filter(([k]) => KIND_RISK[k]);
   const confirmKinds = el("input", { id: "replay-confirm-kinds", type: "checkbox" });
   const confirmOld = el("input", { id: "replay-accept-duplicates", type: "checkbox" });
+  const confirmOrder = el("input", { id: "replay-confirm-order", type: "checkbox" });
   const risks = [];
+  if (dry.passed_by_newer) risks.push(el("p", { class: "warn", id: "replay-risk-order" },
+    el("label", {}, confirmOrder, " " + plural(dry.passed_by_newer, "letter") + " (" +
+      dry.passed_sample.map(i => "#" + i).join(" ") + ") have newer messages of their key already handled by their group: " +
+      "replayed, each lands behind them and may undo newer state. Tick to replay anyway (it is audited).")));
   if ((dry.risky_kinds || []).length) risks.push(el("div", { class: "warn", id: "replay-risk-kinds" },
     ...risky.map(([k, n]) => el("p", { "data-kind": k }, KIND_RISK[k](n))),
     el("label", {}, confirmKinds, " The fix for these letters is deployed.")));
   if (dry.older_than_marks) risks.push(el("p", { class: "warn", id: "replay-risk-old" },
     el("label", {}, confirmOld, " " + plural(dry.older_than_marks, "letter") + " are older than the consumers keep processed marks: " +
       "a group that already handled them would handle them again. Tick to accept that (it is audited).")));
-  const ready = () => dry.count > 0 && (!(dry.risky_kinds || []).length || confirmKinds.checked) && (!dry.older_than_marks || confirmOld.checked);
+  const ready = () => dry.count > 0 && (!(dry.risky_kinds || []).length || confirmKinds.checked) && (!dry.older_than_marks || confirmOld.checked) &&
+    (!dry.passed_by_newer || confirmOrder.checked);
   modal("Replay " + label, [
     says, ...risks,
     el("p", { class: "muted" }, "The selection is frozen now; letters arriving later are not part of this job."),
@@ -159,10 +165,10 @@ async function replayDialog(selection, label) {
     if (!ready()) throw new Error(dry.count ? "tick every risk above first" : "nothing to replay");
     const job = await api("/api/dlq/replay", { method: "POST", body: Object.assign({
       rate: Number(rate.value), canary: Number(canary.value), canary_wait_secs: 30,
-      confirm_kinds: confirmKinds.checked, accept_duplicates: confirmOld.checked }, selection) });
+      confirm_kinds: confirmKinds.checked, accept_duplicates: confirmOld.checked, confirm_order: confirmOrder.checked }, selection) });
     flash("Replay job " + job.id + " started (" + plural(job.pending, "letter") + ").");
     location.hash = "#/job/" + job.id;
-  }, { ready, watch: [confirmKinds, confirmOld] });
+  }, { ready, watch: [confirmKinds, confirmOld, confirmOrder] });
 }
 
 function restoreDialog(selection, label) {

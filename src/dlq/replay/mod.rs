@@ -89,6 +89,10 @@ pub struct ReplayOptions {
     pub marks_retention: Duration,
     /// Replay decode, permanent and panic letters (the fix is deployed). Recorded in the audit.
     pub confirm_kinds: bool,
+    /// Replay letters whose group has handled newer messages of their key since it
+    /// dead-lettered them (it was not in strict order): each lands behind those. Recorded in
+    /// the audit.
+    pub confirm_order: bool,
     /// How long after the job ends a letter coming back to the DLQ still counts as its
     /// comeback (default [`DEFAULT_WATCH`]).
     pub watch: Duration,
@@ -115,6 +119,7 @@ impl Default for ReplayOptions {
             accept_duplicates: false,
             watch: DEFAULT_WATCH,
             confirm_kinds: false,
+            confirm_order: false,
             actor: super::default_actor(),
         }
     }
@@ -160,6 +165,12 @@ pub struct DryRun {
     /// Letters per kind a replay alone does not fix (decode, permanent, panic): the job needs
     /// `confirm_kinds`.
     pub risky_kinds: Vec<(String, i64)>,
+    /// Letters whose group has handled a newer message of their key since it dead-lettered
+    /// them (a group not in strict order): replayed, each lands behind newer events of its
+    /// entity. The job needs `confirm_order`.
+    pub passed_by_newer: i64,
+    /// Their ids (at most 20).
+    pub passed_sample: Vec<i64>,
     /// Letters per target topic.
     pub by_topic: Vec<(String, i64)>,
     /// Letters per consumer group that dead-lettered them, most first (at most 10; "" for

@@ -34,6 +34,8 @@ struct Risks {
     oldest: Option<std::time::Duration>,
     stale_topics: Vec<String>,
     kinds: Vec<(String, i64)>,
+    /// Letters passed by newer handled messages of their key.
+    passed: Vec<i64>,
 }
 
 impl Dlq {
@@ -83,7 +85,7 @@ impl Dlq {
     /// (a group whose mark expired handles them again), and letters of kinds a replay alone
     /// cannot fix (`decode`: the same bytes fail the same way; `permanent`, `panic`: only after
     /// the fix is deployed). Each needs its own explicit confirmation.
-    fn risks(go: &[&Selected], opts: &ReplayOptions) -> Risks {
+    fn risks(go: &[&Selected], opts: &ReplayOptions, passed: Vec<i64>) -> Risks {
         let stale: Vec<&&Selected> = go.iter().filter(|s| s.age > opts.marks_retention).collect();
         let mut kinds: std::collections::BTreeMap<String, i64> = Default::default();
         for s in go {
@@ -99,7 +101,26 @@ impl Dlq {
             oldest: stale.iter().map(|s| s.age).max(),
             stale_topics: topics,
             kinds: kinds.into_iter().collect(),
+            passed,
         }
+    }
+
+    /// Of `go`, the letters whose group handled a newer message of their key since it
+    /// dead-lettered them (noted by consumers not in strict order).
+    async fn passed_by_newer(
+        &self,
+        client: &impl tokio_postgres::GenericClient,
+        go: &[&Selected],
+    ) -> Result<Vec<i64>, DlqError> {
+        let ids: Vec<i64> = go.iter().map(|s| s.id).collect();
+        let mut passed: Vec<i64> = client
+            .query(&self.sql(sql::holds::PASSED_LETTERS), &[&ids])
+            .await?
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        passed.sort_unstable();
+        Ok(passed)
     }
 
     /// Refuses what [`Self::risks`] found unless the options confirm it, saying why.
@@ -115,6 +136,17 @@ impl Dlq {
                 days(oldest),
                 days(opts.marks_retention),
                 r.stale_topics.join(", ")
+            ));
+        }
+        if !r.passed.is_empty() && !opts.confirm_order {
+            return invalid(format!(
+                "{} of the selected letters (e.g. #{}) have newer messages of their key that \
+                 their group handled after dead-lettering them: replayed, each lands behind \
+                 those and may undo newer state. Handlers that compare x-outbox-seq \
+                 (Delivered::newer_than_applied) ignore them; give --confirm-order to replay \
+                 anyway (audited)",
+                r.passed.len(),
+                r.passed[0]
             ));
         }
         if !r.kinds.is_empty() && !opts.confirm_kinds {
@@ -159,7 +191,8 @@ impl Dlq {
             .filter(|s| opts.force || s.times_replayed < guard)
             .collect();
         // A dry run reports the risks (the dashboard asks to confirm them); the job refuses them.
-        let risks = Self::risks(&go, opts);
+        let passed = self.passed_by_newer(&**c, &go).await?;
+        let risks = Self::risks(&go, opts, passed);
         let mut by_topic: HashMap<String, i64> = HashMap::new();
         for s in &go {
             *by_topic.entry(s.target.clone()).or_default() += 1;
@@ -199,6 +232,8 @@ impl Dlq {
             skipped_loop_guard: (sel.len() - go.len()) as i64,
             older_than_marks: risks.older_than_marks,
             risky_kinds: risks.kinds,
+            passed_by_newer: risks.passed.len() as i64,
+            passed_sample: risks.passed.iter().take(20).copied().collect(),
             by_topic,
             by_group,
             by_cause,
@@ -230,7 +265,8 @@ impl Dlq {
             .iter()
             .filter(|s| opts.force || s.times_replayed < guard)
             .collect();
-        let risks = Self::risks(&go, opts);
+        let passed = self.passed_by_newer(&*tx, &go).await?;
+        let risks = Self::risks(&go, opts, passed);
         Self::refuse_unconfirmed(&risks, opts)?;
         let older_than_marks = risks.older_than_marks;
         let mut ids = Vec::with_capacity(sel.len());
@@ -271,6 +307,8 @@ impl Dlq {
             "older_than_marks": older_than_marks,
             "confirm_kinds": opts.confirm_kinds,
             "risky_kinds": risks.kinds,
+            "confirm_order": opts.confirm_order,
+            "passed_by_newer": risks.passed.len(),
             "marks_retention_secs": opts.marks_retention.as_secs(),
         });
         let audit_id: i64 = tx

@@ -68,6 +68,10 @@ pub struct Args {
     /// Replay decode, permanent and panic letters: their fix is deployed (recorded in the audit).
     #[arg(long)]
     confirm_kinds: bool,
+    /// Replay letters whose group has handled newer messages of their key since (it was not in
+    /// strict order): each lands behind those (recorded in the audit).
+    #[arg(long)]
+    confirm_order: bool,
     /// How long after the job ends a letter coming back to the DLQ still counts as its comeback.
     #[arg(long, default_value = "1h", value_parser = humantime::parse_duration)]
     watch: std::time::Duration,
@@ -98,6 +102,7 @@ pub async fn run(args: Args, out: &mut dyn Write) -> anyhow::Result<()> {
         accept_duplicates,
         watch,
         confirm_kinds,
+        confirm_order,
         actor,
     } = args;
     // The window decides which letters need --accept-duplicates; an absurd one would stand in
@@ -174,6 +179,7 @@ pub async fn run(args: Args, out: &mut dyn Write) -> anyhow::Result<()> {
         c.accept_duplicates = accept_duplicates;
         c.watch = watch;
         c.confirm_kinds = confirm_kinds;
+        c.confirm_order = confirm_order;
         c.actor = actor_or_default(actor);
         c
     };
@@ -188,6 +194,16 @@ pub async fn run(args: Args, out: &mut dyn Write) -> anyhow::Result<()> {
             if !opts.confirm_kinds {
                 writeln!(out, "  {n} {kind} letter(s): the replay needs --confirm-kinds (their fix must be deployed)")?;
             }
+        }
+        if d.passed_by_newer > 0 {
+            let ids: Vec<String> = d.passed_sample.iter().map(|i| format!("#{i}")).collect();
+            writeln!(
+                out,
+                "  {} letter(s) ({}) have newer messages of their key already handled by their group: replayed, each lands behind them{}",
+                d.passed_by_newer,
+                ids.join(" "),
+                if opts.confirm_order { " (accepted)" } else { "; the replay needs --confirm-order" }
+            )?;
         }
         if d.older_than_marks > 0 && !opts.accept_duplicates {
             writeln!(out, "  {} of them older than the marks retention: the replay needs --accept-duplicates (a group whose mark expired handles them twice)", d.older_than_marks)?;
