@@ -7,8 +7,14 @@
 //! Then the batched handler over the same messages as plain JSON, Avro and Protobuf
 //! (`consumer_formats`: each format's rate as a ratio to JSON's, in the same run).
 //!
+//! Then strict per-key order (`consumer_strict_order`): the per-message consumer at concurrency
+//! 16 with and without it over the same backlog at 0 % poison (throughput ratio, alternated
+//! twice), and under a paced load the handle latency of the keys that are not held, with 3 %
+//! of the keys failing a message (their later messages held) against the same load without
+//! poison (p99 ratio).
+//!
 //! `cargo bench --bench consumer` (env: ROWS=200000, ROWS_C1=20000, MAX_BATCH=500;
-//! ONLY_FORMATS=1 runs just the formats, three rounds).
+//! ONLY_FORMATS=1 runs just the formats, three rounds; ONLY_STRICT=1 just strict order).
 
 #[path = "support/mod.rs"]
 mod support;
@@ -86,6 +92,214 @@ impl BatchHandler for Charge {
     }
 }
 
+/// The per-message handler of the latency runs: refuses an event whose body says `poison`,
+/// and records how long after it was produced each event of a key that is never held was
+/// handled.
+struct Timed {
+    table: String,
+    latencies: Arc<std::sync::Mutex<Vec<f64>>>,
+}
+
+impl Handler for Timed {
+    fn handle<'a>(
+        &'a self,
+        m: &'a Delivered,
+        tx: &'a tokio_postgres::Transaction<'a>,
+    ) -> BoxFuture<'a, Result<(), HandlerError>> {
+        Box::pin(async move {
+            let b = m.json();
+            if b["poison"].as_bool() == Some(true) {
+                return Err(HandlerError::permanent("rule 7 rejects the event"));
+            }
+            tx.execute(
+                &format!(
+                    "INSERT INTO {} (order_number, amount_cents, message_id) VALUES ($1, 100, $2)",
+                    self.table
+                ),
+                &[&b["order_number"].as_str().unwrap_or("-"), &m.message_id],
+            )
+            .await?;
+            if b["held_key"].as_bool() != Some(true) {
+                let sent = b["sent_us"].as_i64().unwrap_or_default();
+                self.latencies
+                    .lock()
+                    .unwrap()
+                    .push((now_us() - sent) as f64 / 1000.0);
+            }
+            Ok(())
+        })
+    }
+}
+
+/// Produces `n` events over 1,000 keys at `rate`/s; with `poison`, 3 % of the keys (k % 33 ==
+/// 5) fail their second event, so their later events are held in strict order. Then waits
+/// until every event that is not held is handled and returns the latencies (ms) of the keys
+/// never held.
+async fn paced(db: &outbox::DbConfig, n: usize, rate: f64, poison: bool) -> Vec<f64> {
+    use rdkafka::message::{Header, OwnedHeaders};
+    use rdkafka::producer::{FutureProducer, FutureRecord};
+    let topic = format!("bench.{}.created", rand_name(8));
+    create_topic(&topic, 6).await;
+    create_topic(&format!("{topic}.dlq"), 6).await;
+    let table = format!("charges_{}", rand_name(6));
+    let c = outbox::connect(db).await.unwrap();
+    c.batch_execute(&format!(
+        "CREATE TABLE {}.{table} (order_number text, amount_cents bigint, message_id text)",
+        db.schema.quoted()
+    ))
+    .await
+    .unwrap();
+    let mut cfg = ConsumerConfig::new(format!("bench-{}", rand_name(8)), [&topic]);
+    cfg.retry = outbox::consumer::RetryStrategy::InPlace {
+        attempts: 1,
+        base: Duration::from_millis(1),
+        max: Duration::from_millis(1),
+    };
+    cfg.strict_order = Some(outbox::consumer::StrictOrder::new([&topic]));
+    let latencies = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let consumer = Consumer::new(db, &kafka(), cfg).unwrap().handler(
+        "order_created",
+        Timed {
+            table: format!("{}.{table}", db.schema.quoted()),
+            latencies: latencies.clone(),
+        },
+    );
+    let stats = consumer.stats();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let h = tokio::spawn(consumer.run(async move {
+        let _ = stopped.await;
+    }));
+    // The consumer is assigned before the load starts: the first events do not wait for it.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let producer: FutureProducer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", bootstrap())
+        .set("linger.ms", "1")
+        .create()
+        .unwrap();
+    let held = |k: usize| poison && k % 33 == 5;
+    let mut waits = Vec::new();
+    let started = Instant::now();
+    let mut expected = 0u64;
+    for i in 0..n {
+        let (k, round) = (i % 1000, i / 1000);
+        let due = started + Duration::from_secs_f64(i as f64 / rate);
+        if let Some(d) = due.checked_duration_since(Instant::now()) {
+            tokio::time::sleep(d).await;
+        }
+        let body = serde_json::json!({
+            "order_number": format!("c{k}-{round}"), "poison": held(k) && round == 1,
+            "held_key": held(k), "sent_us": now_us(),
+        })
+        .to_string();
+        let id = uuid::Uuid::now_v7().to_string();
+        let key = format!("c{k}");
+        let headers = OwnedHeaders::new()
+            .insert(Header {
+                key: "message_type",
+                value: Some("order_created"),
+            })
+            .insert(Header {
+                key: "message_id",
+                value: Some(id.as_str()),
+            });
+        waits.push(
+            producer
+                .send_result(
+                    FutureRecord::to(&topic)
+                        .key(&key)
+                        .payload(&body)
+                        .headers(headers),
+                )
+                .unwrap(),
+        );
+        if !(held(k) && round >= 1) {
+            expected += 1;
+        }
+    }
+    for w in waits {
+        w.await.unwrap().unwrap();
+    }
+    let deadline = Instant::now() + Duration::from_secs(600);
+    while ConsumerStats::get(&stats.handled) < expected {
+        assert!(Instant::now() < deadline, "strict order bench timed out");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    stop.send(()).unwrap();
+    h.await.unwrap().unwrap();
+    delete_topic(&topic).await;
+    delete_topic(&format!("{topic}.dlq")).await;
+    let mut l = latencies.lock().unwrap().clone();
+    l.sort_by(f64::total_cmp);
+    l
+}
+
+/// Strict per-key order's cost: throughput at 0 % poison against the same consumer without
+/// it, and the latency of the keys that are not held under 3 % poison against none.
+async fn strict_order(db: &outbox::DbConfig, topic: &str, rows: usize) {
+    let mut with = Vec::new();
+    let mut without = Vec::new();
+    for _ in 0..2 {
+        for strict in [false, true] {
+            let r = run_strict(db, topic, rows, strict).await;
+            let rate = r["msgs_per_sec"].as_f64().unwrap();
+            if strict {
+                with.push(rate)
+            } else {
+                without.push(rate)
+            }
+        }
+    }
+    let (w, wo) = (
+        with.iter().sum::<f64>() / 2.0,
+        without.iter().sum::<f64>() / 2.0,
+    );
+    emit(
+        "consumer_strict_order",
+        serde_json::json!({"messages": rows, "partitions": 6, "keys": 1000, "mode": "per-message", "concurrency": 16, "poison": 0.0, "runs": 2}),
+        serde_json::json!({"strict_msgs_per_sec": w.round(), "plain_msgs_per_sec": wo.round(), "strict_to_plain": round2(w / wo)}),
+    );
+    let n = param("STRICT_LATENCY_ROWS", if full() { 30_000 } else { 3_000 });
+    let rate = param("STRICT_LATENCY_RATE", if full() { 1_000 } else { 500 }) as f64;
+    let clean = paced(db, n, rate, false).await;
+    let poisoned = paced(db, n, rate, true).await;
+    let p = |l: &[f64], q| round2(percentile(l, q));
+    emit(
+        "consumer_strict_order_latency",
+        serde_json::json!({"messages": n, "rate_per_sec": rate, "partitions": 6, "keys": 1000, "poison_keys": 0.03, "concurrency": 64}),
+        serde_json::json!({
+            "clean_p50_ms": p(&clean, 50.0), "clean_p99_ms": p(&clean, 99.0),
+            "poisoned_p50_ms": p(&poisoned, 50.0), "poisoned_p99_ms": p(&poisoned, 99.0),
+            "p99_poisoned_to_clean": round2(percentile(&poisoned, 99.0) / percentile(&clean, 99.0)),
+            "samples": [clean.len(), poisoned.len()],
+        }),
+    );
+}
+
+/// [`run`] per message at concurrency 16, with strict order on the topic or not.
+async fn run_strict(
+    db: &outbox::DbConfig,
+    topic: &str,
+    rows: usize,
+    strict: bool,
+) -> serde_json::Value {
+    STRICT.store(strict, std::sync::atomic::Ordering::SeqCst);
+    let r = run(
+        db,
+        topic,
+        rows,
+        "per-message",
+        16,
+        1,
+        ConsumerConfig::DEFAULT_COMMIT_GROUP,
+    )
+    .await;
+    STRICT.store(false, std::sync::atomic::Ordering::SeqCst);
+    r
+}
+
+/// Set while [`run_strict`] runs a strict consumer.
+static STRICT: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 async fn run(
     db: &outbox::DbConfig,
     topic: &str,
@@ -133,6 +347,9 @@ async fn run_with(
     cfg.commit_group = commit_group;
     cfg.max_buffered = param("MAX_BUFFERED", cfg.max_buffered);
     cfg.schemas = schemas;
+    if STRICT.load(std::sync::atomic::Ordering::SeqCst) {
+        cfg.strict_order = Some(outbox::consumer::StrictOrder::new([topic]));
+    }
     let consumer = Consumer::new(db, &kafka(), cfg).unwrap();
     let consumer = if max_batch > 1 {
         consumer.batch_handler("order_created", max_batch, Charge(table.clone()))
@@ -177,6 +394,18 @@ async fn main() {
     let rows = param("ROWS", if full() { 200_000 } else { 2_000 });
     let rows_c1 = param("ROWS_C1", if full() { 20_000 } else { 500 }).min(rows);
     let max_batch = param("MAX_BATCH", 500);
+    if std::env::var("ONLY_STRICT").is_ok() {
+        let db = fresh_db().await;
+        let topic = format!("bench.{}.created", rand_name(8));
+        create_topic(&topic, 6).await;
+        create_topic(&format!("{topic}.dlq"), 6).await;
+        fill_outbox(&db, &topic, rows, 1000).await;
+        let relay = outbox::Relay::new(&db, &kafka(), outbox::RelayConfig::default()).unwrap();
+        while let outbox::Outcome::Published(_) = relay.run_once().await.unwrap() {}
+        strict_order(&db, &topic, rows).await;
+        drop_schema(&db).await;
+        return;
+    }
     if std::env::var("ONLY_FORMATS").is_ok() {
         for _ in 0..3 {
             formats(rows, max_batch).await;
@@ -214,6 +443,7 @@ async fn main() {
             r,
         );
     }
+    strict_order(&db, &topic, rows).await;
     drop_schema(&db).await;
     delete_topic(&topic).await;
     delete_topic(&format!("{topic}.dlq")).await;

@@ -13,7 +13,7 @@ use super::drain::process_drain;
 use super::driver::Kind;
 use super::envelope::Fate;
 use super::envelope::{Done, DoneItem, Envelope, LaneKey};
-use super::holds::process_keyed;
+use super::held::process_keyed;
 use super::process::{process, process_batch};
 use super::runtime::Runtime;
 

@@ -45,6 +45,7 @@ mod retry;
 mod runtime;
 mod schemas;
 pub use schemas::REGISTRY_DEPENDENCY;
+mod held;
 mod holds;
 mod setup;
 #[cfg(feature = "sqlx")]
@@ -616,7 +617,7 @@ impl Consumer {
             drain_topics,
         ));
         if shared.holds.enabled() {
-            tokio::spawn(holds::run(shared.clone()));
+            tokio::spawn(held::run(shared.clone()));
         }
         // The mark writers of call handlers, one connection each; they outlive the runtime's
         // shutdown so messages finishing meanwhile still get their marks.

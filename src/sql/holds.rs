@@ -7,8 +7,9 @@
 pub(crate) const KEYS: &str =
     "SELECT topic, message_key FROM {s}.consumer_holds WHERE consumer_group = $1";
 
-/// The hold of one key, if any: its head's message id and state.
-pub(crate) const GET: &str = "SELECT head_message_id, head_state FROM {s}.consumer_holds
+/// The hold of one key, if any: its head's message id, state and original position.
+pub(crate) const GET: &str = "SELECT head_message_id, head_state, head_partition, head_offset
+  FROM {s}.consumer_holds
  WHERE consumer_group = $1 AND topic = $2 AND message_key = $3";
 
 /// A head failed: the key is held behind message `$4` (at `$5`/`$6`) in state `$7`, for at most

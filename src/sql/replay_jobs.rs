@@ -165,3 +165,7 @@ pub(crate) const JOURNEY_REPLAYS: &str = "SELECT i.job_id, i.dead_letter_id, i.s
 pub(crate) const INSERT_EDITED_ITEM: &str = "INSERT INTO {s}.dlq_replay_items
         (job_id, dead_letter_id, seq, state, edited_body, edited_headers)
  VALUES ($1, $2, 1, 'pending', $3, $4)";
+
+/// The rate of job `$1`: a strict-order consumer lets a replayed head's held messages follow
+/// it no faster.
+pub(crate) const RATE: &str = "SELECT rate FROM {s}.dlq_replay_jobs WHERE id = $1";
