@@ -37,6 +37,9 @@ fn recorder(
             if b["poison"].as_bool() == Some(true) && !fixed.load(Ordering::SeqCst) {
                 return Err(HandlerError::permanent("rule 7 rejects the event"));
             }
+            if b["flaky"].as_bool() == Some(true) && m.retry_attempt == 0 {
+                return Err(HandlerError::transient("the ledger API timed out"));
+            }
             let key = String::from_utf8(m.key.clone().unwrap_or_default()).unwrap();
             tx.execute(
                 "INSERT INTO applied (grp, k, seq) VALUES ($1, $2, $3)",
@@ -747,4 +750,66 @@ async fn a_thousand_keys_with_poison_heads_keep_their_order_through_a_kill_9_and
         poison.len(),
         "without it, every customer with a refused order is out of order"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_on_its_retry_topic_holds_its_key_until_its_retry_is_handled() {
+    let db = fresh_db().await;
+    let c = client(&db).await;
+    c.batch_execute("CREATE TABLE applied (n bigserial, grp text, k text, seq bigint, at timestamptz DEFAULT clock_timestamp())")
+        .await
+        .unwrap();
+    let topic = topic_name();
+    create_topic_family(&topic, 1, &[]).await;
+    let fixed = Arc::new(AtomicBool::new(true));
+    let (strict, loose) = (format!("strict-{}", hex(4)), format!("loose-{}", hex(4)));
+    let mut runs = Vec::new();
+    for (group, strict_order) in [(&strict, true), (&loose, false)] {
+        create_topic(&format!("{topic}.{group}.retry-2s"), 1).await;
+        let mut cfg = ConsumerConfig::new(group.as_str(), [&topic]);
+        cfg.retry = RetryStrategy::Topics {
+            delays: vec![Duration::from_secs(2)],
+        };
+        cfg.strict_order = strict_order.then(|| StrictOrder::new([&topic]));
+        let consumer = Consumer::new(&db, &kafka(), cfg)
+            .unwrap()
+            .handler("it_event", recorder(group.clone(), fixed.clone()));
+        let stop = CancellationToken::new();
+        let s = stop.clone();
+        let stats = consumer.stats();
+        let task =
+            tokio::spawn(async move { consumer.run(async move { s.cancelled().await }).await });
+        runs.push(Run { stop, stats, task });
+    }
+    // k0's first event times out once (it succeeds from its retry topic 2 s later).
+    for seq in 0..3 {
+        produce_event(
+            &topic,
+            "k0",
+            "it_event",
+            &uuid::Uuid::now_v7().to_string(),
+            &serde_json::json!({"seq": seq, "flaky": seq == 0}),
+        )
+        .await;
+    }
+    wait_until(
+        Duration::from_secs(60),
+        "k0 applied three times by both",
+        || async { count(&c, "SELECT count(*) FROM applied").await == 6 },
+    )
+    .await;
+    for r in runs {
+        r.stop().await;
+    }
+    assert_eq!(
+        applied(&c, &strict).await["k0"],
+        vec![0, 1, 2],
+        "held behind its retry"
+    );
+    assert_eq!(
+        applied(&c, &loose).await["k0"],
+        vec![1, 2, 0],
+        "without: the retry lands last"
+    );
+    assert_eq!(count(&c, "SELECT count(*) FROM consumer_holds").await, 0);
 }
