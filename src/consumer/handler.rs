@@ -659,6 +659,43 @@ where
 mod tests {
     use super::*;
 
+    /// `x-outbox-seq` comes from whoever produced the record: anything but a number is no
+    /// sequence (nothing to compare, the delivery counts as newer), never a panic.
+    #[test]
+    fn a_hostile_or_missing_sequence_header_is_no_sequence() {
+        let with = |v: Option<&[u8]>| {
+            let mut d = Delivered::from_message(&crate::Message::new(
+                "t",
+                "e",
+                "k-1",
+                serde_json::json!({}),
+            ));
+            d.headers.retain(|(k, _)| k != crate::wire::X_OUTBOX_SEQ);
+            if let Some(v) = v {
+                d.headers
+                    .push((crate::wire::X_OUTBOX_SEQ.to_owned(), Some(v.to_vec())));
+            }
+            d
+        };
+        assert_eq!(with(Some(b" 42 ")).sequence(), Some(42));
+        for bad in [
+            &b"abc"[..],
+            b"",
+            b"1e9",
+            b"99999999999999999999999",
+            b"\xff\xfe",
+            b"42; DROP TABLE applied_sequences",
+        ] {
+            assert_eq!(with(Some(bad)).sequence(), None, "{bad:?}");
+            assert!(with(Some(bad)).sequenced_key().is_none());
+        }
+        assert_eq!(with(None).sequence(), None);
+        // A value without a key has nothing to compare either.
+        let mut d = with(Some(b"7"));
+        d.key = None;
+        assert!(d.sequenced_key().is_none());
+    }
+
     #[test]
     fn http_and_io_classification() {
         assert!(HandlerError::from_http_status(503, "x").is_transient());

@@ -466,6 +466,9 @@ async fn a_dropped_head_lets_its_key_go_on_and_an_expired_hold_follows_its_head_
     s.check_interval = Duration::from_millis(200);
     let a = start(&db, &topic, &dropping, Some(s.clone()), &fixed);
     s.expiry = Some(Duration::from_secs(2));
+    // A third group lets its held messages go on when the hold expires (the default).
+    let releasing = format!("release-{}", hex(4));
+    let r = start(&db, &topic, &releasing, Some(s.clone()), &fixed);
     s.on_expiry = OnHoldExpiry::DeadLetter;
     let b = start(&db, &topic, &expiring, Some(s), &fixed);
     wait_until(
@@ -543,8 +546,13 @@ async fn a_dropped_head_lets_its_key_go_on_and_an_expired_hold_follows_its_head_
         applied(&c, &expiring).await.get("k1"),
         Some(&vec![0, 1, 2, 3])
     );
+    wait_until(Duration::from_secs(30), "k0 released on expiry", || async {
+        applied(&c, &releasing).await.get("k0") == Some(&vec![0, 2, 3])
+    })
+    .await;
     a.stop().await;
     b.stop().await;
+    r.stop().await;
     assert_eq!(count(&c, "SELECT count(*) FROM consumer_holds").await, 0);
 }
 
