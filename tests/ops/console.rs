@@ -614,3 +614,55 @@ async fn a_held_key_shows_its_head_and_what_waits_and_dropping_the_head_lets_the
     stop.cancel();
     run.await.unwrap().unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_of_letters_passed_by_newer_events_asks_to_confirm_the_order() {
+    let db = fresh_db().await;
+    let topic = topic_name();
+    create_topic_family(&topic, 1, &[]).await;
+    let ids = letters(&db, &topic, 3, "transient-exhausted", b"{}").await;
+    // The group (not in strict order) handled newer events of two of these keys since.
+    let pg = client(&db).await;
+    for (i, id) in ids.iter().enumerate().take(2) {
+        pg.execute(
+            "INSERT INTO consumer_passed (consumer_group, topic, message_key, message_id, newer_handled_at)
+             VALUES ('billing', $1, $2, $3, now())",
+            &[&topic, &format!("key-{i}").into_bytes(), id],
+        )
+        .await
+        .unwrap();
+    }
+    let console = open_console(&db).await;
+    let c = &console.c;
+    let result = async {
+        sign_in(&console, TOKEN).await;
+        click_in(
+            c,
+            "#groups tr",
+            "customer <n> not found",
+            Locator::Css("button.replay-group"),
+        )
+        .await;
+        wait_text(
+            c,
+            "#replay-risk-order",
+            "2 letters (#1 #2) have newer messages of their key already handled by their group",
+        )
+        .await;
+        assert!(!confirm_enabled(c).await, "confirmable before the tick");
+        click(c, Locator::Id("replay-confirm-order")).await;
+        assert!(confirm_enabled(c).await);
+        shot(c, "replay-confirm-order").await;
+        click(c, Locator::Id("modal-confirm")).await;
+        wait_text(c, "#job-title", "Replay job #").await;
+    };
+    result.await;
+    console.c.clone().close().await.unwrap();
+    let recorded: serde_json::Value = pg
+        .query_one("SELECT filter FROM dlq_replay_jobs", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(recorded["confirm_order"], true);
+    assert_eq!(recorded["passed_by_newer"], 2);
+}
