@@ -104,13 +104,16 @@ pub(crate) const GAUGES: &str = "SELECT h.topic, count(*)::bigint,
   FROM {s}.consumer_holds h WHERE h.consumer_group = $1 GROUP BY h.topic";
 
 /// An operator dropped letters (ids `$1`, reason `$2`): a hold whose head is one of them is
-/// released, in the drop's transaction.
+/// released, in the drop's transaction. A head without a readable message id (it did not
+/// decode) is its letter by original position.
 pub(crate) const RELEASE_DROPPED: &str = "UPDATE {s}.consumer_holds h
    SET head_state = 'released', released_reason = 'head dropped: ' || $2
   FROM {s}.dead_letters d
  WHERE d.id = ANY($1) AND h.consumer_group = d.consumer_group
    AND h.topic = d.original_topic AND h.message_key = d.message_key
-   AND h.head_message_id = d.message_id";
+   AND (h.head_message_id = d.message_id
+        OR (h.head_message_id IS NULL AND h.head_partition = d.original_partition
+            AND h.head_offset = d.original_offset))";
 
 /// Every hold (the admin API, the dashboard, `outbox dlq holds`), oldest first, with how many
 /// wait behind it and the head's archived letter (the one to replay or drop), if archived.
@@ -120,8 +123,11 @@ pub(crate) const LIST: &str = "SELECT h.consumer_group, h.topic, h.message_key,
            AND x.topic = h.topic AND x.message_key = h.message_key)::bigint AS waiting,
        h.released_reason,
        (SELECT max(d.id) FROM {s}.dead_letters d
-         WHERE d.message_id = h.head_message_id AND d.consumer_group = h.consumer_group
-           AND d.original_topic = h.topic) AS head_letter
+         WHERE d.consumer_group = h.consumer_group AND d.original_topic = h.topic
+           AND (d.message_id = h.head_message_id
+                OR (h.head_message_id IS NULL AND d.message_key = h.message_key
+                    AND d.original_partition = h.head_partition
+                    AND d.original_offset = h.head_offset))) AS head_letter
   FROM {s}.consumer_holds h ORDER BY h.held_since LIMIT $1";
 
 /// A message's holds, for `outbox trace`: held behind a head (since it arrived), or the head

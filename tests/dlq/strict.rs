@@ -821,3 +821,103 @@ async fn a_message_on_its_retry_topic_holds_its_key_until_its_retry_is_handled()
     );
     assert_eq!(count(&c, "SELECT count(*) FROM consumer_holds").await, 0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_message_that_does_not_decode_becomes_the_head_and_can_be_dropped_by_its_letter() {
+    let db = fresh_db().await;
+    let c = client(&db).await;
+    c.batch_execute("CREATE TABLE applied (n bigserial, grp text, k text, seq bigint, at timestamptz DEFAULT clock_timestamp())")
+        .await
+        .unwrap();
+    let topic = topic_name();
+    create_topic_family(&topic, 1, &[]).await;
+    let fixed = Arc::new(AtomicBool::new(false));
+    let group = format!("strict-{}", hex(4));
+    let mut s = StrictOrder::new([&topic]);
+    s.check_interval = Duration::from_millis(200);
+    let a = start(&db, &topic, &group, Some(s), &fixed);
+    let event = |seq: i64, poison: bool| serde_json::json!({"seq": seq, "poison": poison});
+    produce_event(
+        &topic,
+        "k0",
+        "it_event",
+        &uuid::Uuid::now_v7().to_string(),
+        &event(0, false),
+    )
+    .await;
+    produce_event(
+        &topic,
+        "k0",
+        "it_event",
+        &uuid::Uuid::now_v7().to_string(),
+        &event(1, true),
+    )
+    .await;
+    // No message_type: it cannot be decoded, and has no message id to be known by.
+    produce(
+        &topic,
+        Some(b"k0"),
+        &[("entity_id", b"k0")],
+        Some(b"{\"seq\": 2}"),
+    )
+    .await;
+    produce_event(
+        &topic,
+        "k0",
+        "it_event",
+        &uuid::Uuid::now_v7().to_string(),
+        &event(3, false),
+    )
+    .await;
+    wait_until(
+        Duration::from_secs(60),
+        "seq 2 and 3 held behind seq 1",
+        || async { count(&c, "SELECT count(*) FROM consumer_held").await == 2 },
+    )
+    .await;
+    let dlq = Dlq::new(&db);
+    let drop_head = |reason: &'static str| {
+        let (db, topic, dlq) = (db.clone(), topic.clone(), dlq.clone());
+        async move {
+            archive_once(&db, vec![format!("{topic}.dlq")]).await;
+            let held = dlq.held_keys(10).await.unwrap();
+            assert_eq!(held.len(), 1, "{held:?}");
+            let letter = held[0].head_letter.expect("the head's letter is known");
+            let f = Filter {
+                ids: vec![letter],
+                ..Filter::default()
+            };
+            assert_eq!(
+                dlq.drop_letters(&f, false, reason, "oncall")
+                    .await
+                    .unwrap()
+                    .dropped,
+                1
+            );
+            held[0].waiting
+        }
+    };
+    assert_eq!(drop_head("seq 1 is obsolete").await, 2);
+    // Released: the undecodable one is dead-lettered and becomes the head; seq 3 waits.
+    wait_until(
+        Duration::from_secs(30),
+        "the undecodable message is the new head",
+        || async {
+            count(
+                &c,
+                "SELECT count(*) FROM consumer_holds WHERE head_message_id IS NULL",
+            )
+            .await
+                == 1
+                && count(&c, "SELECT count(*) FROM consumer_held").await == 1
+        },
+    )
+    .await;
+    assert_eq!(drop_head("garbage from a test producer").await, 1);
+    wait_until(Duration::from_secs(30), "seq 3 handled", || async {
+        applied(&c, &group).await.get("k0") == Some(&vec![0, 3])
+    })
+    .await;
+    a.stop().await;
+    assert_eq!(count(&c, "SELECT count(*) FROM consumer_holds").await, 0);
+}
