@@ -83,7 +83,8 @@ pub const OUTBOX_CLEANUP_FAILURES: &str = "outbox_cleanup_failures_total";
 
 /// `outbox_consumer_messages_total{topic,group,outcome}`: `handled`, `duplicate`, `retried`,
 /// `dead_lettered`, `skipped`, `dropped`, `foreign_retry` (another group's retry record, ignored),
-/// `tombstone_skipped` (no tombstone handler).
+/// `tombstone_skipped` (no tombstone handler), `held` (strict order: written behind its key's
+/// failed head), `released` (let through after the head was resolved).
 pub const CONSUMER_MESSAGES: &str = "outbox_consumer_messages_total";
 /// Histogram `{topic,group}`: handler transaction duration, seconds.
 pub const CONSUMER_HANDLER_SECONDS: &str = "outbox_handler_seconds";
