@@ -55,6 +55,36 @@ impl Default for Backoff {
     }
 }
 
+/// Runs `f` until it succeeds, waiting a [`Backoff`] between tries and logging the first
+/// failure of a run as `"{what}; retrying"`; `None` when `cancel` fires first (shutdown). For
+/// work that must not be skipped, e.g. a consumer's record of what it did.
+pub(crate) async fn until_ok<T, E, F, Fut>(
+    cancel: &tokio_util::sync::CancellationToken,
+    what: &str,
+    mut f: F,
+) -> Option<T>
+where
+    E: std::fmt::Display,
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, E>>,
+{
+    let mut backoff = Backoff::default();
+    loop {
+        match f().await {
+            Ok(v) => return Some(v),
+            Err(e) => {
+                if backoff.failures() == 0 {
+                    tracing::warn!(error = %e, "{what}; retrying");
+                }
+                tokio::select! {
+                    () = cancel.cancelled() => return None,
+                    () = tokio::time::sleep(backoff.next_delay()) => {}
+                }
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

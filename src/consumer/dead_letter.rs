@@ -257,31 +257,19 @@ impl DeadLetterLog {
         raw: &super::record::Raw,
         cancel: &tokio_util::sync::CancellationToken,
     ) {
-        let mut backoff = crate::backoff::Backoff::default();
-        loop {
-            let r = match pool.get().await {
-                Ok(c) => c
-                    .execute(
-                        &self.mark,
-                        &[&self.group, &raw.topic, &raw.partition, &raw.offset],
-                    )
-                    .await
-                    .map(|_| ())
-                    .map_err(|e| e.to_string()),
-                Err(e) => Err(e.to_string()),
-            };
-            match r {
-                Ok(()) => return,
-                Err(e) => {
-                    if backoff.failures() == 0 {
-                        tracing::warn!(error = %e, "cannot record a dead letter as written; retrying (a crash meanwhile may duplicate it)");
-                    }
-                    tokio::select! {
-                        () = cancel.cancelled() => return,
-                        () = tokio::time::sleep(backoff.next_delay()) => {}
-                    }
-                }
-            }
-        }
+        crate::backoff::until_ok(
+            cancel,
+            "cannot record a dead letter as written (a crash meanwhile may duplicate it)",
+            || async {
+                let c = pool.get().await.map_err(|e| e.to_string())?;
+                c.execute(
+                    &self.mark,
+                    &[&self.group, &raw.topic, &raw.partition, &raw.offset],
+                )
+                .await
+                .map_err(|e| e.to_string())
+            },
+        )
+        .await;
     }
 }

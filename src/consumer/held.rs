@@ -40,7 +40,7 @@ async fn process_passing(env: &Envelope, shared: &Shared, key: &[u8]) -> Fate {
         let passed = async {
             let c = shared.pool.get().await.map_err(|e| e.to_string())?;
             c.execute(
-                &render(q::PASSED_BY_NEWER, &shared.db_schema),
+                &shared.holds.sql.passed_by_newer,
                 &[&shared.config.group, &env.origin.topic, &key, &id],
             )
             .await
@@ -67,10 +67,10 @@ pub(super) async fn process_keyed(env: &Envelope, shared: &Shared) -> Fate {
         .expect("keyed message of a strict topic");
     let topic = env.origin.topic.clone();
     let id = message_id(env);
-    let get = render(q::GET, &shared.db_schema);
+    let get = &shared.holds.sql.get;
     let hold = until_ok(shared, "reading the key's hold", || async {
         let c = shared.pool.get().await.map_err(|e| e.to_string())?;
-        c.query_opt(&get, &[&shared.config.group, &topic, &key])
+        c.query_opt(get, &[&shared.config.group, &topic, &key])
             .await
             .map(|r| {
                 r.map(|r| {
@@ -95,8 +95,7 @@ pub(super) async fn process_keyed(env: &Envelope, shared: &Shared) -> Fate {
         Some((_, partition, offset))
             if env.origin.hop == 0
                 && env.origin.partition == partition
-                && env.origin.offset < offset
-                && env.raw.topic == topic =>
+                && env.origin.offset < offset =>
         {
             // Before the head in its partition: a redelivery (a crash or a rebalance before
             // the offset was committed) of a message that was final before the head failed.
@@ -139,14 +138,14 @@ async fn hold_behind(
         .map(|(k, v)| (k.as_str(), v.as_deref()))
         .unzip();
     let id = message_id(env);
-    let sql = render(q::ARRIVE, &shared.db_schema);
+    let sql = &shared.holds.sql.arrive;
     let held = until_ok(
         shared,
         "holding a message behind its key's head",
         || async {
             let c = shared.pool.get().await.map_err(|e| e.to_string())?;
             c.query_one(
-                &sql,
+                sql,
                 &[
                     &shared.config.group,
                     &topic,
@@ -408,10 +407,6 @@ pub(super) async fn run(shared: Arc<Shared>) {
         return;
     };
     let group = shared.config.group.clone();
-    let mut topics_seen: HashSet<String> = HashSet::new();
-    for t in &cfg.topics {
-        topics_seen.insert(t.clone());
-    }
     loop {
         let due = async {
             let c = shared.pool.get().await.ok()?;
@@ -433,7 +428,7 @@ pub(super) async fn run(shared: Arc<Shared>) {
             }
             release(&shared, &topic, &key, "", None, true).await;
         }
-        gauges(&shared, &group, &topics_seen).await;
+        gauges(&shared, &group, &cfg.topics).await;
         tokio::select! {
             () = shared.cancel.cancelled() => return,
             () = tokio::time::sleep(cfg.check_interval) => {}
@@ -441,7 +436,7 @@ pub(super) async fn run(shared: Arc<Shared>) {
     }
 }
 
-async fn gauges(shared: &Shared, group: &str, topics: &HashSet<String>) {
+async fn gauges(shared: &Shared, group: &str, topics: &[String]) {
     let Ok(c) = shared.pool.get().await else {
         return;
     };

@@ -14,7 +14,6 @@ use tracing::{info, warn};
 
 use super::envelope::{Envelope, Fate, Left};
 use super::Shared;
-use crate::backoff::Backoff;
 use crate::sql::{holds as q, render};
 use crate::wire::DeadLetterKind;
 
@@ -75,8 +74,19 @@ pub enum OnHoldExpiry {
     DeadLetter,
 }
 
+/// The statements a message may run on its way (rendered once; the rarer ones of a release and
+/// of upkeep are rendered where they run).
+pub(super) struct Sql {
+    pub(super) get: String,
+    pub(super) arrive: String,
+    pub(super) hold: String,
+    pub(super) passed: String,
+    pub(super) passed_by_newer: String,
+}
+
 /// The runtime's view of the group's holds.
 pub(super) struct Holds {
+    pub(super) sql: Sql,
     strict: HashSet<String>,
     pub(super) expiry: Option<Duration>,
     /// A superset of the held keys of the assigned partitions: a key in it takes the
@@ -91,8 +101,19 @@ pub(super) struct Holds {
 }
 
 impl Holds {
-    pub(super) fn new(config: Option<&StrictOrder>, stale: Arc<AtomicBool>) -> Self {
+    pub(super) fn new(
+        config: Option<&StrictOrder>,
+        stale: Arc<AtomicBool>,
+        schema: &crate::schema::Schema,
+    ) -> Self {
         Self {
+            sql: Sql {
+                get: render(q::GET, schema),
+                arrive: render(q::ARRIVE, schema),
+                hold: render(q::HOLD, schema),
+                passed: render(q::PASSED, schema),
+                passed_by_newer: render(q::PASSED_BY_NEWER, schema),
+            },
             strict: config
                 .map(|c| c.topics.iter().cloned().collect())
                 .unwrap_or_default(),
@@ -200,26 +221,12 @@ impl Holds {
 }
 
 /// Runs `f` against the consumer's database until it succeeds; `None` at shutdown.
-pub(super) async fn until_ok<T, F, Fut>(shared: &Shared, what: &str, mut f: F) -> Option<T>
+pub(super) async fn until_ok<T, F, Fut>(shared: &Shared, what: &str, f: F) -> Option<T>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<T, String>>,
 {
-    let mut backoff = Backoff::default();
-    loop {
-        match f().await {
-            Ok(v) => return Some(v),
-            Err(e) => {
-                if backoff.failures() == 0 {
-                    warn!(error = %e, "{what} failed; retrying");
-                }
-                tokio::select! {
-                    () = shared.cancel.cancelled() => return None,
-                    () = tokio::time::sleep(backoff.next_delay()) => {}
-                }
-            }
-        }
-    }
+    crate::backoff::until_ok(&shared.cancel, &format!("{what} failed"), f).await
 }
 
 /// The head coming back: its own id, or (edited and retried from the dashboard, which gives
@@ -258,11 +265,11 @@ pub(super) async fn after(env: &Envelope, shared: &Shared, fate: Fate) -> Fate {
     let topic = &env.origin.topic;
     let id = message_id(env);
     let expiry = shared.holds.expiry.map(|e| e.as_secs_f64());
-    let sql = render(q::HOLD, &shared.db_schema);
+    let sql = &shared.holds.sql.hold;
     let done = until_ok(shared, "holding the key", || async {
         let c = shared.pool.get().await.map_err(|e| e.to_string())?;
         c.execute(
-            &sql,
+            sql,
             &[
                 &shared.config.group,
                 topic,
@@ -294,7 +301,7 @@ async fn note_passed(env: &Envelope, shared: &Shared, key: &[u8]) {
     let noted = async {
         let c = shared.pool.get().await.map_err(|e| e.to_string())?;
         c.execute(
-            &render(q::PASSED, &shared.db_schema),
+            &shared.holds.sql.passed,
             &[&shared.config.group, &env.origin.topic, &key, &id],
         )
         .await

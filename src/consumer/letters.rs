@@ -252,19 +252,11 @@ pub(super) async fn drop_letter(env: &Envelope, shared: &Shared, reason: &'stati
 /// seen it yet). Retries through a Postgres outage; false only at shutdown.
 pub(super) async fn settle(env: &Envelope, shared: &Shared, status: &str, reason: &str) -> bool {
     let row = crate::dlq::Row::from_raw(&env.raw, &shared.config.dlq_suffix);
-    let mut backoff = Backoff::default();
-    loop {
-        match shared.dlq.record_settled(&row, status, reason).await {
-            Ok(()) => return true,
-            Err(e) => {
-                if backoff.failures() == 0 {
-                    warn!(error = %e, "cannot record the letter's outcome in dead_letters; retrying");
-                }
-                tokio::select! {
-                    () = shared.cancel.cancelled() => return false,
-                    () = tokio::time::sleep(backoff.next_delay()) => {}
-                }
-            }
-        }
-    }
+    crate::backoff::until_ok(
+        &shared.cancel,
+        "cannot record the letter's outcome in dead_letters",
+        || shared.dlq.record_settled(&row, status, reason),
+    )
+    .await
+    .is_some()
 }

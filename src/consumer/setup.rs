@@ -133,8 +133,11 @@ impl Consumer {
         drain_topics: HashMap<String, String>,
     ) -> Shared {
         let has_calls = self.handlers.values().any(|h| !h.holds_transaction());
-        let holds =
-            super::holds::Holds::new(self.config.strict_order.as_ref(), self.holds_stale.clone());
+        let holds = super::holds::Holds::new(
+            self.config.strict_order.as_ref(),
+            self.holds_stale.clone(),
+            &self.db.schema,
+        );
         Shared {
             dlq: crate::dlq::Dlq::with_pool(pool.clone(), self.db.schema.clone()),
             dead_lettered: DeadLetterLog::new(&self.db.schema, &self.config.group, &self.kafka),

@@ -390,6 +390,17 @@ mod tests {
             ["orders.created"]
         );
         assert!(super::strict_order_topics(f, "other").unwrap().is_empty());
+        // Odd group names are names like any other: they match themselves only.
+        let odd = format!(
+            "[[topic]]\nname = \"a\"\nstrict_order = [\"\\u0000\", \"{}\"]",
+            "g".repeat(10_000)
+        );
+        assert!(super::strict_order_topics(&odd, "").unwrap().is_empty());
+        assert_eq!(super::strict_order_topics(&odd, "\0").unwrap(), ["a"]);
+        assert_eq!(
+            super::strict_order_topics(&odd, &"g".repeat(10_000)).unwrap(),
+            ["a"]
+        );
         assert!(
             super::strict_order_topics("[[topic]]\nname = \"a\"\nstrict_order = \"x\"", "x")
                 .is_err()

@@ -118,6 +118,23 @@ async fn publish(
     assert_eq!(drain(&relay).await, keys * per_key);
 }
 
+/// Waits until `group` has committed every partition of `topic` to its end.
+async fn committed_to_end(group: &str, topic: &str, partitions: i32, what: &str) {
+    let records = read_all(topic).await;
+    for p in 0..partitions {
+        let hi = records
+            .iter()
+            .filter(|r| r.partition == p)
+            .map(|r| r.offset + 1)
+            .max()
+            .unwrap_or(0);
+        wait_until(Duration::from_secs(20), what, || async {
+            committed(group, topic, p).await.unwrap_or(0) == hi
+        })
+        .await;
+    }
+}
+
 /// Per key, the sequence numbers `group` applied, in the order applied.
 async fn applied(c: &tokio_postgres::Client, group: &str) -> HashMap<String, Vec<i64>> {
     let mut m: HashMap<String, Vec<i64>> = HashMap::new();
@@ -255,21 +272,7 @@ async fn a_dead_lettered_message_holds_its_key_across_a_restart_until_its_replay
     )
     .await;
     // Offsets move past held messages: every partition committed to its end.
-    for p in 0..2 {
-        let hi = read_all(&topic)
-            .await
-            .iter()
-            .filter(|r| r.partition == p)
-            .map(|r| r.offset + 1)
-            .max()
-            .unwrap_or(0);
-        wait_until(
-            Duration::from_secs(20),
-            "offsets committed past held messages",
-            || async { committed(&strict, &topic, p).await.unwrap_or(0) == hi },
-        )
-        .await;
-    }
+    committed_to_end(&strict, &topic, 2, "offsets committed past held messages").await;
     // Every record again (offsets rewound: what a crash before a commit does at large): the
     // messages before a head are duplicates, the held ones are not held twice.
     a.stop().await;
@@ -298,21 +301,7 @@ async fn a_dead_lettered_message_holds_its_key_across_a_restart_until_its_replay
         },
     )
     .await;
-    for p in 0..2 {
-        let hi = read_all(&topic)
-            .await
-            .iter()
-            .filter(|r| r.partition == p)
-            .map(|r| r.offset + 1)
-            .max()
-            .unwrap_or(0);
-        wait_until(
-            Duration::from_secs(20),
-            "offsets committed again",
-            || async { committed(&strict, &topic, p).await.unwrap_or(0) == hi },
-        )
-        .await;
-    }
+    committed_to_end(&strict, &topic, 2, "offsets committed again").await;
     assert_eq!(
         count(
             &c,

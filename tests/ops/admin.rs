@@ -320,6 +320,12 @@ async fn viewers_never_see_bodies_bad_bodies_get_4xx_and_api_replays_are_audited
             400,
         ),
         ("/api/dlq/replay", "{\"canary\":0}", 400),
+        // The order confirmation is a boolean, nothing that looks like one.
+        (
+            "/api/dlq/replay",
+            "{\"topic\":\"a.b\",\"confirm_order\":\"yes\\u0000\"}",
+            400,
+        ),
         ("/api/dlq/drop", "{\"ids\":[999999],\"reason\":\"x\"}", 404),
     ] {
         let (code, b) = http(s.port, "POST", path, Some(OPERATOR), Some(body)).await;
