@@ -18,7 +18,10 @@
 //! passed to librdkafka), `BILLING_TOPICS_FILE` (the topics file: where its `strict_order`
 //! names the group, a customer's orders are charged in order — one that is dead-lettered
 //! holds the customer's later orders until it is resolved), `BILLING_REFUNDS` (`1`: negative totals are refunds; without it they are
-//! refused — the bug a later version fixes, after which the refused orders are replayed).
+//! refused — the bug a later version fixes, after which the refused orders are replayed),
+//! `BILLING_RETRY_TOPICS` (`1s,10s`: retry topics instead of in-place retries),
+//! `BILLING_FLAKY` (`n`: the first n orders fail once, transiently), `BILLING_TRACE_PARENTING`
+//! (`link` or `parent`), and the standard `OTEL_*` variables (OTLP export of the spans).
 
 use outbox::consumer::{Consumer, ConsumerConfig, Delivered, HandlerError};
 
@@ -27,6 +30,19 @@ use outbox::consumer::{Consumer, ConsumerConfig, Delivered, HandlerError};
 /// A handler is a plain `async fn`.
 async fn charge(msg: &Delivered, tx: &tokio_postgres::Transaction<'_>) -> Result<(), HandlerError> {
     charge_with(msg, tx, false).await
+}
+
+/// `BILLING_FLAKY=n`: the first `n` orders seen fail once with a transient error (a payment
+/// provider's hiccup), to show a retry in the traces and the metrics.
+static FLAKY: std::sync::Mutex<(usize, Vec<String>)> = std::sync::Mutex::new((0, Vec::new()));
+
+fn hiccup(msg: &Delivered) -> Result<(), HandlerError> {
+    let mut f = FLAKY.lock().expect("flaky lock");
+    if f.1.len() < f.0 && !f.1.contains(&msg.message_id) {
+        f.1.push(msg.message_id.clone());
+        return Err(HandlerError::transient("payment provider hiccup"));
+    }
+    Ok(())
 }
 
 /// [`charge`] by a version that knows refunds (negative totals).
@@ -43,6 +59,7 @@ async fn charge_with(
     refunds: bool,
 ) -> Result<(), HandlerError> {
     {
+        hiccup(msg)?;
         let body = msg.json();
         let order = body["order_number"]
             .as_str()
@@ -71,6 +88,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
         )
         .init();
+    // Spans over OTLP when OTEL_EXPORTER_OTLP_ENDPOINT (or the other OTEL_* switches) say so.
+    let otel = outbox_otlp::init("billing-service")?;
     let env = |k: &str, d: &str| std::env::var(k).unwrap_or_else(|_| d.to_owned());
     let db = outbox::DbConfig::new(
         &std::env::var("DATABASE_URL")?,
@@ -124,6 +143,21 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     if !strict.is_empty() {
         config.strict_order = Some(outbox::consumer::StrictOrder::new(strict));
     }
+    // `parent`: each delivery's span is a child of the order's `create` span, so one trace
+    // holds the whole journey (the default links them instead).
+    config.trace_parenting = env("BILLING_TRACE_PARENTING", "link").parse()?;
+    // Non-blocking retries through retry topics, e.g. `1s,10s` (created by `outbox topics
+    // apply`); in-place retries without it.
+    let delays = env("BILLING_RETRY_TOPICS", "");
+    if !delays.trim().is_empty() {
+        config.retry = outbox::consumer::RetryStrategy::Topics {
+            delays: delays
+                .split(',')
+                .map(|d| humantime::parse_duration(d.trim()))
+                .collect::<Result<_, _>>()?,
+        };
+    }
+    FLAKY.lock().expect("flaky lock").0 = env("BILLING_FLAKY", "0").parse()?;
     let consumer = Consumer::new(&db, &kafka, config)?;
     let consumer = if env("BILLING_REFUNDS", "") == "1" {
         consumer.handler("order_created", charge_or_refund)
@@ -147,6 +181,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         outbox::consumer::ConsumerStats::get(&stats.duplicates),
         outbox::consumer::ConsumerStats::get(&stats.dead_lettered)
     );
+    otel.shutdown();
     Ok(())
 }
 

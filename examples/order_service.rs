@@ -18,6 +18,8 @@
 //! (`"total": "12.50"`, an old producer's format) — what a consumer rejects as permanent and
 //! dead-letters (the demo shows them arriving in the DLQ and grouped by cause).
 
+use opentelemetry::context::FutureExt as _;
+use opentelemetry::trace::TraceContextExt as _;
 use outbox::{Enqueuer, Message, Schema};
 
 /// Writes the order and its `order_created` event in the caller's transaction; returns the
@@ -29,7 +31,7 @@ async fn place_order(
     number: &str,
     customer: &str,
     total_cents: i64,
-    traceparent: &str,
+    traceparent: Option<&str>,
 ) -> Result<Message, Box<dyn std::error::Error>> {
     tx.execute(
         "INSERT INTO orders (order_number, customer, total_cents) VALUES ($1, $2, $3)",
@@ -41,14 +43,22 @@ async fn place_order(
         "order_created",
         number, // the entity id: the Kafka key, so one order's events stay in order
         serde_json::json!({ "order_number": number, "customer": customer, "total_cents": total_cents }),
-    )
-    .with_header("traceparent", traceparent);
+    );
+    // A caller's own trace context is kept byte for byte; without one, `enqueue` opens its
+    // `create` span (when a tracer provider is installed) and records that context.
+    let event = match traceparent {
+        Some(tp) => event.with_header("traceparent", tp),
+        None => event,
+    };
     outbox.enqueue(tx, &event).await?;
     Ok(event)
 }
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    // With OTEL_EXPORTER_OTLP_ENDPOINT set, each order is a real request span, exported with
+    // the `create` span under it; otherwise a made-up traceparent stands for the request's.
+    let otel = outbox_otlp::init("order-service")?;
     let count: usize = std::env::args().nth(1).map_or(Ok(5), |s| s.parse())?;
     let url = std::env::var("DATABASE_URL")?;
     let schema = std::env::var("OUTBOX_SCHEMA").unwrap_or_else(|_| "public".into());
@@ -78,10 +88,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         let customer = format!("customer-{}", i % 3);
         let total_cents = 1000 + 250 * i as i64;
 
+        let (request, traceparent) = request_context(otel.is_exporting());
         let tx = client.transaction().await?;
-        let trace = uuid::Uuid::now_v7().simple().to_string();
-        let span = &uuid::Uuid::now_v7().simple().to_string()[16..];
-        let traceparent = format!("00-{trace}-{span}-01");
         let event = place_order(
             &tx,
             &outbox,
@@ -89,9 +97,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             &number,
             &customer,
             total_cents,
-            &traceparent,
+            traceparent.as_deref(),
         )
+        .with_context(request.clone())
         .await?;
+        request.span().end();
+        let traceparent = traceparent.unwrap_or_else(|| "(from the create span)".into());
 
         if i % 5 == 0 {
             tx.rollback().await?;
@@ -108,6 +119,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let poison: usize = std::env::var("ORDER_POISON").map_or(Ok(0), |s| s.parse())?;
     for i in 1..=poison {
         let number = format!("P-{}-{i}", &run[20..]);
+        let (request, _) = request_context(otel.is_exporting());
         let tx = client.transaction().await?;
         tx.execute(
             "INSERT INTO orders (order_number, customer, total_cents) VALUES ($1, 'customer-old', 0)",
@@ -120,14 +132,35 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             &number,
             serde_json::json!({ "order_number": number, "customer": "customer-old", "total": "12.50" }),
         );
-        outbox.enqueue(&tx, &event).await?;
+        outbox
+            .enqueue(&tx, &event)
+            .with_context(request.clone())
+            .await?;
         tx.commit().await?;
+        request.span().end();
         println!(
             "created {number}  (poison: total as text)  message_id={}",
             event.message_id()
         );
     }
+    otel.shutdown();
     Ok(())
+}
+
+/// One order's request: with export on, a span of this service (the ambient context of the
+/// `create` span); otherwise no context and a made-up `traceparent`.
+fn request_context(exporting: bool) -> (opentelemetry::Context, Option<String>) {
+    use opentelemetry::trace::Tracer as _;
+    if exporting {
+        let span = opentelemetry::global::tracer("order-service").start("place order");
+        return (opentelemetry::Context::current_with_span(span), None);
+    }
+    let trace = uuid::Uuid::now_v7().simple().to_string();
+    let span = &uuid::Uuid::now_v7().simple().to_string()[16..];
+    (
+        opentelemetry::Context::new(),
+        Some(format!("00-{trace}-{span}-01")),
+    )
 }
 
 /// The service's own tests, with `outbox-testkit`: "placing an order writes its
@@ -158,7 +191,7 @@ mod tests {
 
         // Rolled back: neither the order nor its event.
         let tx = c.transaction().await.unwrap();
-        place_order(&tx, &outbox, &topic, "A-0", "c-1", 900, tp)
+        place_order(&tx, &outbox, &topic, "A-0", "c-1", 900, Some(tp))
             .await
             .unwrap();
         assert_eq!(

@@ -89,10 +89,18 @@ pub(crate) fn validate(msg: &Message) -> Result<(), EnqueueError> {
     Ok(())
 }
 
+/// The `headers` column of a message. With tracing on (feature `otel` and a tracer provider)
+/// and no `traceparent` from the caller, the `create` span's context is added as one; a
+/// caller's own `traceparent` is kept byte for byte.
 pub(crate) fn headers_json(msg: &Message) -> serde_json::Value {
+    let mut h = msg.all_headers();
+    if !h.contains_key(crate::trace_context::TRACEPARENT) {
+        if let Some(tp) = crate::otel::create(&msg.topic, &msg.message_id) {
+            h.insert(crate::trace_context::TRACEPARENT.to_owned(), tp);
+        }
+    }
     serde_json::Value::Object(
-        msg.all_headers()
-            .into_iter()
+        h.into_iter()
             .map(|(k, v)| (k, serde_json::Value::String(v)))
             .collect(),
     )

@@ -66,6 +66,7 @@
 //! | `moved` | core | the names the root published before it kept only what a service uses (at most 30): deprecated aliases (and `consumer/moved.rs` for the consumer's old default constants) |
 //! | `metrics` | core / `prometheus` | metric names; the recorder and `/metrics` with `prometheus` (`exporter.rs`) |
 //! | `trace_context` | core | W3C `traceparent`: carried to Kafka, parent of the consumer's handler span (`trace`, its old name, is a deprecated alias) |
+//! | `otel` | core / `otel` | OpenTelemetry spans by the messaging conventions v1.45 (`create`, `send`, `outbox wait`, `process`, `commit`, `replay`) through the API only; no-ops without the feature or a provider; [`otel::TraceParenting`] |
 //! | `classify` | core | transient vs permanent Postgres errors (tokio-postgres and sqlx) |
 //! | `sqlx` | `sqlx` | `outbox::sqlx::enqueue` into an sqlx transaction or connection; the consumer's sqlx driver lives in `consumer/driver/sqlx.rs`, its handler traits in `consumer/sqlx.rs` |
 //! | `schemas` | `schemas` | `schemas::Schemas`: the registry client and its caches (`registry.rs`), the Confluent frame (`frame.rs`), one file per format (`avro.rs` over `binary.rs`'s primitives, `protobuf.rs`, `json_schema.rs`), schema files for `outbox schemas register/check` (`files.rs`), the parsers the property tests reach (`probe.rs`) |
@@ -112,6 +113,7 @@ mod message;
 pub mod metrics;
 mod migrate;
 mod outage;
+pub mod otel;
 #[cfg(feature = "relay")]
 mod relay;
 pub mod republish;

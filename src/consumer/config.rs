@@ -98,6 +98,10 @@ pub struct ConsumerConfig {
     /// transaction, commit groups, retries, dead letters, the breaker) is the runtime's, the
     /// driver only opens, marks and commits.
     pub driver: Driver,
+    /// How each delivery's `process` span (feature `otel`, with a tracer provider installed)
+    /// relates to the producer's context: a link (default, as the messaging conventions
+    /// advise) or its child, so that one trace holds the event's whole journey.
+    pub trace_parenting: crate::otel::TraceParenting,
     /// The schema registry, for topics whose records are framed (Avro, Protobuf, JSON Schema
     /// in the Confluent wire format): each is decoded before dispatch. A record whose schema
     /// the registry does not have, or that does not decode, is a decode dead letter naming
@@ -190,6 +194,7 @@ impl ConsumerConfig {
             cleanup: Some(super::MarksCleanup::default()),
             strict_order: None,
             driver: Driver::TokioPostgres,
+            trace_parenting: crate::otel::TraceParenting::Link,
             #[cfg(feature = "schemas")]
             schemas: None,
         }

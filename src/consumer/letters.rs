@@ -28,6 +28,7 @@ pub(super) async fn dead_letter(
     error: &str,
     attempts: u32,
 ) -> Fate {
+    crate::otel::delivery_failed(kind.as_str(), error);
     let now = crate::message::rfc3339(SystemTime::now());
     let dlq_retries = raw
         .header(X_DLQ_RETRIES)
@@ -79,7 +80,12 @@ pub(super) async fn dead_letter(
             debug!("cannot record the intent to dead-letter; writing anyway (a crash meanwhile may duplicate it)");
         }
     }
-    if produce_until_acked(shared, &topic, target.map(|t| t.0), raw, headers).await {
+    let why = if kind == DeadLetterKind::Unavailable {
+        "park"
+    } else {
+        "dead_letter"
+    };
+    if produce_until_acked(shared, &topic, target.map(|t| t.0), raw, headers, why).await {
         log.record(&shared.pool, raw, &shared.cancel).await;
         ConsumerStats::inc(&shared.stats.dead_lettered);
         count(shared, &origin.topic, "dead_lettered", 1);
@@ -97,6 +103,7 @@ pub(super) async fn produce_until_acked(
     partition: Option<i32>,
     raw: &Raw,
     headers: rdkafka::message::OwnedHeaders,
+    why: &'static str,
 ) -> bool {
     let mut backoff = Backoff::default();
     let group = shared.config.group.clone();
@@ -106,6 +113,17 @@ pub(super) async fn produce_until_acked(
         if failed_before {
             blocked.decrement(1.0);
         }
+    };
+    // Under a delivery's `process` span: a `send` span of its own, and the letter carries the
+    // delivery's context (`x-outbox-trace-link`) so the next delivery or replay links back.
+    let traced = crate::otel::with_delivery(|s| {
+        s.traceparent()
+            .map(|tp| (crate::otel::forward(s, topic, why), tp))
+    })
+    .flatten();
+    let headers = match &traced {
+        Some((_, tp)) => with_trace_link(&headers, tp),
+        None => headers,
     };
     let producer = match &shared.producer {
         super::Sink::Kafka(p) => p,
@@ -164,6 +182,19 @@ pub(super) async fn produce_until_acked(
             }
         }
     }
+}
+
+/// `headers` with `x-outbox-trace-link` set to `tp` (an earlier one replaced).
+fn with_trace_link(headers: &rdkafka::message::OwnedHeaders, tp: &str) -> rdkafka::message::OwnedHeaders {
+    use rdkafka::message::{Header, Headers as _, OwnedHeaders};
+    let mut h = OwnedHeaders::new_with_capacity(headers.count() + 1);
+    for old in headers.iter().filter(|x| x.key != crate::otel::X_TRACE_LINK) {
+        h = h.insert(old);
+    }
+    h.insert(Header {
+        key: crate::otel::X_TRACE_LINK,
+        value: Some(tp.as_bytes()),
+    })
 }
 
 /// Parks a message whose dependency is down: a dead letter of kind `unavailable`, drained when

@@ -50,11 +50,24 @@ pub(super) async fn process_batch(envs: &[&Envelope], shared: &Shared) -> Vec<Fa
         return one_by_one(envs, shared).await;
     }
     let started = std::time::Instant::now();
-    let result = AssertUnwindSafe(shared.tx.batch(shared, &ds))
-        .catch_unwind()
+    let tps: Vec<Option<&str>> = ds
+        .iter()
+        .map(|d| d.header(crate::trace_context::TRACEPARENT))
+        .collect();
+    let span = crate::otel::process_batch(&ds[0].topic, &shared.config.group, &tps);
+    let result = span
+        .around(AssertUnwindSafe(shared.tx.batch(shared, &ds)).catch_unwind())
         .instrument(tracing::info_span!("outbox.handle_batch", size = ds.len(), group = %shared.config.group))
         .await;
     handler_seconds(shared, &ds[0].topic, started);
+    span.set_str(
+        crate::otel::attr::OUTCOME,
+        match &result {
+            Ok(Ok(_)) => "handled",
+            _ => "one_by_one",
+        },
+    );
+    span.end();
     match result {
         Ok(Ok((handled, dups))) => {
             count(shared, &ds[0].topic, "handled", handled as u64);
@@ -121,8 +134,35 @@ pub(super) async fn process_from(env: &Envelope, shared: &Shared, first: Option<
 }
 
 /// [`process_from`] without the hold: what a release of held messages runs (it writes the
-/// key's new head itself, under the hold's lock).
-pub(super) async fn try_message(env: &Envelope, shared: &Shared, mut first: Option<Tried>) -> Fate {
+/// key's new head itself, under the hold's lock). One `process` span covers the delivery
+/// (every in-place try), with its outcome.
+pub(super) async fn try_message(env: &Envelope, shared: &Shared, first: Option<Tried>) -> Fate {
+    let raw = &env.raw;
+    let key = raw.key.as_deref().and_then(|k| std::str::from_utf8(k).ok());
+    let span = crate::otel::process(&crate::otel::Delivery {
+        topic: &raw.topic,
+        group: &shared.config.group,
+        partition: raw.partition,
+        offset: raw.offset,
+        message_id: env
+            .decoded
+            .as_ref()
+            .map(|d| d.message_id.as_str())
+            .unwrap_or_default(),
+        key,
+        traceparent: raw.header(crate::trace_context::TRACEPARENT),
+        link: raw.header(crate::otel::X_TRACE_LINK),
+        hop: env.origin.hop,
+        drain: env.drain,
+        parenting: shared.config.trace_parenting,
+    });
+    if !span.is_on() {
+        return try_inner(env, shared, first).await;
+    }
+    crate::otel::in_delivery(span, try_inner(env, shared, first)).await
+}
+
+async fn try_inner(env: &Envelope, shared: &Shared, mut first: Option<Tried>) -> Fate {
     let (raw, origin) = (&env.raw, &env.origin);
     let d = match &env.decoded {
         Ok(d) => d,
@@ -363,7 +403,7 @@ pub(super) async fn try_message(env: &Envelope, shared: &Shared, mut first: Opti
                     ],
                 );
                 debug!(message_id = %d.message_id, %topic, "transient failure: forwarding to retry topic");
-                return if produce_until_acked(shared, &topic, None, raw, headers).await {
+                return if produce_until_acked(shared, &topic, None, raw, headers, "retry").await {
                     ConsumerStats::inc(&shared.stats.forwarded_to_retry);
                     count(shared, &origin.topic, "retried", 1);
                     Fate::Left(Left::Retrying)

@@ -412,9 +412,12 @@ impl Runtime<'_> {
                 let _ = tpl.add_partition_offset(topic, *partition, Offset::Offset(*next));
             }
             let _commit = tracing::debug_span!("outbox.commit", partitions = tpl.count()).entered();
+            let span = crate::otel::commit(&self.shared.config.group, tpl.count());
             if let Err(e) = self.consumer.store_offsets(&tpl) {
                 debug!(error = %e, "offset store refused (partition revoked?)");
+                span.failed("store_refused", &e.to_string());
             }
+            span.end();
         }
     }
 

@@ -9,6 +9,7 @@ pub(super) fn count(shared: &Shared, topic: &str, outcome: &'static str, n: u64)
     metrics::counter!(crate::metrics::CONSUMER_MESSAGES,
         "topic" => topic.to_owned(), "group" => shared.config.group.clone(), "outcome" => outcome)
     .increment(n);
+    crate::otel::outcome(outcome);
 }
 
 /// Records a handler's duration (`outbox_consumer_handler_seconds`).

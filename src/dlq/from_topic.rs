@@ -219,14 +219,19 @@ pub async fn replay_from_topic(
                 break 'outer;
             }
             pacer.wait().await;
+            let original = from_json(&row.headers);
+            let (span, link) = crate::dlq::headers::replay_span(&target, &original);
             let headers = for_replay(
-                &from_json(&row.headers),
+                &original,
                 i64::from(row.dlq_retries),
                 row.first_failed_at.map(rfc3339).as_deref(),
                 &rfc3339(SystemTime::now()),
                 // No archive job or letter to name: a comeback is matched by message id.
                 None,
+                link.as_deref(),
             );
+            // Ends once the record is handed over: this path waits for its acks in bulk.
+            drop(span);
             let mut rec: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(&target).headers(headers);
             if let Some(k) = &row.key {
                 rec = rec.key(k.as_slice());

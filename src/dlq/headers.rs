@@ -11,16 +11,41 @@ use crate::wire::{SERVICE_HEADERS, X_DLQ_RETRIES, X_FIRST_FAILED_AT, X_REPLAY_JO
 /// The headers of a replayed record: the originals without framework headers, then the
 /// carried envelope, `x-replayed-at`, and what replays it (`x-replay-job`, `x-replay-of`: job
 /// id and letter id) so a comeback is matched to both.
+/// A replay's `replay {topic}` span for one letter (a child of its creation context, linked
+/// to the delivery that dead-lettered it) and the context the replayed record carries.
+pub(crate) fn replay_span(
+    topic: &str,
+    original: &[(String, HeaderValue)],
+) -> (crate::otel::Span, Option<String>) {
+    let text = |name: &str| {
+        original.iter().find(|(k, _)| k == name).and_then(|(_, v)| match v {
+            HeaderValue::Bytes(b) => std::str::from_utf8(b).ok(),
+            HeaderValue::Null => None,
+        })
+    };
+    let span = crate::otel::replay(
+        topic,
+        text(crate::wire::HEADER_MESSAGE_ID).unwrap_or_default(),
+        text(crate::trace_context::TRACEPARENT),
+        text(crate::otel::X_TRACE_LINK),
+    );
+    let tp = span.traceparent();
+    (span, tp)
+}
+
 pub(crate) fn for_replay(
     original: &[(String, HeaderValue)],
     dlq_retries: i64,
     first_failed_at: Option<&str>,
     replayed_at: &str,
     replay: Option<(i64, i64)>,
+    trace_link: Option<&str>,
 ) -> OwnedHeaders {
-    let mut h = OwnedHeaders::new_with_capacity(original.len() + 5);
+    let mut h = OwnedHeaders::new_with_capacity(original.len() + 6);
+    let link_ours = trace_link.is_some();
     for (k, v) in original {
-        let ours = [X_REPLAYED_AT, X_REPLAY_JOB, X_REPLAY_OF].contains(&k.as_str());
+        let ours = [X_REPLAYED_AT, X_REPLAY_JOB, X_REPLAY_OF].contains(&k.as_str())
+            || (link_ours && k == crate::otel::X_TRACE_LINK);
         if SERVICE_HEADERS.contains(&k.as_str()) || ours || k.starts_with('\u{0}') {
             continue;
         }
@@ -47,6 +72,12 @@ pub(crate) fn for_replay(
         key: X_REPLAYED_AT,
         value: Some(replayed_at.as_bytes()),
     });
+    if let Some(tp) = trace_link {
+        h = h.insert(Header {
+            key: crate::otel::X_TRACE_LINK,
+            value: Some(tp.as_bytes()),
+        });
+    }
     let Some((job, of)) = replay else {
         return h;
     };
@@ -95,7 +126,7 @@ mod tests {
             ("x-replay-job".to_owned(), HeaderValue::Bytes(b"3".to_vec())),
             ("x-replay-of".to_owned(), HeaderValue::Bytes(b"9".to_vec())),
         ];
-        let h = for_replay(&orig, 1, Some("2026-01-01T00:00:00Z"), "now", Some((7, 42)));
+        let h = for_replay(&orig, 1, Some("2026-01-01T00:00:00Z"), "now", Some((7, 42)), None);
         let names: Vec<(String, Vec<u8>)> = h
             .iter()
             .map(|h| (h.key.to_owned(), h.value.unwrap_or_default().to_vec()))

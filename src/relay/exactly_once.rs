@@ -395,7 +395,9 @@ impl Relay {
             earlier,
         } = batch;
         let rows = rows.as_slice();
+        let span = crate::otel::transaction(slot);
         if let Err(e) = producer.begin_transaction() {
+            span.failed("begin", &e.to_string());
             let fates = rows
                 .iter()
                 .map(|_| Fate::Deferred("the transaction could not begin".into()))
@@ -412,6 +414,7 @@ impl Relay {
                 waiting,
                 blocked,
                 Some((progress_topic, slot, &key, earlier)),
+                Some(&span),
             )
             .await;
         crash_point("after_produce");
@@ -429,6 +432,15 @@ impl Relay {
             crash_point("before_commit");
             self.commit(producer).await
         };
+        match &ended {
+            Ended::Committed => span.set_str(crate::otel::attr::TX_OUTCOME, "commit"),
+            Ended::Aborted => {
+                span.set_str(crate::otel::attr::TX_OUTCOME, "abort");
+                span.failed("aborted", "the transaction was aborted");
+            }
+            Ended::Unknown(e) => span.failed("unknown", &e.to_string()),
+        }
+        span.end();
         match ended {
             Ended::Committed => {
                 crash_point("after_commit");

@@ -45,7 +45,7 @@ impl Relay {
         blocked: &HashSet<String>,
     ) -> Vec<Fate> {
         let rows: Vec<&Row> = claimed.rows.iter().collect();
-        self.produce_rows(producer, &rows, &claimed.waiting, blocked, None)
+        self.produce_rows(producer, &rows, &claimed.waiting, blocked, None, None)
             .await
             .0
     }
@@ -53,7 +53,8 @@ impl Relay {
     /// Produces `rows` (in id order) with `producer`; keys in `waiting` or `blocked` are held
     /// back. Each row's fate, in order. With `last`, one more record goes out behind the rows,
     /// before any report is awaited (exactly-once: the progress record, naming `last.3` and
-    /// the ids of the rows handed to librdkafka), and its fate comes back too.
+    /// the ids of the rows handed to librdkafka), and its fate comes back too. The batch's
+    /// `send` spans are children of `span_parent` (the Kafka transaction's span).
     pub(super) async fn produce_rows(
         &self,
         producer: &RelayProducer,
@@ -61,11 +62,13 @@ impl Relay {
         waiting: &HashSet<String>,
         blocked: &HashSet<String>,
         last: Option<(&str, i32, &str, &[i64])>,
+        span_parent: Option<&crate::otel::Span>,
     ) -> (Vec<Fate>, Option<Fate>) {
         if rows.is_empty() {
             return (Vec::new(), None);
         }
         metrics::histogram!(crate::metrics::OUTBOX_BATCH_SIZE).record(rows.len() as f64);
+        let started = crate::otel::now();
         let topics: HashSet<&str> = rows.iter().map(|r| r.topic()).collect();
         // Rows of topics with a schema are encoded before the first is handed over, so that
         // librdkafka gets the batch as fast as plain JSON and batches it as well (encoding
@@ -220,7 +223,7 @@ impl Relay {
                 "no delivery report before the timeout".into(),
             ));
         }
-        let fates = fates
+        let fates: Vec<Fate> = fates
             .into_iter()
             .map(|f| f.expect("every row has a fate"))
             .collect();
@@ -229,6 +232,23 @@ impl Relay {
                 "no delivery report before the timeout".into(),
             ));
         }
+        let sent: Vec<crate::otel::SentRow<'_>> = rows
+            .iter()
+            .zip(&fates)
+            .filter(|(_, f)| !matches!(f, Fate::HeldBack | Fate::Waiting(_)))
+            .map(|(r, f)| crate::otel::SentRow {
+                topic: r.topic(),
+                id: r.id,
+                headers: r.headers(),
+                created: r.created,
+                error: match f {
+                    Fate::Sent => None,
+                    Fate::Refused(_, reason) => Some(reason.as_str()),
+                    _ => Some("deferred"),
+                },
+            })
+            .collect();
+        crate::otel::sent_batch(started, &sent, span_parent, last.is_some());
         (fates, last_fate)
     }
 }

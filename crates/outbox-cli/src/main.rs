@@ -66,6 +66,18 @@ enum Command {
     },
 }
 
+impl Command {
+    /// The `service.name` its spans carry unless `OTEL_SERVICE_NAME` says otherwise.
+    fn service_name(&self) -> &'static str {
+        match self {
+            Command::Relay(_) => "outbox-relay",
+            Command::Admin(_) => "outbox-admin",
+            Command::Dlq { .. } => "outbox-dlq",
+            _ => "outbox",
+        }
+    }
+}
+
 /// Runs one command, writing its result to `out` (progress and hints go to standard error).
 async fn run(cli: Cli, out: &mut dyn std::io::Write) -> anyhow::Result<()> {
     match cli.command {
@@ -107,6 +119,15 @@ fn main() -> ExitCode {
         let line = redact::log_line(format!("panic: {info}\n").as_bytes());
         let _ = std::io::stderr().write_all(&line);
     }));
+    // Spans over OTLP when the standard OTEL_* variables ask for it; flushed after the
+    // command returns (for the relay, after its SIGTERM shutdown).
+    let otel = match outbox_otlp::init(cli.command.service_name()) {
+        Ok(g) => g,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -122,6 +143,7 @@ fn main() -> ExitCode {
     let result = rt
         .block_on(run(cli, &mut out))
         .and_then(|()| Ok(out.flush()?));
+    otel.shutdown();
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

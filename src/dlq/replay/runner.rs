@@ -351,12 +351,14 @@ impl Dlq {
             }
             pacer.wait().await;
             let now = SystemTime::now();
+            let (span, link) = crate::dlq::headers::replay_span(&it.topic, &it.headers);
             let headers = for_replay(
                 &it.headers,
                 i64::from(it.dlq_retries),
                 it.first_failed_at.as_deref(),
                 &rfc3339(now),
                 Some((job, it.id)),
+                link.as_deref(),
             );
             let mut rec: FutureRecord<'_, [u8], [u8]> =
                 FutureRecord::to(&it.topic).headers(headers);
@@ -367,17 +369,23 @@ impl Dlq {
                 rec = rec.payload(b.as_slice());
             }
             match enqueue(producer, rec).await {
-                Ok(fut) => pending.push((it.id, now, fut)),
-                Err(e) => failed.push((it.id, e.to_string())),
+                Ok(fut) => pending.push((it.id, now, span, fut)),
+                Err(e) => {
+                    span.failed("enqueue", &e.to_string());
+                    failed.push((it.id, e.to_string()));
+                }
             }
         }
         let mut sent: Vec<(i64, SystemTime)> = Vec::with_capacity(pending.len());
-        let (meta, futs): (Vec<(i64, SystemTime)>, Vec<_>) =
-            pending.into_iter().map(|(i, t, f)| ((i, t), f)).unzip();
-        for ((id, at), r) in meta.into_iter().zip(futures::future::join_all(futs).await) {
+        let (meta, futs): (Vec<_>, Vec<_>) =
+            pending.into_iter().map(|(i, t, s, f)| ((i, t, s), f)).unzip();
+        for ((id, at, span), r) in meta.into_iter().zip(futures::future::join_all(futs).await) {
             match r {
                 Ok(Ok(_)) => sent.push((id, at)),
-                Ok(Err((e, _))) => failed.push((id, e.to_string())),
+                Ok(Err((e, _))) => {
+                    span.failed("produce", &e.to_string());
+                    failed.push((id, e.to_string()));
+                }
                 Err(_) => failed.push((id, "producer closed".into())),
             }
         }

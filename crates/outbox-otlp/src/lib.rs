@@ -1,0 +1,229 @@
+//! OTLP export of outbox's OpenTelemetry spans, turned on by the standard variables: the one
+//! call a binary (or a service that embeds `outbox` with its `otel` feature) makes at start.
+//!
+//! ```no_run
+//! # fn main() -> Result<(), outbox_otlp::Error> {
+//! // Keep the guard for the life of the process; dropping it (or `shutdown`) flushes.
+//! let otel = outbox_otlp::init("billing-service")?;
+//! // ... run the consumer or the relay ...
+//! otel.shutdown();
+//! # Ok(()) }
+//! ```
+//!
+//! Export is on when `OTEL_EXPORTER_OTLP_ENDPOINT` or `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` is
+//! set, or `OTEL_TRACES_EXPORTER=otlp`; off when `OTEL_SDK_DISABLED=true` or
+//! `OTEL_TRACES_EXPORTER=none`. Read as the specification says: `OTEL_SERVICE_NAME` and
+//! `OTEL_RESOURCE_ATTRIBUTES` (the name given to [`init`] only when neither names the
+//! service), `OTEL_TRACES_SAMPLER` / `OTEL_TRACES_SAMPLER_ARG`, `OTEL_EXPORTER_OTLP_HEADERS`,
+//! `OTEL_EXPORTER_OTLP_TIMEOUT`, `OTEL_BSP_*`. The protocol is `http/protobuf` (port 4318);
+//! `OTEL_EXPORTER_OTLP_PROTOCOL=grpc` is refused with an error naming it.
+//!
+//! Spans leave from a background thread in batches: a slow or unreachable collector never
+//! blocks the relay or a handler (a full queue drops spans, never events) and costs one
+//! warning a minute, not one per batch.
+
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use opentelemetry_sdk::error::OTelSdkResult;
+use opentelemetry_sdk::trace::{SdkTracerProvider, SpanData, SpanExporter};
+
+/// Why export could not be set up.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A variable names something this build does not support.
+    #[error("{0}")]
+    Unsupported(String),
+    /// The exporter could not be built (e.g. an invalid endpoint).
+    #[error("OTLP exporter: {0}")]
+    Exporter(String),
+}
+
+/// Keeps export running; flushes and stops it on [`Guard::shutdown`] or drop.
+#[must_use = "dropping the guard stops export"]
+#[derive(Debug)]
+pub struct Guard {
+    provider: Option<SdkTracerProvider>,
+}
+
+impl Guard {
+    /// Whether spans are exported.
+    pub fn is_exporting(&self) -> bool {
+        self.provider.is_some()
+    }
+
+    /// Flushes what is queued (bounded by the exporter's timeout) and stops export.
+    pub fn shutdown(mut self) {
+        self.stop();
+    }
+
+    fn stop(&mut self) {
+        if let Some(p) = self.provider.take() {
+            // The batch processor's thread does the last export; a blocking call, off any
+            // async worker's hands.
+            let _ = std::thread::spawn(move || {
+                let _ = p.force_flush();
+                let _ = p.shutdown();
+            })
+            .join();
+        }
+    }
+}
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn var(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|v| !v.trim().is_empty())
+}
+
+/// Whether the variables turn export on (see the crate docs).
+pub fn enabled() -> bool {
+    if var("OTEL_SDK_DISABLED").is_some_and(|v| v.trim().eq_ignore_ascii_case("true")) {
+        return false;
+    }
+    match var("OTEL_TRACES_EXPORTER").as_deref().map(str::trim) {
+        Some("none") => return false,
+        Some("otlp") => return true,
+        _ => {}
+    }
+    var("OTEL_EXPORTER_OTLP_ENDPOINT").is_some() || var("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT").is_some()
+}
+
+/// Installs the global tracer provider exporting over OTLP/HTTP when the variables turn it on
+/// (a guard that exports nothing otherwise). `service` names the process when neither
+/// `OTEL_SERVICE_NAME` nor `OTEL_RESOURCE_ATTRIBUTES` does.
+///
+/// # Errors
+/// [`Error::Unsupported`] for a protocol other than `http/protobuf` or an unknown
+/// `OTEL_TRACES_EXPORTER`; [`Error::Exporter`] when the exporter cannot be built.
+pub fn init(service: &str) -> Result<Guard, Error> {
+    if !enabled() {
+        return Ok(Guard { provider: None });
+    }
+    if let Some(e) = var("OTEL_TRACES_EXPORTER") {
+        if !e.split(',').all(|x| x.trim() == "otlp") {
+            return Err(Error::Unsupported(format!(
+                "OTEL_TRACES_EXPORTER={e:?} is not supported: use otlp or none"
+            )));
+        }
+    }
+    for name in [
+        "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
+        "OTEL_EXPORTER_OTLP_PROTOCOL",
+    ] {
+        if let Some(p) = var(name) {
+            if p.trim() != "http/protobuf" {
+                return Err(Error::Unsupported(format!(
+                    "{name}={p:?} is not supported: this build exports http/protobuf (port 4318)"
+                )));
+            }
+            break;
+        }
+    }
+    // The blocking HTTP client must not be built (or dropped) on an async worker.
+    let exporter = std::thread::spawn(|| {
+        opentelemetry_otlp::SpanExporter::builder()
+            .with_http()
+            .build()
+            .map_err(|e| Error::Exporter(e.to_string()))
+    })
+    .join()
+    .map_err(|_| Error::Exporter("building the exporter panicked".into()))??;
+    let named = var("OTEL_SERVICE_NAME").is_some()
+        || var("OTEL_RESOURCE_ATTRIBUTES").is_some_and(|a| {
+            a.split(',')
+                .any(|kv| kv.split('=').next().map(str::trim) == Some("service.name"))
+        });
+    let mut resource = opentelemetry_sdk::Resource::builder();
+    if !named {
+        resource = resource.with_service_name(service.to_owned());
+    }
+    let provider = SdkTracerProvider::builder()
+        .with_batch_exporter(Warned::new(exporter))
+        .with_resource(resource.build())
+        .build();
+    opentelemetry::global::set_tracer_provider(provider.clone());
+    tracing::info!(
+        service,
+        semconv = outbox::otel::SEMCONV_VERSION,
+        "exporting OpenTelemetry spans over OTLP/HTTP"
+    );
+    Ok(Guard {
+        provider: Some(provider),
+    })
+}
+
+/// How long a failing collector stays quiet in the log after a warning.
+pub const WARN_EVERY: Duration = Duration::from_secs(60);
+
+/// An exporter whose failures are logged at most once per [`WARN_EVERY`] (with how many
+/// batches failed meanwhile), and once when it works again.
+#[derive(Debug)]
+struct Warned<E> {
+    inner: E,
+    state: Mutex<WarnState>,
+}
+
+#[derive(Debug, Default)]
+struct WarnState {
+    last_warned: Option<Instant>,
+    failed_since: u64,
+}
+
+impl<E> Warned<E> {
+    fn new(inner: E) -> Self {
+        Self {
+            inner,
+            state: Mutex::new(WarnState::default()),
+        }
+    }
+
+    fn record(&self, result: &OTelSdkResult) {
+        let mut s = self.state.lock().expect("warn state");
+        match result {
+            Ok(()) => {
+                if s.failed_since > 0 {
+                    tracing::info!(
+                        failed_batches = s.failed_since,
+                        "OTLP export works again"
+                    );
+                }
+                s.failed_since = 0;
+                s.last_warned = None;
+            }
+            Err(e) => {
+                s.failed_since += 1;
+                if s.last_warned.is_none_or(|t| t.elapsed() >= WARN_EVERY) {
+                    tracing::warn!(error = %e, failed_batches = s.failed_since,
+                        "OTLP export failed: spans are dropped (events are not affected); next warning in a minute at the earliest");
+                    s.last_warned = Some(Instant::now());
+                }
+            }
+        }
+    }
+}
+
+impl<E: SpanExporter> SpanExporter for Warned<E> {
+    async fn export(&self, batch: Vec<SpanData>) -> OTelSdkResult {
+        let r = self.inner.export(batch).await;
+        self.record(&r);
+        r
+    }
+
+    fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
+        self.inner.shutdown_with_timeout(timeout)
+    }
+
+    fn force_flush(&self) -> OTelSdkResult {
+        self.inner.force_flush()
+    }
+
+    fn set_resource(&mut self, resource: &opentelemetry_sdk::Resource) {
+        self.inner.set_resource(resource);
+    }
+}
