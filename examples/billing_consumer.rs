@@ -32,7 +32,7 @@ async fn charge(msg: &Delivered, tx: &tokio_postgres::Transaction<'_>) -> Result
     charge_with(msg, tx, false).await
 }
 
-/// `BILLING_FLAKY=n`: the first `n` orders seen fail once with a transient error (a payment
+/// `BILLING_FLAKY=n`: the first `n` valid orders seen fail once with a transient error (a payment
 /// provider's hiccup), to show a retry in the traces and the metrics.
 static FLAKY: std::sync::Mutex<(usize, Vec<String>)> = std::sync::Mutex::new((0, Vec::new()));
 
@@ -59,7 +59,6 @@ async fn charge_with(
     refunds: bool,
 ) -> Result<(), HandlerError> {
     {
-        hiccup(msg)?;
         let body = msg.json();
         let order = body["order_number"]
             .as_str()
@@ -72,6 +71,7 @@ async fn charge_with(
                 "refusing to charge {cents} cents"
             )));
         }
+        hiccup(msg)?;
         tx.execute(
             "INSERT INTO charges (order_number, amount_cents, message_id) VALUES ($1, $2, $3)",
             &[&order, &cents, &msg.message_id],

@@ -203,7 +203,7 @@ mod tests {
         assert!(enqueued(&c, &db.schema).await.is_empty());
 
         let tx = c.transaction().await.unwrap();
-        let event = place_order(&tx, &outbox, &topic, "A-1", "c-1", 1500, tp)
+        let event = place_order(&tx, &outbox, &topic, "A-1", "c-1", 1500, Some(tp))
             .await
             .unwrap();
         tx.commit().await.unwrap();

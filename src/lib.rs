@@ -112,8 +112,8 @@ mod kafka;
 mod message;
 pub mod metrics;
 mod migrate;
-mod outage;
 pub mod otel;
+mod outage;
 #[cfg(feature = "relay")]
 mod relay;
 pub mod republish;

@@ -163,7 +163,47 @@ mod imp {
         pub start: Option<std::time::SystemTime>,
     }
 
+    /// Whether a tracer provider (not the no-op one) is installed. The no-op tracer hands back
+    /// its parent's context; a real one gives a child a span id of its own. The probe's parent
+    /// is unsampled, so a parent-based sampler (the default) records nothing. Once true it
+    /// stays true; false is asked again at most once a second (a provider installed later).
+    pub(super) fn installed() -> bool {
+        use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+        static ON: AtomicBool = AtomicBool::new(false);
+        static ASKED_MS: AtomicU64 = AtomicU64::new(0);
+        if ON.load(Ordering::Relaxed) {
+            return true;
+        }
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        let asked = ASKED_MS.load(Ordering::Relaxed);
+        if asked != 0 && now.saturating_sub(asked) < 1000 {
+            return false;
+        }
+        ASKED_MS.store(now, Ordering::Relaxed);
+        let probe_id = SpanId::from_hex("00000000000000a1").expect("hex");
+        let parent = SpanContext::new(
+            TraceId::from_hex("000000000000000000000000000000a1").expect("hex"),
+            probe_id,
+            TraceFlags::default(),
+            true,
+            TraceState::default(),
+        );
+        let tracer = tracer();
+        let span = tracer.build_with_context(
+            tracer.span_builder("outbox.probe"),
+            &Context::new().with_remote_span_context(parent),
+        );
+        let on = opentelemetry::trace::Span::span_context(&span).span_id() != probe_id;
+        ON.store(on, Ordering::Relaxed);
+        on
+    }
+
     pub(super) fn start(s: Start<'_>) -> Span {
+        if !installed() {
+            return Span { cx: None };
+        }
         let tracer = tracer();
         let mut b = tracer
             .span_builder(s.name)
@@ -303,12 +343,17 @@ impl Drop for Span {
 pub(crate) fn create(topic: &str, message_id: &dyn std::fmt::Display) -> Option<String> {
     #[cfg(feature = "otel")]
     {
+        let parent = opentelemetry::Context::current();
+        if !imp::installed() {
+            // No provider, but perhaps an ambient context (a caller's own propagation): carry it.
+            use opentelemetry::trace::TraceContextExt as _;
+            return imp::format(parent.span().span_context());
+        }
         let mut attrs = imp::base("create", "create", topic);
         attrs.push(opentelemetry::KeyValue::new(
             attr::MESSAGE_ID,
             message_id.to_string(),
         ));
-        let parent = opentelemetry::Context::current();
         let span = imp::start(imp::Start {
             name: format!("create {topic}"),
             kind: imp::Kind::Producer,
@@ -318,11 +363,6 @@ pub(crate) fn create(topic: &str, message_id: &dyn std::fmt::Display) -> Option<
             start: None,
         });
         let tp = span.traceparent();
-        if tp.is_none() {
-            // No provider, but an ambient context (a caller's own propagation): carry it.
-            use opentelemetry::trace::TraceContextExt as _;
-            return imp::format(parent.span().span_context());
-        }
         span.end();
         tp
     }
@@ -406,15 +446,14 @@ pub(crate) fn sent_batch(
                 let Some(sc) = traceparent_in_json(r.headers).and_then(imp::remote) else {
                     continue;
                 };
-                send_cx.span().add_link(
-                    sc.clone(),
-                    vec![KeyValue::new(attr::ROW_ID, r.id)],
-                );
+                send_cx
+                    .span()
+                    .add_link(sc.clone(), vec![KeyValue::new(attr::ROW_ID, r.id)]);
                 if r.error.is_some() {
                     continue;
                 }
-                let created = std::time::UNIX_EPOCH
-                    + std::time::Duration::from_secs_f64(r.created.max(0.0));
+                let created =
+                    std::time::UNIX_EPOCH + std::time::Duration::from_secs_f64(r.created.max(0.0));
                 let parent = opentelemetry::Context::new().with_remote_span_context(sc);
                 let mut attrs = imp::base("wait", "send", topic);
                 attrs.push(KeyValue::new(attr::ROW_ID, r.id));
@@ -484,6 +523,9 @@ pub(crate) struct Delivery<'a> {
 pub(crate) fn process(d: &Delivery<'_>) -> Span {
     #[cfg(feature = "otel")]
     {
+        if !imp::installed() {
+            return Span::default();
+        }
         use opentelemetry::trace::{Link, TraceContextExt as _};
         use opentelemetry::KeyValue;
         let mut attrs = imp::base("process", "process", d.topic);
@@ -632,7 +674,12 @@ pub(crate) fn commit(group: &str, partitions: usize) -> Span {
 
 /// A replay job's `replay {topic}` span for one letter: a child of its creation context, with a
 /// link to the delivery that dead-lettered it.
-pub(crate) fn replay(topic: &str, message_id: &str, traceparent: Option<&str>, link: Option<&str>) -> Span {
+pub(crate) fn replay(
+    topic: &str,
+    message_id: &str,
+    traceparent: Option<&str>,
+    link: Option<&str>,
+) -> Span {
     #[cfg(feature = "otel")]
     {
         use opentelemetry::trace::{Link, TraceContextExt as _};
@@ -667,6 +714,34 @@ pub(crate) fn replay(topic: &str, message_id: &str, traceparent: Option<&str>, l
         let _ = (topic, message_id, traceparent, link);
         Span::default()
     }
+}
+
+tokio::task_local! {
+    /// The delivery spans of a commit group's members, by position.
+    static GROUP: std::sync::Arc<Vec<Span>>;
+}
+
+/// Runs a commit group's transaction with its members' delivery spans.
+pub(crate) async fn in_group<F: Future>(spans: std::sync::Arc<Vec<Span>>, fut: F) -> F::Output {
+    GROUP.scope(spans, fut).await
+}
+
+/// Runs member `i`'s handler of the current commit group with its delivery span current.
+pub(crate) async fn as_member<F: Future>(i: usize, fut: F) -> F::Output {
+    #[cfg(feature = "otel")]
+    {
+        let cx = GROUP
+            .try_with(|g| g.get(i).and_then(|s| s.cx.clone()))
+            .ok()
+            .flatten();
+        if let Some(cx) = cx {
+            use opentelemetry::context::FutureExt as _;
+            return fut.with_context(cx).await;
+        }
+    }
+    #[cfg(not(feature = "otel"))]
+    let _ = i;
+    fut.await
 }
 
 tokio::task_local! {
@@ -736,6 +811,9 @@ mod tests {
             "parent".parse::<TraceParenting>(),
             Ok(TraceParenting::Parent)
         );
-        assert!("Parent\0".parse::<TraceParenting>().unwrap_err().contains("link or parent"));
+        assert!("Parent\0"
+            .parse::<TraceParenting>()
+            .unwrap_err()
+            .contains("link or parent"));
     }
 }

@@ -22,27 +22,39 @@
 //! away, the commit failed), every message of the group is processed alone.
 
 use super::envelope::{Envelope, Fate, InGroup};
-use super::process::{process, process_from};
+use super::process::process_traced;
 use super::stats::ConsumerStats;
 use super::tx::count;
 use super::Shared;
 
 /// Processes `envs` (heads of different lanes) as one commit group; returns each one's fate.
 pub(super) async fn process_group(envs: &[&Envelope], shared: &Shared) -> Vec<Fate> {
-    let outcomes = match shared.tx.group(shared, envs).await {
+    // Each member's delivery span, current while its handler runs under its savepoint; a
+    // member that failed (or was not tried) keeps it for the processing that follows.
+    let spans: Vec<crate::otel::Span> = envs
+        .iter()
+        .map(|env| crate::otel::process(&super::process::delivery(env, shared)))
+        .collect();
+    let spans = std::sync::Arc::new(spans);
+    let outcomes = crate::otel::in_group(spans.clone(), shared.tx.group(shared, envs)).await;
+    let spans = std::sync::Arc::try_unwrap(spans).unwrap_or_default();
+    let outcomes = match outcomes {
         Ok(o) => o,
         Err(e) => {
             tracing::debug!(error = %e, size = envs.len(), "commit group failed: processing its messages one by one");
             envs.iter().map(|_| InGroup::Alone).collect()
         }
     };
+    let mut spans = spans.into_iter();
     let mut fates = Vec::with_capacity(envs.len());
     for (env, outcome) in envs.iter().zip(outcomes) {
         let topic = &env.origin.topic;
+        let span = spans.next().unwrap_or_default();
         fates.push(match outcome {
             InGroup::Processed => {
                 ConsumerStats::inc(&shared.stats.handled);
                 count(shared, topic, "handled", 1);
+                span.set_str(crate::otel::attr::OUTCOME, "handled");
                 if let Some(b) = shared.breaker() {
                     b.record_call(None);
                 }
@@ -51,10 +63,11 @@ pub(super) async fn process_group(envs: &[&Envelope], shared: &Shared) -> Vec<Fa
             InGroup::Duplicate => {
                 ConsumerStats::inc(&shared.stats.duplicates);
                 count(shared, topic, "duplicate", 1);
+                span.set_str(crate::otel::attr::OUTCOME, "duplicate");
                 Fate::Final
             }
-            InGroup::Failed(tried) => process_from(env, shared, Some(tried)).await,
-            InGroup::Alone => process(env, shared).await,
+            InGroup::Failed(tried) => process_traced(env, shared, Some(tried), span).await,
+            InGroup::Alone => process_traced(env, shared, None, span).await,
         });
     }
     fates

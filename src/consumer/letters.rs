@@ -185,10 +185,16 @@ pub(super) async fn produce_until_acked(
 }
 
 /// `headers` with `x-outbox-trace-link` set to `tp` (an earlier one replaced).
-fn with_trace_link(headers: &rdkafka::message::OwnedHeaders, tp: &str) -> rdkafka::message::OwnedHeaders {
+fn with_trace_link(
+    headers: &rdkafka::message::OwnedHeaders,
+    tp: &str,
+) -> rdkafka::message::OwnedHeaders {
     use rdkafka::message::{Header, Headers as _, OwnedHeaders};
     let mut h = OwnedHeaders::new_with_capacity(headers.count() + 1);
-    for old in headers.iter().filter(|x| x.key != crate::otel::X_TRACE_LINK) {
+    for old in headers
+        .iter()
+        .filter(|x| x.key != crate::otel::X_TRACE_LINK)
+    {
         h = h.insert(old);
     }
     h.insert(Header {

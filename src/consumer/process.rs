@@ -129,7 +129,18 @@ pub(super) async fn process(env: &Envelope, shared: &Shared) -> Fate {
 /// In strict per-key order, a message that leaves for a retry topic or the DLQ holds its key
 /// behind it (`holds.rs`).
 pub(super) async fn process_from(env: &Envelope, shared: &Shared, first: Option<Tried>) -> Fate {
-    let fate = try_message(env, shared, first).await;
+    process_traced(env, shared, first, crate::otel::Span::default()).await
+}
+
+/// [`process_from`] under a delivery span already opened (a commit group's member), or a new
+/// one when `span` is off.
+pub(super) async fn process_traced(
+    env: &Envelope,
+    shared: &Shared,
+    first: Option<Tried>,
+    span: crate::otel::Span,
+) -> Fate {
+    let fate = try_traced(env, shared, first, span).await;
     super::holds::after(env, shared, fate).await
 }
 
@@ -137,9 +148,30 @@ pub(super) async fn process_from(env: &Envelope, shared: &Shared, first: Option<
 /// key's new head itself, under the hold's lock). One `process` span covers the delivery
 /// (every in-place try), with its outcome.
 pub(super) async fn try_message(env: &Envelope, shared: &Shared, first: Option<Tried>) -> Fate {
+    try_traced(env, shared, first, crate::otel::Span::default()).await
+}
+
+async fn try_traced(
+    env: &Envelope,
+    shared: &Shared,
+    first: Option<Tried>,
+    span: crate::otel::Span,
+) -> Fate {
+    let span = if span.is_on() {
+        span
+    } else {
+        crate::otel::process(&delivery(env, shared))
+    };
+    if !span.is_on() {
+        return try_inner(env, shared, first).await;
+    }
+    crate::otel::in_delivery(span, try_inner(env, shared, first)).await
+}
+
+/// What a delivery's `process` span is opened with.
+pub(super) fn delivery<'a>(env: &'a Envelope, shared: &'a Shared) -> crate::otel::Delivery<'a> {
     let raw = &env.raw;
-    let key = raw.key.as_deref().and_then(|k| std::str::from_utf8(k).ok());
-    let span = crate::otel::process(&crate::otel::Delivery {
+    crate::otel::Delivery {
         topic: &raw.topic,
         group: &shared.config.group,
         partition: raw.partition,
@@ -149,17 +181,13 @@ pub(super) async fn try_message(env: &Envelope, shared: &Shared, first: Option<T
             .as_ref()
             .map(|d| d.message_id.as_str())
             .unwrap_or_default(),
-        key,
+        key: raw.key.as_deref().and_then(|k| std::str::from_utf8(k).ok()),
         traceparent: raw.header(crate::trace_context::TRACEPARENT),
         link: raw.header(crate::otel::X_TRACE_LINK),
         hop: env.origin.hop,
         drain: env.drain,
         parenting: shared.config.trace_parenting,
-    });
-    if !span.is_on() {
-        return try_inner(env, shared, first).await;
     }
-    crate::otel::in_delivery(span, try_inner(env, shared, first)).await
 }
 
 async fn try_inner(env: &Envelope, shared: &Shared, mut first: Option<Tried>) -> Fate {

@@ -18,10 +18,13 @@ pub(crate) fn replay_span(
     original: &[(String, HeaderValue)],
 ) -> (crate::otel::Span, Option<String>) {
     let text = |name: &str| {
-        original.iter().find(|(k, _)| k == name).and_then(|(_, v)| match v {
-            HeaderValue::Bytes(b) => std::str::from_utf8(b).ok(),
-            HeaderValue::Null => None,
-        })
+        original
+            .iter()
+            .find(|(k, _)| k == name)
+            .and_then(|(_, v)| match v {
+                HeaderValue::Bytes(b) => std::str::from_utf8(b).ok(),
+                HeaderValue::Null => None,
+            })
     };
     let span = crate::otel::replay(
         topic,
@@ -126,7 +129,14 @@ mod tests {
             ("x-replay-job".to_owned(), HeaderValue::Bytes(b"3".to_vec())),
             ("x-replay-of".to_owned(), HeaderValue::Bytes(b"9".to_vec())),
         ];
-        let h = for_replay(&orig, 1, Some("2026-01-01T00:00:00Z"), "now", Some((7, 42)), None);
+        let h = for_replay(
+            &orig,
+            1,
+            Some("2026-01-01T00:00:00Z"),
+            "now",
+            Some((7, 42)),
+            None,
+        );
         let names: Vec<(String, Vec<u8>)> = h
             .iter()
             .map(|h| (h.key.to_owned(), h.value.unwrap_or_default().to_vec()))

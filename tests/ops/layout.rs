@@ -195,6 +195,10 @@ fn a_service_without_default_features_links_no_kafka_http_or_cli_crate() {
         "refinery",
         "url",
         "regex",
+        "opentelemetry",
+        "opentelemetry_sdk",
+        "opentelemetry-otlp",
+        "reqwest",
     ] {
         assert!(!crates.contains(heavy), "{heavy} in the lean tree:\n{tree}");
     }
@@ -282,6 +286,54 @@ fn the_test_kit_takes_only_the_features_the_service_uses() {
             "kit features [{features}]:\n{err}"
         );
     }
+}
+
+#[test]
+fn otel_is_the_api_alone_and_the_exporter_lives_in_outbox_otlp() {
+    // The defaults carry no OpenTelemetry at all; `otel` adds the API and nothing else: no
+    // SDK, no exporter, no HTTP client. The SDK and OTLP come with `outbox-otlp`.
+    let full = cargo_tree(None);
+    assert!(!full.contains("opentelemetry"), "{full}");
+    let traced = cargo_tree(Some("--features=otel"));
+    let crates: BTreeSet<&str> = traced
+        .lines()
+        .filter_map(|l| l.split_whitespace().next())
+        .collect();
+    assert!(crates.contains("opentelemetry"), "{traced}");
+    for not_here in [
+        "opentelemetry_sdk",
+        "opentelemetry-otlp",
+        "opentelemetry-proto",
+        "reqwest",
+    ] {
+        assert!(
+            !crates.contains(not_here),
+            "{not_here} with --features otel:\n{traced}"
+        );
+    }
+    let o = cargo()
+        .args([
+            "tree",
+            "--locked",
+            "--offline",
+            "-p",
+            "outbox-otlp",
+            "-e",
+            "normal",
+            "--prefix",
+            "none",
+        ])
+        .output()
+        .expect("cargo tree");
+    let exporter = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        exporter.contains("opentelemetry_sdk ") && exporter.contains("opentelemetry-otlp "),
+        "{exporter}"
+    );
+    assert!(
+        !exporter.contains("rdkafka "),
+        "outbox-otlp takes the library without its defaults"
+    );
 }
 
 #[test]
@@ -378,6 +430,10 @@ fn each_feature_builds_alone() {
         "schemas,consumer",
         "sqlx",
         "sqlx,consumer",
+        "otel",
+        "otel,relay",
+        "otel,consumer",
+        "otel,dlq",
     ] {
         let o = cargo()
             .args([
@@ -407,6 +463,24 @@ fn each_feature_builds_alone() {
             warnings.join("\n")
         );
     }
+    // The exporter's crate alone (it takes the library without its defaults).
+    let o = cargo()
+        .args([
+            "check",
+            "--locked",
+            "--offline",
+            "--message-format",
+            "short",
+            "-p",
+            "outbox-otlp",
+        ])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        o.status.success() && !err.contains(": warning"),
+        "outbox-otlp:\n{err}"
+    );
 }
 
 fn src_files() -> Vec<(String, String)> {

@@ -91,7 +91,8 @@ pub fn enabled() -> bool {
         Some("otlp") => return true,
         _ => {}
     }
-    var("OTEL_EXPORTER_OTLP_ENDPOINT").is_some() || var("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT").is_some()
+    var("OTEL_EXPORTER_OTLP_ENDPOINT").is_some()
+        || var("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT").is_some()
 }
 
 /// Installs the global tracer provider exporting over OTLP/HTTP when the variables turn it on
@@ -188,10 +189,7 @@ impl<E> Warned<E> {
         match result {
             Ok(()) => {
                 if s.failed_since > 0 {
-                    tracing::info!(
-                        failed_batches = s.failed_since,
-                        "OTLP export works again"
-                    );
+                    tracing::info!(failed_batches = s.failed_since, "OTLP export works again");
                 }
                 s.failed_since = 0;
                 s.last_warned = None;

@@ -369,7 +369,7 @@ impl<D: Driver> Routes<D> {
         let keys = keys(members.iter().flatten().map(|(d, _)| *d));
         let mut fresh = D::mark_many(&mut tx, &shared.inbox, &keys).await?;
         let mut outcomes = Vec::with_capacity(envs.len());
-        for (env, member) in envs.iter().zip(members) {
+        for (i, (env, member)) in envs.iter().zip(members).enumerate() {
             let Some((d, h)) = member else {
                 outcomes.push(InGroup::Alone);
                 continue;
@@ -380,7 +380,9 @@ impl<D: Driver> Routes<D> {
                 continue;
             }
             let started = std::time::Instant::now();
-            let (savepoint, handled) = D::in_savepoint(&mut tx, h, d, handle_span(d, shared)).await;
+            let (savepoint, handled) =
+                crate::otel::as_member(i, D::in_savepoint(&mut tx, h, d, handle_span(d, shared)))
+                    .await;
             handler_seconds(shared, &env.origin.topic, started);
             savepoint?;
             match handled {

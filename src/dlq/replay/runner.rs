@@ -377,8 +377,10 @@ impl Dlq {
             }
         }
         let mut sent: Vec<(i64, SystemTime)> = Vec::with_capacity(pending.len());
-        let (meta, futs): (Vec<_>, Vec<_>) =
-            pending.into_iter().map(|(i, t, s, f)| ((i, t, s), f)).unzip();
+        let (meta, futs): (Vec<_>, Vec<_>) = pending
+            .into_iter()
+            .map(|(i, t, s, f)| ((i, t, s), f))
+            .unzip();
         for ((id, at, span), r) in meta.into_iter().zip(futures::future::join_all(futs).await) {
             match r {
                 Ok(Ok(_)) => sent.push((id, at)),
