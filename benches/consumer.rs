@@ -15,6 +15,10 @@
 //!
 //! `cargo bench --bench consumer` (env: ROWS=200000, ROWS_C1=20000, MAX_BATCH=500;
 //! ONLY_FORMATS=1 runs just the formats, three rounds; ONLY_STRICT=1 just strict order).
+//!
+//! Then tracing's cost (`consumer_tracing`): the per-message consumer over messages a traced
+//! service wrote, with no tracer provider and exporting to Jaeger at 1 % and 100 % sampling,
+//! as ratios to off; ONLY_TRACING=1 runs ROUNDS=3 rounds of just that.
 
 #[path = "support/mod.rs"]
 mod support;
@@ -412,6 +416,10 @@ async fn main() {
         }
         return;
     }
+    if std::env::var("ONLY_TRACING").is_ok() {
+        tracing_cost(param("ROUNDS", 3), rows).await;
+        return;
+    }
     let db = fresh_db().await;
     let topic = format!("bench.{}.created", rand_name(8));
     create_topic(&topic, 6).await;
@@ -448,6 +456,53 @@ async fn main() {
     delete_topic(&topic).await;
     delete_topic(&format!("{topic}.dlq")).await;
     formats(rows, max_batch).await;
+    tracing_cost(1, rows).await;
+}
+
+/// What tracing costs the consumer: the per-message consumer at concurrency 16 over messages a
+/// traced service wrote (each with a `traceparent`), with no tracer provider (compiled in,
+/// off), and exporting to Jaeger at 1 % and 100 % sampling; `rounds` rounds, the order
+/// rotating.
+async fn tracing_cost(rounds: usize, rows: usize) {
+    let db = fresh_db().await;
+    let topic = format!("bench.{}.created", rand_name(8));
+    create_topic(&topic, 6).await;
+    create_topic(&format!("{topic}.dlq"), 6).await;
+    fill_outbox_traced(&db, &topic, rows, 1000, true, Some(1.0)).await;
+    let relay = outbox::Relay::new(&db, &kafka(), outbox::RelayConfig::default()).unwrap();
+    while let outbox::Outcome::Published(_) = relay.run_once().await.unwrap() {}
+    drop(relay);
+    let group = ConsumerConfig::DEFAULT_COMMIT_GROUP;
+    let modes: [(&str, Option<f64>); 3] = [("off", None), ("1%", Some(0.01)), ("100%", Some(1.0))];
+    for round in 0..rounds {
+        let mut got = std::collections::HashMap::new();
+        for i in 0..3 {
+            let (name, ratio) = modes[(round + i) % 3];
+            let guard = tracing_at(ratio);
+            let r = run(&db, &topic, rows, "per-message", 16, 1, group).await;
+            if let Some(g) = guard {
+                g.shutdown();
+            }
+            tracing_at(None);
+            got.insert(name, r["msgs_per_sec"].as_f64().unwrap());
+        }
+        emit(
+            "consumer_tracing",
+            serde_json::json!({"messages": rows, "partitions": 6, "keys": 1000, "mode": "per-message", "concurrency": 16}),
+            serde_json::json!({
+                "off_msgs_per_sec": got["off"],
+                "sampled_1pct_msgs_per_sec": got["1%"],
+                "sampled_100pct_msgs_per_sec": got["100%"],
+                "ratio_1pct_to_off": round2(got["1%"] / got["off"]),
+                "ratio_100pct_to_off": round2(got["100%"] / got["off"]),
+                "first": modes[round % 3].0,
+                "exporter": "OTLP/HTTP to Jaeger (dev/jaeger.sh)",
+            }),
+        );
+    }
+    drop_schema(&db).await;
+    delete_topic(&topic).await;
+    delete_topic(&format!("{topic}.dlq")).await;
 }
 
 /// The batched handler (the fastest path, where decoding weighs most) over the same messages

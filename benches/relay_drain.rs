@@ -25,7 +25,10 @@
 //! plain JSON; ONLY_FORMATS=1 runs just those, three rounds. The full run and ONLY_EXACTLY_ONCE
 //! end with what an idle relay costs (`relay_idle_cpu`), idempotent and exactly-once. Ring
 //! storage (`relay_drain_ring`) is drained next to the table in the full run; ONLY_RING=1
-//! runs PAIRS=3 pairs of the two, with Kafka alone measured once before them.
+//! runs PAIRS=3 pairs of the two, with Kafka alone measured once before them. Tracing's cost
+//! (`relay_drain_tracing`): rows written by a traced service drained with no tracer provider,
+//! and exporting to Jaeger (`dev/jaeger.sh`) at 1 % and 100 % sampling, as ratios to off; in
+//! the full run once, ONLY_TRACING=1 runs ROUNDS=3 rounds of just that.
 
 #[path = "support/mod.rs"]
 mod support;
@@ -51,6 +54,9 @@ struct Setup {
     format: outbox::schemas::Format,
     /// Append-only ring storage (`outbox::storage::use_ring`) instead of the table.
     ring: bool,
+    /// Rows carry a `traceparent`, sampled on this fraction of them (a traced service wrote
+    /// them); the spans' cost is measured with it.
+    traced: Option<f64>,
 }
 
 async fn drain_with(s: Setup, rows: usize, batch: usize, keys: usize) -> serde_json::Value {
@@ -104,7 +110,7 @@ async fn drain_with(s: Setup, rows: usize, batch: usize, keys: usize) -> serde_j
     for r in &rs {
         r.run_once().await.unwrap();
     }
-    fill_outbox_stats(&db, &topic, rows, keys, s.analyze).await;
+    fill_outbox_traced(&db, &topic, rows, keys, s.analyze, s.traced).await;
     // The filling connection's backend exits after its client is dropped; counted before
     // that, its CPU time would leave the sum between the two readings.
     tokio::time::sleep(std::time::Duration::from_millis(300)).await;
@@ -437,6 +443,52 @@ fn analyzed_setup(relays: usize, in_flight: usize) -> Setup {
         exactly_once: false,
         format: outbox::schemas::Format::Json,
         ring: false,
+        traced: None,
+    }
+}
+
+/// What tracing costs the drain: rows written by a traced service (each with a
+/// `traceparent`), drained with no tracer provider (tracing compiled in, off), and exporting
+/// to Jaeger at 1 % and at 100 % sampling, `rounds` times, the order rotating each round.
+async fn tracing_cost(
+    rounds: usize,
+    depth: usize,
+    rows: usize,
+    batch: usize,
+    keys: usize,
+    params: &serde_json::Value,
+) {
+    let modes: [(&str, Option<f64>); 3] = [("off", None), ("1%", Some(0.01)), ("100%", Some(1.0))];
+    for round in 0..rounds {
+        let mut got = std::collections::HashMap::new();
+        for i in 0..3 {
+            let (name, ratio) = modes[(round + i) % 3];
+            let setup = Setup {
+                traced: Some(ratio.unwrap_or(1.0)),
+                ..analyzed_setup(1, depth)
+            };
+            let guard = tracing_at(ratio);
+            let r = drain_with(setup, rows, batch, keys).await;
+            // The flush of what is queued is part of the cost, not of the next drain.
+            if let Some(g) = guard {
+                g.shutdown();
+            }
+            tracing_at(None);
+            got.insert(name, rate(&r));
+        }
+        emit(
+            "relay_drain_tracing",
+            params.clone(),
+            serde_json::json!({
+                "off_msgs_per_sec": got["off"],
+                "sampled_1pct_msgs_per_sec": got["1%"],
+                "sampled_100pct_msgs_per_sec": got["100%"],
+                "ratio_1pct_to_off": round2(got["1%"] / got["off"]),
+                "ratio_100pct_to_off": round2(got["100%"] / got["off"]),
+                "first": modes[round % 3].0,
+                "exporter": "OTLP/HTTP to Jaeger (dev/jaeger.sh)",
+            }),
+        );
     }
 }
 
@@ -579,6 +631,11 @@ async fn main() {
                 }),
             );
         }
+        return;
+    }
+    // Tracing's cost only: off, 1 % and 100 % sampling exporting to Jaeger, ROUNDS rounds.
+    if std::env::var("ONLY_TRACING").is_ok() {
+        tracing_cost(param("ROUNDS", 3), depth, rows, batch, keys, &params).await;
         return;
     }
     // Schema formats against plain JSON only, three rounds.
@@ -731,6 +788,7 @@ async fn main() {
         keys,
     )
     .await;
+    tracing_cost(1, depth, rows, batch, keys, &params).await;
     emit(
         "relay_drain_stale_statistics",
         params,

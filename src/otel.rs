@@ -89,6 +89,10 @@ pub(crate) mod attr {
 pub(crate) struct Span {
     #[cfg(feature = "otel")]
     cx: Option<opentelemetry::Context>,
+    /// Attributes whose last value counts (an outcome, an error type), written once at the
+    /// end: the SDK keeps every value set for a key, not the last.
+    #[cfg(feature = "otel")]
+    last: std::sync::Mutex<Vec<(&'static str, String)>>,
 }
 
 impl std::fmt::Debug for Span {
@@ -167,10 +171,11 @@ mod imp {
     /// its parent's context; a real one gives a child a span id of its own. The probe's parent
     /// is unsampled, so a parent-based sampler (the default) records nothing. Once true it
     /// stays true; false is asked again at most once a second (a provider installed later).
+    pub(super) static ON: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    pub(super) static ASKED_MS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
     pub(super) fn installed() -> bool {
-        use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-        static ON: AtomicBool = AtomicBool::new(false);
-        static ASKED_MS: AtomicU64 = AtomicU64::new(0);
+        use std::sync::atomic::Ordering;
         if ON.load(Ordering::Relaxed) {
             return true;
         }
@@ -202,7 +207,7 @@ mod imp {
 
     pub(super) fn start(s: Start<'_>) -> Span {
         if !installed() {
-            return Span { cx: None };
+            return Span::default();
         }
         let tracer = tracer();
         let mut b = tracer
@@ -218,30 +223,54 @@ mod imp {
         let span = tracer.build_with_context(b, parent);
         if !opentelemetry::trace::Span::span_context(&span).is_valid() {
             // No provider installed: nothing to record, nothing to end.
-            return Span { cx: None };
+            return Span::default();
         }
         Span {
             cx: Some(parent.with_span(span)),
+            last: std::sync::Mutex::default(),
         }
     }
 
     impl Span {
-        pub(super) fn set(&self, kv: KeyValue) {
-            if let Some(cx) = &self.cx {
-                cx.span().set_attribute(kv);
+        /// Sets `key` to `value`, replacing an earlier value (written at the end).
+        pub(super) fn set_last(&self, key: &'static str, value: String) {
+            if self.cx.is_none() {
+                return;
+            }
+            let mut last = self.last.lock().expect("span attributes");
+            match last.iter_mut().find(|(k, _)| *k == key) {
+                Some(kv) => kv.1 = value,
+                None => last.push((key, value)),
             }
         }
 
         pub(super) fn fail(&self, error_type: &str, message: &str) {
             if let Some(cx) = &self.cx {
-                cx.span()
-                    .set_attribute(KeyValue::new(attr::ERROR_TYPE, error_type.to_owned()));
+                self.set_last(attr::ERROR_TYPE, error_type.to_owned());
                 cx.span().set_status(Status::error(message.to_owned()));
             }
+        }
+
+        pub(super) fn flush(&self, cx: &Context) {
+            let last = std::mem::take(&mut *self.last.lock().expect("span attributes"));
+            cx.span()
+                .set_attributes(last.into_iter().map(|(k, v)| KeyValue::new(k, v)));
         }
     }
 
     pub(super) use opentelemetry::trace::SpanKind as Kind;
+}
+
+/// Tells the library that the global tracer provider was replaced (`outbox-otlp` calls it).
+/// Without it a provider installed later is still found within a second, but a provider
+/// removed (replaced by the no-op one) would go unnoticed.
+pub fn refresh() {
+    #[cfg(feature = "otel")]
+    {
+        use std::sync::atomic::Ordering;
+        imp::ON.store(false, Ordering::Relaxed);
+        imp::ASKED_MS.store(0, Ordering::Relaxed);
+    }
 }
 
 impl Span {
@@ -271,7 +300,7 @@ impl Span {
     /// Sets a string attribute.
     pub(crate) fn set_str(&self, key: &'static str, value: impl Into<String>) {
         #[cfg(feature = "otel")]
-        self.set(opentelemetry::KeyValue::new(key, value.into()));
+        self.set_last(key, value.into());
         #[cfg(not(feature = "otel"))]
         let _ = (key, value);
     }
@@ -310,6 +339,7 @@ impl Span {
         #[cfg(feature = "otel")]
         if let Some(cx) = self.cx.take() {
             use opentelemetry::trace::TraceContextExt as _;
+            self.flush(&cx);
             match at {
                 Some(t) => cx.span().end_with_timestamp(t),
                 None => cx.span().end(),

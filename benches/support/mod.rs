@@ -74,6 +74,27 @@ pub async fn fill_outbox_stats(
     keys: usize,
     analyze: bool,
 ) {
+    fill_outbox_traced(db, topic, rows, keys, analyze, None).await;
+}
+
+/// [`fill_outbox_stats`], each row carrying a `traceparent` (rows written by a traced
+/// service) whose sampled flag is set on a `sampled` fraction of them, when `sampled` is given.
+pub async fn fill_outbox_traced(
+    db: &outbox::DbConfig,
+    topic: &str,
+    rows: usize,
+    keys: usize,
+    analyze: bool,
+    sampled: Option<f64>,
+) {
+    let traced = match sampled {
+        Some(r) => format!(
+            ", 'traceparent', '00-' || md5(g::text || random()::text) || '-' \
+               || substr(md5(random()::text), 1, 16) || '-' \
+               || CASE WHEN random() < {r} THEN '01' ELSE '00' END"
+        ),
+        None => String::new(),
+    };
     let c = outbox::connect(db).await.unwrap();
     if !analyze {
         c.batch_execute(&format!(
@@ -92,12 +113,12 @@ pub async fn fill_outbox_stats(
                 "INSERT INTO {s}.outbox (topic, message_key, headers, payload)
                  SELECT $1, 'key-' || (g % $3), jsonb_build_object('message_type', 'order_created',
                         'entity_id', 'key-' || (g % $3), 'message_id', {s}.outbox_uuidv7()::text,
-                        'timestamp', to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"')),
+                        'timestamp', to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"'){traced}),
                         jsonb_build_object('order_number', 'A-' || g, 'customer', 'customer-' || (g % 977),
                                            'total_cents', g * 7 % 100000, 'currency', 'EUR',
                                            'note', repeat('x', 90))
                    FROM generate_series($2::bigint, $2::bigint + $4::bigint - 1) g",
-                s = db.schema.quoted()
+                s = db.schema.quoted(),
             ),
             &[&topic, &(done as i64), &(keys as i64), &(n as i64)],
         )
@@ -311,4 +332,26 @@ pub fn format_name(format: outbox::schemas::Format) -> &'static str {
         outbox::schemas::Format::Protobuf => "protobuf",
         outbox::schemas::Format::JsonSchema => "json-schema",
     }
+}
+
+/// Tracing for the cost benches: spans exported over OTLP/HTTP to the dev Jaeger
+/// (`OTEL_EXPORTER_OTLP_ENDPOINT`, default `http://127.0.0.1:14318`) with a parent-based
+/// ratio sampler at `ratio`, or no provider at all (`None`: tracing compiled in, off).
+pub fn tracing_at(ratio: Option<f64>) -> Option<outbox_otlp::Guard> {
+    let Some(r) = ratio else {
+        opentelemetry::global::set_tracer_provider(
+            opentelemetry::trace::noop::NoopTracerProvider::new(),
+        );
+        outbox::otel::refresh();
+        return None;
+    };
+    if std::env::var("OTEL_EXPORTER_OTLP_ENDPOINT").is_err() {
+        std::env::set_var("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:14318");
+    }
+    std::env::set_var("OTEL_SERVICE_NAME", "outbox-bench");
+    std::env::set_var("OTEL_TRACES_SAMPLER", "parentbased_traceidratio");
+    std::env::set_var("OTEL_TRACES_SAMPLER_ARG", r.to_string());
+    let g = outbox_otlp::init("outbox-bench").expect("OTLP export");
+    assert!(g.is_exporting());
+    Some(g)
 }

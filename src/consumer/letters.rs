@@ -227,6 +227,7 @@ pub(super) async fn park(
     if let Some(b) = shared.breaker() {
         b.parked.fetch_add(1, Ordering::Relaxed);
     }
+    crate::otel::outcome("parked");
     // Parked, not dead: the breaker's drain delivers it before newer messages of its key.
     Fate::Final
 }

@@ -23,6 +23,8 @@ use super::{attr, exporter, is_root, spans_of, tp};
 /// deployed (message ids: unique across the tests running beside each other).
 static FAILED_ONCE: Mutex<Vec<String>> = Mutex::new(Vec::new());
 static FIXED: Mutex<Vec<String>> = Mutex::new(Vec::new());
+/// While set, `{"kind": "down"}` messages find their dependency unavailable.
+static DOWN: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
 
 /// `{"kind": "ok" | "flaky" | "poison"}`: flaky fails once (transient), poison fails
 /// (permanent) until its id is in `FIXED`.
@@ -46,6 +48,9 @@ impl Handler for Journey {
                 Some("poison") if !FIXED.lock().unwrap().contains(&m.message_id) => {
                     Err(HandlerError::permanent("refusing a total as text"))
                 }
+                Some("down") if DOWN.load(std::sync::atomic::Ordering::SeqCst) => Err(
+                    HandlerError::unavailable("loyalty-api", "connection refused"),
+                ),
                 _ => Ok(()),
             }
         })
@@ -610,5 +615,85 @@ async fn one_journey_with_a_retry_a_dead_letter_and_a_replay_is_one_trace_and_ma
     assert_eq!(
         got, want,
         "the spans differ from tests/otel/golden.txt (OUTBOX_BLESS_OTEL=1 to accept a deliberate change)"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_parked_delivery_and_its_drain_after_the_breaker_closes_are_linked() {
+    exporter();
+    let db = fresh_db().await;
+    let topic = topic_name();
+    create_topic_family(&topic, 1, &[]).await;
+    let m = msg(&topic, "down");
+    let c = client(&db).await;
+    Enqueuer::new(&db.schema).enqueue(&c, &m).await.unwrap();
+    let relay = outbox::Relay::new(&db, &kafka(), relay_config()).unwrap();
+    assert_eq!(drain(&relay).await, 1);
+    let mut config = ConsumerConfig::new(format!("it-{}", hex(6)), [topic.clone()]);
+    config.trace_parenting = TraceParenting::Parent;
+    config.breaker = Some({
+        let mut b = outbox::consumer::BreakerConfig::default();
+        b.check_interval = Duration::from_secs(1);
+        b.open_for = Duration::from_millis(1500);
+        b.attempts = 2;
+        b.retry_delay = Duration::from_millis(100);
+        b
+    });
+    let consumer = Consumer::new(&db, &kafka(), config)
+        .unwrap()
+        .handler("journey", Journey);
+    let (stop, task) = run(consumer);
+    let parked = || {
+        spans_of(&topic).into_iter().find(|s| {
+            s.name == format!("process {topic}")
+                && attr(s, "outbox.outcome").as_deref() == Some("parked")
+        })
+    };
+    wait_until(Duration::from_secs(60), "the message parked", || async {
+        parked().is_some()
+    })
+    .await;
+    DOWN.store(false, std::sync::atomic::Ordering::SeqCst);
+    let drained = || {
+        spans_of(&topic).into_iter().find(|s| {
+            attr(s, "outbox.drain").as_deref() == Some("true")
+                && attr(s, "outbox.outcome").as_deref() == Some("handled")
+        })
+    };
+    wait_until(
+        Duration::from_secs(90),
+        "the parked letter drained",
+        || async { drained().is_some() },
+    )
+    .await;
+    let _ = stop.send(());
+    task.await.unwrap();
+
+    let parked = parked().unwrap();
+    assert_eq!(attr(&parked, "error.type").as_deref(), Some("unavailable"));
+    assert_eq!(
+        parked.events.events.len(),
+        1,
+        "one in-place retry before the breaker opened"
+    );
+    let spans = spans_of(&topic);
+    let park = spans
+        .iter()
+        .find(|s| s.name == format!("send {topic}.dlq"))
+        .expect("the park's send span");
+    assert_eq!(attr(park, "outbox.forward").as_deref(), Some("park"));
+    assert_eq!(park.parent_span_id, parked.span_context.span_id());
+    let drained = &drained().unwrap();
+    assert_eq!(
+        drained.span_context.trace_id(),
+        parked.span_context.trace_id()
+    );
+    assert!(
+        drained
+            .links
+            .links
+            .iter()
+            .any(|l| same(&l.span_context, &parked.span_context)),
+        "the drained delivery links back to the parked one"
     );
 }

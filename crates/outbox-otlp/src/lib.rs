@@ -149,6 +149,7 @@ pub fn init(service: &str) -> Result<Guard, Error> {
         .with_resource(resource.build())
         .build();
     opentelemetry::global::set_tracer_provider(provider.clone());
+    outbox::otel::refresh();
     tracing::info!(
         service,
         semconv = outbox::otel::SEMCONV_VERSION,
