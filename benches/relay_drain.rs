@@ -170,8 +170,8 @@ async fn drain_with(s: Setup, rows: usize, batch: usize, keys: usize) -> serde_j
         // Where the machine's CPU went during the drain, and how busy its cores were.
         // `proxy`: the delaying proxy (PG_DELAY_MS), counted in cores_busy (the machine did
         // that work) but not in the relays' CPU per message.
-        "cpu_seconds": {"postgres": round2(cpu.postgres), "kafka": round2(cpu.kafka), "relay": round2(cpu.relay), "proxy": round2(cpu.proxy)},
-        "cores_busy": round2((cpu.postgres + cpu.kafka + cpu.relay + cpu.proxy) / cpu.wall),
+        "cpu_seconds": {"postgres": round2(cpu.postgres), "kafka": round2(cpu.kafka), "relay": round2(cpu.relay), "proxy": round2(cpu.proxy), "jaeger": round2(cpu.jaeger)},
+        "cores_busy": round2((cpu.postgres + cpu.kafka + cpu.relay + cpu.proxy + cpu.jaeger) / cpu.wall),
         "cpu_us_per_msg": round2((cpu.postgres + cpu.kafka + cpu.relay) * 1e6 / rows as f64),
     })
 }
@@ -188,6 +188,8 @@ struct Cpu {
     kafka: f64,
     relay: f64,
     proxy: f64,
+    /// The tracing backend (dev/jaeger.sh), busy only while spans are exported.
+    jaeger: f64,
     /// Wall-clock seconds (for differences).
     wall: f64,
 }
@@ -199,6 +201,7 @@ impl Cpu {
             kafka: self.kafka - before.kafka,
             relay: self.relay - before.relay,
             proxy: self.proxy - before.proxy,
+            jaeger: self.jaeger - before.jaeger,
             wall: self.wall - before.wall,
         }
     }
@@ -238,6 +241,8 @@ fn cpu_seconds() -> Cpu {
             cpu.postgres += secs;
         } else if comm == "java" {
             cpu.kafka += secs;
+        } else if comm.starts_with("jaeger") {
+            cpu.jaeger += secs;
         }
     }
     if let Some(tid) = PROXY_THREAD.get() {
@@ -470,23 +475,29 @@ async fn tracing_cost(
             let guard = tracing_at(ratio);
             let r = drain_with(setup, rows, batch, keys).await;
             // The flush of what is queued is part of the cost, not of the next drain.
-            if let Some(g) = guard {
-                g.shutdown();
-            }
+            let spans = guard.map(|g| {
+                let c = g.shutdown();
+                serde_json::json!({"ended": c.ended, "exported": c.exported})
+            });
             tracing_at(None);
-            got.insert(name, rate(&r));
+            got.insert(name, (rate(&r), r["cpu_seconds"].clone(), r["cores_busy"].clone(), spans));
         }
         emit(
             "relay_drain_tracing",
             params.clone(),
             serde_json::json!({
-                "off_msgs_per_sec": got["off"],
-                "sampled_1pct_msgs_per_sec": got["1%"],
-                "sampled_100pct_msgs_per_sec": got["100%"],
-                "ratio_1pct_to_off": round2(got["1%"] / got["off"]),
-                "ratio_100pct_to_off": round2(got["100%"] / got["off"]),
+                "off_msgs_per_sec": got["off"].0,
+                "sampled_1pct_msgs_per_sec": got["1%"].0,
+                "sampled_100pct_msgs_per_sec": got["100%"].0,
+                "ratio_1pct_to_off": round2(got["1%"].0 / got["off"].0),
+                "ratio_100pct_to_off": round2(got["100%"].0 / got["off"].0),
                 "first": modes[round % 3].0,
-                "exporter": "OTLP/HTTP to Jaeger (dev/jaeger.sh)",
+                "exporter": "OTLP/HTTP to Jaeger (dev/jaeger.sh), on the same 2 cores",
+                // Where the machine's CPU went in each mode, Jaeger's ingestion included.
+                "cpu_seconds_off_1pct_100pct": [got["off"].1, got["1%"].1, got["100%"].1],
+                "cores_busy_off_1pct_100pct": [got["off"].2, got["1%"].2, got["100%"].2],
+                // Spans recorded and accepted by Jaeger (a full queue drops spans, never waits).
+                "spans_1pct_100pct": [got["1%"].3, got["100%"].3],
             }),
         );
     }

@@ -116,7 +116,21 @@ mod imp {
 
     use super::{attr, Span, SCHEMA_URL, SCOPE};
 
-    pub(super) fn tracer() -> global::BoxedTracer {
+    /// The tracer of the installed provider, made once (not per span) and made again after
+    /// [`super::refresh`].
+    pub(super) static TRACER: std::sync::RwLock<Option<std::sync::Arc<global::BoxedTracer>>> =
+        std::sync::RwLock::new(None);
+
+    pub(super) fn tracer() -> std::sync::Arc<global::BoxedTracer> {
+        if let Some(t) = TRACER.read().expect("tracer lock").as_ref() {
+            return t.clone();
+        }
+        let t = std::sync::Arc::new(fresh_tracer());
+        *TRACER.write().expect("tracer lock") = Some(t.clone());
+        t
+    }
+
+    fn fresh_tracer() -> global::BoxedTracer {
         global::tracer_with_scope(
             InstrumentationScope::builder(SCOPE)
                 .with_version(env!("CARGO_PKG_VERSION"))
@@ -187,6 +201,8 @@ mod imp {
             return false;
         }
         ASKED_MS.store(now, Ordering::Relaxed);
+        // A tracer cached while no provider was installed is the no-op one.
+        *TRACER.write().expect("tracer lock") = None;
         let probe_id = SpanId::from_hex("00000000000000a1").expect("hex");
         let parent = SpanContext::new(
             TraceId::from_hex("000000000000000000000000000000a1").expect("hex"),
@@ -195,7 +211,7 @@ mod imp {
             true,
             TraceState::default(),
         );
-        let tracer = tracer();
+        let tracer = fresh_tracer();
         let span = tracer.build_with_context(
             tracer.span_builder("outbox.probe"),
             &Context::new().with_remote_span_context(parent),
@@ -270,6 +286,7 @@ pub fn refresh() {
         use std::sync::atomic::Ordering;
         imp::ON.store(false, Ordering::Relaxed);
         imp::ASKED_MS.store(0, Ordering::Relaxed);
+        *imp::TRACER.write().expect("tracer lock") = None;
     }
 }
 
@@ -469,6 +486,10 @@ pub(crate) fn sent_batch(
             };
             let send_sc = send_cx.span().span_context().clone();
             let mut failed: Option<&'static str> = None;
+            // Per row, built once per batch and topic: the tracer, the name, the topic.
+            let tracer = imp::tracer();
+            let wait_name = format!("outbox wait {topic}");
+            let dest = opentelemetry::Value::String(std::sync::Arc::<str>::from(topic).into());
             for r in of_topic() {
                 if r.error.is_some() {
                     failed = failed.or(r.error);
@@ -476,6 +497,11 @@ pub(crate) fn sent_batch(
                 let Some(sc) = traceparent_in_json(r.headers).and_then(imp::remote) else {
                     continue;
                 };
+                // The event's own sampling decision, taken where it was created: an unsampled
+                // event's trace is not recorded, so neither its link nor its wait is.
+                if !sc.is_sampled() {
+                    continue;
+                }
                 send_cx
                     .span()
                     .add_link(sc.clone(), vec![KeyValue::new(attr::ROW_ID, r.id)]);
@@ -485,17 +511,21 @@ pub(crate) fn sent_batch(
                 let created =
                     std::time::UNIX_EPOCH + std::time::Duration::from_secs_f64(r.created.max(0.0));
                 let parent = opentelemetry::Context::new().with_remote_span_context(sc);
-                let mut attrs = imp::base("wait", "send", topic);
-                attrs.push(KeyValue::new(attr::ROW_ID, r.id));
-                let mut wait = imp::start(imp::Start {
-                    name: format!("outbox wait {topic}"),
-                    kind: imp::Kind::Internal,
-                    attrs,
-                    parent: Some(&parent),
-                    links: vec![Link::with_context(send_sc.clone())],
-                    start: Some(created.min(ended)),
-                });
-                wait.end_at(Some(ended));
+                use opentelemetry::trace::{Span as _, Tracer as _};
+                let builder = tracer
+                    .span_builder(wait_name.clone())
+                    .with_kind(imp::Kind::Internal)
+                    // Not a messaging operation (INTERNAL): where it waited to go, and which
+                    // row; one span per event, so kept small.
+                    .with_attributes([
+                        KeyValue::new(attr::DESTINATION, dest.clone()),
+                        KeyValue::new(attr::ROW_ID, r.id),
+                    ])
+                    .with_links(vec![Link::with_context(send_sc.clone())])
+                    .with_start_time(created.min(ended));
+                tracer
+                    .build_with_context(builder, &parent)
+                    .end_with_timestamp(ended);
             }
             if let Some(e) = failed {
                 send.failed(e, "a row of the batch was not published");
