@@ -480,7 +480,15 @@ async fn tracing_cost(
                 serde_json::json!({"ended": c.ended, "exported": c.exported})
             });
             tracing_at(None);
-            got.insert(name, (rate(&r), r["cpu_seconds"].clone(), r["cores_busy"].clone(), spans));
+            got.insert(
+                name,
+                (
+                    rate(&r),
+                    r["cpu_seconds"].clone(),
+                    r["cores_busy"].clone(),
+                    spans,
+                ),
+            );
         }
         emit(
             "relay_drain_tracing",

@@ -23,13 +23,16 @@
 //! blocks the relay or a handler (a full queue drops spans, never events) and costs one
 //! warning a minute, not one per batch.
 
+#![warn(missing_docs)]
+
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use opentelemetry_sdk::error::OTelSdkResult;
 use opentelemetry_sdk::trace::{
-    BatchConfigBuilder, BatchSpanProcessor, SdkTracerProvider, SpanData, SpanExporter, SpanProcessor,
+    BatchConfigBuilder, BatchSpanProcessor, SdkTracerProvider, SpanData, SpanExporter,
+    SpanProcessor,
 };
 
 /// Why export could not be set up.
