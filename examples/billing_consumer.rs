@@ -21,7 +21,8 @@
 //! refused — the bug a later version fixes, after which the refused orders are replayed),
 //! `BILLING_RETRY_TOPICS` (`1s,10s`: retry topics instead of in-place retries),
 //! `BILLING_FLAKY` (`n`: the first n orders fail once, transiently), `BILLING_TRACE_PARENTING`
-//! (`link` or `parent`), and the standard `OTEL_*` variables (OTLP export of the spans).
+//! (`link` or `parent`), `BILLING_METRICS_ADDR` (`/metrics`, `/healthz`, `/readyz`), and the
+//! standard `OTEL_*` variables (OTLP export of the spans).
 
 use outbox::consumer::{Consumer, ConsumerConfig, Delivered, HandlerError};
 
@@ -158,6 +159,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         };
     }
     FLAKY.lock().expect("flaky lock").0 = env("BILLING_FLAKY", "0").parse()?;
+    // `/metrics`, and the probes `/healthz` (the poll loop turns) and `/readyz` (Postgres and
+    // Kafka answer, not shutting down), e.g. `0.0.0.0:9188` for a Kubernetes pod.
+    config.metrics_addr = std::env::var("BILLING_METRICS_ADDR")
+        .ok()
+        .filter(|s| !s.is_empty())
+        .map(|a| a.parse())
+        .transpose()?;
     let consumer = Consumer::new(&db, &kafka, config)?;
     let consumer = if env("BILLING_REFUNDS", "") == "1" {
         consumer.handler("order_created", charge_or_refund)

@@ -66,6 +66,7 @@
 //! | `moved` | core | the names the root published before it kept only what a service uses (at most 30): deprecated aliases (and `consumer/moved.rs` for the consumer's old default constants) |
 //! | `metrics` | core / `prometheus` | metric names; the recorder and `/metrics` with `prometheus` (`exporter.rs`) |
 //! | `trace_context` | core | W3C `traceparent`: carried to Kafka, parent of the consumer's handler span (`trace`, its old name, is a deprecated alias) |
+//! | `health` | core | [`health::Health`]: liveness (loops beat) and readiness (dependencies looked at), served as `/healthz` and `/readyz` |
 //! | `otel` | core / `otel` | OpenTelemetry spans by the messaging conventions v1.45 (`create`, `send`, `outbox wait`, `process`, `commit`, `replay`) through the API only; no-ops without the feature or a provider; [`otel::TraceParenting`] |
 //! | `classify` | core | transient vs permanent Postgres errors (tokio-postgres and sqlx) |
 //! | `sqlx` | `sqlx` | `outbox::sqlx::enqueue` into an sqlx transaction or connection; the consumer's sqlx driver lives in `consumer/driver/sqlx.rs`, its handler traits in `consumer/sqlx.rs` |
@@ -105,6 +106,7 @@ mod db;
 #[cfg(feature = "dlq")]
 pub mod dlq;
 mod enqueue;
+pub mod health;
 pub mod instances;
 pub mod journey;
 #[cfg(feature = "kafka")]

@@ -385,6 +385,17 @@ impl Drop for Span {
     }
 }
 
+/// Whether spans are recorded at all (the feature is on and a provider is installed): callers
+/// skip gathering what a span would need otherwise.
+pub(crate) fn enabled() -> bool {
+    #[cfg(feature = "otel")]
+    {
+        imp::installed()
+    }
+    #[cfg(not(feature = "otel"))]
+    false
+}
+
 /// `create {topic}` at enqueue: the new message's `traceparent` (its context), or `None`
 /// without a provider and without an ambient context. Called only when the caller gave none.
 pub(crate) fn create(topic: &str, message_id: &dyn std::fmt::Display) -> Option<String> {

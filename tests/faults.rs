@@ -264,6 +264,7 @@ async fn kafka_stopped_for_20s_mid_run_loses_nothing() {
         c
     };
     let relay = Relay::new(&db, &kafka(), cfg).unwrap();
+    let health = relay.health();
     let running = spawn_relay(relay);
     let down = downstream(&db, &topic).await;
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
@@ -272,6 +273,10 @@ async fn kafka_stopped_for_20s_mid_run_loses_nothing() {
     let c = client(&db).await;
     wait_until(Duration::from_secs(20), "traffic flows", || async {
         count(&c, "SELECT count(*) FROM outbox WHERE status = 'sent'").await >= 200
+    })
+    .await;
+    wait_until(Duration::from_secs(20), "the relay ready", || async {
+        health.ready().ok
     })
     .await;
 
@@ -283,6 +288,20 @@ async fn kafka_stopped_for_20s_mid_run_loses_nothing() {
     let cpu_share = (cpu_secs() - cpu0) / t0.elapsed().as_secs_f64();
     let pending_during = count(&c, "SELECT count(*) FROM outbox WHERE status = 'pending'").await;
     let sent_before = count(&c, "SELECT count(*) FROM outbox WHERE status = 'sent'").await;
+    // Probes: not ready (Kafka named), still live (no restart storm).
+    let ready = health.ready();
+    assert!(!ready.ok, "ready while Kafka is down: {}", ready.detail);
+    assert_ne!(
+        ready.detail["dependencies"]["kafka"], "ok",
+        "{}",
+        ready.detail
+    );
+    assert_eq!(
+        ready.detail["dependencies"]["postgres"], "ok",
+        "{}",
+        ready.detail
+    );
+    assert!(health.live().ok, "{}", health.live().detail);
     dev("kafka.sh", "start");
     let back = Instant::now();
     wait_until(
@@ -296,6 +315,10 @@ async fn kafka_stopped_for_20s_mid_run_loses_nothing() {
     let recovery = back.elapsed();
     wait_until(Duration::from_secs(60), "traffic flows again", || async {
         count(&c, "SELECT count(*) FROM outbox WHERE status = 'pending'").await < 100
+    })
+    .await;
+    wait_until(Duration::from_secs(30), "ready again", || async {
+        health.ready().ok
     })
     .await;
     let log_end = logs.0.lock().unwrap().len();
@@ -338,6 +361,7 @@ async fn postgres_down_for_10s_mid_run_loses_nothing() {
         c
     })
     .unwrap();
+    let health = relay.health();
     let running = spawn_relay(relay);
     let down = downstream(&db, &topic).await;
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
@@ -348,12 +372,25 @@ async fn postgres_down_for_10s_mid_run_loses_nothing() {
         count(&c, "SELECT count(*) FROM outbox WHERE status = 'sent'").await >= 300
     })
     .await;
+    wait_until(Duration::from_secs(20), "the relay ready", || async {
+        health.ready().ok
+    })
+    .await;
     drop(c);
     let log_mark = logs.0.lock().unwrap().len();
     dev("postgres.sh", "stop");
     let (cpu0, t0) = (cpu_secs(), Instant::now());
     tokio::time::sleep(Duration::from_secs(10)).await; // the outage itself
     let cpu_share = (cpu_secs() - cpu0) / t0.elapsed().as_secs_f64();
+    // Probes: not ready (Postgres named), still live.
+    let ready = health.ready();
+    assert!(!ready.ok, "ready while Postgres is down: {}", ready.detail);
+    assert_ne!(
+        ready.detail["dependencies"]["postgres"], "ok",
+        "{}",
+        ready.detail
+    );
+    assert!(health.live().ok, "{}", health.live().detail);
     dev("postgres.sh", "start");
     let back = Instant::now();
     // The old connections died with the server; use a new one.
@@ -367,6 +404,10 @@ async fn postgres_down_for_10s_mid_run_loses_nothing() {
     wait_until(Duration::from_secs(30), "steady again", || async {
         count(&c, "SELECT count(*) FROM outbox WHERE status = 'sent'").await
             > sent_after_restart + 300
+    })
+    .await;
+    wait_until(Duration::from_secs(30), "ready again", || async {
+        health.ready().ok
     })
     .await;
     let log_end = logs.0.lock().unwrap().len();

@@ -31,10 +31,13 @@ use super::Shared;
 pub(super) async fn process_group(envs: &[&Envelope], shared: &Shared) -> Vec<Fate> {
     // Each member's delivery span, current while its handler runs under its savepoint; a
     // member that failed (or was not tried) keeps it for the processing that follows.
-    let spans: Vec<crate::otel::Span> = envs
-        .iter()
-        .map(|env| crate::otel::process(&super::process::delivery(env, shared)))
-        .collect();
+    let spans: Vec<crate::otel::Span> = if crate::otel::enabled() {
+        envs.iter()
+            .map(|env| crate::otel::process(&super::process::delivery(env, shared)))
+            .collect()
+    } else {
+        Vec::new()
+    };
     let spans = std::sync::Arc::new(spans);
     let outcomes = crate::otel::in_group(spans.clone(), shared.tx.group(shared, envs)).await;
     let spans = std::sync::Arc::try_unwrap(spans).unwrap_or_default();

@@ -143,6 +143,8 @@ impl HandlerRef {
 
 struct Shared {
     pool: Pool,
+    /// The consumer's health: the runtime's loop beats it.
+    health: crate::health::Health,
     /// Where retry and dead-letter records go: the broker, or a test's record (`harness.rs`).
     producer: Sink,
     /// The handlers in their driver's table, and every transaction recipe over it.
@@ -202,6 +204,9 @@ pub struct Consumer {
     freshness: Option<Arc<dyn FreshnessCheck>>,
     /// Set by the rebalance callback, read by the runtime: reload the held keys.
     holds_stale: Arc<std::sync::atomic::AtomicBool>,
+    /// Liveness (the poll loop beats) and readiness (Postgres and Kafka looked at while it
+    /// runs), for probes.
+    health: crate::health::Health,
 }
 
 impl Consumer {
@@ -249,6 +254,7 @@ impl Consumer {
             breakers,
             freshness: None,
             holds_stale: Arc::new(std::sync::atomic::AtomicBool::new(true)),
+            health: crate::health::Health::new(),
         })
     }
 
@@ -366,6 +372,15 @@ impl Consumer {
             HandlerRef::SqlxCall(Arc::new(driver::ErasedSqlxCall(handler))),
         );
         self
+    }
+
+    /// This consumer's health, to answer probes: live while its poll loop turns (an outage
+    /// does not make it not live), ready while [`Consumer::run`] runs, not shutting down, and
+    /// both Postgres and Kafka answered their last look. Take it before `run`; mount
+    /// [`crate::metrics::health_router`] on the service's own server, or set
+    /// [`ConsumerConfig::metrics_addr`] to get `/healthz` and `/readyz` beside `/metrics`.
+    pub fn health(&self) -> crate::health::Health {
+        self.health.clone()
     }
 
     /// Counters, shared with the running consumer.
@@ -491,9 +506,10 @@ impl Consumer {
             #[cfg(feature = "prometheus")]
             {
                 let c = cancel.clone();
-                crate::metrics::serve_with_hosts(
+                crate::metrics::serve_with_health(
                     addr,
                     self.config.metrics_allowed_hosts.clone(),
+                    Some(self.health.clone()),
                     async move { c.cancelled().await },
                 )
                 .await
@@ -505,12 +521,20 @@ impl Consumer {
             )));
         }
         {
-            let cancel = cancel.clone();
+            let (cancel, health) = (cancel.clone(), self.health.clone());
             tokio::spawn(async move {
                 shutdown.await;
+                health.stopping();
                 cancel.cancel();
             });
         }
+        crate::health::spawn_prober(
+            self.health.clone(),
+            pool.clone(),
+            self.db.clone(),
+            self.kafka.clone(),
+            cancel.clone(),
+        );
         // The DLQ health series exist from the start (at 0), so rates and alerts see them.
         let group = self.config.group.clone();
         metrics::gauge!(crate::metrics::CONSUMER_DLQ_BLOCKED, "group" => group.clone()).set(0.0);

@@ -157,7 +157,7 @@ async fn try_traced(
     first: Option<Tried>,
     span: crate::otel::Span,
 ) -> Fate {
-    let span = if span.is_on() {
+    let span = if span.is_on() || !crate::otel::enabled() {
         span
     } else {
         crate::otel::process(&delivery(env, shared))

@@ -110,6 +110,9 @@ impl Runtime<'_> {
     pub(super) async fn run(&mut self, cancel: CancellationToken) {
         let (done_tx, mut done_rx) = mpsc::unbounded_channel::<Done>();
         loop {
+            // The loop turns at least every 5 s (a tick below): a minute of silence is a stuck
+            // loop, whatever Postgres or Kafka do.
+            self.shared.health.beat("consumer", Duration::from_secs(60));
             self.forget_revoked();
             self.steer();
             // Held keys (strict order) of newly assigned partitions are known before any of
@@ -170,6 +173,8 @@ impl Runtime<'_> {
                 () = tokio::time::sleep_until(next_wake.unwrap_or_else(|| Instant::now() + Duration::from_secs(3600))), if next_wake.is_some() => {
                     self.release_due();
                 }
+                // Idle, the loop still turns (its liveness beat) every few seconds.
+                () = tokio::time::sleep(Duration::from_secs(5)) => {}
                 m = self.consumer.recv(), if accepting => match m {
                     Ok(m) => {
                         let _poll = tracing::trace_span!("outbox.poll", topic = m.topic(), partition = m.partition(), offset = m.offset()).entered();

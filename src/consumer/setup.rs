@@ -139,6 +139,7 @@ impl Consumer {
             &self.db.schema,
         );
         Shared {
+            health: self.health.clone(),
             dlq: crate::dlq::Dlq::with_pool(pool.clone(), self.db.schema.clone()),
             dead_lettered: DeadLetterLog::new(&self.db.schema, &self.config.group, &self.kafka),
             pool,

@@ -63,7 +63,14 @@ pub struct Archiver {
     suffix: String,
     retention: Duration,
     group: String,
+    db: DbConfig,
+    /// Liveness (its loop, and the insert retries through a Postgres outage, beat) and
+    /// readiness (Postgres and Kafka looked at while it runs).
+    health: crate::health::Health,
 }
+
+/// How long the archiver's loop may stay silent before it is not live.
+const ARCHIVER_ALLOWANCE: Duration = Duration::from_secs(120);
 
 /// One archive row, parsed from a record.
 #[derive(Debug, Clone)]
@@ -248,7 +255,17 @@ impl Archiver {
             suffix: DEFAULT_DLQ_SUFFIX.into(),
             retention: crate::cleanup::DEFAULT_ARCHIVE_RETENTION,
             group: Self::default_group(db),
+            db: db.clone(),
+            health: crate::health::Health::new(),
         }
+    }
+
+    /// This archiver's health, to answer probes (`outbox dlq archive --metrics-addr` serves it
+    /// as `/healthz` and `/readyz`): live while its loop turns, also while it waits out an
+    /// outage; ready while [`Archiver::run`] runs, not shutting down, and Postgres and Kafka
+    /// answered their last look.
+    pub fn health(&self) -> crate::health::Health {
+        self.health.clone()
     }
 
     /// The default consumer group: [`ARCHIVE_GROUP`]`.<database>.<schema>`, one per
@@ -477,8 +494,18 @@ impl Archiver {
             &self.group,
         );
         tokio::pin!(shutdown);
+        let stop_probing = tokio_util::sync::CancellationToken::new();
+        let _probing = stop_probing.clone().drop_guard();
+        crate::health::spawn_prober(
+            self.health.clone(),
+            self.dlq.pool.clone(),
+            self.db.clone(),
+            self.kafka.clone(),
+            stop_probing,
+        );
         let mut flush_at = tokio::time::Instant::now() + LINGER;
         loop {
+            self.health.beat("archiver", ARCHIVER_ALLOWANCE);
             if batch.is_empty() {
                 flush_at = tokio::time::Instant::now() + LINGER;
             }
@@ -524,6 +551,7 @@ impl Archiver {
                 }
             }
         }
+        self.health.stopping();
         self.flush(&c, &mut batch, &mut report).await?;
         beat.stopped().await;
         info!(
@@ -554,6 +582,8 @@ impl Archiver {
                     if backoff.failures() == 1 {
                         warn!(error = %e, "archive insert failed; offsets stay put and the batch is retried");
                     }
+                    // Waiting out an outage is being alive.
+                    self.health.beat("archiver", ARCHIVER_ALLOWANCE);
                     tokio::time::sleep(wait).await;
                 }
             }

@@ -94,11 +94,60 @@ pub async fn serve_with_hosts(
     allowed_hosts: Vec<String>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<tokio::task::JoinHandle<()>> {
+    serve_with_health(addr, allowed_hosts, None, shutdown).await
+}
+
+/// The probes' routes of a part: `GET /healthz` (200 while live, else 503) and `GET /readyz`
+/// (200 while ready, else 503), each with the [`crate::health::Verdict`]'s JSON as its body.
+pub fn health_router(health: crate::health::Health) -> axum::Router {
+    use axum::response::IntoResponse as _;
+    fn answer(v: crate::health::Verdict) -> axum::response::Response {
+        let code = if v.ok {
+            axum::http::StatusCode::OK
+        } else {
+            axum::http::StatusCode::SERVICE_UNAVAILABLE
+        };
+        (code, axum::Json(v.detail)).into_response()
+    }
+    let live = health.clone();
+    axum::Router::new()
+        .route(
+            "/healthz",
+            axum::routing::get(move || {
+                let v = live.live();
+                async move { answer(v) }
+            }),
+        )
+        .route(
+            "/readyz",
+            axum::routing::get(move || {
+                let v = health.ready();
+                async move { answer(v) }
+            }),
+        )
+}
+
+/// [`serve_with_hosts`], with `/healthz` and `/readyz` from `health` beside `/metrics`.
+///
+/// # Errors
+/// When the address cannot be bound.
+pub async fn serve_with_health(
+    addr: SocketAddr,
+    allowed_hosts: Vec<String>,
+    health: Option<crate::health::Health>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<tokio::task::JoinHandle<()>> {
     install().map_err(std::io::Error::other)?;
     let listener = tokio::net::TcpListener::bind(addr).await?;
-    tracing::info!(%addr, "serving /metrics");
+    let mut routes = router();
+    if let Some(h) = health {
+        routes = routes.merge(health_router(h));
+        tracing::info!(%addr, "serving /metrics, /healthz and /readyz");
+    } else {
+        tracing::info!(%addr, "serving /metrics");
+    }
     let allowed = std::sync::Arc::new(allowed_hosts);
-    let app = router().layer(axum::middleware::from_fn(
+    let app = routes.layer(axum::middleware::from_fn(
         move |req: axum::extract::Request, next: axum::middleware::Next| {
             let allowed = allowed.clone();
             async move {

@@ -43,7 +43,9 @@ pub fn bounded(label: &'static str, value: &str) -> String {
     value.to_owned()
 }
 #[cfg(feature = "prometheus")]
-pub use exporter::{install, router, serve, serve_with_hosts, InstallError};
+pub use exporter::{
+    health_router, install, router, serve, serve_with_health, serve_with_hosts, InstallError,
+};
 
 /// `outbox_rows{status}`: outbox rows by status (`sent` is an estimate on large tables).
 pub const OUTBOX_ROWS: &str = "outbox_rows";

@@ -141,6 +141,13 @@ impl Relay {
             .flatten()
         {
             warn!(error = %e, "a slot could not be fenced in and recovered; it waits for the next pass");
+            self.health.condition(
+                "exactly_once",
+                Err(format!(
+                    "a slot could not be fenced in and recovered: {}",
+                    self.kafka.redact(&e.to_string())
+                )),
+            );
             failed = Some(e);
         }
         let ready: HashMap<i32, RelayProducer> = held
@@ -350,14 +357,18 @@ impl Relay {
         let mut fates: Vec<Option<Fate>> = (0..claimed.rows.len()).map(|_| None).collect();
         let mut sent: HashMap<i32, Vec<i64>> = HashMap::new();
         let mut unknown = Vec::new();
+        let mut committed = false;
+        let mut why_unknown = None;
         for (slot, slot_fates, ended) in futures::future::join_all(txns).await {
             match &ended {
                 Ended::Unknown(e) => {
+                    why_unknown = Some(format!("slot {slot}: {}", unknown_reason(e)));
                     metrics::counter!(crate::metrics::RELAY_TXN_UNKNOWN, "reason" => unknown_reason(e)).increment(1);
                     warn!(slot, error = %e, "the transaction's end is unknown (fenced, fatal or timed out): destroying the producer; the slot is recovered from its progress record before it produces again");
                     unknown.push(slot);
                 }
                 Ended::Committed => {
+                    committed = true;
                     let ids = by_slot[&slot]
                         .iter()
                         .zip(&slot_fates)
@@ -371,6 +382,18 @@ impl Relay {
             for (i, fate) in by_slot[&slot].iter().zip(slot_fates) {
                 fates[*i] = Some(fate);
             }
+        }
+        // Readiness: a slot whose transaction ended unknown (fenced by another producer with
+        // its transactional id, fatal, timed out) is not ready until a transaction commits.
+        match why_unknown {
+            Some(why) => self.health.condition(
+                "exactly_once",
+                Err(format!(
+                    "{why}: the transaction's end is unknown (e.g. fenced by another producer with the same transactional id); the slot is being recovered"
+                )),
+            ),
+            None if committed => self.health.condition("exactly_once", Ok(())),
+            None => {}
         }
         let fates = fates
             .into_iter()

@@ -103,6 +103,9 @@ pub struct Relay {
     inject_refusals: std::sync::atomic::AtomicU64,
     /// Test hook: how many rows were refused that way (`outbox::testing::injected_refusals`).
     injected: Arc<std::sync::atomic::AtomicU64>,
+    /// Liveness (the pass loop beats) and readiness (Postgres and Kafka looked at by a prober
+    /// while [`Relay::run`] runs), for probes.
+    health: crate::health::Health,
 }
 
 impl Relay {
@@ -161,6 +164,7 @@ impl Relay {
             known_topics: Mutex::new(HashMap::new()),
             inject_refusals: std::sync::atomic::AtomicU64::new(0f64.to_bits()),
             injected: Arc::default(),
+            health: crate::health::Health::new(),
         })
     }
 
@@ -177,6 +181,15 @@ impl Relay {
 
     fn producer(&self) -> RelayProducer {
         self.producer.read().expect("producer lock").clone()
+    }
+
+    /// This relay's health, to answer probes: live while its pass loop turns (an outage of
+    /// Postgres or Kafka does not make it not live: it waits the outage out), ready while
+    /// [`Relay::run`] runs, not shutting down, and both Postgres and Kafka answered their last
+    /// look. Take it before `run` (which consumes the relay); `outbox relay --metrics-addr`
+    /// serves it as `/healthz` and `/readyz`.
+    pub fn health(&self) -> crate::health::Health {
+        self.health.clone()
     }
 
     /// The schema whose outbox this relay publishes.

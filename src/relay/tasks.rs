@@ -348,11 +348,22 @@ impl Relay {
                     .increment(0);
             }
         }
+        tracker.spawn(crate::health::spawn_prober(
+            self.health.clone(),
+            self.pool.clone(),
+            self.db.clone(),
+            self.kafka.clone(),
+            cancel.clone(),
+        ));
+        // A pass may wait out a whole delivery timeout (Kafka down) and a backoff: silent
+        // longer than that, the loop is stuck.
+        let allowance = self.config.delivery_timeout + REPORT_MARGIN + Duration::from_secs(60);
         info!(schema = %self.db.schema, batch_size = self.config.batch_size, exactly_once = self.config.exactly_once.is_some(), "relay started");
 
         let mut backoff = Backoff::default();
         let mut total_sent: u64 = 0;
         while !cancel.is_cancelled() {
+            self.health.beat("relay", allowance);
             // Batches back to back (pipelined) until one comes back short.
             let wait = match self.pump(&cancel).await {
                 Ok(Outcome::Published(r)) => {
@@ -399,6 +410,7 @@ impl Relay {
             }
         }
 
+        self.health.stopping();
         info!(total_sent, "relay stopping: flushing producer");
         cancel.cancel();
         tracker.close();

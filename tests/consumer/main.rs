@@ -9,5 +9,6 @@ mod compacted;
 mod drivers;
 mod fleet;
 mod harness;
+mod health;
 mod hostile;
 mod recovery;

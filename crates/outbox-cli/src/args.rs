@@ -111,13 +111,16 @@ pub(crate) fn cleanup_config(a: &CleanupArgs, interval: Option<Duration>) -> Cle
 pub(crate) async fn serve_metrics(
     addr: Option<std::net::SocketAddr>,
     allowed_hosts: Vec<String>,
+    health: Option<outbox::health::Health>,
     stop: &tokio_util::sync::CancellationToken,
 ) -> Result<(), UsageError> {
     if let Some(addr) = addr {
         let s = stop.clone();
-        outbox::metrics::serve_with_hosts(addr, allowed_hosts, async move { s.cancelled().await })
-            .await
-            .map_err(|e| UsageError(format!("--metrics-addr {addr}: {e}")))?;
+        outbox::metrics::serve_with_health(addr, allowed_hosts, health, async move {
+            s.cancelled().await
+        })
+        .await
+        .map_err(|e| UsageError(format!("--metrics-addr {addr}: {e}")))?;
     }
     Ok(())
 }

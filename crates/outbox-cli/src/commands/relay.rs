@@ -54,7 +54,8 @@ pub struct Args {
     /// claim floor back; its rows are published by the next sweep after it commits.
     #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
     long_transaction: Duration,
-    /// Serve Prometheus /metrics on this address (e.g. 127.0.0.1:9187).
+    /// Serve Prometheus /metrics, and the probes /healthz (live) and /readyz (Postgres and Kafka
+    /// reachable, not shutting down), on this address (e.g. 127.0.0.1:9187).
     #[arg(long)]
     metrics_addr: Option<std::net::SocketAddr>,
     /// A host name /metrics also answers to (repeat for several), besides IP literals and
@@ -159,7 +160,13 @@ pub async fn run(args: Args, _out: &mut dyn Write) -> anyhow::Result<()> {
         other => anyhow::Error::new(other),
     })?;
     let stop = tokio_util::sync::CancellationToken::new();
-    serve_metrics(metrics_addr, metrics_allowed_hosts, &stop).await?;
+    serve_metrics(
+        metrics_addr,
+        metrics_allowed_hosts,
+        Some(relay.health()),
+        &stop,
+    )
+    .await?;
     relay.run(shutdown_signal()).await?;
     stop.cancel();
 

@@ -69,7 +69,6 @@ pub async fn run(args: Args, out: &mut dyn Write) -> anyhow::Result<()> {
         metrics_allowed_hosts,
     } = args;
     let stop = CancellationToken::new();
-    serve_metrics(metrics_addr, metrics_allowed_hosts, &stop).await?;
     let db = db_config(&db)?;
     let kafka = kafka_config(&kafka)?;
     let mut origins = Vec::new();
@@ -98,6 +97,7 @@ pub async fn run(args: Args, out: &mut dyn Write) -> anyhow::Result<()> {
         .retention(retention)
         .group(&group)
         .origins(origins);
+    serve_metrics(metrics_addr, metrics_allowed_hosts, Some(a.health()), &stop).await?;
     let r = if once {
         let mut m = Meter::new("archive");
         let r = a
