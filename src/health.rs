@@ -54,7 +54,7 @@ struct Inner {
 
 /// One answer: whether the check passed, and what it saw (JSON, for the probe's body).
 #[derive(Debug, Clone, PartialEq)]
-pub struct Verdict {
+pub struct Answer {
     /// Passed.
     pub ok: bool,
     /// What was seen: each loop's silence in seconds, or each dependency's state.
@@ -102,7 +102,7 @@ impl Health {
     }
 
     /// Live: every loop beat within its allowance.
-    pub fn live(&self) -> Verdict {
+    pub fn live(&self) -> Answer {
         let loops = self.inner.loops.lock().expect("health lock");
         let mut ok = true;
         let mut detail = serde_json::Map::new();
@@ -114,14 +114,14 @@ impl Health {
                 json!({"silent_secs": round1(silent), "allowance_secs": round1(*allowance)}),
             );
         }
-        Verdict {
+        Answer {
             ok,
             detail: json!({"live": ok, "loops": detail}),
         }
     }
 
     /// Ready: live, not stopping, and every dependency's fresh look passed.
-    pub fn ready(&self) -> Verdict {
+    pub fn ready(&self) -> Answer {
         let live = self.live();
         let stopping = self
             .inner
@@ -165,7 +165,7 @@ impl Health {
         if detail_empty {
             v["dependencies"] = json!("not looked at yet");
         }
-        Verdict { ok, detail: v }
+        Answer { ok, detail: v }
     }
 }
 

@@ -98,10 +98,10 @@ pub async fn serve_with_hosts(
 }
 
 /// The probes' routes of a part: `GET /healthz` (200 while live, else 503) and `GET /readyz`
-/// (200 while ready, else 503), each with the [`crate::health::Verdict`]'s JSON as its body.
+/// (200 while ready, else 503), each with the [`crate::health::Answer`]'s JSON as its body.
 pub fn health_router(health: crate::health::Health) -> axum::Router {
     use axum::response::IntoResponse as _;
-    fn answer(v: crate::health::Verdict) -> axum::response::Response {
+    fn answer(v: crate::health::Answer) -> axum::response::Response {
         let code = if v.ok {
             axum::http::StatusCode::OK
         } else {
