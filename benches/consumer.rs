@@ -473,18 +473,14 @@ async fn tracing_cost(rounds: usize, rows: usize) {
     while let outbox::Outcome::Published(_) = relay.run_once().await.unwrap() {}
     drop(relay);
     let group = ConsumerConfig::DEFAULT_COMMIT_GROUP;
-    let modes: [(&str, Option<f64>); 3] = [("off", None), ("1%", Some(0.01)), ("100%", Some(1.0))];
+    let modes = TRACING_MODES;
     for round in 0..rounds {
         let mut got = std::collections::HashMap::new();
         for i in 0..3 {
             let (name, ratio) = modes[(round + i) % 3];
             let guard = tracing_at(ratio);
             let r = run(&db, &topic, rows, "per-message", 16, 1, group).await;
-            let spans = guard.map(|g| {
-                let c = g.shutdown();
-                serde_json::json!({"ended": c.ended, "exported": c.exported})
-            });
-            tracing_at(None);
+            let spans = tracing_off(guard);
             got.insert(name, (r["msgs_per_sec"].as_f64().unwrap(), spans));
         }
         emit(

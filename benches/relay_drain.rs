@@ -463,7 +463,7 @@ async fn tracing_cost(
     keys: usize,
     params: &serde_json::Value,
 ) {
-    let modes: [(&str, Option<f64>); 3] = [("off", None), ("1%", Some(0.01)), ("100%", Some(1.0))];
+    let modes = TRACING_MODES;
     for round in 0..rounds {
         let mut got = std::collections::HashMap::new();
         for i in 0..3 {
@@ -475,11 +475,7 @@ async fn tracing_cost(
             let guard = tracing_at(ratio);
             let r = drain_with(setup, rows, batch, keys).await;
             // The flush of what is queued is part of the cost, not of the next drain.
-            let spans = guard.map(|g| {
-                let c = g.shutdown();
-                serde_json::json!({"ended": c.ended, "exported": c.exported})
-            });
-            tracing_at(None);
+            let spans = tracing_off(guard);
             got.insert(
                 name,
                 (

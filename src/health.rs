@@ -173,6 +173,40 @@ fn round1(d: Duration) -> f64 {
     (d.as_secs_f64() * 10.0).round() / 10.0
 }
 
+/// The client a prober keeps for its life (librdkafka reconnects by itself).
+#[cfg(feature = "kafka")]
+pub(crate) fn kafka_client(
+    kafka: &crate::config::KafkaConfig,
+) -> Result<Arc<rdkafka::producer::BaseProducer>, String> {
+    kafka
+        .client_config()
+        .create()
+        .map(Arc::new)
+        .map_err(|e| kafka.redact(&e.to_string()))
+}
+
+/// One look at Kafka through `client` (its metadata, bounded by [`PROBE_TIMEOUT`]), secrets
+/// taken out of the error.
+#[cfg(feature = "kafka")]
+pub(crate) async fn kafka_look(
+    client: &Result<Arc<rdkafka::producer::BaseProducer>, String>,
+    kafka: &crate::config::KafkaConfig,
+) -> Result<(), String> {
+    let p = client.as_ref().map_err(Clone::clone)?.clone();
+    tokio::task::spawn_blocking(move || {
+        use rdkafka::producer::Producer as _;
+        // Serve the client's own events (errors, statistics, token refreshes), or they pile up.
+        p.poll(Duration::ZERO);
+        p.client()
+            .fetch_metadata(None, PROBE_TIMEOUT)
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    })
+    .await
+    .unwrap_or_else(|e| Err(e.to_string()))
+    .map_err(|e| kafka.redact(&e))
+}
+
 /// Looks at Postgres (through `pool`) and Kafka (through one client kept for the prober's life:
 /// librdkafka reconnects by itself) every [`PROBE_EVERY`] until `stop`, recording each look in
 /// `health` as `postgres` and `kafka`. Errors are recorded with secrets taken out.
@@ -185,11 +219,7 @@ pub(crate) fn spawn_prober(
     stop: tokio_util::sync::CancellationToken,
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
-        let client: Result<Arc<rdkafka::producer::BaseProducer>, String> = kafka
-            .client_config()
-            .create()
-            .map(Arc::new)
-            .map_err(|e| kafka.redact(&e.to_string()));
+        let client = kafka_client(&kafka);
         loop {
             let pg = async {
                 let c = pool.get().await.map_err(|e| e.to_string())?;
@@ -202,24 +232,7 @@ pub(crate) fn spawn_prober(
                 Ok(r) => r.map_err(|e| db.redact(&e)),
                 Err(_) => Err("timed out".into()),
             };
-            let k = match &client {
-                Err(e) => Err(e.clone()),
-                Ok(p) => {
-                    let p = p.clone();
-                    tokio::task::spawn_blocking(move || {
-                        use rdkafka::producer::Producer as _;
-                        // Serve the client's own events, or they pile up.
-                        p.poll(Duration::ZERO);
-                        p.client()
-                            .fetch_metadata(None, PROBE_TIMEOUT)
-                            .map(|_| ())
-                            .map_err(|e| e.to_string())
-                    })
-                    .await
-                    .unwrap_or_else(|e| Err(e.to_string()))
-                    .map_err(|e| kafka.redact(&e))
-                }
-            };
+            let k = kafka_look(&client, &kafka).await;
             // Both recorded together: never ready on a first look at one of them alone.
             health.looked("postgres", pg);
             health.looked("kafka", k);

@@ -441,6 +441,19 @@ pub(crate) fn traceparent_in_json(headers: &str) -> Option<&str> {
     Some(&rest[..end])
 }
 
+/// When a row's wait began: its `created_at` (Unix seconds), never after `ended`. A row
+/// written by hand may say anything: before 1970, `infinity` or NaN start the wait at `ended`'s
+/// epoch floor or at `ended`, never a panic.
+pub(crate) fn wait_start(created: f64, ended: SystemTime) -> SystemTime {
+    if created.is_nan() {
+        return ended;
+    }
+    std::time::Duration::try_from_secs_f64(created.max(0.0))
+        .ok()
+        .and_then(|d| std::time::UNIX_EPOCH.checked_add(d))
+        .map_or(ended, |t| t.min(ended))
+}
+
 /// One row of a relay batch, as the send spans see it.
 pub(crate) struct SentRow<'a> {
     pub topic: &'a str,
@@ -519,8 +532,7 @@ pub(crate) fn sent_batch(
                 if r.error.is_some() {
                     continue;
                 }
-                let created =
-                    std::time::UNIX_EPOCH + std::time::Duration::from_secs_f64(r.created.max(0.0));
+                let created = wait_start(r.created, ended);
                 let parent = opentelemetry::Context::new().with_remote_span_context(sc);
                 use opentelemetry::trace::{Span as _, Tracer as _};
                 let builder = tracer
@@ -533,7 +545,7 @@ pub(crate) fn sent_batch(
                         KeyValue::new(attr::ROW_ID, r.id),
                     ])
                     .with_links(vec![Link::with_context(send_sc.clone())])
-                    .with_start_time(created.min(ended));
+                    .with_start_time(created);
                 tracer
                     .build_with_context(builder, &parent)
                     .end_with_timestamp(ended);
@@ -873,6 +885,49 @@ mod tests {
         assert_eq!(traceparent_in_json(r#"{"a": "traceparent"}"#), None);
         assert_eq!(traceparent_in_json(r#"{"traceparent": 5}"#), None);
         assert_eq!(traceparent_in_json("{}"), None);
+    }
+
+    #[test]
+    fn a_hand_written_created_at_never_panics_the_wait_span() {
+        let ended = SystemTime::now();
+        for odd in [f64::INFINITY, f64::NAN, 1e300] {
+            assert_eq!(wait_start(odd, ended), ended, "{odd}");
+        }
+        // Before 1970 (or -infinity): the epoch.
+        for early in [-86_400.0, f64::NEG_INFINITY] {
+            assert_eq!(wait_start(early, ended), std::time::UNIX_EPOCH, "{early}");
+        }
+        // In the future (a skewed clock): no later than the ack.
+        assert_eq!(wait_start(4e9, ended), ended);
+        let t = wait_start(1_000.5, ended);
+        assert_eq!(
+            t,
+            std::time::UNIX_EPOCH + std::time::Duration::from_millis(1_000_500)
+        );
+    }
+
+    #[test]
+    fn hostile_trace_headers_are_ignored_not_trusted() {
+        let huge = format!(r#"{{"traceparent": "{}"}}"#, "0".repeat(1 << 20));
+        let tp = traceparent_in_json(&huge).unwrap();
+        assert!(crate::trace_context::TraceParent::parse(tp).is_none());
+        for bad in [
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01\\u0000",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736\\u0000-00f067aa0ba902b7-01",
+            "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+        ] {
+            let json = format!(r#"{{"traceparent": "{bad}"}}"#);
+            let found = traceparent_in_json(&json).unwrap();
+            assert!(
+                crate::trace_context::TraceParent::parse(found).is_none(),
+                "{bad}"
+            );
+        }
+        // A quote inside a value never ends the search early into another key's value.
+        assert_eq!(
+            traceparent_in_json(r#"{"x": "\"traceparent\": \"00-a\""}"#),
+            None
+        );
     }
 
     #[test]

@@ -355,3 +355,18 @@ pub fn tracing_at(ratio: Option<f64>) -> Option<outbox_otlp::Guard> {
     assert!(g.is_exporting());
     Some(g)
 }
+
+/// The tracing modes the cost benches compare: no provider, 1 % and 100 % sampling.
+pub const TRACING_MODES: [(&str, Option<f64>); 3] =
+    [("off", None), ("1%", Some(0.01)), ("100%", Some(1.0))];
+
+/// Ends a mode of [`tracing_at`]: flushes (part of the mode's cost), says how many spans were
+/// recorded and accepted, and leaves no provider installed.
+pub fn tracing_off(guard: Option<outbox_otlp::Guard>) -> Option<serde_json::Value> {
+    let spans = guard.map(|g| {
+        let c = g.shutdown();
+        serde_json::json!({"ended": c.ended, "exported": c.exported})
+    });
+    tracing_at(None);
+    spans
+}

@@ -13,9 +13,9 @@ use tokio_util::sync::CancellationToken;
 use crate::config::{DbConfig, KafkaConfig};
 
 /// How often the prober looks.
-pub const PROBE_EVERY: Duration = Duration::from_secs(5);
+pub const PROBE_EVERY: Duration = crate::health::PROBE_EVERY;
 /// How long one look at Postgres or Kafka may take.
-const PROBE_TIMEOUT: Duration = Duration::from_secs(3);
+use crate::health::PROBE_TIMEOUT;
 
 /// One look at each dependency: `Ok` or why not (secrets taken out).
 #[derive(Debug, Clone)]
@@ -103,33 +103,10 @@ async fn probe_loop(
     stop: CancellationToken,
 ) {
     let mut pg: Option<tokio_postgres::Client> = None;
-    // One client for the process's life: librdkafka reconnects by itself.
-    let producer: Result<Arc<rdkafka::producer::BaseProducer>, String> = kafka
-        .client_config()
-        .create()
-        .map(Arc::new)
-        .map_err(|e| kafka.redact(&e.to_string()));
+    let producer = crate::health::kafka_client(&kafka);
     loop {
         let (postgres, archiver) = probe_postgres(&db, &mut pg).await;
-        let kafka_state = match &producer {
-            Err(e) => Err(e.clone()),
-            Ok(p) => {
-                let p = p.clone();
-                tokio::task::spawn_blocking(move || {
-                    use rdkafka::producer::Producer as _;
-                    // Serve the client's own events (errors, statistics, OAUTHBEARER token
-                    // refreshes): unpolled, they pile up for the life of the process.
-                    p.poll(Duration::ZERO);
-                    p.client()
-                        .fetch_metadata(None, PROBE_TIMEOUT)
-                        .map(|_| ())
-                        .map_err(|e| e.to_string())
-                })
-                .await
-                .unwrap_or_else(|e| Err(e.to_string()))
-                .map_err(|e| kafka.redact(&e))
-            }
-        };
+        let kafka_state = crate::health::kafka_look(&producer, &kafka).await;
         let report = Report {
             postgres: postgres.map_err(|e| db.redact(&e)),
             kafka: kafka_state,

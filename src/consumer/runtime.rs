@@ -110,9 +110,6 @@ impl Runtime<'_> {
     pub(super) async fn run(&mut self, cancel: CancellationToken) {
         let (done_tx, mut done_rx) = mpsc::unbounded_channel::<Done>();
         loop {
-            // The loop turns at least every 5 s (a tick below): a minute of silence is a stuck
-            // loop, whatever Postgres or Kafka do.
-            self.shared.health.beat("consumer", Duration::from_secs(60));
             self.forget_revoked();
             self.steer();
             // Held keys (strict order) of newly assigned partitions are known before any of
@@ -122,6 +119,9 @@ impl Runtime<'_> {
             self.backpressure();
             if self.gauges_at.elapsed() >= Duration::from_secs(1) {
                 self.gauges_at = Instant::now();
+                // The loop turns at least every 5 s (an idle tick below): a minute of silence
+                // is a stuck loop, whatever Postgres or Kafka do.
+                self.shared.health.beat("consumer", Duration::from_secs(60));
                 let group = self.shared.config.group.clone();
                 let paused = if self.bp_paused {
                     self.consumer.assignment().map_or(0, |a| a.count())
@@ -158,7 +158,9 @@ impl Runtime<'_> {
                 .shared
                 .breaker()
                 .map(|b| self.steer_at + b.config.check_interval);
-            let next_wake = [next_due, pause_at, pacer_at, steer_at]
+            // Idle, the loop still turns (its gauges and liveness beat) every few seconds.
+            let idle_tick = Some(Instant::now() + Duration::from_secs(5));
+            let next_wake = [next_due, pause_at, pacer_at, steer_at, idle_tick]
                 .into_iter()
                 .flatten()
                 .min();
@@ -173,8 +175,6 @@ impl Runtime<'_> {
                 () = tokio::time::sleep_until(next_wake.unwrap_or_else(|| Instant::now() + Duration::from_secs(3600))), if next_wake.is_some() => {
                     self.release_due();
                 }
-                // Idle, the loop still turns (its liveness beat) every few seconds.
-                () = tokio::time::sleep(Duration::from_secs(5)) => {}
                 m = self.consumer.recv(), if accepting => match m {
                     Ok(m) => {
                         let _poll = tracing::trace_span!("outbox.poll", topic = m.topic(), partition = m.partition(), offset = m.offset()).entered();

@@ -164,7 +164,12 @@ fn cargo() -> Command {
 /// The library's normal dependency tree (what links into a service), one crate a line, with `features` (e.g.
 /// `--no-default-features`) or the defaults.
 fn cargo_tree(features: Option<&str>) -> String {
-    let mut args = vec!["tree", "--locked", "--offline", "-p", "outbox"];
+    cargo_tree_of("outbox", features)
+}
+
+/// [`cargo_tree`] of another package of the workspace.
+fn cargo_tree_of(package: &str, features: Option<&str>) -> String {
+    let mut args = vec!["tree", "--locked", "--offline", "-p", package];
     args.extend(features);
     // Proc-macros (prost's derive pulls anyhow in) run at build time and link nothing into
     // a service: left out.
@@ -311,21 +316,7 @@ fn otel_is_the_api_alone_and_the_exporter_lives_in_outbox_otlp() {
             "{not_here} with --features otel:\n{traced}"
         );
     }
-    let o = cargo()
-        .args([
-            "tree",
-            "--locked",
-            "--offline",
-            "-p",
-            "outbox-otlp",
-            "-e",
-            "normal",
-            "--prefix",
-            "none",
-        ])
-        .output()
-        .expect("cargo tree");
-    let exporter = String::from_utf8_lossy(&o.stdout);
+    let exporter = cargo_tree_of("outbox-otlp", None);
     assert!(
         exporter.contains("opentelemetry_sdk ") && exporter.contains("opentelemetry-otlp "),
         "{exporter}"

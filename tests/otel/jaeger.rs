@@ -431,8 +431,10 @@ async fn an_unreachable_collector_costs_one_warning_never_an_event() {
     // A closed loopback port, exports attempted every 100 ms.
     r.env(
         "OTEL_EXPORTER_OTLP_ENDPOINT",
-        format!("http://127.0.0.1:{}", free_port()),
+        format!("http://tenant:s3cret-pw@127.0.0.1:{}", free_port()),
     )
+    // An API key header: no more than the endpoint's password may it reach the log.
+    .env("OTEL_EXPORTER_OTLP_HEADERS", "x-api-key=k3y-s3cret")
     .env("OTEL_BSP_SCHEDULE_DELAY", "100")
     .env("OTEL_EXPORTER_OTLP_TIMEOUT", "1000");
     let relay = Kill(r.spawn().unwrap());
@@ -452,6 +454,10 @@ async fn an_unreachable_collector_costs_one_warning_never_an_event() {
     }
     let log = exits_0(relay, "outbox relay").await;
     assert_eq!(topic_len(&topic).await, 200, "every event published");
+    assert!(
+        !log.contains("s3cret-pw") && !log.contains("k3y-s3cret"),
+        "a secret in the log: {log}"
+    );
     let warnings = log.matches("OTLP export failed").count();
     assert_eq!(
         warnings, 1,

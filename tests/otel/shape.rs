@@ -66,6 +66,17 @@ fn msg(topic: &str, kind: &str) -> Message {
     )
 }
 
+/// `msgs` enqueued in one committed transaction.
+async fn enqueue_committed(db: &outbox::DbConfig, msgs: &[Message]) {
+    let mut c = client(db).await;
+    let tx = c.transaction().await.unwrap();
+    Enqueuer::new(&db.schema)
+        .enqueue_batch(&tx, msgs)
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+}
+
 /// The `traceparent` stored with each row, by message id.
 async fn stored(db: &outbox::DbConfig) -> Vec<(String, Option<String>, f64)> {
     let c = client(db).await;
@@ -179,13 +190,8 @@ async fn the_relay_sends_with_a_link_per_row_and_each_row_waits_from_created_at_
     let db = fresh_db().await;
     let topic = topic_name();
     create_topic(&topic, 2).await;
-    let outbox = Enqueuer::new(&db.schema);
-    let mut c = client(&db).await;
-    let tx = c.transaction().await.unwrap();
-    for _ in 0..5 {
-        outbox.enqueue(&tx, &msg(&topic, "ok")).await.unwrap();
-    }
-    tx.commit().await.unwrap();
+    let oks: Vec<Message> = (0..5).map(|_| msg(&topic, "ok")).collect();
+    enqueue_committed(&db, &oks).await;
     let relay = outbox::Relay::new(&db, &kafka(), relay_config()).unwrap();
     assert_eq!(drain(&relay).await, 5);
     let rows = stored(&db).await;
@@ -253,9 +259,7 @@ async fn the_relay_sends_with_a_link_per_row_and_each_row_waits_from_created_at_
 
     // A row the broker refuses (no such topic): the send span says why.
     let missing = topic_name();
-    let tx = c.transaction().await.unwrap();
-    outbox.enqueue(&tx, &msg(&missing, "ok")).await.unwrap();
-    tx.commit().await.unwrap();
+    enqueue_committed(&db, &[msg(&missing, "ok")]).await;
     let _ = relay.run_once().await.unwrap();
     let refused = spans_of(&missing)
         .into_iter()
@@ -280,13 +284,8 @@ async fn an_exactly_once_batch_is_inside_its_kafka_transaction_span() {
     let db = fresh_db().await;
     let topic = topic_name();
     create_topic(&topic, 2).await;
-    let outbox = Enqueuer::new(&db.schema);
-    let mut c = client(&db).await;
-    let tx = c.transaction().await.unwrap();
-    for _ in 0..3 {
-        outbox.enqueue(&tx, &msg(&topic, "ok")).await.unwrap();
-    }
-    tx.commit().await.unwrap();
+    let oks: Vec<Message> = (0..3).map(|_| msg(&topic, "ok")).collect();
+    enqueue_committed(&db, &oks).await;
     let mut config = relay_config();
     let mut eo = outbox::ExactlyOnce::default();
     eo.progress_topic = format!("{topic}.progress");
@@ -451,12 +450,7 @@ async fn one_journey_with_a_retry_a_dead_letter_and_a_replay_is_one_trace_and_ma
         msg(&topic, "flaky"),
         msg(&topic, "poison"),
     );
-    let mut c = client(&db).await;
-    let tx = c.transaction().await.unwrap();
-    for m in [&ok, &flaky, &poison] {
-        Enqueuer::new(&db.schema).enqueue(&tx, m).await.unwrap();
-    }
-    tx.commit().await.unwrap();
+    enqueue_committed(&db, &[ok.clone(), flaky.clone(), poison.clone()]).await;
     let relay = outbox::Relay::new(&db, &kafka(), relay_config()).unwrap();
     assert_eq!(drain(&relay).await, 3);
 

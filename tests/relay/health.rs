@@ -41,6 +41,25 @@ async fn the_binary_serves_healthz_and_readyz_beside_metrics_and_is_unready_whil
         live["loops"]["relay"]["silent_secs"].as_f64().unwrap() < 5.0,
         "{live}"
     );
+    // A stranger: a name this listener does not answer to (DNS rebinding), another method,
+    // an absurd path. Each answer costs no look at Postgres or Kafka (the prober's state).
+    let http = reqwest::Client::new();
+    let url = |p: &str| format!("http://127.0.0.1:{port}{p}");
+    let rebound = http
+        .get(url("/readyz"))
+        .header("Host", "evil.example")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(rebound.status().as_u16(), 403);
+    let posted = http.post(url("/healthz")).body("x").send().await.unwrap();
+    assert_eq!(posted.status().as_u16(), 405);
+    let odd = http
+        .get(url(&format!("/readyz/{}", "%00".repeat(2000))))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(odd.status().as_u16(), 404);
     // /metrics is still there.
     let metrics = reqwest::get(format!("http://127.0.0.1:{port}/metrics"))
         .await

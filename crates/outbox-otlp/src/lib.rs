@@ -184,7 +184,7 @@ pub fn init(service: &str) -> Result<Guard, Error> {
         opentelemetry_otlp::SpanExporter::builder()
             .with_http()
             .build()
-            .map_err(|e| Error::Exporter(e.to_string()))
+            .map_err(|e| Error::Exporter(redact(&e.to_string())))
     })
     .join()
     .map_err(|_| Error::Exporter("building the exporter panicked".into()))??;
@@ -231,6 +231,46 @@ pub fn init(service: &str) -> Result<Guard, Error> {
     })
 }
 
+/// What the OTLP variables hold that must never reach a log line: the password of an
+/// endpoint's userinfo, and the values of `OTEL_EXPORTER_OTLP_HEADERS` (API keys).
+fn secrets() -> Vec<String> {
+    let mut out = Vec::new();
+    for name in [
+        "OTEL_EXPORTER_OTLP_ENDPOINT",
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+    ] {
+        if let Some(url) = var(name) {
+            let rest = url.split_once("://").map_or(url.as_str(), |(_, r)| r);
+            let authority = rest.split('/').next().unwrap_or_default();
+            if let Some((userinfo, _)) = authority.rsplit_once('@') {
+                out.push(userinfo.to_owned());
+                out.extend(userinfo.split_once(':').map(|(_, pw)| pw.to_owned()));
+            }
+        }
+    }
+    for name in [
+        "OTEL_EXPORTER_OTLP_HEADERS",
+        "OTEL_EXPORTER_OTLP_TRACES_HEADERS",
+    ] {
+        for pair in var(name).unwrap_or_default().split(',') {
+            if let Some((_, v)) = pair.split_once('=') {
+                out.push(v.trim().to_owned());
+            }
+        }
+    }
+    out.retain(|s| !s.is_empty());
+    // Longest first: a secret that contains another is replaced whole.
+    out.sort_by_key(|s| std::cmp::Reverse(s.len()));
+    out
+}
+
+/// `text` with every secret of the OTLP variables replaced by `***`.
+fn redact(text: &str) -> String {
+    secrets()
+        .iter()
+        .fold(text.to_owned(), |t, s| t.replace(s.as_str(), "***"))
+}
+
 /// The export queue's size unless `OTEL_BSP_MAX_QUEUE_SIZE` says otherwise (spans).
 pub const DEFAULT_QUEUE: usize = 16_384;
 /// Spans per export unless `OTEL_BSP_MAX_EXPORT_BATCH_SIZE` says otherwise.
@@ -240,7 +280,7 @@ pub const DEFAULT_BATCH: usize = 2_048;
 pub const WARN_EVERY: Duration = Duration::from_secs(60);
 
 /// An exporter whose failures are logged at most once per [`WARN_EVERY`] (with how many
-/// batches failed meanwhile), and once when it works again.
+/// batches failed meanwhile, secrets taken out), and once when it works again.
 #[derive(Debug)]
 struct Warned<E> {
     inner: E,
@@ -308,6 +348,7 @@ impl<E> Warned<E> {
             Err(e) => {
                 s.failed_since += 1;
                 if s.last_warned.is_none_or(|t| t.elapsed() >= WARN_EVERY) {
+                    let e = redact(&e.to_string());
                     tracing::warn!(error = %e, failed_batches = s.failed_since,
                         "OTLP export failed: spans are dropped (events are not affected); next warning in a minute at the earliest");
                     s.last_warned = Some(Instant::now());
@@ -338,5 +379,31 @@ impl<E: SpanExporter> SpanExporter for Warned<E> {
 
     fn set_resource(&mut self, resource: &opentelemetry_sdk::Resource) {
         self.inner.set_resource(resource);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn endpoint_passwords_and_header_values_never_reach_a_log_line() {
+        // The only test in this crate that sets these variables.
+        std::env::set_var(
+            "OTEL_EXPORTER_OTLP_ENDPOINT",
+            "https://tenant:p4ss-w0rd@otel.example:4318/base",
+        );
+        std::env::set_var(
+            "OTEL_EXPORTER_OTLP_HEADERS",
+            "x-api-key=k3y-v4lue, x-other=odd value",
+        );
+        let out = super::redact(
+            "error sending request for url (https://tenant:p4ss-w0rd@otel.example:4318/base/v1/traces) with k3y-v4lue",
+        );
+        assert!(
+            !out.contains("p4ss-w0rd") && !out.contains("k3y-v4lue"),
+            "{out}"
+        );
+        assert!(out.contains("otel.example"), "{out}");
+        std::env::remove_var("OTEL_EXPORTER_OTLP_ENDPOINT");
+        std::env::remove_var("OTEL_EXPORTER_OTLP_HEADERS");
     }
 }
