@@ -212,7 +212,6 @@ fn a_misspelt_kafka_property_refuses_to_start_every_verb_and_its_value_is_never_
         "topics",
         "apply",
         &topics,
-        "--dry-run",
         "-X",
         "security.protocol=SASL_PLAINTEXT",
         "-X",
@@ -222,10 +221,78 @@ fn a_misspelt_kafka_property_refuses_to_start_every_verb_and_its_value_is_never_
         "-X",
         &format!("sasl.password={SECRET}"),
     ]));
+    // Refused by the broker (not by the argument parser, which would prove nothing).
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
     assert!(!text(&o).contains(SECRET), "{}", text(&o));
     // No `=`: there is no telling a name from a pasted secret.
     let o = run(outbox_command(&db).args(["relay", "-X", SECRET]));
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(!text(&o).contains(SECRET), "{}", text(&o));
+}
+
+/// `--kafka-properties-file` (OUTBOX_KAFKA_PROPERTIES_FILE): how the Helm chart hands a
+/// mounted Secret's SASL credentials to every verb without putting them on a command line.
+#[test]
+fn a_kafka_properties_file_is_applied_refused_by_line_and_never_echoed() {
+    let db = outbox::DbConfig::new(&database_url(), "public").unwrap();
+    let dir = std::env::temp_dir().join(format!("hostile-props-{}", hex(6)));
+    std::fs::create_dir_all(&dir).unwrap();
+    let topics = dir.join("topics.toml");
+    std::fs::write(
+        &topics,
+        format!("[[topic]]\nname = \"hostile.props.{}\"\n", hex(6)),
+    )
+    .unwrap();
+    let topics = topics.to_str().unwrap().to_owned();
+    let file = |name: &str, body: &str| {
+        let p = dir.join(name);
+        std::fs::write(&p, body).unwrap();
+        p.to_str().unwrap().to_owned()
+    };
+    let apply = |props: &str, extra: &[&str]| {
+        run(outbox_command(&db)
+            .args(["topics", "apply", &topics])
+            .env("OUTBOX_KAFKA_PROPERTIES_FILE", props)
+            .args(extra))
+    };
+    // A misspelt property: refused before any connection, naming the file, line and property.
+    let typo = file(
+        "typo.properties",
+        &format!("# the cluster's credentials\n\nsasl.username=u\nsasl.passwrd={SECRET}\n"),
+    );
+    let o = apply(&typo, &[]);
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(2), "{t}");
+    assert!(t.contains("sasl.passwrd"), "names the property: {t}");
+    assert!(!t.contains(SECRET), "printed the secret: {t}");
+    // A line without `=` is refused by its line number, and what it holds is not shown.
+    let pasted = file("pasted.properties", &format!("client.id=x\n{SECRET}\n"));
+    let o = apply(&pasted, &[]);
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(2), "{t}");
+    assert!(t.contains("line 2"), "names the line: {t}");
+    assert!(!t.contains(SECRET), "printed the secret: {t}");
+    // A missing file is a usage error too.
+    let o = apply(dir.join("absent").to_str().unwrap(), &[]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    // The file is applied: SASL against this PLAINTEXT broker fails, and the password is never
+    // printed; `-X` on the command line wins over the file, and then the same call succeeds.
+    let sasl = file(
+        "sasl.properties",
+        &format!(
+            "security.protocol=SASL_PLAINTEXT\nsasl.mechanism=PLAIN\nsasl.username=u\nsasl.password={SECRET}\n"
+        ),
+    );
+    let o = apply(&sasl, &[]);
+    let t = text(&o);
+    assert_ne!(
+        o.status.code(),
+        Some(0),
+        "SASL to a PLAINTEXT broker succeeded: {t}"
+    );
+    assert!(!t.contains(SECRET), "printed the secret: {t}");
+    let o = apply(&sasl, &["-X", "security.protocol=PLAINTEXT"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
     assert!(!text(&o).contains(SECRET), "{}", text(&o));
 }
 

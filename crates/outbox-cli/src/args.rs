@@ -24,6 +24,11 @@ pub(crate) struct KafkaArgs {
     /// Any librdkafka property, name=value (repeatable), e.g. -X security.protocol=SASL_SSL.
     #[arg(short = 'X', long = "kafka-property", value_name = "NAME=VALUE")]
     pub(crate) kafka_property: Vec<String>,
+    /// A file of librdkafka properties, one `name=value` per line (`#` starts a comment
+    /// line): credentials from a mounted Kubernetes Secret stay out of the command line and
+    /// the environment. `-X` on the command line wins over the file.
+    #[arg(long, env = "OUTBOX_KAFKA_PROPERTIES_FILE", value_name = "PATH")]
+    pub(crate) kafka_properties_file: Option<std::path::PathBuf>,
 }
 
 #[derive(Args, Clone)]
@@ -85,6 +90,23 @@ pub(crate) fn db_config(a: &DbArgs) -> Result<DbConfig, UsageError> {
 pub(crate) fn kafka_config(a: &KafkaArgs) -> Result<KafkaConfig, UsageError> {
     let mut k =
         KafkaConfig::new(&a.kafka_bootstrap_servers).map_err(|e| UsageError(e.to_string()))?;
+    if let Some(path) = &a.kafka_properties_file {
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            UsageError(format!(
+                "cannot read the Kafka properties file {}: {e}",
+                path.display()
+            ))
+        })?;
+        for (n, line) in text.lines().enumerate() {
+            let line = line.trim();
+            if line.is_empty() || line.starts_with('#') || line.starts_with('!') {
+                continue;
+            }
+            // The error names the line and at most the property, never the value.
+            k.set_from_pair(line)
+                .map_err(|e| UsageError(format!("{} line {}: {e}", path.display(), n + 1)))?;
+        }
+    }
     for p in &a.kafka_property {
         k.set_from_pair(p).map_err(|e| UsageError(e.to_string()))?;
     }
