@@ -10,6 +10,7 @@ mod cli;
 mod compose;
 mod console;
 mod demo;
+mod helm;
 mod hostile;
 mod jobs;
 mod layout;
