@@ -692,3 +692,173 @@ fn helm_unittest_suites_pin_what_each_switch_renders() {
     );
     assert!(!o.stdout.contains("failed"), "{}", o.stdout);
 }
+
+/// A real API server (`dev/kube.sh`: kube-apiserver v1.37.2 and etcd, no nodes) admits every
+/// values set's manifests in a server-side dry run — its own schemas with strict field
+/// validation, the CRDs' structural schemas, and PodSecurity admission at `restricted` — and
+/// creates a Pod from every pod template in a namespace that enforces `restricted`.
+#[test]
+fn a_real_api_server_admits_the_chart_under_restricted_pod_security() {
+    let start = Command::new("bash")
+        .args([&repo("dev/kube.sh"), "start"])
+        .stdout(Stdio::inherit())
+        .stderr(Stdio::inherit())
+        .status()
+        .unwrap();
+    assert!(start.success(), "dev/kube.sh start failed");
+    let env = Command::new("bash")
+        .args([&repo("dev/kube.sh"), "env"])
+        .output()
+        .unwrap();
+    let env: BTreeMap<String, String> = String::from_utf8(env.stdout)
+        .unwrap()
+        .lines()
+        .filter_map(|l| l.split_once('='))
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect();
+    let kubectl = |args: &[&str], stdin: Option<&str>| -> Out {
+        let mut child = Command::new(&env["KUBECTL"])
+            .env("KUBECONFIG", &env["KUBECONFIG"])
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        use std::io::Write;
+        let mut input = child.stdin.take().unwrap();
+        input.write_all(stdin.unwrap_or("").as_bytes()).unwrap();
+        drop(input);
+        let o = child.wait_with_output().unwrap();
+        Out {
+            ok: o.status.success(),
+            stdout: String::from_utf8_lossy(&o.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
+        }
+    };
+    let crds = repo("tests/fixtures/crds");
+    let o = kubectl(
+        &["apply", "--server-side", "--force-conflicts", "-f", &crds],
+        None,
+    );
+    assert!(o.ok, "{}", o.stderr);
+    let o = kubectl(
+        &[
+            "wait",
+            "--for=condition=Established",
+            "crd",
+            "--all",
+            "--timeout=60s",
+        ],
+        None,
+    );
+    assert!(o.ok, "{}", o.stderr);
+    let ns = format!("helm-{}", outbox_testkit::hex(6));
+    let namespace = serde_json::json!({
+        "apiVersion": "v1", "kind": "Namespace",
+        "metadata": {"name": ns, "labels": {
+            "pod-security.kubernetes.io/enforce": "restricted",
+            "pod-security.kubernetes.io/warn": "restricted",
+        }},
+    });
+    let o = kubectl(&["create", "-f", "-"], Some(&namespace.to_string()));
+    assert!(o.ok, "{}", o.stderr);
+    // What the controller manager (not running here) would make in every namespace.
+    let sa = serde_json::json!({
+        "apiVersion": "v1", "kind": "ServiceAccount",
+        "metadata": {"name": "default", "namespace": ns},
+    });
+    let o = kubectl(&["create", "-f", "-"], Some(&sa.to_string()));
+    assert!(o.ok, "{}", o.stderr);
+    let pod_of = |d: &Value| {
+        serde_json::json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": format!("{}-pod", name(d)), "namespace": ns},
+            "spec": d["spec"]["template"]["spec"],
+        })
+    };
+    let mut pods = 0;
+    for v in value_sets() {
+        let t = tools();
+        let o = run(Command::new(&t.helm)
+            .args([
+                "template",
+                "rel",
+                &repo(CHART),
+                "--namespace",
+                &ns,
+                "-f",
+                &v,
+            ])
+            .args(["--kube-version", "1.37.0"])
+            .args(["--api-versions", CRD_APIS[0], "--api-versions", CRD_APIS[1]]));
+        assert!(o.ok, "{v}: {}", o.stderr);
+        let docs = yaml_docs(&o.stdout);
+        let a = kubectl(
+            &[
+                "apply",
+                "--dry-run=server",
+                "--validate=strict",
+                "-n",
+                &ns,
+                "-f",
+                "-",
+            ],
+            Some(&o.stdout),
+        );
+        assert!(a.ok, "{v}:\n{}{}", a.stdout, a.stderr);
+        assert_eq!(
+            a.stdout.matches("(server dry run)").count(),
+            docs.len(),
+            "{v}:\n{}",
+            a.stdout
+        );
+        assert!(!a.stderr.contains("PodSecurity"), "{v}:\n{}", a.stderr);
+        for d in docs
+            .iter()
+            .filter(|d| d["kind"] == "Deployment" || d["kind"] == "Job")
+        {
+            let c = kubectl(
+                &["create", "--dry-run=server", "-f", "-"],
+                Some(&pod_of(d).to_string()),
+            );
+            assert!(c.ok, "{v} {}: {}", name(d), c.stderr);
+            pods += 1;
+        }
+    }
+    assert!(pods >= 10, "{pods}");
+    // Neither check is a formality: a container that may escalate is refused in the namespace
+    // that enforces `restricted`, and a misspelt field is refused by strict validation.
+    let full = repo(&format!("{CHART}/ci/full-values.yaml"));
+    let docs = rendered(&full, "1.37.0");
+    let relay = kind(&docs, "Deployment")
+        .into_iter()
+        .find(|d| name(d).ends_with("-relay"))
+        .unwrap();
+    let mut bad = pod_of(relay);
+    bad["spec"]["containers"][0]["securityContext"]["allowPrivilegeEscalation"] = true.into();
+    let c = kubectl(
+        &["create", "--dry-run=server", "-f", "-"],
+        Some(&bad.to_string()),
+    );
+    assert!(
+        !c.ok && c.stderr.contains("violates PodSecurity"),
+        "{}",
+        c.stderr
+    );
+    let mut bad = relay.clone();
+    bad["spec"]["revisionHistoryLimt"] = 5.into();
+    let c = kubectl(
+        &[
+            "apply",
+            "--dry-run=server",
+            "--validate=strict",
+            "-n",
+            &ns,
+            "-f",
+            "-",
+        ],
+        Some(&bad.to_string()),
+    );
+    assert!(!c.ok && c.stderr.contains("unknown field"), "{}", c.stderr);
+}
