@@ -17,7 +17,7 @@ use crate::db;
 
 /// The embedded migrations, in version order. A file in `migrations/` missing here fails the
 /// unit test `every_file_is_embedded`.
-const MIGRATIONS: [(i32, &str, &str); 25] = [
+const MIGRATIONS: [(i32, &str, &str); 26] = [
     (1, "outbox", include_str!("../migrations/V1__outbox.sql")),
     (
         2,
@@ -134,6 +134,11 @@ const MIGRATIONS: [(i32, &str, &str); 25] = [
         25,
         "passed_letters",
         include_str!("../migrations/V25__passed_letters.sql"),
+    ),
+    (
+        26,
+        "tenants",
+        include_str!("../migrations/V26__tenants.sql"),
     ),
 ];
 

@@ -434,7 +434,7 @@ pub async fn serve_with(
             if let Err(e) = dlq.refresh_gauges().await {
                 tracing::debug!(error = %e, "dlq gauges not refreshed");
             }
-            crate::relay::refresh_outbox_gauges(&pool, &schema, &stmts).await;
+            crate::relay::refresh_outbox_gauges(&pool, &schema, &stmts, None).await;
             tokio::select! {
                 () = gauges_stop.cancelled() => return,
                 () = tokio::time::sleep(Duration::from_secs(15)) => {}

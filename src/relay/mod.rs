@@ -43,6 +43,7 @@ mod config;
 mod error;
 mod exactly_once;
 mod floor;
+pub(crate) mod gate;
 mod lanes;
 mod pipeline;
 mod poll_thread;
@@ -106,6 +107,8 @@ pub struct Relay {
     /// Liveness (the pass loop beats) and readiness (Postgres and Kafka looked at by a prober
     /// while [`Relay::run`] runs), for probes.
     health: crate::health::Health,
+    /// In a fleet: the gate it asks before each pass and the tenant it publishes.
+    seat: Option<gate::Seat>,
 }
 
 impl Relay {
@@ -165,7 +168,14 @@ impl Relay {
             inject_refusals: std::sync::atomic::AtomicU64::new(0f64.to_bits()),
             injected: Arc::default(),
             health: crate::health::Health::new(),
+            seat: None,
         })
+    }
+
+    /// Seats this relay in a fleet (before `run`): each pass waits for the fleet's gate and
+    /// claims at most `seat.quantum` batches; its gauges carry the tenant's label.
+    pub(crate) fn seat(&mut self, seat: gate::Seat) {
+        self.seat = Some(seat);
     }
 
     /// Test hook behind `outbox::testing::inject_refusals`.

@@ -88,15 +88,25 @@ impl Relay {
     /// # Errors
     /// The first [`RelayError`]; every batch already in flight is finished first.
     pub async fn run_pipeline(&self) -> Result<Outcome, RelayError> {
-        self.pump(&CancellationToken::new()).await
+        self.pump(&CancellationToken::new(), None)
+            .await
+            .map(|(outcome, _)| outcome)
     }
 
-    /// [`Relay::run_pipeline`], stopping to claim once `cancel` fires.
-    pub(super) async fn pump(&self, cancel: &CancellationToken) -> Result<Outcome, RelayError> {
+    /// [`Relay::run_pipeline`], stopping to claim once `cancel` fires or, with `quantum`, once
+    /// that many batches were claimed (a fleet's relay giving way to other tenants); the flag
+    /// says the pass stopped for the quantum with more to do.
+    pub(super) async fn pump(
+        &self,
+        cancel: &CancellationToken,
+        quantum: Option<usize>,
+    ) -> Result<(Outcome, bool), RelayError> {
         if self.config.exactly_once.is_some() {
-            // One batch in flight per slot, the slots side by side (`exactly_once.rs`).
-            return self.run_once_exactly().await;
+            // One batch in flight per slot, the slots side by side (`exactly_once.rs`): a pass
+            // is bounded already.
+            return self.run_once_exactly().await.map(|o| (o, false));
         }
+        let mut cut = false;
         let _pass = self.pass.lock().await;
         let depth = self.config.in_flight_batches.max(1);
         let mut passes = FuturesUnordered::new();
@@ -183,6 +193,10 @@ impl Relay {
                 tally.more = false;
             }
             seq += 1;
+            if tally.more && quantum.is_some_and(|q| seq >= q as u64) {
+                tally.more = false;
+                cut = true;
+            }
             ahead = claimed.ahead(self.config.batch_size);
             open.insert(
                 seq,
@@ -202,10 +216,13 @@ impl Relay {
         if let Some(e) = tally.error {
             return Err(e);
         }
-        Ok(match tally.total {
-            Some(t) if t.claimed > 0 => Outcome::Published(t),
-            _ => Outcome::Empty,
-        })
+        Ok((
+            match tally.total {
+                Some(t) if t.claimed > 0 => Outcome::Published(t),
+                _ => Outcome::Empty,
+            },
+            cut,
+        ))
     }
 
     /// One batch of the pipeline: waits for the earlier batch's delivery reports, produces,

@@ -152,6 +152,7 @@ pub(super) async fn gauges_schedule(
     pool: Pool,
     schema: crate::schema::Schema,
     stmts: Arc<Statements>,
+    tenant: Option<Arc<str>>,
     cancel: CancellationToken,
 ) {
     let mut tick = tokio::time::interval(Duration::from_secs(15));
@@ -161,7 +162,7 @@ pub(super) async fn gauges_schedule(
             () = cancel.cancelled() => return,
             _ = tick.tick() => {}
         }
-        refresh_outbox_gauges(&pool, &schema, &stmts).await;
+        refresh_outbox_gauges(&pool, &schema, &stmts, tenant.as_deref()).await;
     }
 }
 
@@ -172,7 +173,19 @@ pub(crate) async fn refresh_outbox_gauges(
     pool: &Pool,
     schema: &crate::schema::Schema,
     stmts: &Statements,
+    tenant: Option<&str>,
 ) {
+    // A fleet's relays each publish their tenant's outbox: one series per tenant.
+    let gauge = |name: &'static str, status: Option<&'static str>| {
+        let mut labels = Vec::new();
+        if let Some(s) = status {
+            labels.push(metrics::Label::new("status", s));
+        }
+        if let Some(t) = tenant {
+            labels.push(metrics::Label::new("tenant", t.to_owned()));
+        }
+        metrics::gauge!(name, labels)
+    };
     let Ok(c) = pool.get().await else {
         return;
     };
@@ -182,10 +195,10 @@ pub(crate) async fn refresh_outbox_gauges(
             if s.layout == "ring" {
                 gauges = &stmts.ring_gauges;
             }
-            metrics::gauge!(crate::metrics::OUTBOX_STORAGE_BYTES).set(s.bytes as f64);
-            metrics::gauge!(crate::metrics::OUTBOX_RING_GENERATIONS)
+            gauge(crate::metrics::OUTBOX_STORAGE_BYTES, None).set(s.bytes as f64);
+            gauge(crate::metrics::OUTBOX_RING_GENERATIONS, None)
                 .set(f64::from(s.generations.unwrap_or(0)));
-            metrics::gauge!(crate::metrics::OUTBOX_RING_OLDEST_GENERATION_AGE)
+            gauge(crate::metrics::OUTBOX_RING_OLDEST_GENERATION_AGE, None)
                 .set(s.oldest_generation_age_secs.unwrap_or(0.0));
         }
         Err(e) => debug!(error = %e, "storage gauges not refreshed"),
@@ -194,11 +207,11 @@ pub(crate) async fn refresh_outbox_gauges(
     if let Ok(r) = row {
         let (pending, failed, total): (i64, i64, i64) = (r.get(0), r.get(1), r.get(2));
         let oldest: Option<f64> = r.get(3);
-        metrics::gauge!(crate::metrics::OUTBOX_ROWS, "status" => "pending").set(pending as f64);
-        metrics::gauge!(crate::metrics::OUTBOX_ROWS, "status" => "failed").set(failed as f64);
-        metrics::gauge!(crate::metrics::OUTBOX_ROWS, "status" => "sent")
+        gauge(crate::metrics::OUTBOX_ROWS, Some("pending")).set(pending as f64);
+        gauge(crate::metrics::OUTBOX_ROWS, Some("failed")).set(failed as f64);
+        gauge(crate::metrics::OUTBOX_ROWS, Some("sent"))
             .set((total - pending - failed).max(0) as f64);
-        metrics::gauge!(crate::metrics::OUTBOX_OLDEST_PENDING_AGE).set(oldest.unwrap_or(0.0));
+        gauge(crate::metrics::OUTBOX_OLDEST_PENDING_AGE, None).set(oldest.unwrap_or(0.0));
     }
 }
 
@@ -299,6 +312,7 @@ impl Relay {
             self.pool.clone(),
             self.db.schema.clone(),
             self.stmts.clone(),
+            self.seat.as_ref().map(|s| s.tenant.clone()),
             cancel.clone(),
         ));
         {
@@ -364,18 +378,36 @@ impl Relay {
         let mut total_sent: u64 = 0;
         while !cancel.is_cancelled() {
             self.health.beat("relay", allowance);
+            // In a fleet, a pass waits its turn among the tenants (`gate.rs`); the permit is
+            // dropped before any wait below, so a tenant backing off holds no one up.
+            let permit = match &self.seat {
+                Some(seat) => {
+                    let weight = seat.weight.load(std::sync::atomic::Ordering::Relaxed);
+                    tokio::select! {
+                        () = cancel.cancelled() => break,
+                        p = seat.gate.acquire(seat.id, weight) => Some(p),
+                    }
+                }
+                None => None,
+            };
             // Batches back to back (pipelined) until one comes back short.
-            let wait = match self.pump(&cancel).await {
-                Ok(Outcome::Published(r)) => {
+            let pumped = self
+                .pump(&cancel, self.seat.as_ref().map(|s| s.quantum))
+                .await;
+            drop(permit);
+            let wait = match pumped {
+                Ok((Outcome::Published(r), cut)) => {
                     total_sent += r.sent as u64;
                     if r.deferred > 0 {
                         Some(backoff.next_delay())
                     } else {
                         backoff.reset();
-                        None
+                        // Stopped for the quantum with more to do: at once, behind whoever
+                        // waits at the gate.
+                        cut.then_some(Duration::ZERO)
                     }
                 }
-                Ok(Outcome::Empty) => {
+                Ok((Outcome::Empty, _)) => {
                     backoff.reset();
                     None
                 }

@@ -2,7 +2,8 @@
 //! reason: `outbox` (the relay, enqueue, cleanup, status), `marks` (`processed_messages`,
 //! `dead_lettered`), `dead_letters` (the archive and its audit), `replay_jobs`, `breakers`
 //! (`circuit_breakers`), `locks` (the advisory locks relays and replay runners share) and
-//! `ring` (the append-only storage: the ring's reads, the lanes' cursors, the retry table).
+//! `ring` (the append-only storage: the ring's reads, the lanes' cursors, the retry table),
+//! `tenants` (a relay fleet's registry).
 //! The migration runner's own history statements stay with it (`migrate.rs`), and the admin
 //! server's readiness probe is a bare `SELECT 1`.
 //!
@@ -23,6 +24,8 @@ pub(crate) mod marks;
 pub(crate) mod outbox;
 pub(crate) mod replay_jobs;
 pub(crate) mod ring;
+#[cfg_attr(not(feature = "relay"), allow(dead_code))]
+pub(crate) mod tenants;
 
 use outbox::*;
 

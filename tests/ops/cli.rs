@@ -1099,3 +1099,146 @@ async fn a_relay_and_an_archiver_stopped_cleanly_show_stopped_at_once_not_alive(
         .unwrap();
     assert_eq!(relays.level, outbox::verdict::Level::Warn, "{relays:?}");
 }
+
+/// `outbox tenants` keeps a fleet's registry, and `outbox relay --tenants` publishes every
+/// registered outbox from one process, with one `tenant` series per outbox on /metrics, and
+/// stops on SIGTERM. Bad registry input exits 2 naming the field; a `--database` without `=`
+/// exits 2 without echoing what it was given.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tenants_verbs_keep_the_registry_and_one_relay_publishes_every_tenant() {
+    let control = fresh_db().await;
+    let (a, b) = (fresh_db().await, fresh_db().await);
+    let (ta, tb) = (topic_name(), topic_name());
+    create_topic(&ta, 3).await;
+    create_topic(&tb, 3).await;
+    let tenants = |args: &[&str]| run(outbox_cmd(&control).arg("tenants").args(args));
+    for (name, db) in [("acme", &a), ("globex", &b)] {
+        let o = tenants(&[
+            "add",
+            name,
+            "--tenant-schema",
+            db.schema.name(),
+            "--weight",
+            "2",
+        ]);
+        assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    }
+    let list = tenants(&["list"]);
+    assert_eq!(list.status.code(), Some(0), "{}", text(&list));
+    let listed = String::from_utf8_lossy(&list.stdout).to_string();
+    assert!(
+        listed.contains("acme") && listed.contains("globex"),
+        "{listed}"
+    );
+    assert!(listed.contains("weight 2"), "{listed}");
+    for (args, says) in [
+        (
+            vec!["add", "bad name", "--tenant-schema", "x"],
+            "tenant \"bad name\"",
+        ),
+        (
+            vec!["add", "t1", "--tenant-schema", "Bad-Schema"],
+            "invalid schema name",
+        ),
+        (
+            vec![
+                "add",
+                "t1",
+                "--tenant-schema",
+                "x",
+                "--database",
+                "postgres://u:p@h/db",
+            ],
+            "not a URL",
+        ),
+        (
+            vec!["add", "t1", "--tenant-schema", "x", "--weight", "0"],
+            "weight 0",
+        ),
+        (vec!["disable", "nobody"], "no tenant \"nobody\""),
+        (vec!["remove", "nobody"], "no tenant \"nobody\""),
+    ] {
+        let o = tenants(&args);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", text(&o));
+        assert!(text(&o).contains(says), "{args:?}: {}", text(&o));
+        assert!(!text(&o).contains(":p@"), "{}", text(&o));
+    }
+    let o = run(outbox_cmd(&control).args([
+        "relay",
+        "--tenants",
+        "--database",
+        "postgres://u:secret@h/db",
+    ]));
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(!text(&o).contains("secret"), "{}", text(&o));
+
+    enqueue_n(&a, &ta, 100, 10, 10).await;
+    enqueue_n(&b, &tb, 100, 10, 10).await;
+    let port = free_port();
+    let child = outbox_cmd(&control)
+        .args(["relay", "--tenants", "--cleanup-interval", "off"])
+        .args(["--metrics-addr", &format!("127.0.0.1:{port}")])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    for t in [&ta, &tb] {
+        wait_until(Duration::from_secs(60), "each tenant published", || async {
+            topic_len(t).await >= 100
+        })
+        .await;
+    }
+    // The gauges are refreshed at start, then every 15 s: each tenant has its own series.
+    wait_until(
+        Duration::from_secs(30),
+        "a pending series per tenant",
+        || async {
+            let body = tokio::task::spawn_blocking(move || {
+                let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+                use std::io::{Read, Write};
+                s.write_all(
+                    b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n",
+                )
+                .ok()?;
+                let mut b = String::new();
+                s.read_to_string(&mut b).ok()?;
+                Some(b)
+            })
+            .await
+            .unwrap()
+            .unwrap_or_default();
+            ["acme", "globex"].iter().all(|t| {
+                body.lines().any(|l| {
+                    l.starts_with("outbox_rows{")
+                        && l.contains("status=\"pending\"")
+                        && l.contains(&format!("tenant=\"{t}\""))
+                })
+            })
+        },
+    )
+    .await;
+    // Disabled from the CLI while it runs: the relay stops publishing it.
+    let o = tenants(&["disable", "globex"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let o = tenants(&["list", "--json"]);
+    let rows: Vec<serde_json::Value> = String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(rows.len(), 2);
+    assert_eq!(rows[1]["enabled"], false);
+    let kill = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(kill.success());
+    let out = tokio::task::spawn_blocking(move || child.wait_with_output().unwrap())
+        .await
+        .unwrap();
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{log}");
+    assert!(log.contains("fleet stopped"), "{log}");
+    let o = tenants(&["remove", "acme"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+}

@@ -4,6 +4,7 @@
 mod basics;
 mod crash;
 mod exactly;
+mod fleet;
 mod health;
 mod ordering;
 mod plans;

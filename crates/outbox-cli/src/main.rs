@@ -59,6 +59,8 @@ enum Command {
     /// Schema files as code: check them against the registry's compatibility rule (CI), or
     /// register them.
     Schemas(commands::schemas::Args),
+    /// The tenants a relay fleet publishes (`outbox relay --tenants`).
+    Tenants(commands::tenants::Args),
     /// Dead letters: archive, summary by cause, list, show, replay jobs, drop, audit.
     Dlq {
         #[command(subcommand)]
@@ -91,6 +93,7 @@ async fn run(cli: Cli, out: &mut dyn std::io::Write) -> anyhow::Result<()> {
         Command::Cleanup(a) => commands::cleanup::run(a, out).await,
         Command::Trace(a) => commands::trace::run(a, out).await,
         Command::Schemas(a) => commands::schemas::run(a, out).await,
+        Command::Tenants(a) => commands::tenants::run(a, out).await,
         Command::Dlq { action } => commands::dlq::run(action, out).await,
     }
 }

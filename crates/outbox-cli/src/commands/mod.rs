@@ -9,5 +9,6 @@ pub mod relay;
 pub mod requeue;
 pub mod schemas;
 pub mod status;
+pub mod tenants;
 pub mod topics;
 pub mod trace;

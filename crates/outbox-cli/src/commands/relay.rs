@@ -89,6 +89,24 @@ pub struct Args {
     /// http://127.0.0.1:18081/apis/ccompat/v7 (with --topics-file).
     #[arg(long, env = "SCHEMA_REGISTRY_URL")]
     schema_registry_url: Option<String>,
+    /// Publish the outboxes of the registry (`outbox tenants`) in --schema instead of --schema's
+    /// own outbox: one relay for many schemas and databases.
+    #[arg(long)]
+    tenants: bool,
+    /// Also publish every schema of the database whose name matches this LIKE pattern and
+    /// holds an outbox (e.g. 'tenant_%'); with or without --tenants.
+    #[arg(long, value_name = "PATTERN")]
+    discover: Option<String>,
+    /// A database tenants name (repeatable), NAME=URL; `default` is DATABASE_URL's. Also read
+    /// from OUTBOX_DATABASE_<NAME> variables, so URLs with passwords stay off the command line.
+    #[arg(long = "database", value_name = "NAME=URL")]
+    databases: Vec<String>,
+    /// Fleet: passes running at once across tenants.
+    #[arg(long, default_value_t = outbox::fleet::FleetConfig::DEFAULT_PASSES)]
+    fleet_passes: usize,
+    /// Fleet: batches one tenant's pass may claim before the next tenant's turn.
+    #[arg(long, default_value_t = outbox::fleet::FleetConfig::DEFAULT_QUANTUM)]
+    fleet_quantum: usize,
 }
 
 pub async fn run(args: Args, _out: &mut dyn Write) -> anyhow::Result<()> {
@@ -115,6 +133,11 @@ pub async fn run(args: Args, _out: &mut dyn Write) -> anyhow::Result<()> {
         transaction_timeout,
         topics_file,
         schema_registry_url,
+        tenants,
+        discover,
+        databases,
+        fleet_passes,
+        fleet_quantum,
     } = args;
     if let Some(url) = &schema_registry_url {
         crate::redact::register_url(url);
@@ -152,6 +175,53 @@ pub async fn run(args: Args, _out: &mut dyn Write) -> anyhow::Result<()> {
         c.schemas = schemas;
         c
     };
+    if tenants || discover.is_some() {
+        let mut named = std::collections::BTreeMap::new();
+        // OUTBOX_DATABASE_<NAME> first, so a flag of the same name wins.
+        for (k, v) in std::env::vars() {
+            if let Some(name) = k.strip_prefix("OUTBOX_DATABASE_") {
+                named.insert(name.to_ascii_lowercase(), v);
+            }
+        }
+        for pair in &databases {
+            let Some((name, url)) = pair.split_once('=') else {
+                return Err(UsageError(
+                    "--database expects NAME=URL (the URL is not shown)".into(),
+                )
+                .into());
+            };
+            named.insert(name.trim().to_owned(), url.to_owned());
+        }
+        let mut fleet = outbox::fleet::FleetConfig::default();
+        for (name, url) in named {
+            let conn = db_config(&DbArgs {
+                database_url: url,
+                schema: outbox::Schema::DEFAULT_NAME.to_owned(),
+            })
+            .map_err(|e| UsageError(format!("database {name}: {e}")))?;
+            fleet.databases.insert(name, conn);
+        }
+        fleet.registry = tenants;
+        fleet.discover = discover;
+        fleet.passes = fleet_passes;
+        fleet.quantum = fleet_quantum;
+        fleet.relay = config;
+        let fleet = outbox::fleet::Fleet::new(&db, &kafka, fleet).map_err(|e| match e {
+            outbox::fleet::FleetError::Invalid(m) => anyhow::Error::new(UsageError(m)),
+            other => anyhow::Error::new(UsageError(other.to_string())),
+        })?;
+        let stop = tokio_util::sync::CancellationToken::new();
+        serve_metrics(
+            metrics_addr,
+            metrics_allowed_hosts,
+            Some(fleet.health()),
+            &stop,
+        )
+        .await?;
+        fleet.run(shutdown_signal()).await?;
+        stop.cancel();
+        return Ok(());
+    }
     let relay = Relay::new(&db, &kafka, config).map_err(|e| match e {
         outbox::RelayError::Config(c) => anyhow::Error::new(UsageError(c.to_string())),
         outbox::RelayError::Kafka(k) => {

@@ -1,0 +1,257 @@
+//! A relay fleet's gate: which of its relays (one per tenant) may run a pass next.
+//!
+//! At most `capacity` passes run at once. A drainer asks before each pass and gets a
+//! [`Permit`], released when dropped. Among those waiting, the one whose request carries the
+//! lowest *start tag* goes first (start-time fair queuing): a request's tag is the later of the
+//! gate's virtual time and the tenant's previous finish tag, and each pass moves the tenant's
+//! finish tag on by `1 / weight`. A tenant that asks again and again (a large backlog) collects
+//! ever higher tags; one that has been idle asks with the current virtual time and goes ahead
+//! of it at the next release — fairness over passes, whatever each pass's size.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::oneshot;
+
+/// A relay's place in a fleet: the gate it asks before each pass, under which tenant and
+/// weight, and how many batches a pass may claim before it gives way.
+#[derive(Clone)]
+pub(crate) struct Seat {
+    pub(crate) gate: Gate,
+    pub(crate) id: u64,
+    /// Changed by a reload without restarting the relay.
+    pub(crate) weight: Arc<std::sync::atomic::AtomicU32>,
+    pub(crate) quantum: usize,
+    /// The label of this relay's gauges.
+    pub(crate) tenant: Arc<str>,
+}
+
+/// A shared gate; cheap to clone.
+#[derive(Clone)]
+pub(crate) struct Gate {
+    inner: Arc<Mutex<State>>,
+}
+
+struct State {
+    free: usize,
+    /// The start tag of the pass granted last.
+    virtual_time: f64,
+    /// Each tenant's finish tag: where its next request starts at the earliest.
+    finish: HashMap<u64, f64>,
+    waiting: Vec<Waiter>,
+    /// Order of arrival among equal tags.
+    seq: u64,
+    /// Passes granted per tenant (for tests and the status view).
+    granted: HashMap<u64, u64>,
+}
+
+struct Waiter {
+    tag: f64,
+    seq: u64,
+    tenant: u64,
+    tx: oneshot::Sender<Permit>,
+}
+
+/// The right to run one pass; the next waiter goes when it is dropped.
+pub(crate) struct Permit {
+    gate: Option<Gate>,
+}
+
+impl Drop for Permit {
+    fn drop(&mut self) {
+        if let Some(g) = self.gate.take() {
+            g.release();
+        }
+    }
+}
+
+impl Gate {
+    pub(crate) fn new(capacity: usize) -> Self {
+        Self {
+            inner: Arc::new(Mutex::new(State {
+                free: capacity.max(1),
+                virtual_time: 0.0,
+                finish: HashMap::new(),
+                waiting: Vec::new(),
+                seq: 0,
+                granted: HashMap::new(),
+            })),
+        }
+    }
+
+    /// Waits for a pass for `tenant` at `weight` (1 – 100). Dropping the future while it waits
+    /// gives its turn away; a permit already handed to it goes back through `Permit`'s drop.
+    pub(crate) async fn acquire(&self, tenant: u64, weight: u32) -> Permit {
+        let rx = {
+            let mut s = self.inner.lock().expect("gate");
+            let start = s
+                .finish
+                .get(&tenant)
+                .copied()
+                .unwrap_or(0.0)
+                .max(s.virtual_time);
+            s.finish
+                .insert(tenant, start + 1.0 / f64::from(weight.clamp(1, 100)));
+            if s.free > 0 && s.waiting.is_empty() {
+                s.free -= 1;
+                s.virtual_time = start;
+                *s.granted.entry(tenant).or_default() += 1;
+                return Permit {
+                    gate: Some(self.clone()),
+                };
+            }
+            let (tx, rx) = oneshot::channel();
+            s.seq += 1;
+            let seq = s.seq;
+            s.waiting.push(Waiter {
+                tag: start,
+                seq,
+                tenant,
+                tx,
+            });
+            rx
+        };
+        match rx.await {
+            Ok(p) => p,
+            // The gate is gone with its senders: only at shutdown, when no pass matters.
+            Err(_) => Permit { gate: None },
+        }
+    }
+
+    fn release(&self) {
+        let mut s = self.inner.lock().expect("gate");
+        loop {
+            let next = s
+                .waiting
+                .iter()
+                .enumerate()
+                .min_by(|(_, a), (_, b)| a.tag.total_cmp(&b.tag).then(a.seq.cmp(&b.seq)))
+                .map(|(i, _)| i);
+            let Some(i) = next else {
+                s.free += 1;
+                return;
+            };
+            let w = s.waiting.swap_remove(i);
+            if w.tx.is_closed() {
+                continue;
+            }
+            s.virtual_time = s.virtual_time.max(w.tag);
+            *s.granted.entry(w.tenant).or_default() += 1;
+            let permit = Permit {
+                gate: Some(self.clone()),
+            };
+            match w.tx.send(permit) {
+                Ok(()) => return,
+                // Its receiver went between the check and the send: the permit came back
+                // and its drop would re-enter this lock, so take it apart here and go on.
+                Err(mut p) => {
+                    p.gate = None;
+                    *s.granted.entry(w.tenant).or_default() -= 1;
+                }
+            }
+        }
+    }
+
+    /// Forgets a tenant that no longer runs (its finish tag).
+    pub(crate) fn forget(&self, tenant: u64) {
+        let mut s = self.inner.lock().expect("gate");
+        s.finish.remove(&tenant);
+        s.granted.remove(&tenant);
+    }
+
+    /// Passes granted to `tenant` so far.
+    pub(crate) fn granted(&self, tenant: u64) -> u64 {
+        self.inner
+            .lock()
+            .expect("gate")
+            .granted
+            .get(&tenant)
+            .copied()
+            .unwrap_or(0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// One pass at a time; a tenant that asked 50 times in a row and a tenant that arrives
+    /// later: the newcomer is served at the next release, not after the 50.
+    #[tokio::test]
+    async fn an_idle_tenant_goes_ahead_of_a_busy_one() {
+        let g = Gate::new(1);
+        let first = g.acquire(1, 1).await;
+        let order = Arc::new(Mutex::new(Vec::new()));
+        let mut tasks = Vec::new();
+        for _ in 0..50 {
+            let (g, o) = (g.clone(), order.clone());
+            tasks.push(tokio::spawn(async move {
+                let _p = g.acquire(1, 1).await;
+                o.lock().unwrap().push(1);
+            }));
+            tokio::task::yield_now().await;
+        }
+        let (g2, o) = (g.clone(), order.clone());
+        let small = tokio::spawn(async move {
+            let _p = g2.acquire(2, 1).await;
+            o.lock().unwrap().push(2);
+        });
+        tokio::task::yield_now().await;
+        drop(first);
+        for t in tasks {
+            t.await.unwrap();
+        }
+        small.await.unwrap();
+        let order = order.lock().unwrap();
+        let pos = order.iter().position(|t| *t == 2).unwrap();
+        assert!(pos <= 1, "the small tenant was served {pos}th: {order:?}");
+        assert_eq!(g.granted(1), 51);
+        assert_eq!(g.granted(2), 1);
+    }
+
+    /// Two busy tenants of weights 3 and 1 share passes 3:1.
+    #[tokio::test]
+    async fn weights_share_passes() {
+        let g = Gate::new(1);
+        let hold = g.acquire(0, 1).await;
+        let order = Arc::new(Mutex::new(Vec::new()));
+        let mut tasks = Vec::new();
+        for i in 0..40 {
+            let (tenant, weight) = if i % 2 == 0 { (1, 3) } else { (2, 1) };
+            let (g, o) = (g.clone(), order.clone());
+            tasks.push(tokio::spawn(async move {
+                let _p = g.acquire(tenant, weight).await;
+                o.lock().unwrap().push(tenant);
+            }));
+            tokio::task::yield_now().await;
+        }
+        drop(hold);
+        for t in tasks {
+            t.await.unwrap();
+        }
+        let order = order.lock().unwrap();
+        // Of the first 16 passes, tenant 1 (weight 3) had about three quarters.
+        let ones = order[..16].iter().filter(|t| **t == 1).count();
+        assert!((11..=13).contains(&ones), "{order:?}");
+    }
+
+    /// A waiter that gives up does not take a pass with it.
+    #[tokio::test]
+    async fn a_waiter_that_gives_up_loses_no_permit() {
+        let g = Gate::new(1);
+        let p = g.acquire(1, 1).await;
+        let waiting = tokio::spawn({
+            let g = g.clone();
+            async move {
+                let _p = g.acquire(2, 1).await;
+            }
+        });
+        tokio::task::yield_now().await;
+        waiting.abort();
+        let _ = waiting.await;
+        drop(p);
+        // The gate is free again: this does not wait.
+        let got = tokio::time::timeout(std::time::Duration::from_secs(5), g.acquire(3, 1)).await;
+        assert!(got.is_ok());
+    }
+}

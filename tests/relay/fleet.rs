@@ -1,0 +1,242 @@
+//! One relay for many outboxes (`outbox::fleet`): three schemas of one database and a schema
+//! of a second database published by one fleet, the registry changed while it runs, two names
+//! for one outbox, a name for a database the relay was not given, and a small tenant behind a
+//! large backlog.
+
+use std::collections::{BTreeMap, HashSet};
+use std::time::Duration;
+
+use outbox::fleet::{Fleet, FleetConfig, Tenant};
+use outbox::DbConfig;
+use outbox_testkit::*;
+
+/// A second database on the dev server (created once; each test uses its own schemas in it).
+async fn second_database() -> DbConfig {
+    let name = "outbox_fleet_shard2";
+    let c = client(&fresh_db().await).await;
+    let exists = count(
+        &c,
+        &format!("SELECT count(*) FROM pg_database WHERE datname = '{name}'"),
+    )
+    .await;
+    if exists == 0 {
+        // Parallel tests may race to create it: one wins, the others see it exists.
+        if let Err(e) = c.batch_execute(&format!("CREATE DATABASE {name}")).await {
+            assert!(
+                e.to_string().contains("already exists") || e.code().is_some(),
+                "{e}"
+            );
+        }
+    }
+    let url = database_url();
+    let base = url.rsplit_once('/').unwrap().0;
+    let db = DbConfig::new(&format!("{base}/{name}"), &format!("t_{}", hex(12))).unwrap();
+    outbox::migrate(&db).await.unwrap();
+    db
+}
+
+fn tenant(name: &str, db: &DbConfig, database: &str) -> Tenant {
+    let mut t = Tenant::new(name, db.schema.clone()).unwrap();
+    t.database = database.to_owned();
+    t
+}
+
+fn fleet_config(databases: BTreeMap<String, DbConfig>) -> FleetConfig {
+    let mut c = FleetConfig::default();
+    c.databases = databases;
+    c.relay = relay_config();
+    c
+}
+
+fn payload_seqs(records: &[Record]) -> Vec<i64> {
+    records
+        .iter()
+        .map(|r| r.json()["seq"].as_i64().unwrap())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_fleet_publishes_many_schemas_and_databases_and_follows_its_registry() {
+    let control = fresh_db().await;
+    let (s1, s2, s3) = (fresh_db().await, fresh_db().await, fresh_db().await);
+    let shard = second_database().await;
+    let topics: Vec<String> = (0..5).map(|_| topic_name()).collect();
+    for t in &topics {
+        create_topic(t, 3).await;
+    }
+    for t in [
+        tenant("acme", &s1, "default"),
+        // Another name for acme's outbox: one drainer, each row published once.
+        tenant("acme-eu", &s1, "default"),
+        tenant("globex", &s2, "default"),
+        tenant("initech", &s3, "default"),
+        tenant("umbrella", &shard, "shard2"),
+        // A database this relay was not given: skipped (logged once), the others unaffected.
+        tenant("hooli", &s3, "elsewhere"),
+    ] {
+        outbox::fleet::put_tenant(&control, &t).await.unwrap();
+    }
+    let fleet = Fleet::new(
+        &control,
+        &kafka(),
+        fleet_config(BTreeMap::from([("shard2".to_owned(), shard.clone())])),
+    )
+    .unwrap();
+    let view = fleet.view();
+    let stop = tokio_util::sync::CancellationToken::new();
+    let run = tokio::spawn(fleet.run(stop.clone().cancelled_owned()));
+
+    for (db, topic) in [
+        (&s1, &topics[0]),
+        (&s2, &topics[1]),
+        (&s3, &topics[2]),
+        (&shard, &topics[3]),
+    ] {
+        enqueue_n(db, topic, 200, 20, 10).await;
+    }
+    for topic in &topics[..4] {
+        wait_until(
+            Duration::from_secs(60),
+            "each tenant's 200 rows published",
+            || async { topic_len(topic).await >= 200 },
+        )
+        .await;
+    }
+    for topic in &topics[..4] {
+        let records = read_all(topic).await;
+        let seqs = payload_seqs(&records);
+        let distinct: HashSet<_> = seqs.iter().collect();
+        assert_eq!(records.len(), 200, "{topic}: each row once");
+        assert_eq!(distinct.len(), 200, "{topic}");
+    }
+    let drainers = view.drainers();
+    assert_eq!(drainers.len(), 4, "{drainers:?}");
+    assert_eq!(drainers[0].tenants, ["acme", "acme-eu"]);
+    assert!(drainers
+        .iter()
+        .all(|d| !d.tenants.contains(&"hooli".to_owned())));
+    assert!(drainers
+        .iter()
+        .any(|d| d.database == "shard2" && d.schema == shard.schema));
+
+    // A tenant added while it runs publishes within seconds (the registry notifies).
+    let s4 = fresh_db().await;
+    outbox::fleet::put_tenant(&control, &tenant("soylent", &s4, "default"))
+        .await
+        .unwrap();
+    enqueue_n(&s4, &topics[4], 50, 5, 5).await;
+    wait_until(
+        Duration::from_secs(30),
+        "the new tenant published",
+        || async { topic_len(&topics[4]).await >= 50 },
+    )
+    .await;
+
+    // Disabled and removed tenants stop: their relays finish and nothing more is claimed.
+    let mut globex = tenant("globex", &s2, "default");
+    globex.enabled = false;
+    outbox::fleet::put_tenant(&control, &globex).await.unwrap();
+    assert!(outbox::fleet::remove_tenant(&control, "initech")
+        .await
+        .unwrap());
+    assert!(!outbox::fleet::remove_tenant(&control, "initech")
+        .await
+        .unwrap());
+    wait_until(
+        Duration::from_secs(30),
+        "globex and initech stopped",
+        || async {
+            let d = view.drainers();
+            d.len() == 3
+                && d.iter()
+                    .all(|d| d.schema != s2.schema && d.schema != s3.schema)
+        },
+    )
+    .await;
+    // Rows written to them now stay pending, while a tenant still listed keeps publishing:
+    // its rows, enqueued after theirs, arriving is the clock.
+    enqueue_n(&s2, &topics[1], 10, 2, 10).await;
+    enqueue_n(&s3, &topics[2], 10, 2, 10).await;
+    enqueue_n(&s4, &topics[4], 10, 2, 10).await;
+    wait_until(
+        Duration::from_secs(30),
+        "soylent's later rows published",
+        || async { topic_len(&topics[4]).await >= 60 },
+    )
+    .await;
+    // A pass of the stopped relays would have taken well under the time the rows above took.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(topic_len(&topics[1]).await, 200);
+    assert_eq!(topic_len(&topics[2]).await, 200);
+    for db in [&s2, &s3] {
+        let c = client(db).await;
+        assert_eq!(
+            count(&c, "SELECT count(*) FROM outbox WHERE status = 'pending'").await,
+            10
+        );
+    }
+
+    stop.cancel();
+    tokio::time::timeout(Duration::from_secs(60), run)
+        .await
+        .expect("the fleet stops on shutdown")
+        .unwrap()
+        .unwrap();
+}
+
+/// One pass at a time, a batch per pass: a tenant with 100 rows registered behind one with a
+/// 20,000-row backlog is drained while most of the backlog is still waiting — the gate is fair
+/// over tenants, not rows (`relay/gate.rs`'s unit tests pin the order it grants passes in).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_small_tenant_is_drained_while_a_large_backlog_still_waits() {
+    let control = fresh_db().await;
+    let (big, small) = (fresh_db().await, fresh_db().await);
+    let (big_topic, small_topic) = (topic_name(), topic_name());
+    create_topic(&big_topic, 3).await;
+    create_topic(&small_topic, 3).await;
+    enqueue_n(&big, &big_topic, 20_000, 100, 500).await;
+    outbox::fleet::put_tenant(&control, &tenant("big", &big, "default"))
+        .await
+        .unwrap();
+    let mut config = fleet_config(BTreeMap::new());
+    config.passes = 1;
+    config.quantum = 1;
+    config.relay.batch_size = 200;
+    let fleet = Fleet::new(&control, &kafka(), config).unwrap();
+    let view = fleet.view();
+    let stop = tokio_util::sync::CancellationToken::new();
+    let run = tokio::spawn(fleet.run(stop.clone().cancelled_owned()));
+    wait_until(
+        Duration::from_secs(30),
+        "the big tenant publishing",
+        || async { topic_len(&big_topic).await >= 400 },
+    )
+    .await;
+    enqueue_n(&small, &small_topic, 100, 10, 100).await;
+    outbox::fleet::put_tenant(&control, &tenant("small", &small, "default"))
+        .await
+        .unwrap();
+    wait_until(
+        Duration::from_secs(30),
+        "the small tenant drained",
+        || async { topic_len(&small_topic).await >= 100 },
+    )
+    .await;
+    // Without the quantum the big tenant's pass would hold the only permit until its whole
+    // backlog was drained.
+    let published_big = topic_len(&big_topic).await;
+    assert!(
+        published_big < 20_000 / 2,
+        "the small tenant waited for {published_big} of the big one's rows"
+    );
+    assert!(view.drainers().iter().all(|d| d.passes > 0));
+    // And the big one goes on to the end.
+    wait_until(
+        Duration::from_secs(120),
+        "the big backlog drained",
+        || async { topic_len(&big_topic).await >= 20_000 },
+    )
+    .await;
+    stop.cancel();
+    run.await.unwrap().unwrap();
+}
