@@ -315,16 +315,23 @@ async fn two_replicas_pause_together_drain_parked_letters_first_and_handle_every
     })
     .await;
     let opened = Instant::now() - Duration::from_secs_f64(breaker_row(&w).await.unwrap().0);
-    wait_until(Duration::from_secs(10), "both replicas paused", || async {
-        a.state.get().mode == BreakerMode::Paused && b.state.get().mode == BreakerMode::Paused
+    // When each replica paused, by its own account (not when this test's polling saw it: on
+    // a loaded CI machine the poll itself can lag by a second). Each is looked at on its own:
+    // both stay paused for the rest of the 6 s open period, but a test thread starved for a
+    // while under the full suite can miss the moment they are paused together.
+    let paused_at = |s: outbox::consumer::ConsumerState| {
+        (s.mode == BreakerMode::Paused)
+            .then(|| Instant::now() - Duration::from_secs_f64(s.mode_for_secs))
+    };
+    let (mut pa, mut pb) = (None, None);
+    wait_until(Duration::from_secs(10), "both replicas paused", || {
+        pa = pa.or_else(|| paused_at(a.state.get()));
+        pb = pb.or_else(|| paused_at(b.state.get()));
+        let both = pa.is_some() && pb.is_some();
+        async move { both }
     })
     .await;
-    // When each replica paused, by its own account (not when this test's polling saw it: on
-    // a loaded CI machine the poll itself can lag by a second).
-    let paused_at = |s: outbox::consumer::ConsumerState| {
-        Instant::now() - Duration::from_secs_f64(s.mode_for_secs)
-    };
-    let (pa, pb) = (paused_at(a.state.get()), paused_at(b.state.get()));
+    let (pa, pb) = (pa.unwrap(), pb.unwrap());
     let last = pa.max(pb);
     let lag = last.saturating_duration_since(opened);
     // The replica that did not open the breaker learns of it at its next check (every 1 s);
