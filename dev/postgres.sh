@@ -5,11 +5,16 @@
 #   dev/postgres.sh restart   fast restart (fault tests)
 #   dev/postgres.sh stop
 #
+# A second server (a fleet's other database, stopped by the fault tests on its own):
+#   OUTBOX_PG_CLUSTER=shard2 PGPORT=5433 dev/postgres.sh start|stop
+#
 # After `start`:  DATABASE_URL=postgres://outbox:outbox@127.0.0.1:5432/outbox
 # Idempotent: when the server is already up and configured, `start` returns at once.
 set -euo pipefail
 
 PGPORT="${PGPORT:-5432}"
+# The Debian cluster's name (`main`: the one everything uses).
+CLUSTER="${OUTBOX_PG_CLUSTER:-main}"
 DB_USER=outbox
 DB_PASS=outbox
 DB_NAME=outbox
@@ -28,11 +33,11 @@ install_pg() {
 cluster() {
   # The newest installed major version and its `main` cluster.
   PGVER="$(ls /usr/lib/postgresql | sort -n | tail -1)"
-  if ! pg_lsclusters -h | awk '{print $1" "$2}' | grep -qx "$PGVER main"; then
-    log "creating cluster $PGVER/main"
-    pg_createcluster "$PGVER" main --port "$PGPORT" >/dev/null
+  if ! pg_lsclusters -h | awk '{print $1" "$2}' | grep -qx "$PGVER $CLUSTER"; then
+    log "creating cluster $PGVER/$CLUSTER"
+    pg_createcluster "$PGVER" "$CLUSTER" --port "$PGPORT" >/dev/null
   fi
-  CONF="/etc/postgresql/$PGVER/main"
+  CONF="/etc/postgresql/$PGVER/$CLUSTER"
 }
 
 configure() {
@@ -81,12 +86,12 @@ start() {
   if port_open "$PGPORT" && [ "$CHANGED" = 0 ]; then
     ensure_db; log "already up on 127.0.0.1:$PGPORT"; return 0
   fi
-  if [ "$CHANGED" = 1 ] && pg_lsclusters -h | grep -q "^$PGVER main .* online"; then
-    pg_ctlcluster "$PGVER" main restart -m fast
+  if [ "$CHANGED" = 1 ] && pg_lsclusters -h | grep -q "^$PGVER $CLUSTER .* online"; then
+    pg_ctlcluster "$PGVER" "$CLUSTER" restart -m fast
   else
     # pg_ctl gives up waiting after 60 s; a crash recovery can take longer, and the wait
     # below follows it for as long as the server process lives.
-    pg_ctlcluster "$PGVER" main start || true
+    pg_ctlcluster "$PGVER" "$CLUSTER" start || true
   fi
   ensure_db
   log "ready on 127.0.0.1:$PGPORT"
@@ -97,11 +102,11 @@ start() {
 ensure_db() {
   local deadline=$((SECONDS + 600)) gone=0 said=0
   until su postgres -c "psql -qAtX -p $PGPORT -c 'select 1'" >/dev/null 2>&1; do
-    if pg_lsclusters -h | grep -q "^$PGVER main .* down"; then
+    if pg_lsclusters -h | grep -q "^$PGVER $CLUSTER .* down"; then
       gone=$((gone + 1))
       # A start right after an unclean stop can fail on the old postmaster's socket lock
       # while its last children exit: try again.
-      [ $((gone % 25)) = 0 ] && { pg_ctlcluster "$PGVER" main start >/dev/null 2>&1 || true; }
+      [ $((gone % 25)) = 0 ] && { pg_ctlcluster "$PGVER" "$CLUSTER" start >/dev/null 2>&1 || true; }
       [ "$gone" -ge 150 ] && { log "server is not running"; tail -n 30 /var/log/postgresql/*.log >&2; exit 1; }
     else
       gone=0
@@ -125,7 +130,7 @@ SQL
 
 case "${1:-start}" in
   start) start ;;
-  restart) install_pg; cluster; pg_ctlcluster "$PGVER" main restart -m fast; start ;;
-  stop) install_pg; cluster; pg_ctlcluster "$PGVER" main stop -m fast || true ;;
+  restart) install_pg; cluster; pg_ctlcluster "$PGVER" "$CLUSTER" restart -m fast; start ;;
+  stop) install_pg; cluster; pg_ctlcluster "$PGVER" "$CLUSTER" stop -m fast || true ;;
   *) echo "usage: $0 start|restart|stop" >&2; exit 2 ;;
 esac
