@@ -9,6 +9,7 @@
 //! least service per weight, each pass at most [`FleetConfig::quantum`] batches.
 
 mod registry;
+mod shared;
 
 use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
@@ -22,7 +23,7 @@ use tracing::{info, warn};
 
 use crate::config::{DbConfig, KafkaConfig};
 use crate::relay::gate::{Gate, Seat};
-use crate::relay::{Relay, RelayConfig, RelayError};
+use crate::relay::{Relay, RelayConfig, RelayError, Shared, SharedProducer};
 use crate::schema::Schema;
 
 pub use registry::{put_tenant, remove_tenant, tenants, Tenant, DEFAULT_DATABASE};
@@ -60,6 +61,11 @@ pub struct FleetConfig {
     pub passes: usize,
     /// Batches one pass may claim before giving way (default [`FleetConfig::DEFAULT_QUANTUM`]).
     pub quantum: usize,
+    /// Postgres sessions the fleet may hold in all, over every database it may use (the
+    /// control database and each of `databases`): each gets an equal share, of which two are
+    /// its lock and LISTEN sessions and the rest its pool (default
+    /// [`FleetConfig::DEFAULT_CONNECTION_BUDGET`]). Tenant count does not change it.
+    pub connection_budget: usize,
     /// Every tenant's relay settings. In exactly-once mode the transactional ids and the
     /// progress topic of a tenant outside the control database carry its database's name.
     pub relay: RelayConfig,
@@ -72,6 +78,21 @@ impl FleetConfig {
     pub const DEFAULT_QUANTUM: usize = 4;
     /// Default [`FleetConfig::reload_interval`].
     pub const DEFAULT_RELOAD_INTERVAL: Duration = Duration::from_secs(5);
+    /// Default [`FleetConfig::connection_budget`].
+    pub const DEFAULT_CONNECTION_BUDGET: usize = 32;
+
+    /// Each database's pool size under the budget, or why the budget is too small.
+    fn pool_size(&self) -> Result<usize, FleetError> {
+        let dbs = 1 + self.databases.len();
+        let share = self.connection_budget / dbs;
+        if share < 4 {
+            return Err(FleetError::Invalid(format!(
+                "connection budget {}: {dbs} database(s) need at least 4 sessions each (a lock session, a LISTEN session and a pool of 2)",
+                self.connection_budget
+            )));
+        }
+        Ok(share - 2)
+    }
 }
 
 impl Default for FleetConfig {
@@ -83,6 +104,7 @@ impl Default for FleetConfig {
             reload_interval: Self::DEFAULT_RELOAD_INTERVAL,
             passes: Self::DEFAULT_PASSES,
             quantum: Self::DEFAULT_QUANTUM,
+            connection_budget: Self::DEFAULT_CONNECTION_BUDGET,
             relay: RelayConfig::default(),
         }
     }
@@ -147,6 +169,12 @@ struct Running {
     weight: Arc<AtomicU32>,
     stop: CancellationToken,
     task: JoinHandle<()>,
+}
+
+/// What `run` builds once and every tenant's relay shares.
+struct Sharing {
+    databases: HashMap<String, shared::Database>,
+    producer: Option<SharedProducer>,
 }
 
 fn seat_id(database: &str, schema: &Schema) -> u64 {
@@ -290,13 +318,15 @@ impl Fleet {
         Ok(out)
     }
 
-    fn start(&self, d: &Drainer) -> Result<Running, FleetError> {
+    fn start(&self, d: &Drainer, sharing: &Sharing) -> Result<Running, FleetError> {
         let mut db = self
             .connection(&d.database)
             .expect("checked by wanted")
             .clone();
         db.schema = d.schema.clone();
         let mut config = self.config.relay.clone();
+        // The database's shared LISTEN session wakes it.
+        config.listen = false;
         if d.database != DEFAULT_DATABASE {
             if let Some(eo) = config.exactly_once.as_mut() {
                 // Same schema name in two databases: distinct transactional ids and progress.
@@ -305,7 +335,18 @@ impl Fleet {
                 eo.progress_topic = format!("{}.{}", eo.progress_topic, d.database);
             }
         }
-        let mut relay = Relay::new(&db, &self.kafka, config)?;
+        let database = &sharing.databases[&d.database];
+        let mut relay = Relay::with_shared(
+            &db,
+            &self.kafka,
+            config,
+            Shared {
+                pool: Some(database.pool.clone()),
+                locks: Some(database.locks.clone()),
+                producer: sharing.producer.clone(),
+            },
+        )?;
+        database.follow(d.schema.notify_channel(), relay.waker());
         let weight = Arc::new(AtomicU32::new(d.weight));
         let id = seat_id(&d.database, &d.schema);
         relay.seat(Seat {
@@ -350,44 +391,58 @@ impl Fleet {
             });
         }
         let wake = Arc::new(tokio::sync::Notify::new());
-        let listener = tokio::spawn(listen_registry(
-            self.control.clone(),
+        let pool_size = self.config.pool_size()?;
+        let mut databases = HashMap::new();
+        databases.insert(
+            DEFAULT_DATABASE.to_owned(),
+            shared::Database::new(&self.control, pool_size, cancel.clone())?,
+        );
+        for (name, db) in &self.config.databases {
+            databases.insert(
+                name.clone(),
+                shared::Database::new(db, pool_size, cancel.clone())?,
+            );
+        }
+        let control = &databases[DEFAULT_DATABASE];
+        control.follow_registry(
+            format!("outbox_tenants:{}", self.control.schema.name()),
             wake.clone(),
-            cancel.clone(),
-        ));
-        let probe_pool = crate::db::pool(&self.control)
-            .map_err(|e| FleetError::Invalid(format!("cannot build pool: {e}")))?;
+        );
         let prober = crate::health::spawn_prober(
             self.health.clone(),
-            probe_pool,
+            control.pool.clone(),
             self.control.clone(),
             self.kafka.clone(),
             cancel.clone(),
         );
+        let producer = if self.config.relay.exactly_once.is_none() {
+            Some(SharedProducer::new(&self.kafka, &self.config.relay)?)
+        } else {
+            None
+        };
+        let sharing = Sharing {
+            databases,
+            producer,
+        };
         let mut running: HashMap<Target, Running> = HashMap::new();
         let mut unknown = std::collections::HashSet::new();
-        let mut client: Option<tokio_postgres::Client> = None;
         let outage = crate::outage::Outage::new("Postgres (the fleet's registry)", "fleet");
         while !cancel.is_cancelled() {
             self.health.beat(
                 "fleet",
                 self.config.reload_interval * 3 + Duration::from_secs(30),
             );
-            if client.as_ref().is_none_or(|c| c.is_closed()) {
-                client = crate::db::connect(&self.control).await.ok();
-            }
-            let wanted = match &client {
-                Some(c) => self.wanted(c, &mut unknown).await,
-                None => Err(FleetError::Invalid("control database unreachable".into())),
+            let wanted = match sharing.databases[DEFAULT_DATABASE].pool.get().await {
+                Ok(c) => self.wanted(&c, &mut unknown).await,
+                Err(e) => Err(FleetError::Invalid(format!("control database: {e}"))),
             };
             match wanted {
                 Ok(wanted) => {
                     outage.ok();
                     self.health.condition("registry", Ok(()));
-                    self.apply(wanted, &mut running);
+                    self.apply(wanted, &mut running, &sharing);
                 }
                 Err(e) => {
-                    client = None;
                     self.health.condition("registry", Err(e.to_string()));
                     outage.failed(&format!("registry not read; tenants keep running: {e}"));
                 }
@@ -405,7 +460,10 @@ impl Fleet {
         for (_, r) in running.drain() {
             let _ = r.task.await;
         }
-        let _ = listener.await;
+        if let Some(p) = &sharing.producer {
+            let (p, budget) = (p.clone(), self.config.relay.shutdown_timeout);
+            let _ = tokio::task::spawn_blocking(move || p.flush(budget)).await;
+        }
         prober.abort();
         info!("fleet stopped");
         Ok(())
@@ -413,7 +471,12 @@ impl Fleet {
 
     /// Starts what is wanted and not running, stops what runs and is not wanted, updates
     /// weights and names in place.
-    fn apply(&self, wanted: BTreeMap<Target, Drainer>, running: &mut HashMap<Target, Running>) {
+    fn apply(
+        &self,
+        wanted: BTreeMap<Target, Drainer>,
+        running: &mut HashMap<Target, Running>,
+        sharing: &Sharing,
+    ) {
         let gone: Vec<Target> = running
             .keys()
             .filter(|t| !wanted.contains_key(*t))
@@ -423,6 +486,7 @@ impl Fleet {
             let r = running.remove(&t).expect("listed");
             info!(tenants = ?r.drainer.tenants, schema = %r.drainer.schema, "tenant removed or disabled; stopping its relay");
             r.stop.cancel();
+            sharing.databases[&r.drainer.database].unfollow(&r.drainer.schema.notify_channel());
             self.gate
                 .forget(seat_id(&r.drainer.database, &r.drainer.schema));
             // It finishes its batch and flushes on its own task; nothing waits for it here.
@@ -435,7 +499,7 @@ impl Fleet {
                     r.drainer.weight = d.weight;
                     r.drainer.tenants = d.tenants;
                 }
-                None => match self.start(&d) {
+                None => match self.start(&d, sharing) {
                     Ok(r) => {
                         running.insert(t, r);
                     }
@@ -470,45 +534,4 @@ fn server_of(db: &DbConfig) -> String {
         ports.join(","),
         db.pg.get_dbname().unwrap_or("")
     )
-}
-
-/// LISTENs on the registry's channel and wakes the reload loop; reconnects after a failure
-/// (the reload's own timer covers the gap).
-async fn listen_registry(
-    control: DbConfig,
-    wake: Arc<tokio::sync::Notify>,
-    cancel: CancellationToken,
-) {
-    let channel = format!("outbox_tenants:{}", control.schema.name());
-    while !cancel.is_cancelled() {
-        let attempt = async {
-            let (client, mut conn) = control.pg.connect(control.tls.clone()).await?;
-            let notify = wake.clone();
-            let driver = tokio::spawn(async move {
-                use futures::StreamExt;
-                let mut stream = futures::stream::poll_fn(move |cx| conn.poll_message(cx));
-                while let Some(msg) = stream.next().await {
-                    match msg {
-                        Ok(tokio_postgres::AsyncMessage::Notification(_)) => notify.notify_one(),
-                        Ok(_) => {}
-                        Err(_) => return,
-                    }
-                }
-            });
-            client
-                .batch_execute(&format!("LISTEN \"{channel}\""))
-                .await?;
-            Ok::<_, tokio_postgres::Error>((client, driver))
-        };
-        if let Ok((_client, mut driver)) = attempt.await {
-            tokio::select! {
-                () = cancel.cancelled() => { driver.abort(); return; }
-                _ = &mut driver => {}
-            }
-        }
-        tokio::select! {
-            () = cancel.cancelled() => return,
-            () = tokio::time::sleep(Duration::from_secs(2)) => {}
-        }
-    }
 }

@@ -17,6 +17,7 @@
 //! relay takes the lane early.
 
 use std::collections::BTreeSet;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tracing::{debug, info};
@@ -49,10 +50,41 @@ pub(crate) fn slot_of(lane: i32) -> i32 {
 /// How often a relay re-counts relays and rebalances its lanes.
 pub const DEFAULT_REBALANCE_INTERVAL: Duration = Duration::from_secs(2);
 
-/// The lanes one relay holds, and the connection that holds their locks.
+/// The session lane locks are held on: a relay's own, or one a fleet's relays of one database
+/// share (their locks are namespaced by schema, so they never meet). If it dies, every lock
+/// on it dies with it; whoever asks next opens a new one.
+pub(crate) struct LockSession {
+    db: DbConfig,
+    current: tokio::sync::Mutex<Option<Arc<tokio_postgres::Client>>>,
+}
+
+impl LockSession {
+    pub(crate) fn new(db: &DbConfig) -> Arc<Self> {
+        Arc::new(Self {
+            db: db.clone(),
+            current: tokio::sync::Mutex::new(None),
+        })
+    }
+
+    /// The live session, opened if there is none.
+    async fn client(&self) -> Result<Arc<tokio_postgres::Client>, tokio_postgres::Error> {
+        let mut current = self.current.lock().await;
+        if let Some(c) = current.as_ref().filter(|c| !c.is_closed()) {
+            return Ok(c.clone());
+        }
+        let c = Arc::new(crate::db::connect(&self.db).await?);
+        *current = Some(c.clone());
+        Ok(c)
+    }
+}
+
+/// The lanes one relay holds, and the session that holds their locks.
 pub(crate) struct Lanes {
     db: DbConfig,
-    conn: Option<tokio_postgres::Client>,
+    session: Arc<LockSession>,
+    /// The session its locks (and its member lock) were taken on; another one means they are
+    /// gone.
+    conn: Option<Arc<tokio_postgres::Client>>,
     owned: BTreeSet<i32>,
     member_id: i32,
     last: Option<Instant>,
@@ -68,6 +100,7 @@ pub(crate) struct Lanes {
 impl Lanes {
     pub fn new(
         db: &DbConfig,
+        session: Arc<LockSession>,
         interval: Duration,
         outages: std::sync::Arc<super::Outages>,
         by_slot: bool,
@@ -75,6 +108,7 @@ impl Lanes {
         Self {
             unit: if by_slot { LANES / SLOTS } else { 1 },
             db: db.clone(),
+            session,
             conn: None,
             owned: BTreeSet::new(),
             member_id: fastrand::i32(1..i32::MAX),
@@ -103,10 +137,7 @@ impl Lanes {
 
     /// True when [`Lanes::refresh_if_due`] would rebalance now.
     pub fn is_due(&self) -> bool {
-        let lost = self
-            .conn
-            .as_ref()
-            .is_none_or(tokio_postgres::Client::is_closed);
+        let lost = self.conn.as_ref().is_none_or(|c| c.is_closed());
         if self.retry_at.is_some_and(|t| Instant::now() < t) {
             return false; // backing off after a failure
         }
@@ -127,26 +158,45 @@ impl Lanes {
                     "lane rebalance failed; holding no lanes until the lock connection is back: {e}"
                 ));
                 self.retry_at = Some(Instant::now() + self.backoff.next_delay());
-                self.conn = None;
-                self.owned.clear();
+                // A statement that failed on a live session leaves its locks where they are
+                // (the next rebalance goes on from them); a dead session took them along.
+                if self.conn.as_ref().is_none_or(|c| c.is_closed()) {
+                    self.conn = None;
+                    self.owned.clear();
+                }
             }
         }
     }
 
-    async fn try_rebalance(&mut self) -> Result<(), tokio_postgres::Error> {
-        if self
-            .conn
-            .as_ref()
-            .is_none_or(tokio_postgres::Client::is_closed)
-        {
-            // Locks died with the old connection (if any).
+    /// Gives up every lane and the member lock: a relay stopping while its session lives on
+    /// (a fleet's). On a session of its own, closing it would do the same.
+    pub async fn release(&mut self) {
+        let Some(c) = self.conn.take().filter(|c| !c.is_closed()) else {
             self.owned.clear();
-            self.conn = Some(crate::db::connect(&self.db).await?);
-        }
-        let c = self.conn.as_ref().expect("connected");
+            return;
+        };
         let schema = self.db.schema.name();
-        c.query_one(locks::JOIN_RELAYS, &[&self.member_id, &schema])
-            .await?;
+        for lane in std::mem::take(&mut self.owned) {
+            let _ = c.query_one(locks::UNLOCK_LANE, &[&lane, &schema]).await;
+        }
+        let _ = c
+            .query_one(locks::LEAVE_RELAYS, &[&self.member_id, &schema])
+            .await;
+    }
+
+    async fn try_rebalance(&mut self) -> Result<(), tokio_postgres::Error> {
+        let schema = self.db.schema.name();
+        let session = self.session.client().await?;
+        if !self.conn.as_ref().is_some_and(|c| Arc::ptr_eq(c, &session)) {
+            // Locks died with the old session (if any). The member lock is taken once per
+            // session: advisory locks count, and one unlock must let it go.
+            self.owned.clear();
+            session
+                .query_one(locks::JOIN_RELAYS, &[&self.member_id, &schema])
+                .await?;
+            self.conn = Some(session);
+        }
+        let c = self.conn.as_ref().expect("connected").clone();
         let members: i64 = c.query_one(locks::COUNT_RELAYS, &[&schema]).await?.get(0);
         let members = members.max(1) as usize;
         let unit = self.unit;

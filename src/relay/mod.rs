@@ -59,7 +59,7 @@ mod tasks;
 use batch::*;
 pub use config::*;
 pub use error::{BatchReport, Outcome, RelayError};
-pub(crate) use lanes::LANES;
+pub(crate) use lanes::{LockSession, LANES};
 use producer::*;
 pub(crate) use tasks::refresh_outbox_gauges;
 use tasks::*;
@@ -80,7 +80,7 @@ pub struct Relay {
     pool: Pool,
     /// Replaced when librdkafka reports a fatal error (an idempotent producer that lost its
     /// sequence state cannot be used again).
-    producer: std::sync::RwLock<RelayProducer>,
+    producer: Arc<std::sync::RwLock<RelayProducer>>,
     /// Where the producer's delivery reports go, batch by batch.
     reports: Arc<Reports>,
     outages: Arc<Outages>,
@@ -109,11 +109,67 @@ pub struct Relay {
     health: crate::health::Health,
     /// In a fleet: the gate it asks before each pass and the tenant it publishes.
     seat: Option<gate::Seat>,
+    /// Wakes the pass loop: the LISTEN task's (its own, or a fleet's shared one).
+    wake: Arc<tokio::sync::Notify>,
+}
+
+/// Wakes one relay from outside it: a fleet's LISTEN session, shared by the relays of one
+/// database, hands each its schema's notifications.
+#[derive(Clone)]
+pub(crate) struct Waker {
+    wake: Arc<tokio::sync::Notify>,
+    floor: Arc<Mutex<ClaimFloor>>,
+}
+
+impl Waker {
+    /// A notification on the relay's channel: wake it; a rewind also sends its next claim
+    /// back to the head (as its own LISTEN task does).
+    pub(crate) fn notified(&self, payload: &str) {
+        if payload == REWIND_PAYLOAD {
+            self.floor.lock().expect("floor lock").rewind_to(0);
+        }
+        self.wake.notify_one();
+    }
 }
 
 impl Relay {
     /// Longest error text kept in `last_error`.
     pub const MAX_ERROR_LEN: usize = MAX_ERROR_LEN;
+}
+
+/// What a fleet's relays share (`Relay::with_shared`); each part missing is the relay's own.
+#[derive(Default, Clone)]
+pub(crate) struct Shared {
+    /// The pool of their database.
+    pub(crate) pool: Option<Pool>,
+    /// The session their database's lane locks are held on.
+    pub(crate) locks: Option<Arc<self::lanes::LockSession>>,
+    /// One idempotent producer for every tenant.
+    pub(crate) producer: Option<SharedProducer>,
+}
+
+/// A producer and the reports it files, shared by a fleet's relays.
+#[derive(Clone)]
+pub(crate) struct SharedProducer {
+    producer: Arc<std::sync::RwLock<RelayProducer>>,
+    reports: Arc<Reports>,
+}
+
+impl SharedProducer {
+    pub(crate) fn new(kafka: &KafkaConfig, config: &RelayConfig) -> Result<Self, RelayError> {
+        let reports = Arc::new(Reports::default());
+        let producer = producer_for(kafka, config.delivery_timeout, &Outages::new(), &reports)?;
+        Ok(Self {
+            producer: Arc::new(std::sync::RwLock::new(producer)),
+            reports,
+        })
+    }
+
+    /// Flushes what was handed to it (a fleet's last step at shutdown).
+    pub(crate) fn flush(&self, budget: Duration) -> Result<(), rdkafka::error::KafkaError> {
+        let p = self.producer.read().expect("producer lock").clone();
+        p.flush(Timeout::After(budget))
+    }
 }
 
 impl Relay {
@@ -128,7 +184,11 @@ impl Relay {
         kafka: &KafkaConfig,
         config: RelayConfig,
     ) -> Result<Self, RelayError> {
-        config.validate()?;
+        Self::with_shared(db, kafka, config, Shared::default())
+    }
+
+    /// The pool a relay of `db` uses: its connections carry the relay's plan settings.
+    pub(crate) fn pool_for(db: &DbConfig) -> Result<Pool, RelayError> {
         let mut planned = db.clone();
         let opts = format!(
             "{} {}",
@@ -136,20 +196,47 @@ impl Relay {
             crate::sql::PLAN_SETTINGS
         );
         planned.pg.options(opts.trim());
-        let pool = crate::db::pool(&planned)
-            .map_err(|e| ConfigError::DatabaseUrl(format!("cannot build pool: {e}")))?;
+        Ok(crate::db::pool(&planned)
+            .map_err(|e| ConfigError::DatabaseUrl(format!("cannot build pool: {e}")))?)
+    }
+
+    /// [`Relay::new`] on what a fleet shares between the relays of one database (`shared`):
+    /// its pool, its lock session, and the fleet's producer.
+    pub(crate) fn with_shared(
+        db: &DbConfig,
+        kafka: &KafkaConfig,
+        config: RelayConfig,
+        shared: Shared,
+    ) -> Result<Self, RelayError> {
+        config.validate()?;
+        let pool = match shared.pool {
+            Some(p) => p,
+            None => Self::pool_for(db)?,
+        };
         let outages = Outages::new();
-        let reports = Arc::new(Reports::default());
-        let producer = producer_for(kafka, config.delivery_timeout, &outages, &reports)?;
+        let (producer, reports) = match shared.producer {
+            // Exactly-once relays produce through their slots' transactional producers; the
+            // shared one is for the idempotent path only.
+            Some(p) if config.exactly_once.is_none() => (p.producer, p.reports),
+            _ => {
+                let reports = Arc::new(Reports::default());
+                let producer = producer_for(kafka, config.delivery_timeout, &outages, &reports)?;
+                (Arc::new(std::sync::RwLock::new(producer)), reports)
+            }
+        };
+        let session = shared
+            .locks
+            .unwrap_or_else(|| self::lanes::LockSession::new(db));
         Ok(Self {
             lanes: tokio::sync::Mutex::new(self::lanes::Lanes::new(
                 db,
+                session,
                 config.rebalance_interval,
                 outages.clone(),
                 config.exactly_once.is_some(),
             )),
             pool,
-            producer: std::sync::RwLock::new(producer),
+            producer,
             reports,
             outages,
             kafka: kafka.clone(),
@@ -169,7 +256,16 @@ impl Relay {
             injected: Arc::default(),
             health: crate::health::Health::new(),
             seat: None,
+            wake: Arc::new(tokio::sync::Notify::new()),
         })
+    }
+
+    /// Its waker, for a LISTEN session outside it (set `listen: false` in its config).
+    pub(crate) fn waker(&self) -> Waker {
+        Waker {
+            wake: self.wake.clone(),
+            floor: self.floor.clone(),
+        }
     }
 
     /// Seats this relay in a fleet (before `run`): each pass waits for the fleet's gate and

@@ -266,7 +266,7 @@ impl Relay {
     ) -> Result<(), RelayError> {
         let cancel = CancellationToken::new();
         let tracker = TaskTracker::new();
-        let wake = Arc::new(Notify::new());
+        let wake = self.wake.clone();
         {
             let cancel = cancel.clone();
             tokio::spawn(async move {
@@ -362,13 +362,17 @@ impl Relay {
                     .increment(0);
             }
         }
-        tracker.spawn(crate::health::spawn_prober(
-            self.health.clone(),
-            self.pool.clone(),
-            self.db.clone(),
-            self.kafka.clone(),
-            cancel.clone(),
-        ));
+        if self.seat.is_none() {
+            // A fleet's relays answer to the fleet's probes: a tenant's database being down
+            // must not make the whole process unready.
+            tracker.spawn(crate::health::spawn_prober(
+                self.health.clone(),
+                self.pool.clone(),
+                self.db.clone(),
+                self.kafka.clone(),
+                cancel.clone(),
+            ));
+        }
         // A pass may wait out a whole delivery timeout (Kafka down) and a backoff: silent
         // longer than that, the loop is stuck.
         let allowance = self.config.delivery_timeout + REPORT_MARGIN + Duration::from_secs(60);
@@ -453,6 +457,8 @@ impl Relay {
         if let Ok(Err(e)) = flushed {
             warn!(error = %e, "producer flush incomplete at shutdown; unacked rows stay pending");
         }
+        // Its lanes go back now: on a fleet's shared session they would otherwise stay taken.
+        self.lanes.lock().await.release().await;
         if tokio::time::timeout(budget, tracker.wait()).await.is_err() {
             warn!("background tasks did not stop in time");
         }

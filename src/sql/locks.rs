@@ -6,6 +6,10 @@
 pub(crate) const JOIN_RELAYS: &str =
     "SELECT pg_try_advisory_lock(hashtext('outbox-relays:' || $2::text), $1)";
 
+/// Leaves the schema's relays (a fleet's relay stopped while its lock session lives on).
+pub(crate) const LEAVE_RELAYS: &str =
+    "SELECT pg_advisory_unlock(hashtext('outbox-relays:' || $2::text), $1)";
+
 /// How many relays of schema `$1` hold their member lock now: each aims at
 /// `ceil(lanes / members)` lanes.
 pub(crate) const COUNT_RELAYS: &str = "SELECT count(*) FROM pg_locks

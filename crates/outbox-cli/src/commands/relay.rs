@@ -107,6 +107,10 @@ pub struct Args {
     /// Fleet: batches one tenant's pass may claim before the next tenant's turn.
     #[arg(long, default_value_t = outbox::fleet::FleetConfig::DEFAULT_QUANTUM)]
     fleet_quantum: usize,
+    /// Fleet: Postgres sessions in all, shared equally by the databases it may use (however
+    /// many tenants they hold).
+    #[arg(long, default_value_t = outbox::fleet::FleetConfig::DEFAULT_CONNECTION_BUDGET)]
+    connection_budget: usize,
 }
 
 pub async fn run(args: Args, _out: &mut dyn Write) -> anyhow::Result<()> {
@@ -138,6 +142,7 @@ pub async fn run(args: Args, _out: &mut dyn Write) -> anyhow::Result<()> {
         databases,
         fleet_passes,
         fleet_quantum,
+        connection_budget,
     } = args;
     if let Some(url) = &schema_registry_url {
         crate::redact::register_url(url);
@@ -205,6 +210,7 @@ pub async fn run(args: Args, _out: &mut dyn Write) -> anyhow::Result<()> {
         fleet.discover = discover;
         fleet.passes = fleet_passes;
         fleet.quantum = fleet_quantum;
+        fleet.connection_budget = connection_budget;
         fleet.relay = config;
         let fleet = outbox::fleet::Fleet::new(&db, &kafka, fleet).map_err(|e| match e {
             outbox::fleet::FleetError::Invalid(m) => anyhow::Error::new(UsageError(m)),

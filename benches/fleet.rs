@@ -1,0 +1,127 @@
+//! One relay for many outboxes (`outbox::fleet`): T tenants holding R rows each drained by one
+//! fleet, against one schema holding the same T × R rows drained by one plain relay in the same
+//! run → the fleet's throughput as a ratio to the plain relay's, and the most Postgres sessions
+//! the fleet held (its budget is the ceiling it must stay under).
+//!
+//! `cargo bench --bench fleet` (env: TENANTS=200, ROWS=500 per tenant, BUDGET=32, PAIRS=2:
+//! fleet and plain relay alternate which goes first); smoke size under cargo test.
+
+#[path = "support/mod.rs"]
+mod support;
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use support::*;
+
+/// Sessions the server holds to the dev database, except this bench's own observer.
+async fn sessions(c: &tokio_postgres::Client) -> i64 {
+    c.query_one(
+        "SELECT count(*) FROM pg_stat_activity
+          WHERE datname = current_database() AND pid <> pg_backend_pid() AND backend_type = 'client backend'",
+        &[],
+    )
+    .await
+    .unwrap()
+    .get(0)
+}
+
+async fn relay_config() -> outbox::RelayConfig {
+    let mut c = outbox::RelayConfig::default();
+    c.cleanup.interval = None;
+    c
+}
+
+/// Waits until `topic` holds `n` records; the most sessions seen meanwhile, and the time.
+async fn drained(
+    topic: &str,
+    n: i64,
+    observer: &tokio_postgres::Client,
+    start: Instant,
+) -> (f64, i64) {
+    let mut peak = 0;
+    loop {
+        peak = peak.max(sessions(observer).await);
+        if outbox_testkit::topic_len(topic).await >= n {
+            return (start.elapsed().as_secs_f64(), peak);
+        }
+        assert!(start.elapsed() < Duration::from_secs(1800), "not drained");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::main]
+async fn main() {
+    let tenants = param("TENANTS", if full() { 200 } else { 5 });
+    let rows = param("ROWS", if full() { 500 } else { 50 });
+    let budget = param("BUDGET", 32);
+    let pairs = param("PAIRS", if full() { 2 } else { 1 });
+    let total = (tenants * rows) as i64;
+    let observer = outbox::connect(&fresh_db().await).await.unwrap();
+    let baseline = sessions(&observer).await;
+    for pair in 0..pairs {
+        let mut results = BTreeMap::new();
+        let order = if pair % 2 == 0 {
+            ["fleet", "plain"]
+        } else {
+            ["plain", "fleet"]
+        };
+        for what in order {
+            let topic = format!("bench.fleet.{}", rand_name(8));
+            create_topic(&topic, 6).await;
+            if what == "plain" {
+                let db = fresh_db().await;
+                fill_outbox(&db, &topic, tenants * rows, 1000).await;
+                let relay = outbox::Relay::new(&db, &kafka(), relay_config().await).unwrap();
+                let stop = tokio_util::sync::CancellationToken::new();
+                let start = Instant::now();
+                let run = tokio::spawn(relay.run(stop.clone().cancelled_owned()));
+                let (secs, peak) = drained(&topic, total, &observer, start).await;
+                stop.cancel();
+                run.await.unwrap().unwrap();
+                drop_schema(&db).await;
+                results.insert(what, (secs, peak - baseline));
+            } else {
+                let control = fresh_db().await;
+                let mut schemas = Vec::new();
+                for i in 0..tenants {
+                    let db = fresh_db().await;
+                    fill_outbox(&db, &topic, rows, 1000usize.min(rows)).await;
+                    let t =
+                        outbox::fleet::Tenant::new(&format!("t{i}"), db.schema.clone()).unwrap();
+                    outbox::fleet::put_tenant(&control, &t).await.unwrap();
+                    schemas.push(db);
+                }
+                let mut config = outbox::fleet::FleetConfig::default();
+                config.connection_budget = budget;
+                config.relay = relay_config().await;
+                let fleet = outbox::fleet::Fleet::new(&control, &kafka(), config).unwrap();
+                let stop = tokio_util::sync::CancellationToken::new();
+                let start = Instant::now();
+                let run = tokio::spawn(fleet.run(stop.clone().cancelled_owned()));
+                let (secs, peak) = drained(&topic, total, &observer, start).await;
+                stop.cancel();
+                run.await.unwrap().unwrap();
+                for db in schemas.iter().chain([&control]) {
+                    drop_schema(db).await;
+                }
+                results.insert(what, (secs, peak - baseline));
+            }
+            delete_topic(&topic).await;
+        }
+        let (fleet_secs, fleet_sessions) = results["fleet"];
+        let (plain_secs, plain_sessions) = results["plain"];
+        emit(
+            "fleet",
+            serde_json::json!({"tenants": tenants, "rows_per_tenant": rows, "budget": budget, "pair": pair, "first": order[0]}),
+            serde_json::json!({
+                "fleet_msgs_per_sec": round2(total as f64 / fleet_secs),
+                "plain_relay_msgs_per_sec": round2(total as f64 / plain_secs),
+                "fleet_to_plain": round2(plain_secs / fleet_secs),
+                "fleet_peak_sessions": fleet_sessions,
+                "plain_peak_sessions": plain_sessions,
+                "sessions_to_budget": round2(fleet_sessions as f64 / budget as f64),
+            }),
+        );
+    }
+}
