@@ -72,6 +72,11 @@ pub const X_EDITED_FROM: &str = "x-edited-from";
 /// (`Delivered::newer_than_applied`). Not a service header: a replay keeps it.
 pub const X_OUTBOX_SEQ: &str = "x-outbox-seq";
 
+/// The tenant whose outbox a record came from, added by a fleet's relay (`outbox relay
+/// --tenants`) unless the row carries it. Ids (and so [`X_OUTBOX_SEQ`]) are per outbox: a
+/// handler comparing sequences of entities that several tenants share scopes them by it.
+pub const X_TENANT: &str = "x-tenant";
+
 /// Every header the framework manages; replays strip them all.
 pub const SERVICE_HEADERS: [&str; 11] = [
     X_RETRY_ATTEMPT,

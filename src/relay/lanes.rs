@@ -56,14 +56,57 @@ pub const DEFAULT_REBALANCE_INTERVAL: Duration = Duration::from_secs(2);
 pub(crate) struct LockSession {
     db: DbConfig,
     current: tokio::sync::Mutex<Option<Arc<tokio_postgres::Client>>>,
+    /// The schemas whose relays use it, and their relay counts as last looked up: one look at
+    /// the lock table serves every schema for a moment (a look costs a copy of the whole lock
+    /// table: milliseconds with a fleet's thousands of locks).
+    members: tokio::sync::Mutex<Members>,
 }
+
+#[derive(Default)]
+struct Members {
+    schemas: std::collections::BTreeSet<String>,
+    counts: std::collections::HashMap<String, i64>,
+    at: Option<Instant>,
+}
+
+/// How long one look at the member locks serves every schema of a session.
+const MEMBERS_FRESH: Duration = Duration::from_millis(500);
 
 impl LockSession {
     pub(crate) fn new(db: &DbConfig) -> Arc<Self> {
         Arc::new(Self {
             db: db.clone(),
             current: tokio::sync::Mutex::new(None),
+            members: tokio::sync::Mutex::new(Members::default()),
         })
+    }
+
+    /// Relays of `schema` holding their member lock, from a look at most [`MEMBERS_FRESH`] old.
+    async fn members(
+        &self,
+        c: &tokio_postgres::Client,
+        schema: &str,
+    ) -> Result<i64, tokio_postgres::Error> {
+        let mut m = self.members.lock().await;
+        // A session of one relay's own always looks (a rebalance right after another relay
+        // joined must see it); a shared one serves its schemas from one look for a moment.
+        let shared = m.schemas.len() > 1;
+        let fresh = shared && m.at.is_some_and(|t| t.elapsed() < MEMBERS_FRESH);
+        if !(fresh && m.counts.contains_key(schema)) {
+            m.schemas.insert(schema.to_owned());
+            let schemas: Vec<&str> = m.schemas.iter().map(String::as_str).collect();
+            let rows = c.query(locks::COUNT_RELAYS_OF, &[&schemas]).await?;
+            m.counts = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
+            m.at = Some(Instant::now());
+        }
+        Ok(m.counts.get(schema).copied().unwrap_or(0))
+    }
+
+    /// A schema whose relays no longer use it.
+    async fn forget(&self, schema: &str) {
+        let mut m = self.members.lock().await;
+        m.schemas.remove(schema);
+        m.counts.remove(schema);
     }
 
     /// The live session, opened if there is none.
@@ -176,12 +219,12 @@ impl Lanes {
             return;
         };
         let schema = self.db.schema.name();
-        for lane in std::mem::take(&mut self.owned) {
-            let _ = c.query_one(locks::UNLOCK_LANE, &[&lane, &schema]).await;
-        }
+        let lanes: Vec<i32> = std::mem::take(&mut self.owned).into_iter().collect();
+        let _ = c.query_one(locks::UNLOCK_LANES, &[&lanes, &schema]).await;
         let _ = c
             .query_one(locks::LEAVE_RELAYS, &[&self.member_id, &schema])
             .await;
+        self.session.forget(schema).await;
     }
 
     async fn try_rebalance(&mut self) -> Result<(), tokio_postgres::Error> {
@@ -197,50 +240,59 @@ impl Lanes {
             self.conn = Some(session);
         }
         let c = self.conn.as_ref().expect("connected").clone();
-        let members: i64 = c.query_one(locks::COUNT_RELAYS, &[&schema]).await?.get(0);
+        let members = self.session.members(&c, schema).await?;
         let members = members.max(1) as usize;
         let unit = self.unit;
         let units = (LANES / unit) as usize;
         let target = units.div_ceil(members) * unit as usize;
         let before = self.owned.len();
+        // Each change is one round trip, whatever the number of lanes: a fleet's relays of one
+        // database take and give lanes through one shared session.
+        let mut extra = Vec::new();
         while self.owned.len() > target {
             // The highest unit goes, all of its lanes.
             let last = *self.owned.iter().next_back().expect("non-empty");
             let first = last - last % unit;
             for lane in first..first + unit {
                 if self.owned.remove(&lane) {
-                    c.query_one(locks::UNLOCK_LANE, &[&lane, &schema]).await?;
+                    extra.push(lane);
                 }
             }
+        }
+        if !extra.is_empty() {
+            c.query_one(locks::UNLOCK_LANES, &[&extra, &schema]).await?;
         }
         if self.owned.len() < target {
             // Start at a member-specific offset so relays do not all contend for lane 0 first.
             let start = self.member_id.rem_euclid(units as i32);
-            for i in 0..units as i32 {
-                if self.owned.len() >= target {
-                    break;
-                }
-                let first = ((start + i) % units as i32) * unit;
-                if self.owned.contains(&first) {
-                    continue;
-                }
-                let mut got = Vec::new();
-                for lane in first..first + unit {
-                    let ok: bool = c
-                        .query_one(locks::LOCK_LANE, &[&lane, &schema])
-                        .await?
-                        .get(0);
-                    if !ok {
+            let order: Vec<i32> = (0..units as i32)
+                .map(|i| ((start + i) % units as i32) * unit)
+                .filter(|first| !self.owned.contains(first))
+                .collect();
+            if unit == 1 {
+                let need = (target - self.owned.len()) as i64;
+                let got = c
+                    .query(locks::LOCK_LANES, &[&order, &schema, &need])
+                    .await?;
+                self.owned.extend(got.iter().map(|r| r.get::<_, i32>(0)));
+            } else {
+                for first in order {
+                    if self.owned.len() >= target {
                         break;
                     }
-                    got.push(lane);
-                }
-                if got.len() == unit as usize {
-                    self.owned.extend(got);
-                } else {
-                    // Part of a slot is no slot: give back what was taken.
-                    for lane in got {
-                        c.query_one(locks::UNLOCK_LANE, &[&lane, &schema]).await?;
+                    let lanes: Vec<i32> = (first..first + unit).collect();
+                    let all = lanes.len() as i64;
+                    let got: Vec<i32> = c
+                        .query(locks::LOCK_LANES, &[&lanes, &schema, &all])
+                        .await?
+                        .iter()
+                        .map(|r| r.get(0))
+                        .collect();
+                    if got.len() == unit as usize {
+                        self.owned.extend(got);
+                    } else if !got.is_empty() {
+                        // Part of a slot is no slot: give back what was taken.
+                        c.query_one(locks::UNLOCK_LANES, &[&got, &schema]).await?;
                     }
                 }
             }

@@ -137,14 +137,27 @@ pub(super) fn fate_of_error(e: &KafkaError) -> Fate {
 /// Converts the stored headers (a JSON object) to Kafka headers. Non-string values, written by
 /// plain-SQL producers, are sent as their JSON text. The row's `id` goes along as
 /// [`X_OUTBOX_SEQ`](crate::wire::X_OUTBOX_SEQ), unless the row carries that header itself.
-pub(super) fn kafka_headers(raw: &str, id: i64) -> Result<OwnedHeaders, String> {
+///
+/// A fleet's relay passes its `tenant`: it goes along as [`X_TENANT`](crate::wire::X_TENANT),
+/// unless the row carries that header itself.
+pub(super) fn kafka_headers(
+    raw: &str,
+    id: i64,
+    tenant: Option<&str>,
+) -> Result<OwnedHeaders, String> {
     let map: serde_json::Map<String, serde_json::Value> =
         serde_json::from_str(raw).map_err(|_| "headers must be a JSON object".to_string())?;
-    let mut h = OwnedHeaders::new_with_capacity(map.len() + 1);
+    let mut h = OwnedHeaders::new_with_capacity(map.len() + 2);
     if !map.contains_key(crate::wire::X_OUTBOX_SEQ) {
         h = h.insert(Header {
             key: crate::wire::X_OUTBOX_SEQ,
             value: Some(id.to_string().as_bytes()),
+        });
+    }
+    if let Some(t) = tenant.filter(|_| !map.contains_key(crate::wire::X_TENANT)) {
+        h = h.insert(Header {
+            key: crate::wire::X_TENANT,
+            value: Some(t.as_bytes()),
         });
     }
     for (k, v) in &map {
@@ -174,11 +187,27 @@ mod tests {
                 .map(|x| String::from_utf8(x.value.unwrap().to_vec()).unwrap())
                 .collect()
         };
-        let h = kafka_headers(r#"{"message_type":"t"}"#, 42).unwrap();
+        let h = kafka_headers(r#"{"message_type":"t"}"#, 42, None).unwrap();
         assert_eq!(seq(&h), ["42"]);
         assert_eq!(h.count(), 2);
-        let own = kafka_headers(r#"{"message_type":"t","x-outbox-seq":"7"}"#, 42).unwrap();
+        let own = kafka_headers(r#"{"message_type":"t","x-outbox-seq":"7"}"#, 42, None).unwrap();
         assert_eq!(seq(&own), ["7"], "a caller's own header is never rewritten");
+    }
+
+    #[test]
+    fn a_fleets_relay_names_the_tenant_unless_the_row_does() {
+        use rdkafka::message::Headers as _;
+        let tenant = |h: &OwnedHeaders| -> Vec<String> {
+            h.iter()
+                .filter(|x| x.key == crate::wire::X_TENANT)
+                .map(|x| String::from_utf8(x.value.unwrap().to_vec()).unwrap())
+                .collect()
+        };
+        let h = kafka_headers(r#"{"message_type":"t"}"#, 1, Some("acme")).unwrap();
+        assert_eq!(tenant(&h), ["acme"]);
+        let own = kafka_headers(r#"{"x-tenant":"globex"}"#, 1, Some("acme")).unwrap();
+        assert_eq!(tenant(&own), ["globex"]);
+        assert!(tenant(&kafka_headers("{}", 1, None).unwrap()).is_empty());
     }
 
     #[test]

@@ -112,7 +112,12 @@ impl Relay {
                     RefusalReason::Refused,
                 ))
             } else {
-                kafka_headers(row.headers(), row.id).map_err(|e| (e, RefusalReason::Refused))
+                kafka_headers(
+                    row.headers(),
+                    row.id,
+                    self.seat.as_ref().map(|s| &*s.tenant),
+                )
+                .map_err(|e| (e, RefusalReason::Refused))
             };
             let headers = match headers {
                 Ok(h) => h,

@@ -10,20 +10,25 @@ pub(crate) const JOIN_RELAYS: &str =
 pub(crate) const LEAVE_RELAYS: &str =
     "SELECT pg_advisory_unlock(hashtext('outbox-relays:' || $2::text), $1)";
 
-/// How many relays of schema `$1` hold their member lock now: each aims at
-/// `ceil(lanes / members)` lanes.
-pub(crate) const COUNT_RELAYS: &str = "SELECT count(*) FROM pg_locks
-  WHERE locktype = 'advisory' AND granted
-    AND classid = (hashtext('outbox-relays:' || $1::text))::oid AND objsubid = 2
-    AND database = (SELECT oid FROM pg_database WHERE datname = current_database())";
+/// How many relays hold their member lock now, for each schema of `$1` (one look at the lock
+/// table for every schema a session serves: a fleet's relays of one database share it).
+pub(crate) const COUNT_RELAYS_OF: &str = "SELECT s.name, count(l.pid)
+  FROM unnest($1::text[]) AS s(name)
+  LEFT JOIN pg_locks l ON l.locktype = 'advisory' AND l.granted AND l.objsubid = 2
+   AND l.classid = (hashtext('outbox-relays:' || s.name))::oid
+   AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+  GROUP BY s.name";
 
-/// Takes ordering lane `$1` if no other relay holds it: its keys' rows are this relay's alone.
-pub(crate) const LOCK_LANE: &str =
-    "SELECT pg_try_advisory_lock(hashtext('outbox-lanes:' || $2::text), $1)";
+/// Takes up to `$3` of the lanes `$1` (in that order) that no other relay holds, in one round
+/// trip: the scan stops at the `$3`th lane taken, so no lane past it is tried. No ORDER BY: a
+/// sort would pull, and so lock, every row first. Returns the lanes taken.
+pub(crate) const LOCK_LANES: &str = "SELECT l FROM unnest($1::int4[]) AS l
+  WHERE pg_try_advisory_lock(hashtext('outbox-lanes:' || $2::text), l)
+  LIMIT $3";
 
-/// Gives lane `$1` up (the relay holds more than its share).
-pub(crate) const UNLOCK_LANE: &str =
-    "SELECT pg_advisory_unlock(hashtext('outbox-lanes:' || $2::text), $1)";
+/// Gives lanes `$1` up in one round trip.
+pub(crate) const UNLOCK_LANES: &str = "SELECT count(*) FROM unnest($1::int4[]) AS l
+  WHERE pg_advisory_unlock(hashtext('outbox-lanes:' || $2::text), l)";
 
 /// Serialises job creation in schema `$1` (a transaction lock) so two jobs never freeze the
 /// same letters.

@@ -102,12 +102,22 @@ async fn one_fleet_publishes_many_schemas_and_databases_and_follows_its_registry
         )
         .await;
     }
-    for topic in &topics[..4] {
+    for (topic, tenant) in topics[..4]
+        .iter()
+        .zip(["acme", "globex", "initech", "umbrella"])
+    {
         let records = read_all(topic).await;
         let seqs = payload_seqs(&records);
         let distinct: HashSet<_> = seqs.iter().collect();
         assert_eq!(records.len(), 200, "{topic}: each row once");
         assert_eq!(distinct.len(), 200, "{topic}");
+        // Each record names the tenant whose outbox it came from (x-tenant).
+        assert!(
+            records
+                .iter()
+                .all(|r| r.headers.get("x-tenant").map(String::as_str) == Some(tenant)),
+            "{topic}: not all from {tenant}"
+        );
     }
     let drainers = view.drainers();
     assert_eq!(drainers.len(), 4, "{drainers:?}");
@@ -266,7 +276,14 @@ async fn fleet_kill_run(exactly_once: bool) {
     let suffix = hex(8);
     let spawn = || {
         let mut c = outbox_command(&control);
-        c.args(["relay", "--tenants", "--cleanup-interval", "off", "--batch-size", "50"]);
+        c.args([
+            "relay",
+            "--tenants",
+            "--cleanup-interval",
+            "off",
+            "--batch-size",
+            "50",
+        ]);
         if exactly_once {
             c.args([
                 "--exactly-once",
@@ -299,16 +316,20 @@ async fn fleet_kill_run(exactly_once: bool) {
             })
         })
         .collect();
-    wait_until(Duration::from_secs(60), "both relays publishing", || async {
-        topic_len(&topic).await >= 600
-    })
+    wait_until(
+        Duration::from_secs(60),
+        "both relays publishing",
+        || async { topic_len(&topic).await >= 600 },
+    )
     .await;
     victim.kill().unwrap(); // SIGKILL
     victim.wait().unwrap();
     let at_kill = topic_len(&topic).await;
-    wait_until(Duration::from_secs(60), "the survivor publishing on", || async {
-        topic_len(&topic).await >= at_kill + 600
-    })
+    wait_until(
+        Duration::from_secs(60),
+        "the survivor publishing on",
+        || async { topic_len(&topic).await >= at_kill + 600 },
+    )
     .await;
     stop_tx.send(true).unwrap();
     let mut ids = Vec::new();
@@ -331,7 +352,12 @@ async fn fleet_kill_run(exactly_once: bool) {
     };
     let got: HashSet<String> = records.iter().map(Record::message_id).collect();
     let missing = ids.iter().filter(|id| !got.contains(*id)).count();
-    assert_eq!(missing, 0, "{missing} of {} rows never published", ids.len());
+    assert_eq!(
+        missing,
+        0,
+        "{missing} of {} rows never published",
+        ids.len()
+    );
     let resent = records.len() - got.len();
     eprintln!(
         "exactly_once={exactly_once}: {} rows, {} records, {resent} resent",
@@ -343,6 +369,9 @@ async fn fleet_kill_run(exactly_once: bool) {
     } else {
         // At most what the dead process had in flight: per tenant, its pipeline's batches.
         let window = 3 * 50 * outbox::RelayConfig::DEFAULT_IN_FLIGHT_BATCHES.max(1) * 2;
-        assert!(resent <= window, "{resent} resent, more than the in-flight window {window}");
+        assert!(
+            resent <= window,
+            "{resent} resent, more than the in-flight window {window}"
+        );
     }
 }

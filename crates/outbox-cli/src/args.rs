@@ -87,6 +87,38 @@ pub(crate) fn db_config(a: &DbArgs) -> Result<DbConfig, UsageError> {
     Ok(db)
 }
 
+/// The databases a fleet's tenants name: `OUTBOX_DATABASE_<NAME>` variables, then `flags`
+/// (`NAME=URL`, which win). The URLs' passwords are registered for redaction; a flag without
+/// `=` is refused without being shown.
+pub(crate) fn named_databases(
+    flags: &[String],
+) -> Result<std::collections::BTreeMap<String, DbConfig>, UsageError> {
+    let mut named = std::collections::BTreeMap::new();
+    for (k, v) in std::env::vars() {
+        if let Some(name) = k.strip_prefix("OUTBOX_DATABASE_") {
+            named.insert(name.to_ascii_lowercase(), v);
+        }
+    }
+    for pair in flags {
+        let Some((name, url)) = pair.split_once('=') else {
+            return Err(UsageError(
+                "--database expects NAME=URL (the value is not shown)".into(),
+            ));
+        };
+        named.insert(name.trim().to_owned(), url.to_owned());
+    }
+    let mut out = std::collections::BTreeMap::new();
+    for (name, url) in named {
+        let conn = db_config(&DbArgs {
+            database_url: url,
+            schema: outbox::Schema::DEFAULT_NAME.to_owned(),
+        })
+        .map_err(|e| UsageError(format!("database {name}: {e}")))?;
+        out.insert(name, conn);
+    }
+    Ok(out)
+}
+
 pub(crate) fn kafka_config(a: &KafkaArgs) -> Result<KafkaConfig, UsageError> {
     let mut k =
         KafkaConfig::new(&a.kafka_bootstrap_servers).map_err(|e| UsageError(e.to_string()))?;

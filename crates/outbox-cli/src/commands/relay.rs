@@ -181,31 +181,8 @@ pub async fn run(args: Args, _out: &mut dyn Write) -> anyhow::Result<()> {
         c
     };
     if tenants || discover.is_some() {
-        let mut named = std::collections::BTreeMap::new();
-        // OUTBOX_DATABASE_<NAME> first, so a flag of the same name wins.
-        for (k, v) in std::env::vars() {
-            if let Some(name) = k.strip_prefix("OUTBOX_DATABASE_") {
-                named.insert(name.to_ascii_lowercase(), v);
-            }
-        }
-        for pair in &databases {
-            let Some((name, url)) = pair.split_once('=') else {
-                return Err(UsageError(
-                    "--database expects NAME=URL (the URL is not shown)".into(),
-                )
-                .into());
-            };
-            named.insert(name.trim().to_owned(), url.to_owned());
-        }
         let mut fleet = outbox::fleet::FleetConfig::default();
-        for (name, url) in named {
-            let conn = db_config(&DbArgs {
-                database_url: url,
-                schema: outbox::Schema::DEFAULT_NAME.to_owned(),
-            })
-            .map_err(|e| UsageError(format!("database {name}: {e}")))?;
-            fleet.databases.insert(name, conn);
-        }
+        fleet.databases = named_databases(&databases)?;
         fleet.registry = tenants;
         fleet.discover = discover;
         fleet.passes = fleet_passes;
