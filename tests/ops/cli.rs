@@ -1241,4 +1241,30 @@ async fn tenants_verbs_keep_the_registry_and_one_relay_publishes_every_tenant() 
     assert!(log.contains("fleet stopped"), "{log}");
     let o = tenants(&["remove", "acme"]);
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+
+    // `migrate --tenants`: a tenant added before its schema exists is migrated with the
+    // others; one naming a database not given fails alone, and the exit code says so.
+    let fresh_schema = format!("t_{}", hex(12));
+    let o = tenants(&["add", "initech", "--tenant-schema", &fresh_schema]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let o = run(outbox_cmd(&control).args(["migrate", "--tenants"]));
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let t = text(&o);
+    assert!(t.contains("tenant globex") && t.contains("up to date"), "{t}");
+    assert!(t.contains("tenant initech") && t.contains("migrations applied"), "{t}");
+    let c = client(&control).await;
+    assert_eq!(
+        count(
+            &c,
+            &format!("SELECT count(*) FROM information_schema.tables WHERE table_schema = '{fresh_schema}' AND table_name = 'outbox_tenants'")
+        )
+        .await,
+        1
+    );
+    let o = tenants(&["add", "umbrella", "--tenant-schema", &fresh_schema, "--database", "shard9"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let o = run(outbox_cmd(&control).args(["migrate", "--tenants"]));
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(text(&o).contains("database shard9 not given"), "{}", text(&o));
+    assert!(text(&o).contains("1 of 3 tenants not migrated: umbrella"), "{}", text(&o));
 }
