@@ -22,7 +22,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::config::{DbConfig, KafkaConfig};
-use crate::relay::gate::{Gate, Seat};
+use crate::relay::gate::{Gate, Seat, TenantGauges};
 use crate::relay::{Relay, RelayConfig, RelayError, Shared, SharedProducer};
 use crate::schema::Schema;
 
@@ -66,6 +66,10 @@ pub struct FleetConfig {
     /// its lock and LISTEN sessions and the rest its pool (default
     /// [`FleetConfig::DEFAULT_CONNECTION_BUDGET`]). Tenant count does not change it.
     pub connection_budget: usize,
+    /// Tenants whose backlog gauges carry their own `tenant` label (the first seen keep it);
+    /// the others are summed under `tenant="other"`, so many tenants do not explode the
+    /// metrics (default [`FleetConfig::DEFAULT_TENANT_LABELS`]).
+    pub tenant_labels: usize,
     /// Every tenant's relay settings. In exactly-once mode the transactional ids and the
     /// progress topic of a tenant outside the control database carry its database's name.
     pub relay: RelayConfig,
@@ -80,6 +84,8 @@ impl FleetConfig {
     pub const DEFAULT_RELOAD_INTERVAL: Duration = Duration::from_secs(5);
     /// Default [`FleetConfig::connection_budget`].
     pub const DEFAULT_CONNECTION_BUDGET: usize = 32;
+    /// Default [`FleetConfig::tenant_labels`].
+    pub const DEFAULT_TENANT_LABELS: usize = 20;
 
     /// Each database's pool size under the budget, or why the budget is too small.
     fn pool_size(&self) -> Result<usize, FleetError> {
@@ -105,6 +111,7 @@ impl Default for FleetConfig {
             passes: Self::DEFAULT_PASSES,
             quantum: Self::DEFAULT_QUANTUM,
             connection_budget: Self::DEFAULT_CONNECTION_BUDGET,
+            tenant_labels: Self::DEFAULT_TENANT_LABELS,
             relay: RelayConfig::default(),
         }
     }
@@ -175,6 +182,7 @@ struct Running {
 struct Sharing {
     databases: HashMap<String, shared::Database>,
     producer: Option<SharedProducer>,
+    gauges: Arc<TenantGauges>,
 }
 
 fn seat_id(database: &str, schema: &Schema) -> u64 {
@@ -355,6 +363,7 @@ impl Fleet {
             weight: weight.clone(),
             quantum: self.config.quantum,
             tenant: Arc::from(d.tenants[0].as_str()),
+            gauges: sharing.gauges.clone(),
         });
         let stop = CancellationToken::new();
         let (tenant, until) = (d.tenants[0].clone(), stop.clone());
@@ -423,7 +432,20 @@ impl Fleet {
         let sharing = Sharing {
             databases,
             producer,
+            gauges: Arc::new(TenantGauges::new(self.config.tenant_labels)),
         };
+        {
+            // The relays record their gauges every 15 s; published here, labels capped.
+            let (gauges, cancel) = (sharing.gauges.clone(), cancel.clone());
+            tokio::spawn(async move {
+                loop {
+                    tokio::select! {
+                        () = cancel.cancelled() => return,
+                        () = tokio::time::sleep(Duration::from_secs(1)) => gauges.publish(),
+                    }
+                }
+            });
+        }
         let mut running: HashMap<Target, Running> = HashMap::new();
         let mut unknown = std::collections::HashSet::new();
         let outage = crate::outage::Outage::new("Postgres (the fleet's registry)", "fleet");
@@ -489,6 +511,7 @@ impl Fleet {
             sharing.databases[&r.drainer.database].unfollow(&r.drainer.schema.notify_channel());
             self.gate
                 .forget(seat_id(&r.drainer.database, &r.drainer.schema));
+            sharing.gauges.forget(&r.drainer.tenants[0]);
             // It finishes its batch and flushes on its own task; nothing waits for it here.
             drop(r.task);
         }

@@ -24,6 +24,135 @@ pub(crate) struct Seat {
     pub(crate) quantum: usize,
     /// The label of this relay's gauges.
     pub(crate) tenant: Arc<str>,
+    /// Where its gauges go (the fleet publishes them, labels capped).
+    pub(crate) gauges: Arc<TenantGauges>,
+}
+
+/// One outbox's gauge values, as `refresh_outbox_gauges` reads them.
+#[derive(Clone, Copy, Default, Debug, PartialEq)]
+pub(crate) struct GaugeValues {
+    pub(crate) pending: f64,
+    pub(crate) failed: f64,
+    pub(crate) sent: f64,
+    pub(crate) oldest: f64,
+    pub(crate) bytes: f64,
+    pub(crate) generations: f64,
+    pub(crate) oldest_generation: f64,
+}
+
+impl GaugeValues {
+    /// Sets the outbox gauges to these values, labelled with `tenant` when given.
+    pub(crate) fn publish(&self, tenant: Option<&str>, storage: bool, counted: bool) {
+        let gauge = |name: &'static str, status: Option<&'static str>| {
+            let mut labels = Vec::new();
+            if let Some(s) = status {
+                labels.push(metrics::Label::new("status", s));
+            }
+            if let Some(t) = tenant {
+                labels.push(metrics::Label::new("tenant", t.to_owned()));
+            }
+            metrics::gauge!(name, labels)
+        };
+        if storage {
+            gauge(crate::metrics::OUTBOX_STORAGE_BYTES, None).set(self.bytes);
+            gauge(crate::metrics::OUTBOX_RING_GENERATIONS, None).set(self.generations);
+            gauge(crate::metrics::OUTBOX_RING_OLDEST_GENERATION_AGE, None)
+                .set(self.oldest_generation);
+        }
+        if counted {
+            gauge(crate::metrics::OUTBOX_ROWS, Some("pending")).set(self.pending);
+            gauge(crate::metrics::OUTBOX_ROWS, Some("failed")).set(self.failed);
+            gauge(crate::metrics::OUTBOX_ROWS, Some("sent")).set(self.sent);
+            gauge(crate::metrics::OUTBOX_OLDEST_PENDING_AGE, None).set(self.oldest);
+        }
+    }
+
+    /// `self` and `other` as one: counts and sizes add, ages take the older.
+    fn merge(self, o: Self) -> Self {
+        Self {
+            pending: self.pending + o.pending,
+            failed: self.failed + o.failed,
+            sent: self.sent + o.sent,
+            oldest: self.oldest.max(o.oldest),
+            bytes: self.bytes + o.bytes,
+            generations: self.generations + o.generations,
+            oldest_generation: self.oldest_generation.max(o.oldest_generation),
+        }
+    }
+}
+
+/// A fleet's outbox gauges, per tenant, published with at most `cap` tenant labels: the
+/// first `cap` tenants seen keep a label of their own for the process's life (a label once
+/// given is never given to another, so the series stay bounded), every other tenant is
+/// summed into `tenant="other"`. 1,000 tenants cost `cap + 1` series per gauge.
+pub(crate) struct TenantGauges {
+    cap: usize,
+    state: Mutex<GaugeState>,
+}
+
+#[derive(Default)]
+struct GaugeState {
+    values: std::collections::BTreeMap<String, GaugeValues>,
+    labelled: std::collections::BTreeSet<String>,
+}
+
+impl TenantGauges {
+    pub(crate) fn new(cap: usize) -> Self {
+        Self {
+            cap,
+            state: Mutex::default(),
+        }
+    }
+
+    pub(crate) fn record(&self, tenant: &str, v: GaugeValues) {
+        self.state
+            .lock()
+            .expect("tenant gauges")
+            .values
+            .insert(tenant.to_owned(), v);
+    }
+
+    /// A tenant no longer published: its labelled series go to 0, its values leave `other`.
+    pub(crate) fn forget(&self, tenant: &str) {
+        self.state
+            .lock()
+            .expect("tenant gauges")
+            .values
+            .remove(tenant);
+    }
+
+    /// What to publish: each labelled tenant's values (0 once gone) and the rest's sum.
+    pub(crate) fn series(&self) -> (Vec<(String, GaugeValues)>, Option<GaugeValues>) {
+        let mut s = self.state.lock().expect("tenant gauges");
+        let GaugeState { values, labelled } = &mut *s;
+        for t in values.keys() {
+            if labelled.len() >= self.cap {
+                break;
+            }
+            labelled.insert(t.clone());
+        }
+        let own = labelled
+            .iter()
+            .map(|t| (t.clone(), values.get(t).copied().unwrap_or_default()))
+            .collect();
+        let rest = values
+            .iter()
+            .filter(|(t, _)| !labelled.contains(*t))
+            .map(|(_, v)| *v)
+            .reduce(GaugeValues::merge);
+        (own, rest)
+    }
+
+    /// Sets the gauges (see [`TenantGauges::series`]).
+    pub(crate) fn publish(&self) {
+        let (own, rest) = self.series();
+        for (t, v) in own {
+            v.publish(Some(&t), true, true);
+        }
+        if let Some(v) = rest {
+            v.publish(Some("other"), true, true);
+        }
+    }
 }
 
 /// A shared gate; cheap to clone.
@@ -174,6 +303,41 @@ impl Gate {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tenant_labels_are_capped_and_the_rest_summed_into_other() {
+        let g = TenantGauges::new(2);
+        let v = |pending: f64, oldest: f64| GaugeValues {
+            pending,
+            oldest,
+            ..GaugeValues::default()
+        };
+        for (t, p, o) in [
+            ("c", 3.0, 1.0),
+            ("a", 1.0, 5.0),
+            ("d", 4.0, 9.0),
+            ("b", 2.0, 2.0),
+        ] {
+            g.record(t, v(p, o));
+        }
+        let (own, rest) = g.series();
+        assert_eq!(
+            own,
+            [("a".to_owned(), v(1.0, 5.0)), ("b".to_owned(), v(2.0, 2.0))]
+        );
+        assert_eq!(rest, Some(v(7.0, 9.0)));
+        // A labelled tenant that goes keeps its label (at 0): no label moves to another.
+        g.forget("a");
+        let (own, rest) = g.series();
+        assert_eq!(
+            own,
+            [
+                ("a".to_owned(), GaugeValues::default()),
+                ("b".to_owned(), v(2.0, 2.0))
+            ]
+        );
+        assert_eq!(rest, Some(v(7.0, 9.0)));
+    }
 
     /// One pass at a time; a tenant that asked 50 times in a row and a tenant that arrives
     /// later: the newcomer is served at the next release, not after the 50.

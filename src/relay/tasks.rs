@@ -152,7 +152,7 @@ pub(super) async fn gauges_schedule(
     pool: Pool,
     schema: crate::schema::Schema,
     stmts: Arc<Statements>,
-    tenant: Option<Arc<str>>,
+    tenant: Option<(Arc<super::gate::TenantGauges>, Arc<str>)>,
     cancel: CancellationToken,
 ) {
     let mut tick = tokio::time::interval(Duration::from_secs(15));
@@ -162,56 +162,63 @@ pub(super) async fn gauges_schedule(
             () = cancel.cancelled() => return,
             _ = tick.tick() => {}
         }
-        refresh_outbox_gauges(&pool, &schema, &stmts, tenant.as_deref()).await;
+        refresh_outbox_gauges(
+            &pool,
+            &schema,
+            &stmts,
+            tenant.as_ref().map(|(sink, t)| (&**sink, &**t)),
+        )
+        .await;
     }
 }
 
 /// Sets `outbox_rows{status}` and `outbox_oldest_pending_age_seconds` (see `sql::GAUGES`),
 /// and the storage's gauges (`storage::state`: sizes from the files, the ring's leaves from
-/// the ends of their primary keys).
+/// the ends of their primary keys). A fleet's relay hands them to the fleet instead
+/// (`tenant`), which publishes them per tenant with the labels capped (`gate::TenantGauges`).
 pub(crate) async fn refresh_outbox_gauges(
     pool: &Pool,
     schema: &crate::schema::Schema,
     stmts: &Statements,
-    tenant: Option<&str>,
+    tenant: Option<(&super::gate::TenantGauges, &str)>,
 ) {
-    // A fleet's relays each publish their tenant's outbox: one series per tenant.
-    let gauge = |name: &'static str, status: Option<&'static str>| {
-        let mut labels = Vec::new();
-        if let Some(s) = status {
-            labels.push(metrics::Label::new("status", s));
-        }
-        if let Some(t) = tenant {
-            labels.push(metrics::Label::new("tenant", t.to_owned()));
-        }
-        metrics::gauge!(name, labels)
-    };
     let Ok(c) = pool.get().await else {
         return;
     };
+    let mut v = super::gate::GaugeValues::default();
     let mut gauges = &stmts.gauges;
+    let mut storage = false;
     match crate::storage::state_on(&c, schema).await {
         Ok(s) => {
             if s.layout == "ring" {
                 gauges = &stmts.ring_gauges;
             }
-            gauge(crate::metrics::OUTBOX_STORAGE_BYTES, None).set(s.bytes as f64);
-            gauge(crate::metrics::OUTBOX_RING_GENERATIONS, None)
-                .set(f64::from(s.generations.unwrap_or(0)));
-            gauge(crate::metrics::OUTBOX_RING_OLDEST_GENERATION_AGE, None)
-                .set(s.oldest_generation_age_secs.unwrap_or(0.0));
+            v.bytes = s.bytes as f64;
+            v.generations = f64::from(s.generations.unwrap_or(0));
+            v.oldest_generation = s.oldest_generation_age_secs.unwrap_or(0.0);
+            storage = true;
         }
         Err(e) => debug!(error = %e, "storage gauges not refreshed"),
     }
     let row = c.query_one(gauges.as_str(), &[]).await;
-    if let Ok(r) = row {
+    let counted = if let Ok(r) = row {
         let (pending, failed, total): (i64, i64, i64) = (r.get(0), r.get(1), r.get(2));
         let oldest: Option<f64> = r.get(3);
-        gauge(crate::metrics::OUTBOX_ROWS, Some("pending")).set(pending as f64);
-        gauge(crate::metrics::OUTBOX_ROWS, Some("failed")).set(failed as f64);
-        gauge(crate::metrics::OUTBOX_ROWS, Some("sent"))
-            .set((total - pending - failed).max(0) as f64);
-        gauge(crate::metrics::OUTBOX_OLDEST_PENDING_AGE, None).set(oldest.unwrap_or(0.0));
+        v.pending = pending as f64;
+        v.failed = failed as f64;
+        v.sent = (total - pending - failed).max(0) as f64;
+        v.oldest = oldest.unwrap_or(0.0);
+        true
+    } else {
+        false
+    };
+    match tenant {
+        Some((sink, t)) => {
+            if storage && counted {
+                sink.record(t, v);
+            }
+        }
+        None => v.publish(None, storage, counted),
     }
 }
 
@@ -312,7 +319,9 @@ impl Relay {
             self.pool.clone(),
             self.db.schema.clone(),
             self.stmts.clone(),
-            self.seat.as_ref().map(|s| s.tenant.clone()),
+            self.seat
+                .as_ref()
+                .map(|s| (s.gauges.clone(), s.tenant.clone())),
             cancel.clone(),
         ));
         {

@@ -111,6 +111,10 @@ pub struct Args {
     /// many tenants they hold).
     #[arg(long, default_value_t = outbox::fleet::FleetConfig::DEFAULT_CONNECTION_BUDGET)]
     connection_budget: usize,
+    /// Fleet: tenants whose backlog gauges get their own `tenant` label; the rest are summed
+    /// under tenant="other".
+    #[arg(long, default_value_t = outbox::fleet::FleetConfig::DEFAULT_TENANT_LABELS)]
+    tenant_labels: usize,
 }
 
 pub async fn run(args: Args, _out: &mut dyn Write) -> anyhow::Result<()> {
@@ -143,6 +147,7 @@ pub async fn run(args: Args, _out: &mut dyn Write) -> anyhow::Result<()> {
         fleet_passes,
         fleet_quantum,
         connection_budget,
+        tenant_labels,
     } = args;
     if let Some(url) = &schema_registry_url {
         crate::redact::register_url(url);
@@ -188,6 +193,7 @@ pub async fn run(args: Args, _out: &mut dyn Write) -> anyhow::Result<()> {
         fleet.passes = fleet_passes;
         fleet.quantum = fleet_quantum;
         fleet.connection_budget = connection_budget;
+        fleet.tenant_labels = tenant_labels;
         fleet.relay = config;
         let fleet = outbox::fleet::Fleet::new(&db, &kafka, fleet).map_err(|e| match e {
             outbox::fleet::FleetError::Invalid(m) => anyhow::Error::new(UsageError(m)),
