@@ -324,13 +324,23 @@ async fn two_replicas_pause_together_drain_parked_letters_first_and_handle_every
             .then(|| Instant::now() - Duration::from_secs_f64(s.mode_for_secs))
     };
     let (mut pa, mut pb) = (None, None);
-    wait_until(Duration::from_secs(10), "both replicas paused", || {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while pa.is_none() || pb.is_none() {
         pa = pa.or_else(|| paused_at(a.state.get()));
         pb = pb.or_else(|| paused_at(b.state.get()));
-        let both = pa.is_some() && pb.is_some();
-        async move { both }
-    })
-    .await;
+        // On a timeout, what each replica was doing says why (it failed twice under CI load).
+        assert!(
+            Instant::now() < deadline,
+            "both replicas paused: not within 20 s of seeing the breaker open {:?} ago; \
+             replica A {:?} (seen paused: {}), replica B {:?} (seen paused: {})",
+            opened.elapsed(),
+            a.state.get(),
+            pa.is_some(),
+            b.state.get(),
+            pb.is_some()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let (pa, pb) = (pa.unwrap(), pb.unwrap());
     let last = pa.max(pb);
     let lag = last.saturating_duration_since(opened);
