@@ -48,13 +48,24 @@ build() {
     )
     mv "$BIN/etcd-$ETCD_VER.tmp" "$BIN/etcd-$ETCD_VER"
   fi
-  if [ ! -x "$BIN/kube-apiserver-$K8S_VER" ]; then
-    log "building kube-apiserver $K8S_VER from the Go module proxy (once, a few minutes)"
-    local src="$STATE/apiserver-src"
-    mkdir -p "$src"
-    (
-      cd "$src"
-      [ -f go.mod ] || go mod init outbox-dev-kube-apiserver >/dev/null 2>&1
+  # kube-apiserver, and a kubectl of the server's release (the machine's, if any, may be far
+  # older), from one wrapper module.
+  k8s_cmd kube-apiserver
+  k8s_cmd kubectl
+  flock -u 8
+}
+
+# Builds k8s.io/kubernetes/cmd/$1 at $K8S_VER into $BIN (once), versioned as the release.
+k8s_cmd() {
+  local name="$1"
+  [ -x "$BIN/$name-$K8S_VER" ] && return 0
+  log "building $name $K8S_VER from the Go module proxy (once, a few minutes)"
+  local src="$STATE/apiserver-src"
+  mkdir -p "$src"
+  (
+    cd "$src"
+    if [ ! -f go.mod ]; then
+      go mod init outbox-dev-kube-apiserver >/dev/null 2>&1
       # k8s.io/kubernetes points its k8s.io/* modules at ./staging in its own tree, which a
       # dependant cannot see: the same modules at their published release instead.
       curl -fsS --max-time 120 "$(go env GOPROXY | cut -d, -f1)/k8s.io/kubernetes/@v/$K8S_VER.mod" >kubernetes.mod
@@ -62,34 +73,17 @@ build() {
       for m in $(awk '$2 == "=>" && $3 ~ /^\.\/staging/ {print $1}' kubernetes.mod); do
         go mod edit -replace "$m=$m@$STAGING_VER"
       done
-      go get -tool "k8s.io/kubernetes/cmd/kube-apiserver@$K8S_VER" >/dev/null 2>&1
-      local minor="${K8S_VER#v1.}"
-      minor="${minor%%.*}"
-      go build -trimpath -o "$BIN/kube-apiserver-$K8S_VER.tmp" -ldflags "\
-        -X k8s.io/component-base/version.gitVersion=$K8S_VER \
-        -X k8s.io/component-base/version.gitMajor=1 \
-        -X k8s.io/component-base/version.gitMinor=$minor" \
-        k8s.io/kubernetes/cmd/kube-apiserver
-    )
-    mv "$BIN/kube-apiserver-$K8S_VER.tmp" "$BIN/kube-apiserver-$K8S_VER"
-  fi
-  if [ ! -x "$BIN/kubectl-$K8S_VER" ]; then
-    # Its own kubectl, of the server's release (the machine's, if any, may be far older).
-    log "building kubectl $K8S_VER (once)"
-    (
-      cd "$STATE/apiserver-src"
-      go get -tool "k8s.io/kubernetes/cmd/kubectl@$K8S_VER" >/dev/null 2>&1
-      local minor="${K8S_VER#v1.}"
-      minor="${minor%%.*}"
-      go build -trimpath -o "$BIN/kubectl-$K8S_VER.tmp" -ldflags "\
-        -X k8s.io/component-base/version.gitVersion=$K8S_VER \
-        -X k8s.io/component-base/version.gitMajor=1 \
-        -X k8s.io/component-base/version.gitMinor=$minor" \
-        k8s.io/kubernetes/cmd/kubectl
-    )
-    mv "$BIN/kubectl-$K8S_VER.tmp" "$BIN/kubectl-$K8S_VER"
-  fi
-  flock -u 8
+    fi
+    go get -tool "k8s.io/kubernetes/cmd/$name@$K8S_VER" >/dev/null 2>&1
+    local minor="${K8S_VER#v1.}"
+    minor="${minor%%.*}"
+    go build -trimpath -o "$BIN/$name-$K8S_VER.tmp" -ldflags "\
+      -X k8s.io/component-base/version.gitVersion=$K8S_VER \
+      -X k8s.io/component-base/version.gitMajor=1 \
+      -X k8s.io/component-base/version.gitMinor=$minor" \
+      "k8s.io/kubernetes/cmd/$name"
+  )
+  mv "$BIN/$name-$K8S_VER.tmp" "$BIN/$name-$K8S_VER"
 }
 
 kubeconfig() {

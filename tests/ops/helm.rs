@@ -115,27 +115,40 @@ fn template(values: Option<&str>, sets: &[&str], kube: &str, crds: bool) -> Out 
     run(&mut c)
 }
 
-/// Multi-document YAML as JSON values (PyYAML in dev/helm.sh's venv).
-fn yaml_docs(yaml: &str) -> Vec<Value> {
-    let mut child = Command::new(&tools().python)
-        .args([
-            "-c",
-            "import json, sys, yaml\nprint(json.dumps([d for d in yaml.safe_load_all(sys.stdin) if d]))",
-        ])
+/// Runs `cmd` with `input` on its standard input.
+fn run_with_stdin(cmd: &mut Command, input: &str) -> Out {
+    use std::io::Write;
+    let mut child = cmd
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
         .spawn()
-        .unwrap();
-    use std::io::Write;
+        .expect("spawn");
     child
         .stdin
         .take()
         .unwrap()
-        .write_all(yaml.as_bytes())
+        .write_all(input.as_bytes())
         .unwrap();
     let o = child.wait_with_output().unwrap();
-    assert!(o.status.success());
-    serde_json::from_slice::<Vec<Value>>(&o.stdout).unwrap()
+    Out {
+        ok: o.status.success(),
+        stdout: String::from_utf8_lossy(&o.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
+    }
+}
+
+/// Multi-document YAML as JSON values (PyYAML in dev/helm.sh's venv).
+fn yaml_docs(yaml: &str) -> Vec<Value> {
+    let o = run_with_stdin(
+        Command::new(&tools().python).args([
+            "-c",
+            "import json, sys, yaml\nprint(json.dumps([d for d in yaml.safe_load_all(sys.stdin) if d]))",
+        ]),
+        yaml,
+    );
+    assert!(o.ok, "{}", o.stderr);
+    serde_json::from_str::<Vec<Value>>(&o.stdout).unwrap()
 }
 
 fn rendered(values: &str, kube: &str) -> Vec<Value> {
@@ -146,38 +159,23 @@ fn rendered(values: &str, kube: &str) -> Vec<Value> {
 
 fn kubeconform(yaml: &str, kube: &str) -> Out {
     let t = tools();
-    let mut child = Command::new(&t.kubeconform)
-        .args(["-strict", "-summary", "-kubernetes-version", kube])
-        .args([
-            "-schema-location",
-            &format!(
-                "{}/{{{{ .NormalizedKubernetesVersion }}}}-local-strict/{{{{ .ResourceKind }}}}{{{{ .KindSuffix }}}}.json",
-                t.schemas
-            ),
-            "-schema-location",
-            &format!(
-                "{}/{{{{ .Group }}}}/{{{{ .ResourceKind }}}}_{{{{ .ResourceAPIVersion }}}}.json",
-                t.crd_schemas
-            ),
-        ])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    use std::io::Write;
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(yaml.as_bytes())
-        .unwrap();
-    let o = child.wait_with_output().unwrap();
-    Out {
-        ok: o.status.success(),
-        stdout: String::from_utf8_lossy(&o.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
-    }
+    run_with_stdin(
+        Command::new(&t.kubeconform)
+            .args(["-strict", "-summary", "-kubernetes-version", kube])
+            .args([
+                "-schema-location",
+                &format!(
+                    "{}/{{{{ .NormalizedKubernetesVersion }}}}-local-strict/{{{{ .ResourceKind }}}}{{{{ .KindSuffix }}}}.json",
+                    t.schemas
+                ),
+                "-schema-location",
+                &format!(
+                    "{}/{{{{ .Group }}}}/{{{{ .ResourceKind }}}}_{{{{ .ResourceAPIVersion }}}}.json",
+                    t.crd_schemas
+                ),
+            ]),
+        yaml,
+    )
 }
 
 fn kind<'a>(docs: &'a [Value], kind: &str) -> Vec<&'a Value> {
@@ -717,24 +715,12 @@ fn a_real_api_server_admits_the_chart_under_restricted_pod_security() {
         .map(|(k, v)| (k.to_owned(), v.to_owned()))
         .collect();
     let kubectl = |args: &[&str], stdin: Option<&str>| -> Out {
-        let mut child = Command::new(&env["KUBECTL"])
-            .env("KUBECONFIG", &env["KUBECONFIG"])
-            .args(args)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        use std::io::Write;
-        let mut input = child.stdin.take().unwrap();
-        input.write_all(stdin.unwrap_or("").as_bytes()).unwrap();
-        drop(input);
-        let o = child.wait_with_output().unwrap();
-        Out {
-            ok: o.status.success(),
-            stdout: String::from_utf8_lossy(&o.stdout).into_owned(),
-            stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
-        }
+        run_with_stdin(
+            Command::new(&env["KUBECTL"])
+                .env("KUBECONFIG", &env["KUBECONFIG"])
+                .args(args),
+            stdin.unwrap_or(""),
+        )
     };
     let crds = repo("tests/fixtures/crds");
     let o = kubectl(

@@ -13,7 +13,9 @@ use outbox_testkit::*;
 /// A second database on the dev server (created once; each test uses its own schemas in it).
 async fn second_database() -> DbConfig {
     let name = "outbox_fleet_shard2";
-    let c = client(&fresh_db().await).await;
+    let c = outbox::connect(&DbConfig::new(&database_url(), "public").unwrap())
+        .await
+        .unwrap();
     let exists = count(
         &c,
         &format!("SELECT count(*) FROM pg_database WHERE datname = '{name}'"),
