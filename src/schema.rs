@@ -18,12 +18,23 @@ pub struct Schema(String);
 
 /// A schema name that cannot be used. The message says which rule it broke.
 #[derive(Debug, Clone, thiserror::Error)]
-#[error("invalid schema name {name:?}: {reason}")]
+#[error("invalid schema name {}: {reason}", shown(.name))]
 pub struct InvalidSchema {
     /// The refused name, as given.
     pub name: String,
     /// Which rule it broke.
     pub reason: &'static str,
+}
+
+/// A refused name as an error shows it: quoted with control characters escaped, and cut after
+/// 64 characters (the rest could be anything, and any length).
+pub(crate) fn shown(name: &str) -> String {
+    let head: String = name.chars().take(64).collect();
+    if head.len() < name.len() {
+        format!("{head:?}… ({} bytes)", name.len())
+    } else {
+        format!("{head:?}")
+    }
 }
 
 impl Schema {

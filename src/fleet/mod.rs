@@ -209,20 +209,15 @@ impl Fleet {
             )));
         }
         for name in config.databases.keys() {
-            let probe = Tenant {
-                tenant: "probe".into(),
-                database: name.clone(),
-                schema: Schema::default(),
-                enabled: true,
-                weight: 1,
-            };
-            probe.validate()?;
+            registry::validate_database_name(name)?;
         }
         if config.passes == 0 || config.quantum == 0 {
             return Err(FleetError::Invalid(
                 "passes and quantum must be at least 1".into(),
             ));
         }
+        // The budget is refused here, before anything connects (exit 2 for the CLI).
+        config.pool_size()?;
         if !config.registry && config.discover.is_none() {
             return Err(FleetError::Invalid(
                 "a fleet needs the registry, a discovery rule, or both".into(),

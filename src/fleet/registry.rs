@@ -1,7 +1,7 @@
 //! The registry of tenants (`outbox_tenants` in the control schema) and discovery by rule.
 
 use crate::config::DbConfig;
-use crate::schema::Schema;
+use crate::schema::{shown, Schema};
 use crate::sql::{render, tenants as sql};
 
 use super::FleetError;
@@ -56,28 +56,11 @@ impl Tenant {
                 .all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b));
         if !name_ok {
             return Err(FleetError::Invalid(format!(
-                "tenant {:?}: 1 to 63 letters, digits, `_`, `.` or `-`, starting with a letter or digit",
-                self.tenant
+                "tenant {}: 1 to 63 letters, digits, `_`, `.` or `-`, starting with a letter or digit",
+                shown(&self.tenant)
             )));
         }
-        let db_ok = !self.database.is_empty()
-            && self.database.len() <= 63
-            && self.database.as_bytes()[0].is_ascii_lowercase()
-            && self
-                .database
-                .bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
-        if !db_ok {
-            // A URL pasted here may carry a password: such a value is not shown.
-            let shown = if self.database.contains([':', '/', '@']) {
-                "(not shown)".to_owned()
-            } else {
-                format!("{:?}", self.database)
-            };
-            return Err(FleetError::Invalid(format!(
-                "database {shown}: a name of lowercase letters, digits and `_` (a connection given as --database NAME=URL), not a URL"
-            )));
-        }
+        validate_database_name(&self.database)?;
         if !(1..=100).contains(&self.weight) {
             return Err(FleetError::Invalid(format!(
                 "weight {}: from 1 to 100",
@@ -86,6 +69,29 @@ impl Tenant {
         }
         Ok(())
     }
+}
+
+/// Checks a database name (a tenant's `database`, a key of [`super::FleetConfig::databases`]):
+/// lowercase letters, digits and `_`, not a URL.
+pub(super) fn validate_database_name(name: &str) -> Result<(), FleetError> {
+    let ok = !name.is_empty()
+        && name.len() <= 63
+        && name.as_bytes()[0].is_ascii_lowercase()
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
+    if ok {
+        return Ok(());
+    }
+    // A URL pasted here may carry a password: such a value is not shown.
+    let shown = if name.contains([':', '/', '@']) {
+        "(not shown)".to_owned()
+    } else {
+        shown(name)
+    };
+    Err(FleetError::Invalid(format!(
+        "database {shown}: a name of lowercase letters, digits and `_` (a connection given as --database NAME=URL), not a URL"
+    )))
 }
 
 /// Every tenant of the registry in `control`'s schema, in name order.

@@ -1176,3 +1176,239 @@ async fn one_peer_cannot_take_every_connection_slot() {
     assert!(served.starts_with("HTTP/1.1 200"), "{served}");
     drop(held);
 }
+
+/// The fleet's flags and `outbox tenants` given absurd, huge and control-character input, a
+/// URL with a password where a name belongs, and a role without rights on the registry: each
+/// exits with a message, never a panic, and no password reaches the output.
+#[tokio::test]
+async fn fleet_flags_and_tenant_verbs_refuse_hostile_input_without_echoing_secrets() {
+    let control = fresh_db().await;
+    let run_cli = |args: &[&str]| run(outbox_command(&control).args(args));
+    let huge = "t".repeat(100_000);
+    let url_with_secret = format!("postgres://u:{SECRET}@127.0.0.1:1/db");
+    let cases: Vec<(Vec<String>, &str)> = vec![
+        (
+            vec!["relay", "--tenants", "--connection-budget", "0"]
+                .into_iter()
+                .map(String::from)
+                .collect(),
+            "connection budget 0",
+        ),
+        (
+            vec![
+                "relay",
+                "--tenants",
+                "--connection-budget",
+                "99999999999999999999999",
+            ]
+            .into_iter()
+            .map(String::from)
+            .collect(),
+            "connection-budget",
+        ),
+        (
+            vec!["relay", "--tenants", "--fleet-passes", "0"]
+                .into_iter()
+                .map(String::from)
+                .collect(),
+            "at least 1",
+        ),
+        (
+            vec!["relay", "--tenants", "--fleet-quantum", "0"]
+                .into_iter()
+                .map(String::from)
+                .collect(),
+            "at least 1",
+        ),
+        (
+            vec!["relay", "--tenants", "--fleet-passes", "-3"]
+                .into_iter()
+                .map(String::from)
+                .collect(),
+            "unexpected argument",
+        ),
+        (
+            vec![
+                "relay".into(),
+                "--tenants".into(),
+                "--database".into(),
+                format!("Bad-Name={url_with_secret}"),
+            ],
+            "database \"Bad-Name\"",
+        ),
+        (
+            vec![
+                "relay".into(),
+                "--tenants".into(),
+                "--database".into(),
+                format!("default={url_with_secret}"),
+            ],
+            "control database",
+        ),
+        (
+            vec![
+                "relay".into(),
+                "--tenants".into(),
+                "--database".into(),
+                url_with_secret.clone(),
+            ],
+            "NAME=URL",
+        ),
+        (
+            vec![
+                "relay".into(),
+                "--tenants".into(),
+                "--database".into(),
+                format!("x=postgres://u:{SECRET}@[::1"),
+            ],
+            "database x",
+        ),
+        (
+            vec![
+                "tenants".into(),
+                "add".into(),
+                huge.clone(),
+                "--tenant-schema".into(),
+                "s".into(),
+            ],
+            "1 to 63",
+        ),
+        (
+            vec![
+                "tenants",
+                "add",
+                "bell\u{7}\u{1b}[2J",
+                "--tenant-schema",
+                "s",
+            ]
+            .into_iter()
+            .map(String::from)
+            .collect(),
+            "1 to 63",
+        ),
+        (
+            vec![
+                "tenants",
+                "add",
+                "t",
+                "--tenant-schema",
+                "s",
+                "--weight",
+                "4294967296",
+            ]
+            .into_iter()
+            .map(String::from)
+            .collect(),
+            "weight",
+        ),
+        (
+            vec![
+                "tenants",
+                "add",
+                "t",
+                "--tenant-schema",
+                "s",
+                "--weight",
+                "101",
+            ]
+            .into_iter()
+            .map(String::from)
+            .collect(),
+            "weight 101",
+        ),
+        (
+            vec![
+                "tenants".into(),
+                "add".into(),
+                "t".into(),
+                "--tenant-schema".into(),
+                huge.clone(),
+            ],
+            "invalid schema name",
+        ),
+        (
+            vec![
+                "tenants".into(),
+                "add".into(),
+                "t".into(),
+                "--tenant-schema".into(),
+                "s".into(),
+                "--database".into(),
+                url_with_secret.clone(),
+            ],
+            "not a URL",
+        ),
+        (
+            vec!["tenants".into(), "disable".into(), huge.clone()],
+            "(100000 bytes)",
+        ),
+        (
+            vec![
+                "migrate".into(),
+                "--tenants".into(),
+                "--database".into(),
+                url_with_secret.clone(),
+            ],
+            "NAME=URL",
+        ),
+    ];
+    for (args, says) in &cases {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let o = run_cli(&args);
+        let t = text(&o);
+        let shown: String = args
+            .iter()
+            .map(|a| &a[..a.len().min(40)])
+            .collect::<Vec<_>>()
+            .join(" ");
+        assert_eq!(
+            o.status.code(),
+            Some(2),
+            "{shown}: {}",
+            &t[..t.len().min(2000)]
+        );
+        assert!(
+            t.contains(says),
+            "{shown}: wanted {says:?} in {}",
+            &t[..t.len().min(2000)]
+        );
+        assert!(!t.contains(SECRET), "{shown} printed the secret: {t}");
+        assert!(!t.contains("panicked"), "{shown}: {t}");
+        assert!(
+            !t.contains('\u{1b}'),
+            "{shown}: an escape reached the terminal"
+        );
+        assert!(t.len() < 10_000, "{shown}: {} bytes of output", t.len());
+    }
+    // The registry refuses rows written around the CLI: control characters, a URL.
+    let c = client(&control).await;
+    for (tenant, database) in [
+        ("a\u{1}b", "default"),
+        ("ok", "postgres://u:p@h/db"),
+        ("", "default"),
+    ] {
+        let e = c
+            .execute(
+                "INSERT INTO outbox_tenants (tenant, database, schema) VALUES ($1, $2, 's')",
+                &[&tenant, &database],
+            )
+            .await;
+        assert!(e.is_err(), "{tenant:?} {database:?} was stored");
+    }
+    // A role without rights on the registry: a clear error, exit 1, its password not shown.
+    let role = format!("r_{}", hex(8));
+    c.batch_execute(&format!("CREATE ROLE {role} LOGIN PASSWORD '{SECRET}'"))
+        .await
+        .unwrap();
+    let url = database_url();
+    let (_, rest) = url.split_once("://").unwrap();
+    let host = rest.split_once('@').unwrap().1;
+    let o = run(outbox_command(&control)
+        .env("DATABASE_URL", format!("postgres://{role}:{SECRET}@{host}"))
+        .args(["tenants", "list"]));
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(1), "{t}");
+    assert!(t.contains("permission denied"), "{t}");
+    assert!(!t.contains(SECRET), "{t}");
+    c.batch_execute(&format!("DROP ROLE {role}")).await.unwrap();
+}

@@ -67,6 +67,13 @@ fn lift(e: FleetError) -> anyhow::Error {
     }
 }
 
+/// A tenant name as the registry would take it, refused (cut and escaped) otherwise, before it
+/// is looked up or echoed.
+fn checked(tenant: &str) -> anyhow::Result<&str> {
+    Tenant::new(tenant, outbox::Schema::default()).map_err(lift)?;
+    Ok(tenant)
+}
+
 pub async fn run(args: Args, out: &mut dyn Write) -> anyhow::Result<()> {
     let db = db_config(&args.db)?;
     match args.action {
@@ -123,9 +130,10 @@ pub async fn run(args: Args, out: &mut dyn Write) -> anyhow::Result<()> {
                 t.schema.name()
             )?;
         }
-        Action::Enable { tenant } => set_enabled(&db, &tenant, true, out).await?,
-        Action::Disable { tenant } => set_enabled(&db, &tenant, false, out).await?,
+        Action::Enable { tenant } => set_enabled(&db, checked(&tenant)?, true, out).await?,
+        Action::Disable { tenant } => set_enabled(&db, checked(&tenant)?, false, out).await?,
         Action::Remove { tenant } => {
+            checked(&tenant)?;
             if !outbox::fleet::remove_tenant(&db, &tenant)
                 .await
                 .map_err(lift)?
