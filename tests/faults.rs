@@ -761,12 +761,28 @@ async fn a_fleet_tenants_server_down_for_30s_costs_the_others_nothing_and_loses_
     for w in writers {
         ids.push(w.await.unwrap());
     }
-    for ((db, topic), ids) in [&a, &b, &c].iter().zip(&topics).zip(&ids) {
+    for (i, ((db, topic), ids)) in [&a, &b, &c].iter().zip(&topics).zip(&ids).enumerate() {
         all_sent_and_in_kafka(db, topic, ids, Duration::from_secs(90)).await;
         let records = read_all(topic).await;
-        let distinct: HashSet<String> = records.iter().map(Record::message_id).collect();
-        assert_eq!(distinct.len(), records.len(), "{topic}: a row twice");
-        assert_eq!(order_breaks(&records), 0, "{topic}: order broken");
+        // First deliveries only: a resent row (acknowledged, its mark lost with the server) is
+        // the documented at-least-once window, absorbed by the consumer's inbox.
+        let mut seen = HashSet::new();
+        let first: Vec<Record> = records
+            .iter()
+            .filter(|r| seen.insert(r.message_id()))
+            .cloned()
+            .collect();
+        let resent = records.len() - first.len();
+        if i == 1 {
+            // The stopped tenant: at most what its pipeline had in flight when it stopped.
+            assert!(resent <= 2 * 1000, "{topic}: {resent} rows resent");
+        } else {
+            assert_eq!(
+                resent, 0,
+                "{topic}: a row twice though its server never stopped"
+            );
+        }
+        assert_eq!(order_breaks(&first), 0, "{topic}: order broken");
     }
     for (name, db) in [("a", &a), ("c", &c)] {
         eprintln!(
