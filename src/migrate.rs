@@ -17,7 +17,7 @@ use crate::db;
 
 /// The embedded migrations, in version order. A file in `migrations/` missing here fails the
 /// unit test `every_file_is_embedded`.
-const MIGRATIONS: [(i32, &str, &str); 26] = [
+const MIGRATIONS: [(i32, &str, &str); 27] = [
     (1, "outbox", include_str!("../migrations/V1__outbox.sql")),
     (
         2,
@@ -139,6 +139,11 @@ const MIGRATIONS: [(i32, &str, &str); 26] = [
         26,
         "tenants",
         include_str!("../migrations/V26__tenants.sql"),
+    ),
+    (
+        27,
+        "dead_letter_tenants",
+        include_str!("../migrations/V27__dead_letter_tenants.sql"),
     ),
 ];
 

@@ -21,13 +21,14 @@ pub(super) fn ok(v: impl serde::Serialize) -> ApiResult {
 }
 
 /// The filter fields every selecting body takes (the CLI's flag names).
-const FILTER_FIELDS: [&str; 9] = [
+const FILTER_FIELDS: [&str; 10] = [
     "ids",
     "topic",
     "group",
     "error_contains",
     "error_group",
     "kind",
+    "tenant",
     "status",
     "since",
     "until",
@@ -264,6 +265,7 @@ pub(super) struct FilterQuery {
     error_contains: Option<String>,
     error_group: Option<String>,
     kind: Option<String>,
+    tenant: Option<String>,
     status: Option<String>,
     since: Option<String>,
     until: Option<String>,
@@ -285,6 +287,7 @@ fn filter_of(q: &FilterQuery, ids: Vec<i64>) -> Result<Filter, ApiError> {
         error_contains: empty(&q.error_contains),
         error_group: empty(&q.error_group),
         kind: empty(&q.kind),
+        tenant: empty(&q.tenant),
         status: empty(&q.status)
             .map(|s| s.parse::<Status>())
             .transpose()
@@ -398,6 +401,7 @@ pub(super) struct ReplayFilter {
     error_contains: Option<String>,
     error_group: Option<String>,
     kind: Option<String>,
+    tenant: Option<String>,
     status: Option<String>,
     since: Option<String>,
     until: Option<String>,
@@ -411,6 +415,7 @@ impl ReplayFilter {
             error_contains: self.error_contains.clone(),
             error_group: self.error_group.clone(),
             kind: self.kind.clone(),
+            tenant: self.tenant.clone(),
             status: self.status.clone(),
             since: self.since.clone(),
             until: self.until.clone(),

@@ -59,6 +59,7 @@ pub(super) async fn run_call(shared: &Shared, d: &Delivered) -> Result<InboxOutc
     let stopping = || HandlerError::database_unavailable("consumer stopping");
     let (done, seen) = oneshot::channel();
     if !shared.marks.push(Work::Check(Check {
+        tenant: d.tenant().map(str::to_owned),
         topic: d.topic.clone(),
         message_id: d.message_id.clone(),
         done,
@@ -115,6 +116,8 @@ struct Pending {
 
 /// Step 1 for one message: is it marked?
 struct Check {
+    /// Its tenant (`x-tenant`): looked up in that tenant's inbox under tenant routing.
+    tenant: Option<String>,
     topic: String,
     message_id: String,
     done: oneshot::Sender<Result<bool, HandlerError>>,
@@ -125,6 +128,16 @@ enum Work {
     Check(Check),
     /// Step 3: its mark and record.
     Write(Box<Pending>),
+}
+
+impl Work {
+    /// The tenant of its message: one round of a writer serves one tenant (one database).
+    fn tenant(&self) -> Option<&str> {
+        match self {
+            Work::Check(c) => c.tenant.as_deref(),
+            Work::Write(p) => p.d.tenant(),
+        }
+    }
 }
 
 /// Checks and writes waiting for a mark writer.
@@ -161,7 +174,12 @@ impl Marks {
     fn take(&self) -> (Vec<Check>, Vec<Pending>, bool) {
         let mut q = self.queue.lock().expect("marks lock");
         let (mut checks, mut writes, mut rest) = (Vec::new(), Vec::new(), VecDeque::new());
+        let tenant = q.front().and_then(Work::tenant).map(str::to_owned);
         while let Some(w) = q.pop_front() {
+            if w.tenant() != tenant.as_deref() {
+                rest.push_back(w);
+                continue;
+            }
             match w {
                 Work::Check(c) if checks.len() < MAX_COMMIT_GROUP => checks.push(c),
                 Work::Write(p) if writes.len() < MAX_COMMIT_GROUP => writes.push(*p),
@@ -227,17 +245,26 @@ pub(super) async fn write_marks(shared: Arc<Shared>, stop: CancellationToken) {
 /// Step 1 for many messages: one lookup.
 async fn check(shared: &Shared, checks: Vec<Check>) {
     let found = async {
-        let conn = shared
-            .pool
-            .get()
-            .await
-            .map_err(|e| HandlerError::database_unavailable(format!("postgres pool: {e}")))?;
-        let seen = conn.prepare_cached(shared.inbox.seen_sql()).await?;
+        // Every check of a round is of one tenant (`Marks::take`).
+        let target = match shared
+            .tenants
+            .as_ref()
+            .zip(checks.first().and_then(|c| c.tenant.as_deref()))
+        {
+            Some((router, tenant)) => Some(router.target(tenant).await?),
+            None => None,
+        };
+        let (pool, inbox) = target
+            .as_ref()
+            .map_or((&shared.pool, &shared.inbox), |t| (&t.pool, &t.inbox));
+        let conn = pool.get().await.map_err(|e| match &target {
+            Some(t) => HandlerError::transient(format!("database {}: {e}", t.database)),
+            None => HandlerError::database_unavailable(format!("postgres pool: {e}")),
+        })?;
+        let seen = conn.prepare_cached(inbox.seen_sql()).await?;
         let topics: Vec<&str> = checks.iter().map(|c| c.topic.as_str()).collect();
         let ids: Vec<&str> = checks.iter().map(|c| c.message_id.as_str()).collect();
-        let rows = conn
-            .query(&seen, &[&shared.inbox.group(), &topics, &ids])
-            .await?;
+        let rows = conn.query(&seen, &[&inbox.group(), &topics, &ids]).await?;
         Ok::<_, HandlerError>(
             rows.iter()
                 .map(|r| (r.get::<_, String>(0), r.get::<_, String>(1)))

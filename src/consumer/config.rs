@@ -98,6 +98,11 @@ pub struct ConsumerConfig {
     /// transaction, commit groups, retries, dead letters, the breaker) is the runtime's, the
     /// driver only opens, marks and commits.
     pub driver: Driver,
+    /// Route each message carrying `x-tenant` (a fleet relay's) to its tenant's database and
+    /// schema: its handler's transaction and inbox mark run there (see
+    /// [`super::TenantRouting`]; off by default: every message is handled in this consumer's
+    /// database). Needs the tokio-postgres driver.
+    pub tenants: Option<super::TenantRouting>,
     /// How each delivery's `process` span (feature `otel`, with a tracer provider installed)
     /// relates to the producer's context: a link (default, as the messaging conventions
     /// advise) or its child, so that one trace holds the event's whole journey.
@@ -194,6 +199,7 @@ impl ConsumerConfig {
             cleanup: Some(super::MarksCleanup::default()),
             strict_order: None,
             driver: Driver::TokioPostgres,
+            tenants: None,
             trace_parenting: crate::otel::TraceParenting::Link,
             #[cfg(feature = "schemas")]
             schemas: None,
@@ -239,6 +245,16 @@ impl ConsumerConfig {
         }
         if let Some(s) = &self.strict_order {
             s.validate(&self.topics).map_err(ConsumerError::Config)?;
+        }
+        if let Some(t) = &self.tenants {
+            if !matches!(self.driver, Driver::TokioPostgres) {
+                return bad("tenant routing (ConsumerConfig::tenants) needs the tokio-postgres driver: its pools are opened per tenant database".into());
+            }
+            if t.pool_size == 0 || t.refresh.is_zero() {
+                return bad(
+                    "tenant routing: pool_size and refresh must be greater than zero".into(),
+                );
+            }
         }
         if self.commit_group == 0 || self.commit_group > MAX_COMMIT_GROUP {
             return bad(format!(

@@ -327,6 +327,13 @@ impl Delivered {
             .and_then(|v| std::str::from_utf8(v).ok())
     }
 
+    /// The tenant whose outbox the event came from ([`X_TENANT`](crate::wire::X_TENANT), set
+    /// by a fleet relay): with [`super::ConsumerConfig::tenants`], the handler's transaction
+    /// runs in that tenant's database and schema.
+    pub fn tenant(&self) -> Option<&str> {
+        self.header(crate::wire::X_TENANT)
+    }
+
     /// The event's sequence in its source ([`X_OUTBOX_SEQ`](crate::wire::X_OUTBOX_SEQ): the
     /// outbox row's id, added by the relay): per key it increases in publication order, and a
     /// retry, a dead letter and a replay keep it. `None` for a record that carries none (not

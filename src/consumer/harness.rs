@@ -130,7 +130,7 @@ impl Consumer {
             cancel.clone(),
             retry_topics,
             drain_topics,
-        ));
+        )?);
         if with_breaker {
             shared.breakers.refresh().await;
         }

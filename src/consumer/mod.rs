@@ -52,6 +52,7 @@ mod setup;
 mod sqlx;
 mod stats;
 mod steer;
+mod tenants;
 mod tx;
 mod upkeep;
 
@@ -79,6 +80,7 @@ pub use holds::{OnHoldExpiry, StrictOrder};
 #[allow(deprecated)]
 pub use moved::*;
 pub use stats::ConsumerStats;
+pub use tenants::TenantRouting;
 pub use upkeep::{cleanup_marks, MarksCleaned, MarksCleanup};
 
 use std::collections::{HashMap, HashSet};
@@ -176,6 +178,8 @@ struct Shared {
     db_schema: crate::schema::Schema,
     /// Strict per-key order: which keys are held (`holds.rs`).
     holds: holds::Holds,
+    /// Routing by tenant, when configured (`tenants.rs`).
+    tenants: Option<tenants::Router>,
 }
 
 /// Where the runtime's own records (retry hops, dead letters) are written.
@@ -639,7 +643,7 @@ impl Consumer {
             cancel.clone(),
             retry_topics,
             drain_topics,
-        ));
+        )?);
         if shared.holds.enabled() {
             tokio::spawn(held::run(shared.clone()));
         }

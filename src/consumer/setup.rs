@@ -123,6 +123,9 @@ impl Consumer {
     }
 
     /// What every handler task shares, from this consumer's parts.
+    ///
+    /// # Errors
+    /// [`ConsumerError::Config`] when a tenant database's pool cannot be built.
     pub(super) fn into_shared(
         self,
         tx: Box<dyn Transactions>,
@@ -131,14 +134,24 @@ impl Consumer {
         cancel: CancellationToken,
         retry_topics: HashMap<String, (String, usize)>,
         drain_topics: HashMap<String, String>,
-    ) -> Shared {
+    ) -> Result<Shared, ConsumerError> {
         let has_calls = self.handlers.values().any(|h| !h.holds_transaction());
         let holds = super::holds::Holds::new(
             self.config.strict_order.as_ref(),
             self.holds_stale.clone(),
             &self.db.schema,
         );
-        Shared {
+        let tenants = self
+            .config
+            .tenants
+            .as_ref()
+            .map(|t| {
+                super::tenants::Router::new(t, pool.clone(), &self.db.schema, &self.config.group)
+            })
+            .transpose()
+            .map_err(|e| ConsumerError::Config(format!("tenant routing: {e}")))?;
+        Ok(Shared {
+            tenants,
             health: self.health.clone(),
             dlq: crate::dlq::Dlq::with_pool(pool.clone(), self.db.schema.clone()),
             dead_lettered: DeadLetterLog::new(&self.db.schema, &self.config.group, &self.kafka),
@@ -159,7 +172,7 @@ impl Consumer {
             has_calls,
             db_schema: self.db.schema.clone(),
             holds,
-        }
+        })
     }
 
     /// With a breaker: each DLQ topic the group reads during drains → its main topic.

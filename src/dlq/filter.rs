@@ -70,6 +70,9 @@ pub struct Filter {
     /// `x-error-kind`: `transient-exhausted`, `permanent`, `decode`, `panic`, `unavailable`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub kind: Option<String>,
+    /// The tenant the message came from (its `x-tenant` header; see `outbox tenants`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
     /// Status; list shows every status when unset, replay and drop take `new` letters.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub status: Option<Status>,
@@ -125,6 +128,7 @@ impl Filter {
             || self.error_contains.is_some()
             || self.error_group.is_some()
             || self.kind.is_some()
+            || self.tenant.is_some()
             || self.since.is_some()
             || self.until.is_some()
     }
@@ -148,6 +152,7 @@ impl Filter {
             ("error filter", &self.error_contains),
             ("error group", &self.error_group),
             ("kind", &self.kind),
+            ("tenant", &self.tenant),
         ] {
             if let Some(v) = v {
                 if v.is_empty() || v.len() > 1000 || v.contains('\u{0}') {
@@ -218,6 +223,10 @@ impl Filter {
         if let Some(v) = &self.kind {
             let p = w.push(v.clone());
             parts.push(format!("{alias}.error_kind = {p}"));
+        }
+        if let Some(v) = &self.tenant {
+            let p = w.push(v.clone());
+            parts.push(format!("{alias}.tenant = {p}"));
         }
         if let Some(s) = self.status.or(default_status) {
             let p = w.push(s.as_str().to_owned());

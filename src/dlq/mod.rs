@@ -106,6 +106,8 @@ pub struct Dlq {
     schema: Schema,
     /// Gauge series set so far (reset to 0 when their rows are gone).
     gauges_seen: std::sync::Arc<std::sync::Mutex<std::collections::HashSet<GaugeSeries>>>,
+    /// Tenants that have a label of their own on the per-tenant DLQ gauge.
+    tenant_labels: std::sync::Arc<std::sync::Mutex<std::collections::HashSet<String>>>,
 }
 
 /// The labels of one DLQ gauge series.
@@ -118,6 +120,7 @@ impl Dlq {
             pool: crate::db::pool(db).expect("pool configuration is static"),
             schema: db.schema.clone(),
             gauges_seen: std::sync::Arc::default(),
+            tenant_labels: std::sync::Arc::default(),
         }
     }
 
@@ -127,6 +130,7 @@ impl Dlq {
             pool,
             schema,
             gauges_seen: std::sync::Arc::default(),
+            tenant_labels: std::sync::Arc::default(),
         }
     }
 

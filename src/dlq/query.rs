@@ -57,11 +57,28 @@ pub struct CauseGroup {
     pub example_error: Option<String>,
 }
 
+/// The letters of one tenant (their message's `x-tenant` header).
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct TenantSummary {
+    /// The tenant.
+    pub tenant: String,
+    /// Letters not acted on yet.
+    pub new: i64,
+    /// Replayed.
+    pub replayed: i64,
+    /// Dropped.
+    pub dropped: i64,
+    /// Age of its oldest new letter, seconds.
+    pub oldest_new_age_secs: Option<f64>,
+}
+
 /// The archive at a glance.
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct Summary {
     /// Per original topic and group.
     pub topics: Vec<TopicSummary>,
+    /// Per tenant, most new letters first (empty without tenants; at most 1,000).
+    pub tenants: Vec<TenantSummary>,
     /// New letters grouped by cause, largest first.
     pub groups: Vec<CauseGroup>,
 }
@@ -110,6 +127,8 @@ pub struct LetterRow {
     pub status: String,
     /// Times dead-lettered before (the `x-dlq-retries` envelope).
     pub dlq_retries: i32,
+    /// The tenant its message came from (`x-tenant`), if any.
+    pub tenant: Option<String>,
 }
 
 /// One letter, whole.
@@ -294,7 +313,23 @@ impl Dlq {
                 example_error: r.get("example_error"),
             })
             .collect();
-        Ok(Summary { topics, groups })
+        let tenants = c
+            .query(&self.sql(sql::dead_letters::SUMMARY_BY_TENANT), &[])
+            .await?
+            .iter()
+            .map(|r| TenantSummary {
+                tenant: r.get(0),
+                new: r.get(1),
+                replayed: r.get(2),
+                dropped: r.get(3),
+                oldest_new_age_secs: r.get(4),
+            })
+            .collect();
+        Ok(Summary {
+            topics,
+            tenants,
+            groups,
+        })
     }
 
     /// How many letters match `filter`, counted up to 10,001 (beyond: "more than 10,000").
@@ -364,6 +399,7 @@ impl Dlq {
                 failed_at: ts(r, "failed_at"),
                 status: r.get("status"),
                 dlq_retries: r.get("dlq_retries"),
+                tenant: r.get("tenant"),
             })
             .collect())
     }
@@ -447,19 +483,65 @@ impl Dlq {
                 "topic" => topic, "group" => group, "kind" => kind, "status" => status)
             .set(n);
         }
-        // Series that emptied since the last refresh go to 0 rather than keep their last value.
-        let mut known = self
-            .gauges_seen
+        {
+            // Series that emptied since the last refresh go to 0 rather than keep their last value.
+            let mut known = self
+                .gauges_seen
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            for k in known.difference(&seen) {
+                metrics::gauge!(crate::metrics::DLQ_MESSAGES,
+                    "topic" => k.0.clone(), "group" => k.1.clone(), "kind" => k.2.clone(), "status" => k.3.clone())
+                .set(0.0);
+            }
+            known.extend(seen);
+            for (topic, age) in oldest {
+                metrics::gauge!(crate::metrics::DLQ_OLDEST_AGE, "topic" => topic).set(age);
+            }
+        }
+        self.refresh_tenant_gauges(&c).await
+    }
+
+    /// `outbox_dlq_tenant_messages{tenant,status}`: the busiest
+    /// [`crate::metrics::TENANT_LABELS`] tenants keep a label of their own (the first seen keep
+    /// it for the process's life), the rest are summed under `tenant="other"`.
+    async fn refresh_tenant_gauges(&self, c: &tokio_postgres::Client) -> Result<(), DlqError> {
+        let rows = c
+            .query(&self.sql(sql::dead_letters::GAUGES_BY_TENANT), &[])
+            .await?;
+        let mut labels = self
+            .tenant_labels
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        for k in known.difference(&seen) {
-            metrics::gauge!(crate::metrics::DLQ_MESSAGES,
-                "topic" => k.0.clone(), "group" => k.1.clone(), "kind" => k.2.clone(), "status" => k.3.clone())
-            .set(0.0);
+        let mut counts: std::collections::BTreeMap<(String, String), f64> =
+            std::collections::BTreeMap::new();
+        for r in &rows {
+            let (tenant, status): (String, String) = (r.get(0), r.get(1));
+            let n: i64 = r.get(2);
+            let known = labels.contains(&tenant);
+            let label = if known || labels.len() < crate::metrics::TENANT_LABELS {
+                if !known {
+                    labels.insert(tenant.clone());
+                }
+                tenant
+            } else {
+                "other".to_owned()
+            };
+            *counts.entry((label, status)).or_default() += n as f64;
         }
-        known.extend(seen);
-        for (topic, age) in oldest {
-            metrics::gauge!(crate::metrics::DLQ_OLDEST_AGE, "topic" => topic).set(age);
+        // Every labelled tenant (and other) gets every status, 0 when it has none now.
+        let mut names: Vec<String> = labels.iter().cloned().collect();
+        names.push("other".to_owned());
+        for t in names {
+            for status in ["new", "replayed", "dropped"] {
+                let n = counts
+                    .get(&(t.clone(), status.to_owned()))
+                    .copied()
+                    .unwrap_or(0.0);
+                metrics::gauge!(crate::metrics::DLQ_TENANT_MESSAGES,
+                    "tenant" => t.clone(), "status" => status)
+                .set(n);
+            }
         }
         Ok(())
     }

@@ -71,6 +71,25 @@ impl Tenant {
     }
 }
 
+impl Tenant {
+    /// The connection to this tenant's outbox: `control` for [`DEFAULT_DATABASE`], otherwise
+    /// the entry of `databases` it names, with the tenant's schema. `None` when its database
+    /// is not among them.
+    pub fn connection(
+        &self,
+        control: &DbConfig,
+        databases: &std::collections::BTreeMap<String, DbConfig>,
+    ) -> Option<DbConfig> {
+        let mut db = if self.database == DEFAULT_DATABASE {
+            control.clone()
+        } else {
+            databases.get(&self.database)?.clone()
+        };
+        db.schema = self.schema.clone();
+        Some(db)
+    }
+}
+
 /// Checks a database name (a tenant's `database`, a key of [`super::FleetConfig::databases`]):
 /// lowercase letters, digits and `_`, not a URL.
 pub(super) fn validate_database_name(name: &str) -> Result<(), FleetError> {

@@ -47,6 +47,15 @@ pub use exporter::{
     health_router, install, router, serve, serve_with_health, serve_with_hosts, InstallError,
 };
 
+/// Tenants that get a label of their own on a per-tenant DLQ series; the rest are summed
+/// under `tenant="other"` (1,000 tenants cost 21 series per status).
+pub const TENANT_LABELS: usize = 20;
+
+/// `outbox_dlq_tenant_messages{tenant,status}`: archived dead letters per tenant (their
+/// message's `x-tenant` header), the busiest [`TENANT_LABELS`] tenants labelled, the rest
+/// under `other`.
+pub const DLQ_TENANT_MESSAGES: &str = "outbox_dlq_tenant_messages";
+
 /// `outbox_rows{status}`: outbox rows by status (`sent` is an estimate on large tables).
 pub const OUTBOX_ROWS: &str = "outbox_rows";
 /// Age of the oldest pending outbox row, seconds (0 when none).

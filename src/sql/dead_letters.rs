@@ -44,6 +44,15 @@ pub(crate) const SUMMARY_BY_TOPIC: &str = "SELECT original_topic, consumer_group
                             extract(epoch FROM now() - min(coalesce(first_failed_at, failed_at)) FILTER (WHERE status = 'new'))::float8 AS age
                      FROM {s}.dead_letters GROUP BY 1, 2 ORDER BY 3 DESC, 1, 2";
 
+/// Per tenant (letters whose message carried `x-tenant`), most new letters first.
+pub(crate) const SUMMARY_BY_TENANT: &str = "SELECT tenant,
+                            count(*) FILTER (WHERE status = 'new') AS new,
+                            count(*) FILTER (WHERE status = 'replayed') AS replayed,
+                            count(*) FILTER (WHERE status = 'dropped') AS dropped,
+                            extract(epoch FROM now() - min(coalesce(first_failed_at, failed_at)) FILTER (WHERE status = 'new'))::float8 AS age
+                     FROM {s}.dead_letters WHERE tenant IS NOT NULL
+                     GROUP BY 1 ORDER BY 2 DESC, 1 LIMIT 1000";
+
 /// New letters grouped by cause (topic, group, kind, normalised error) with an example: one
 /// defect on a hundred messages is one row. "First seen" counts from each letter's first failure
 /// (`x-first-failed-at`), so a replay that failed again does not make a cause look new.
@@ -66,6 +75,12 @@ pub(crate) const GAUGES: &str =
                             status, count(*),
                             extract(epoch FROM now() - min(archived_at))::float8
                      FROM {s}.dead_letters GROUP BY 1, 2, 3, 4 ORDER BY 5 DESC";
+
+/// Counts per tenant and status for `outbox_dlq_tenant_messages`, busiest first (the first
+/// seen keep their labels).
+pub(crate) const GAUGES_BY_TENANT: &str = "SELECT tenant, status, count(*)
+                     FROM {s}.dead_letters WHERE tenant IS NOT NULL
+                     GROUP BY 1, 2 ORDER BY 3 DESC";
 
 /// The audit log, newest first.
 pub(crate) const AUDIT_LOG: &str = "SELECT * FROM {s}.dlq_audit ORDER BY id DESC LIMIT $1";
@@ -117,7 +132,7 @@ pub(crate) const LETTER: &str = "SELECT d.*, (SELECT count(*) FROM {s}.dlq_repla
 /// of id. `{where}` is the filter's condition on `d` and `{limit}` its limit parameter (both
 /// rendered by `Filter::to_where` with numbered parameters, never with values).
 pub(crate) const LIST: &str = "SELECT d.id, d.original_topic, d.consumer_group, d.error_kind,
-        left(d.error, 200) AS error, d.message_id, d.failed_at, d.status, d.dlq_retries
+        left(d.error, 200) AS error, d.message_id, d.failed_at, d.status, d.dlq_retries, d.tenant
    FROM {s}.dead_letters d WHERE {where} ORDER BY d.id {dir} LIMIT {limit}";
 
 /// How many letters `{where}` selects, counted up to 10,001 (the list says "more than 10,000"

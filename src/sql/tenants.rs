@@ -5,6 +5,17 @@
 pub(crate) const LIST: &str = "SELECT tenant, database, schema, enabled, weight
   FROM {s}.outbox_tenants ORDER BY tenant";
 
+/// One tenant's database and schema (`$1` tenant), whether or not it is enabled: a consumer
+/// routes a message of a disabled tenant all the same (disabling stops publishing, not
+/// handling what was published).
+pub(crate) const FIND: &str = "SELECT database, schema FROM {s}.outbox_tenants WHERE tenant = $1";
+
+/// Whether tenant `$1` is found by the discovery rule (the LIKE pattern `$2`): its name
+/// matches and a schema of that name holds the consumer's inbox (`processed_messages`).
+pub(crate) const DISCOVERED: &str = "SELECT $1::text LIKE $2::text AND EXISTS (
+  SELECT 1 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+   WHERE n.nspname = $1::text AND c.relname = 'processed_messages')";
+
 /// Adds a tenant or changes one (`$1` tenant, `$2` database, `$3` schema, `$4` enabled,
 /// `$5` weight).
 pub(crate) const PUT: &str =

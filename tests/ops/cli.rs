@@ -1299,3 +1299,146 @@ async fn tenants_verbs_keep_the_registry_and_one_relay_publishes_every_tenant() 
         text(&o)
     );
 }
+
+/// `status`, `cleanup` and `migrate` act on every tenant of the registry (`--tenants`) or one
+/// (`--tenant NAME`), each in its own outbox; `dlq list --tenant` selects a tenant's letters
+/// (the archive records the `x-tenant` header). An unknown tenant exits 1 naming it, a bad
+/// name or a `--database` without a tenant selection exits 2.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_cleanup_migrate_and_dlq_list_act_on_all_tenants_or_one() {
+    let control = fresh_db().await;
+    let (a, b) = (fresh_db().await, fresh_db().await);
+    let topic = topic_name();
+    for (name, db) in [("acme", &a), ("globex", &b)] {
+        let o = run(outbox_cmd(&control).args([
+            "tenants",
+            "add",
+            name,
+            "--tenant-schema",
+            db.schema.name(),
+        ]));
+        assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    }
+    enqueue_n(&a, &topic, 5, 5, 5).await;
+    enqueue_n(&b, &topic, 3, 3, 3).await;
+
+    let o = run(outbox_cmd(&control).args(["status", "--tenants", "--json"]));
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let doc: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let pending = |t: &serde_json::Value| {
+        t["status"]["counts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["status"] == "pending")
+            .map_or(0, |c| c["count"].as_i64().unwrap())
+    };
+    let tenants = doc["tenants"].as_array().unwrap();
+    assert_eq!(tenants.len(), 2, "{doc}");
+    assert_eq!(
+        (tenants[0]["tenant"].as_str(), pending(&tenants[0])),
+        (Some("acme"), 5)
+    );
+    assert_eq!(
+        (tenants[1]["tenant"].as_str(), pending(&tenants[1])),
+        (Some("globex"), 3)
+    );
+    let o = run(outbox_cmd(&control).args(["status", "--tenant", "globex"]));
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let t = text(&o);
+    assert!(t.contains("== tenant globex (default."), "{t}");
+    assert!(!t.contains("acme"), "{t}");
+
+    // Cleanup of one tenant: acme's old sent rows go, globex's stay.
+    for db in [&a, &b] {
+        client(db)
+            .await
+            .batch_execute(
+                "UPDATE outbox SET status = 'sent', sent_at = now() - interval '30 days'",
+            )
+            .await
+            .unwrap();
+    }
+    let o = run(outbox_cmd(&control).args(["cleanup", "--tenant", "acme"]));
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert!(
+        text(&o).contains("tenant acme (default.")
+            && text(&o).contains("deleted 5 sent outbox row(s)"),
+        "{}",
+        text(&o)
+    );
+    assert_eq!(
+        count(&client(&a).await, "SELECT count(*) FROM outbox").await,
+        0
+    );
+    assert_eq!(
+        count(&client(&b).await, "SELECT count(*) FROM outbox").await,
+        3
+    );
+    let o = run(outbox_cmd(&control).args(["cleanup", "--tenants"]));
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert!(text(&o).contains("tenant globex (default."), "{}", text(&o));
+    assert_eq!(
+        count(&client(&b).await, "SELECT count(*) FROM outbox").await,
+        0
+    );
+
+    let o = run(outbox_cmd(&control).args(["migrate", "--tenant", "globex"]));
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert!(
+        text(&o).contains("tenant globex") && !text(&o).contains("tenant acme"),
+        "{}",
+        text(&o)
+    );
+
+    // Refusals: an unknown tenant (1), a bad name or a stray --database (2, no URL shown).
+    for (args, code, says) in [
+        (
+            vec!["status", "--tenant", "nobody"],
+            1,
+            "tenant nobody is not in the registry",
+        ),
+        (
+            vec!["cleanup", "--tenant", "nobody"],
+            1,
+            "tenant nobody is not in the registry",
+        ),
+        (
+            vec!["status", "--tenant", "bad name"],
+            2,
+            "tenant \"bad name\"",
+        ),
+        (
+            vec!["status", "--database", "x=postgres://u:secret@h/db"],
+            2,
+            "--database needs --tenants",
+        ),
+        (
+            vec!["migrate", "--tenants", "--ring"],
+            2,
+            "--ring acts on one schema",
+        ),
+    ] {
+        let o = run(outbox_cmd(&control).args(&args));
+        assert_eq!(o.status.code(), Some(code), "{args:?}: {}", text(&o));
+        assert!(text(&o).contains(says), "{args:?}: {}", text(&o));
+        assert!(!text(&o).contains("secret"), "{}", text(&o));
+    }
+
+    // Dead letters by tenant: the archive reads x-tenant from the letter's headers.
+    let c = client(&control).await;
+    for (i, tenant) in ["acme", "globex", "acme"].iter().enumerate() {
+        c.execute(
+            "INSERT INTO dead_letters (dlq_topic, \"partition\", \"offset\", original_topic, headers, failed_at)
+             VALUES ($1, 0, $2, $3, jsonb_build_array(jsonb_build_object('name', 'x-tenant', 'value', $4::text)), now())",
+            &[&format!("{topic}.dlq"), &(i as i64), &topic, tenant],
+        )
+        .await
+        .unwrap();
+    }
+    let o = run(outbox_cmd(&control).args(["dlq", "list", "--tenant", "acme", "--json"]));
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let rows: Vec<serde_json::Value> = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(rows.len(), 2, "{rows:?}");
+    assert!(rows.iter().all(|r| r["tenant"] == "acme"), "{rows:?}");
+}

@@ -666,3 +666,86 @@ async fn a_replay_of_letters_passed_by_newer_events_asks_to_confirm_the_order() 
     assert_eq!(recorded["confirm_order"], true);
     assert_eq!(recorded["passed_by_newer"], 2);
 }
+
+/// A fleet's dead letters by tenant (their `x-tenant` header): the dead-letter page has a
+/// table of tenants with their new letters, its "list" opens the letters of that tenant with
+/// the tenant in the filter, and `/metrics` has `outbox_dlq_tenant_messages` per tenant.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_letters_by_tenant_are_counted_listed_and_exported() {
+    let db = fresh_db().await;
+    let topic = topic_name();
+    let c = client(&db).await;
+    for (i, tenant) in ["acme", "globex", "acme", "acme"].iter().enumerate() {
+        c.execute(
+            "INSERT INTO dead_letters (dlq_topic, \"partition\", \"offset\", original_topic, message_id, headers, failed_at)
+             VALUES ($1, 0, $2, $3, $4, jsonb_build_array(jsonb_build_object('name', 'x-tenant', 'value', $5::text)), now())",
+            &[&format!("{topic}.dlq"), &(i as i64), &topic, &format!("m-{i}"), tenant],
+        )
+        .await
+        .unwrap();
+    }
+    let console = open_console(&db).await;
+    let c = &console.c;
+    sign_in(&console, TOKEN).await;
+    let acme = wait_text(c, "#tenants tr.tenant", "acme").await;
+    assert_eq!(
+        acme.find(Locator::Css(".new"))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap(),
+        "3"
+    );
+    let globex = wait_text(c, "#tenants tr.tenant", "globex").await;
+    assert_eq!(
+        globex
+            .find(Locator::Css(".new"))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap(),
+        "1"
+    );
+    shot(c, "dlq-by-tenant").await;
+    click_in(c, "#tenants tr.tenant", "acme", Locator::LinkText("list")).await;
+    wait_text(c, "#match-count", "3 letters match").await;
+    let filter = c
+        .find(Locator::Css("#filters input[name=tenant]"))
+        .await
+        .unwrap()
+        .prop("value")
+        .await
+        .unwrap();
+    assert_eq!(filter.as_deref(), Some("acme"));
+    let tenants: Vec<String> = {
+        let mut v = Vec::new();
+        for e in c
+            .find_all(Locator::Css("#messages td.tenant"))
+            .await
+            .unwrap()
+        {
+            v.push(e.text().await.unwrap());
+        }
+        v
+    };
+    assert_eq!(tenants, ["acme", "acme", "acme"]);
+
+    let metrics = format!("{}/metrics", console.base);
+    wait_until(Duration::from_secs(30), "the tenant DLQ series", || async {
+        let body = reqwest::get(&metrics).await.unwrap().text().await.unwrap();
+        body.lines().any(|l| {
+            l.starts_with("outbox_dlq_tenant_messages{")
+                && l.contains("tenant=\"acme\"")
+                && l.contains("status=\"new\"")
+                && l.ends_with(" 3")
+        }) && body.lines().any(|l| {
+            l.starts_with("outbox_dlq_tenant_messages{")
+                && l.contains("tenant=\"globex\"")
+                && l.contains("status=\"new\"")
+                && l.ends_with(" 1")
+        })
+    })
+    .await;
+}

@@ -377,3 +377,220 @@ async fn fleet_kill_run(exactly_once: bool) {
         );
     }
 }
+
+/// Writes each message into `ledger` (unqualified: the tenant's schema, by `search_path`) in
+/// the handler's transaction, with the tenant it names.
+struct Ledger;
+
+impl outbox::consumer::Handler for Ledger {
+    fn handle<'a>(
+        &'a self,
+        msg: &'a outbox::consumer::Delivered,
+        tx: &'a tokio_postgres::Transaction<'a>,
+    ) -> outbox::consumer::BoxFuture<'a, Result<(), outbox::consumer::HandlerError>> {
+        Box::pin(async move {
+            tx.execute(
+                "INSERT INTO ledger (message_id, tenant) VALUES ($1, $2)",
+                &[&msg.message_id, &msg.tenant()],
+            )
+            .await?;
+            Ok(())
+        })
+    }
+}
+
+/// The consumer side of a fleet: each message's handler transaction and inbox mark run in its
+/// tenant's database and schema (two schemas of one database and a schema of a second
+/// database), a redelivery is deduped by the tenant's inbox, a message naming an unknown
+/// tenant is dead-lettered with the reason and archived under its tenant, and once the tenant
+/// is registered, a replay selected by tenant is handled in its database.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_consumer_routes_each_tenants_messages_to_its_database_and_dead_letters_by_tenant() {
+    use outbox::consumer::{Consumer, ConsumerConfig, TenantRouting};
+
+    let control = fresh_db().await;
+    let (s1, s2) = (fresh_db().await, fresh_db().await);
+    let shard = second_database().await;
+    let topic = topic_name();
+    create_topic_family(&topic, 3, &[]).await;
+    for db in [&control, &s1, &s2, &shard] {
+        client(db)
+            .await
+            .batch_execute("CREATE TABLE ledger (message_id text PRIMARY KEY, tenant text)")
+            .await
+            .unwrap();
+    }
+    for t in [
+        tenant("acme", &s1, "default"),
+        tenant("globex", &s2, "default"),
+        tenant("umbrella", &shard, "shard2"),
+    ] {
+        outbox::fleet::put_tenant(&control, &t).await.unwrap();
+    }
+    let databases = BTreeMap::from([("shard2".to_owned(), shard.clone())]);
+    let fleet = Fleet::new(&control, &kafka(), fleet_config(databases.clone())).unwrap();
+    let stop = tokio_util::sync::CancellationToken::new();
+    let run = tokio::spawn(fleet.run(stop.clone().cancelled_owned()));
+
+    let group = format!("g-{}", hex(6));
+    let mut cfg = ConsumerConfig::new(&group, [&topic]);
+    let mut routing = TenantRouting::default();
+    routing.databases = databases;
+    cfg.tenants = Some(routing);
+    // Commit groups of several messages: each group stays within one tenant.
+    cfg.concurrency = 2;
+    cfg.transactions = 2;
+    let consumer = Consumer::new(&control, &kafka(), cfg.clone())
+        .unwrap()
+        .handler("it_event", Ledger);
+    let stats = consumer.stats();
+    let (stop_consumer, stopped) = tokio::sync::oneshot::channel::<()>();
+    let consuming = tokio::spawn(consumer.run(async move {
+        let _ = stopped.await;
+    }));
+
+    let mut ids = BTreeMap::new();
+    for (name, db) in [("acme", &s1), ("globex", &s2), ("umbrella", &shard)] {
+        ids.insert(name, enqueue_n(db, &topic, 60, 6, 10).await);
+    }
+    // A row that names a tenant nobody registered (a service may set x-tenant itself).
+    let ghost_id = {
+        let mut c = client(&s1).await;
+        let enq = outbox::Enqueuer::new(&s1.schema);
+        let m = outbox::Message::new(&topic, "it_event", "k-ghost", serde_json::json!({"seq": 0}))
+            .with_header("x-tenant", "ghost");
+        let tx = c.transaction().await.unwrap();
+        enq.enqueue_batch(&tx, std::slice::from_ref(&m))
+            .await
+            .unwrap();
+        tx.commit().await.unwrap();
+        m.message_id().to_string()
+    };
+    let ledger = |db: DbConfig| async move {
+        texts(
+            &client(&db).await,
+            "SELECT message_id || ' ' || coalesce(tenant, '') FROM ledger ORDER BY 1",
+        )
+        .await
+    };
+    wait_until(Duration::from_secs(90), "180 messages handled", || async {
+        stats.handled.load(std::sync::atomic::Ordering::Relaxed) >= 180
+    })
+    .await;
+    for (name, db) in [("acme", &s1), ("globex", &s2), ("umbrella", &shard)] {
+        let mut want: Vec<String> = ids[name].iter().map(|i| format!("{i} {name}")).collect();
+        want.sort();
+        assert_eq!(ledger(db.clone()).await, want, "{name}'s ledger");
+        let marks = count(
+            &client(db).await,
+            &format!("SELECT count(*) FROM processed_messages WHERE consumer_group = '{group}'"),
+        )
+        .await;
+        assert_eq!(marks, 60, "{name}'s marks are in its own inbox");
+    }
+    // Nothing of theirs in the consumer's own database.
+    let own = client(&control).await;
+    assert!(ledger(control.clone()).await.is_empty());
+    assert_eq!(
+        count(&own, "SELECT count(*) FROM processed_messages").await,
+        0
+    );
+
+    // A redelivery of an acme message is a duplicate in acme's inbox.
+    let again = read_all(&topic)
+        .await
+        .into_iter()
+        .find(|r| r.message_id() == ids["acme"][0])
+        .unwrap();
+    let headers: Vec<(&str, &[u8])> = again
+        .headers
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_bytes()))
+        .collect();
+    let before = stats.duplicates.load(std::sync::atomic::Ordering::Relaxed);
+    produce(&topic, again.key.as_deref(), &headers, Some(&again.payload)).await;
+    wait_until(
+        Duration::from_secs(60),
+        "the redelivery deduped",
+        || async { stats.duplicates.load(std::sync::atomic::Ordering::Relaxed) > before },
+    )
+    .await;
+    assert_eq!(ledger(s1.clone()).await.len(), 60);
+
+    // The ghost's message is dead-lettered, saying why, and archived under its tenant.
+    let dlq_topic = format!("{topic}.dlq");
+    wait_until(
+        Duration::from_secs(60),
+        "the ghost dead-lettered",
+        || async { topic_len(&dlq_topic).await >= 1 },
+    )
+    .await;
+    let letter = read_all(&dlq_topic).await.remove(0);
+    assert!(
+        letter.headers["x-error"].contains("tenant ghost is not in the registry"),
+        "{:?}",
+        letter.headers
+    );
+    archive_once(&control, vec![dlq_topic.clone()]).await;
+    let dlq = outbox::dlq::Dlq::new(&control);
+    let of_ghost = outbox::dlq::Filter {
+        tenant: Some("ghost".into()),
+        ..Default::default()
+    };
+    let listed = dlq
+        .list(&of_ghost, 10, Default::default(), None)
+        .await
+        .unwrap();
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    assert_eq!(listed[0].tenant.as_deref(), Some("ghost"));
+    assert_eq!(listed[0].message_id.as_deref(), Some(ghost_id.as_str()));
+    let of_acme = outbox::dlq::Filter {
+        tenant: Some("acme".into()),
+        ..Default::default()
+    };
+    assert!(dlq
+        .list(&of_acme, 10, Default::default(), None)
+        .await
+        .unwrap()
+        .is_empty());
+    let summary = dlq.summary().await.unwrap();
+    assert_eq!(summary.tenants.len(), 1, "{:?}", summary.tenants);
+    assert_eq!(
+        (summary.tenants[0].tenant.as_str(), summary.tenants[0].new),
+        ("ghost", 1)
+    );
+
+    // Registered now (in globex's schema), its replay, selected by tenant, carries x-tenant
+    // and is handled there.
+    outbox::fleet::put_tenant(&control, &tenant("ghost", &s2, "default"))
+        .await
+        .unwrap();
+    let mut opts = outbox::dlq::ReplayOptions::default();
+    opts.canary = 0;
+    opts.rate = 1000.0;
+    opts.confirm_kinds = true;
+    opts.actor = "oncall".into();
+    let job = dlq.create_job(&of_ghost, &opts).await.unwrap();
+    dlq.run_job(&kafka(), job.id, &Default::default(), &mut |_| {})
+        .await
+        .unwrap();
+    wait_until(
+        Duration::from_secs(60),
+        "the replay handled in globex's schema",
+        || async {
+            ledger(s2.clone())
+                .await
+                .contains(&format!("{ghost_id} ghost"))
+        },
+    )
+    .await;
+
+    stop_consumer.send(()).unwrap();
+    consuming.await.unwrap().unwrap();
+    stop.cancel();
+    tokio::time::timeout(Duration::from_secs(60), run)
+        .await
+        .expect("the fleet stops on shutdown")
+        .unwrap()
+        .unwrap();
+}

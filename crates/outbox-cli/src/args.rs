@@ -187,3 +187,92 @@ pub(crate) async fn shutdown_signal() {
         _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT received"),
     }
 }
+
+/// `--tenants` / `--tenant NAME`: a command acts on the tenants of a fleet's registry (the
+/// `outbox_tenants` table in --schema), each in its own database and schema.
+#[derive(Args, Clone, Default)]
+pub(crate) struct TenantArgs {
+    /// Act on every tenant of the registry in --schema (`outbox tenants`), each in its
+    /// database (`default`: this one; others from --database NAME=URL or
+    /// OUTBOX_DATABASE_<NAME>). One that fails does not stop the others; the exit code says.
+    #[arg(long, conflicts_with = "tenant")]
+    pub(crate) tenants: bool,
+    /// Act on this tenant of the registry only.
+    #[arg(long, value_name = "NAME")]
+    pub(crate) tenant: Option<String>,
+    /// A database tenants name (repeatable), NAME=URL.
+    #[arg(long = "database", value_name = "NAME=URL")]
+    pub(crate) databases: Vec<String>,
+}
+
+/// A tenant and the connection to its outbox, or why there is none.
+pub(crate) struct TenantTarget {
+    pub(crate) tenant: outbox::fleet::Tenant,
+    pub(crate) db: Result<DbConfig, String>,
+}
+
+impl TenantTarget {
+    /// `tenant (database.schema)`, for output lines.
+    pub(crate) fn label(&self) -> String {
+        format!(
+            "{} ({}.{})",
+            self.tenant.tenant,
+            self.tenant.database,
+            self.tenant.schema.name()
+        )
+    }
+}
+
+impl TenantArgs {
+    /// True when the command acts on tenants.
+    pub(crate) fn selected(&self) -> bool {
+        self.tenants || self.tenant.is_some()
+    }
+
+    /// The selected tenants of `control`'s registry, each with its connection; empty when
+    /// none is selected.
+    ///
+    /// # Errors
+    /// A [`UsageError`] for a bad name or `--database` without a tenant selection; an error
+    /// when the registry cannot be read or `--tenant` names none of it.
+    pub(crate) async fn targets(&self, control: &DbConfig) -> anyhow::Result<Vec<TenantTarget>> {
+        if !self.selected() {
+            if !self.databases.is_empty() {
+                return Err(
+                    UsageError("--database needs --tenants or --tenant NAME".into()).into(),
+                );
+            }
+            return Ok(Vec::new());
+        }
+        if let Some(name) = &self.tenant {
+            outbox::fleet::Tenant::new(name, control.schema.clone())
+                .map_err(|e| UsageError(e.to_string()))?;
+        }
+        let named = named_databases(&self.databases)?;
+        let registered = outbox::fleet::tenants(control)
+            .await
+            .map_err(|e| anyhow::anyhow!("reading the tenants' registry failed: {e}"))?;
+        let picked: Vec<_> = registered
+            .into_iter()
+            .filter(|t| self.tenant.as_ref().is_none_or(|n| *n == t.tenant))
+            .collect();
+        if let (Some(name), true) = (&self.tenant, picked.is_empty()) {
+            anyhow::bail!(
+                "tenant {name} is not in the registry of schema {} (outbox tenants list)",
+                control.schema
+            );
+        }
+        Ok(picked
+            .into_iter()
+            .map(|t| {
+                let db = t.connection(control, &named).ok_or_else(|| {
+                    format!(
+                        "database {} not given (--database {}=URL)",
+                        t.database, t.database
+                    )
+                });
+                TenantTarget { tenant: t, db }
+            })
+            .collect())
+    }
+}

@@ -433,12 +433,22 @@ async function viewGroups() {
           " ",
           can("operator") ? el("button", { class: "danger drop-group", onclick: () => dropDialog(sel, "this group", g.count) }, "Drop group") : ""));
     }));
+  // Letters of a fleet's tenants (their x-tenant header): where one tenant's failures pile up.
+  const tenants = el("table", { id: "tenants" },
+    el("tr", {}, el("th", {}, "Tenant"), el("th", { class: "num" }, "New"),
+      el("th", { class: "num" }, "Replayed"), el("th", { class: "num" }, "Dropped"), el("th", {}, "Oldest new"), el("th", {}, "")),
+    (s.tenants || []).map(t => el("tr", { class: "tenant" },
+      el("td", { class: "name" }, t.tenant),
+      el("td", { class: "num new" }, String(t.new)), el("td", { class: "num" }, String(t.replayed)),
+      el("td", { class: "num" }, String(t.dropped)), el("td", {}, age(t.oldest_new_age_secs)),
+      el("td", { class: "actions" }, el("a", { href: "#/messages?" + new URLSearchParams({ tenant: t.tenant, status: "new" }) }, "list")))));
   return [
     strip,
     el("h2", {}, "Dead letters by topic"),
     s.topics.length ? topics : el("p", { class: "muted" }, "The archive is empty. Is `outbox dlq archive` running?"),
     el("h2", {}, "New dead letters grouped by cause"),
     s.groups.length ? groups : el("p", { class: "muted", id: "no-groups" }, "No new dead letters."),
+    (s.tenants || []).length ? [el("h2", {}, "Dead letters by tenant"), tenants] : "",
     el("h2", {}, "Held keys (strict order)"),
     held.length ? holds : el("p", { class: "muted", id: "no-holds" }, "No key is held."),
   ];
@@ -448,7 +458,7 @@ async function viewMessages(params) {
   const form = el("form", { class: "filters", id: "filters" });
   const inputs = {};
   for (const [name, ph] of [["topic", "topic"], ["group", "group"], ["error_contains", "error contains"],
-    ["kind", "kind"], ["status", "status (new, replayed, dropped)"], ["since", "since (2h, RFC 3339)"],
+    ["kind", "kind"], ["tenant", "tenant"], ["status", "status (new, replayed, dropped)"], ["since", "since (2h, RFC 3339)"],
     ["until", "until (1h, RFC 3339)"]]) {
     inputs[name] = el("input", { name, placeholder: ph, value: params.get(name) || "" });
     form.append(inputs[name]);
@@ -499,13 +509,16 @@ async function viewMessages(params) {
   if (oldest) flipped.delete("order"); else flipped.set("order", "oldest");
   const sortLink = el("a", { href: "#/messages?" + flipped, id: "sort-toggle", title: "change the order" },
     oldest ? "Failed ▲ (oldest first)" : "Failed ▼ (newest first)");
+  // A fleet's letters name their tenant; the column is shown only where some letter has one.
+  const tenanted = page.messages.some(m => m.tenant);
   const rows = el("table", { id: "messages" },
     el("tr", {}, el("th", {}, "Id"), el("th", {}, sortLink), el("th", {}, "Status"), el("th", {}, "Kind"),
-      el("th", {}, "Topic"), el("th", {}, "Group"), el("th", {}, "Error")),
+      el("th", {}, "Topic"), el("th", {}, "Group"), tenanted ? el("th", {}, "Tenant") : "", el("th", {}, "Error")),
     page.messages.map(m => el("tr", {},
       el("td", {}, el("a", { href: "#/message/" + m.id }, "#" + m.id)),
       el("td", {}, when(m.failed_at)), el("td", {}, m.status),
       el("td", {}, m.error_kind || "–"), el("td", {}, m.original_topic), el("td", {}, m.consumer_group || "–"),
+      tenanted ? el("td", { class: "tenant" }, m.tenant || "–") : "",
       el("td", { class: "err" }, m.error || ""))));
   // Actions need a narrowing filter: never "every letter" from one click.
   const actions = !Object.keys(sel).some(k => k !== "status") || !can("operator") ? "" : sel.status === "dropped"

@@ -36,6 +36,7 @@ use tracing::Instrument as _;
 use super::envelope::{Envelope, InGroup};
 use super::handler::{BoxFuture, Delivered, HandlerError};
 use super::inbox::{Inbox, InboxOutcome};
+use super::tenants::Target;
 use super::tx::{handle_span, handler_seconds};
 use super::{ConsumerError, HandlerRef, Shared};
 
@@ -103,6 +104,9 @@ pub(super) trait Driver: Send + Sync + Sized + 'static {
 
     /// A pooled connection; none to be had means the database is down.
     fn connect(&self) -> impl Future<Output = Result<Self::Conn, HandlerError>> + Send + '_;
+    /// This driver on a tenant's pool (`tenants.rs`); `None` for a driver that cannot route
+    /// by tenant (refused by the configuration before it gets here).
+    fn on_pool(pool: &deadpool_postgres::Pool) -> Option<Self>;
     /// Opens a transaction.
     fn begin(
         conn: &mut Self::Conn,
@@ -114,7 +118,7 @@ pub(super) trait Driver: Send + Sync + Sized + 'static {
     /// Runs one statement without parameters.
     fn execute<'a>(
         tx: &'a mut Self::Tx<'_>,
-        sql: &'static str,
+        sql: &'a str,
     ) -> impl Future<Output = Result<(), HandlerError>> + Send + 'a;
     /// Marks one message; `true` on its first delivery.
     fn mark<'a>(
@@ -288,6 +292,49 @@ impl<D: Driver> Routes<D> {
             .ok_or_else(|| HandlerError::permanent("no handler is registered for the message"))
     }
 
+    /// A connection for the transaction of `d` (and of the messages grouped with it, which
+    /// share its tenant: `dispatch.rs`): in its tenant's database when the consumer routes by
+    /// tenant and it carries one, else in the consumer's own.
+    async fn connect_for(
+        &self,
+        shared: &Shared,
+        d: Option<&Delivered>,
+    ) -> Result<(D::Conn, Option<Arc<Target>>), HandlerError> {
+        let Some((router, tenant)) = shared.tenants.as_ref().zip(d.and_then(Delivered::tenant))
+        else {
+            return Ok((self.driver.connect().await?, None));
+        };
+        let target = router.target(tenant).await?;
+        let driver = D::on_pool(&target.pool).ok_or_else(|| {
+            HandlerError::permanent(format!(
+                "tenant routing needs the tokio-postgres driver ({} here)",
+                D::NAME
+            ))
+        })?;
+        // The tenant's database down is this message's transient failure, not the consumer's
+        // outage: the breaker and the pause are for the consumer's own database.
+        let conn = driver.connect().await.map_err(|e| {
+            HandlerError::transient(format!(
+                "tenant {tenant}: database {}: {}",
+                target.database,
+                e.message()
+            ))
+        })?;
+        Ok((conn, Some(target)))
+    }
+
+    /// Opens the transaction on `conn`, in the tenant's schema when there is one.
+    async fn begin_in<'c>(
+        conn: &'c mut D::Conn,
+        target: Option<&Target>,
+    ) -> Result<D::Tx<'c>, HandlerError> {
+        let mut tx = D::begin(conn).await?;
+        if let Some(t) = target {
+            D::execute(&mut tx, &t.set_path).await?;
+        }
+        Ok(tx)
+    }
+
     async fn live(tx: &mut D::Tx<'_>) -> Result<(), HandlerError> {
         D::execute(tx, "SELECT 1").await.map_err(|e| {
             HandlerError::transient(format!(
@@ -298,9 +345,10 @@ impl<D: Driver> Routes<D> {
 
     async fn one_tx(&self, shared: &Shared, d: &Delivered) -> Result<InboxOutcome, HandlerError> {
         let route = self.route(d)?;
-        let mut conn = self.driver.connect().await?;
-        let mut tx = D::begin(&mut conn).await?;
-        if !D::mark(&mut tx, &shared.inbox, &d.topic, &d.message_id).await? {
+        let (mut conn, target) = self.connect_for(shared, Some(d)).await?;
+        let inbox = target.as_ref().map_or(&shared.inbox, |t| &t.inbox);
+        let mut tx = Self::begin_in(&mut conn, target.as_deref()).await?;
+        if !D::mark(&mut tx, inbox, &d.topic, &d.message_id).await? {
             D::rollback(tx).await?;
             return Ok(InboxOutcome::Duplicate);
         }
@@ -329,10 +377,11 @@ impl<D: Driver> Routes<D> {
         let Route::Batch(h, _) = self.route(first)? else {
             return Err(HandlerError::permanent("not a batch handler"));
         };
-        let mut conn = self.driver.connect().await?;
-        let mut tx = D::begin(&mut conn).await?;
+        let (mut conn, target) = self.connect_for(shared, Some(first)).await?;
+        let inbox = target.as_ref().map_or(&shared.inbox, |t| &t.inbox);
+        let mut tx = Self::begin_in(&mut conn, target.as_deref()).await?;
         let keys = keys(ds.iter().copied());
-        let mut fresh = D::mark_many(&mut tx, &shared.inbox, &keys).await?;
+        let mut fresh = D::mark_many(&mut tx, inbox, &keys).await?;
         // The first occurrence of each new pair, in batch order.
         let new: Vec<&Delivered> = ds
             .iter()
@@ -362,12 +411,14 @@ impl<D: Driver> Routes<D> {
                 }
             })
             .collect();
-        let mut conn = self.driver.connect().await?;
-        let mut tx = D::begin(&mut conn).await?;
+        let first = members.iter().flatten().map(|(d, _)| *d).next();
+        let (mut conn, target) = self.connect_for(shared, first).await?;
+        let inbox = target.as_ref().map_or(&shared.inbox, |t| &t.inbox);
+        let mut tx = Self::begin_in(&mut conn, target.as_deref()).await?;
         // Every mark of the group in one statement; a message that fails has its mark taken
         // back.
         let keys = keys(members.iter().flatten().map(|(d, _)| *d));
-        let mut fresh = D::mark_many(&mut tx, &shared.inbox, &keys).await?;
+        let mut fresh = D::mark_many(&mut tx, inbox, &keys).await?;
         let mut outcomes = Vec::with_capacity(envs.len());
         for (i, (env, member)) in envs.iter().zip(members).enumerate() {
             let Some((d, h)) = member else {
@@ -389,7 +440,7 @@ impl<D: Driver> Routes<D> {
                 Ok(Ok(())) => outcomes.push(InGroup::Processed),
                 failed => {
                     D::execute(&mut tx, "ROLLBACK TO SAVEPOINT m").await?;
-                    D::unmark(&mut tx, &shared.inbox, &d.topic, &d.message_id).await?;
+                    D::unmark(&mut tx, inbox, &d.topic, &d.message_id).await?;
                     outcomes.push(InGroup::Failed(
                         failed.map(|r| r.map(|()| InboxOutcome::Processed)),
                     ));
@@ -414,10 +465,13 @@ impl<D: Driver> Routes<D> {
         shared: &Shared,
         answered: &[(&Delivered, &(dyn Any + Send + Sync))],
     ) -> Result<Vec<Result<InboxOutcome, NotRecorded>>, HandlerError> {
-        let mut conn = self.driver.connect().await?;
-        let mut tx = D::begin(&mut conn).await?;
+        let (mut conn, target) = self
+            .connect_for(shared, answered.first().map(|(d, _)| *d))
+            .await?;
+        let inbox = target.as_ref().map_or(&shared.inbox, |t| &t.inbox);
+        let mut tx = Self::begin_in(&mut conn, target.as_deref()).await?;
         let keys = keys(answered.iter().map(|(d, _)| *d));
-        let mut fresh = D::mark_many(&mut tx, &shared.inbox, &keys).await?;
+        let mut fresh = D::mark_many(&mut tx, inbox, &keys).await?;
         // Another replica recorded it meanwhile (a rebalance), or it is twice in this group.
         let new: Vec<bool> = answered
             .iter()
@@ -459,9 +513,10 @@ impl<D: Driver> Routes<D> {
     ) -> Result<InboxOutcome, NotRecorded> {
         let run = async {
             let h = self.call_handler(d)?;
-            let mut conn = self.driver.connect().await?;
-            let mut tx = D::begin(&mut conn).await?;
-            if !D::mark(&mut tx, &shared.inbox, &d.topic, &d.message_id).await? {
+            let (mut conn, target) = self.connect_for(shared, Some(d)).await?;
+            let inbox = target.as_ref().map_or(&shared.inbox, |t| &t.inbox);
+            let mut tx = Self::begin_in(&mut conn, target.as_deref()).await?;
+            if !D::mark(&mut tx, inbox, &d.topic, &d.message_id).await? {
                 D::rollback(tx).await?;
                 return Ok(Ok(InboxOutcome::Duplicate));
             }

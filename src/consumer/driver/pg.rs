@@ -82,7 +82,11 @@ impl Driver for Pg {
         Ok(tx.rollback().await?)
     }
 
-    async fn execute(tx: &mut Self::Tx<'_>, sql: &'static str) -> Result<(), HandlerError> {
+    fn on_pool(pool: &Pool) -> Option<Self> {
+        Some(Self(pool.clone()))
+    }
+
+    async fn execute(tx: &mut Self::Tx<'_>, sql: &str) -> Result<(), HandlerError> {
         Ok(tx.batch_execute(sql).await?)
     }
 

@@ -79,7 +79,13 @@ impl Driver for Sqlx {
         Ok(tx.rollback().await?)
     }
 
-    async fn execute(tx: &mut Self::Tx<'_>, sql: &'static str) -> Result<(), HandlerError> {
+    fn on_pool(_: &deadpool_postgres::Pool) -> Option<Self> {
+        // Tenant routing opens tokio-postgres pools; a consumer on sqlx is refused it by
+        // `ConsumerConfig::validate`.
+        None
+    }
+
+    async fn execute(tx: &mut Self::Tx<'_>, sql: &str) -> Result<(), HandlerError> {
         sqlx::query(sql).execute(&mut **tx).await?;
         Ok(())
     }

@@ -25,14 +25,10 @@ pub struct Args {
     /// With --ring: tries before giving up (nothing changes on a try that times out).
     #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u32).range(1..=10_000))]
     attempts: u32,
-    /// Then migrate every tenant of the registry in --schema (`outbox tenants`), each in its
-    /// database (`default`: this one; others from --database NAME=URL or
-    /// OUTBOX_DATABASE_<NAME>). One that fails does not stop the others; the exit code says.
-    #[arg(long, conflicts_with = "ring")]
-    tenants: bool,
-    /// A database tenants name (repeatable), NAME=URL.
-    #[arg(long = "database", value_name = "NAME=URL", requires = "tenants")]
-    databases: Vec<String>,
+    /// Then migrate the tenants of the registry in --schema: `--tenants` all, `--tenant
+    /// NAME` one (see `outbox tenants`).
+    #[command(flatten)]
+    tenants: TenantArgs,
 }
 
 /// `--lock-wait`: a duration from 1 ms to [`outbox::storage::MoveOptions::MAX_LOCK_WAIT`].
@@ -55,8 +51,12 @@ pub async fn run(args: Args, out: &mut dyn Write) -> anyhow::Result<()> {
         lock_wait,
         attempts,
         tenants,
-        databases,
     } = args;
+    if ring && tenants.selected() {
+        return Err(
+            UsageError("--ring acts on one schema: not with --tenants or --tenant".into()).into(),
+        );
+    }
     let db = db_config(&db)?;
     let report = outbox::migrate(&db).await.context("migrate failed")?;
     if report.applied.is_empty() {
@@ -66,55 +66,38 @@ pub async fn run(args: Args, out: &mut dyn Write) -> anyhow::Result<()> {
             writeln!(out, "applied {m}")?;
         }
     }
-    if tenants {
-        let named = named_databases(&databases)?;
-        let registered = outbox::fleet::tenants(&db)
-            .await
-            .context("reading the tenants' registry failed")?;
-        let mut failed = Vec::new();
-        for t in &registered {
-            let conn = if t.database == outbox::fleet::DEFAULT_DATABASE {
-                Some(db.clone())
-            } else {
-                named.get(&t.database).cloned()
-            };
-            let Some(mut conn) = conn else {
-                writeln!(
-                    out,
-                    "tenant {}: database {} not given (--database {}=URL)",
-                    t.tenant, t.database, t.database
-                )?;
-                failed.push(t.tenant.clone());
+    let targets = tenants.targets(&db).await?;
+    let mut failed = Vec::new();
+    for t in &targets {
+        let label = t.label();
+        let conn = match &t.db {
+            Ok(c) => c,
+            Err(e) => {
+                writeln!(out, "tenant {label}: {e}")?;
+                failed.push(t.tenant.tenant.clone());
                 continue;
-            };
-            conn.schema = t.schema.clone();
-            match outbox::migrate(&conn).await {
-                Ok(r) => writeln!(
-                    out,
-                    "tenant {} ({}.{}): {}",
-                    t.tenant,
-                    t.database,
-                    t.schema.name(),
-                    if r.applied.is_empty() {
-                        "up to date".to_owned()
-                    } else {
-                        format!("{} migrations applied", r.applied.len())
-                    }
-                )?,
-                Err(e) => {
-                    writeln!(out, "tenant {}: migrate failed: {e}", t.tenant)?;
-                    failed.push(t.tenant.clone());
-                }
+            }
+        };
+        match outbox::migrate(conn).await {
+            Ok(r) if r.applied.is_empty() => writeln!(out, "tenant {label}: up to date")?,
+            Ok(r) => writeln!(
+                out,
+                "tenant {label}: {} migrations applied",
+                r.applied.len()
+            )?,
+            Err(e) => {
+                writeln!(out, "tenant {label}: migrate failed: {e}")?;
+                failed.push(t.tenant.tenant.clone());
             }
         }
-        if !failed.is_empty() {
-            anyhow::bail!(
-                "{} of {} tenants not migrated: {}",
-                failed.len(),
-                registered.len(),
-                failed.join(", ")
-            );
-        }
+    }
+    if !failed.is_empty() {
+        anyhow::bail!(
+            "{} of {} tenants not migrated: {}",
+            failed.len(),
+            targets.len(),
+            failed.join(", ")
+        );
     }
     if ring {
         let mut options = outbox::storage::MoveOptions::default();

@@ -18,6 +18,10 @@ pub struct Args {
     /// Processed marks older than this are reported as overdue for cleanup.
     #[arg(long, default_value = "35d", value_parser = humantime::parse_duration)]
     processed_retention: std::time::Duration,
+    /// Instead: the status of the registry's tenants (`--tenants` all, `--tenant NAME` one),
+    /// each from its own outbox.
+    #[command(flatten)]
+    tenants: TenantArgs,
 }
 
 pub async fn run(args: Args, out: &mut dyn Write) -> anyhow::Result<()> {
@@ -25,8 +29,12 @@ pub async fn run(args: Args, out: &mut dyn Write) -> anyhow::Result<()> {
         db,
         json,
         processed_retention,
+        tenants,
     } = args;
     let db = db_config(&db)?;
+    if tenants.selected() || !tenants.databases.is_empty() {
+        return per_tenant(&tenants.targets(&db).await?, processed_retention, json, out).await;
+    }
     let s = outbox::status::status_with(&db, processed_retention)
         .await
         .context("status failed")?;
@@ -43,6 +51,69 @@ pub async fn run(args: Args, out: &mut dyn Write) -> anyhow::Result<()> {
         })
         .collect();
     render_with_relays(&s, &relays, json, out)?;
+    Ok(())
+}
+
+/// Each tenant's status under its name (JSON: `{"tenants": [{tenant, database, schema,
+/// status | error}]}`); a tenant that cannot be read is said and makes the exit code 1.
+async fn per_tenant(
+    targets: &[TenantTarget],
+    processed_retention: std::time::Duration,
+    json: bool,
+    out: &mut dyn Write,
+) -> anyhow::Result<()> {
+    let mut failed = Vec::new();
+    let mut docs = Vec::new();
+    for t in targets {
+        let got = match &t.db {
+            Ok(conn) => outbox::status::status_with(conn, processed_retention)
+                .await
+                .map_err(|e| e.to_string()),
+            Err(e) => Err(e.clone()),
+        };
+        if got.is_err() {
+            failed.push(t.tenant.tenant.clone());
+        }
+        if json {
+            let mut v = serde_json::json!({
+                "tenant": t.tenant.tenant,
+                "database": t.tenant.database,
+                "schema": t.tenant.schema.name(),
+                "enabled": t.tenant.enabled,
+            });
+            match got {
+                Ok(s) => v["status"] = serde_json::to_value(&s)?,
+                Err(e) => v["error"] = e.into(),
+            }
+            docs.push(v);
+            continue;
+        }
+        writeln!(
+            out,
+            "== tenant {}{}",
+            t.label(),
+            if t.tenant.enabled { "" } else { " (disabled)" }
+        )?;
+        match got {
+            Ok(s) => render(&s, false, out)?,
+            Err(e) => writeln!(out, "status failed: {e}")?,
+        }
+    }
+    if json {
+        writeln!(
+            out,
+            "{}",
+            serde_json::to_string_pretty(&serde_json::json!({ "tenants": docs }))?
+        )?;
+    }
+    if !failed.is_empty() {
+        anyhow::bail!(
+            "{} of {} tenants could not be read: {}",
+            failed.len(),
+            targets.len(),
+            failed.join(", ")
+        );
+    }
     Ok(())
 }
 

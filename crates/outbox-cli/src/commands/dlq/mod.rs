@@ -38,6 +38,9 @@ pub struct FilterArgs {
     /// x-error-kind: transient-exhausted, permanent, decode, panic, unavailable.
     #[arg(long)]
     kind: Option<String>,
+    /// The tenant the message came from (its x-tenant header).
+    #[arg(long)]
+    tenant: Option<String>,
     /// new, replayed or dropped.
     #[arg(long)]
     status: Option<String>,
@@ -58,6 +61,7 @@ impl FilterArgs {
             error_contains: self.error_contains.clone(),
             error_group: self.error_group.clone(),
             kind: self.kind.clone(),
+            tenant: self.tenant.clone(),
             status: self
                 .status
                 .as_deref()
