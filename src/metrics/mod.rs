@@ -162,7 +162,7 @@ pub const RELAY_TXN_UNKNOWN: &str = "outbox_relay_transactions_unknown_total";
 pub const RELAY_SLOT_RECOVERIES: &str = "outbox_relay_slot_recoveries_total";
 
 /// Every metric name the code exports, for the dashboard and alert-rule checks.
-pub const ALL: [&str; 41] = [
+pub const ALL: [&str; 42] = [
     RELAY_EXACTLY_ONCE,
     RELAY_TXN_COMMITTED,
     RELAY_TXN_ABORTED,
@@ -197,6 +197,7 @@ pub const ALL: [&str; 41] = [
     CONSUMER_OLDEST_HOLD_SECONDS,
     DLQ_MESSAGES,
     DLQ_OLDEST_AGE,
+    DLQ_TENANT_MESSAGES,
     DLQ_ARCHIVED,
     DLQ_NEW_ERROR_GROUPS,
     DLQ_REPLAYED,

@@ -454,7 +454,18 @@ async fn metrics_equal_the_work_done_stay_bounded_and_cover_the_dashboard_and_ru
     let mut wanted = referenced(&dashboard);
     wanted.extend(referenced(&rules));
     assert!(wanted.len() >= 15, "{wanted:?}");
-    let missing: Vec<&String> = wanted.iter().filter(|m| !exported.contains(*m)).collect();
+    // Exported only by a consumer in strict order, which this one is not: scraped from one by
+    // `console::a_held_key_shows_its_head_and_what_waits_and_dropping_the_head_lets_them_go`.
+    // (Run with the whole binary, that test's gauges used to reach this process's recorder
+    // and hid the gap; run alone, this test named it.)
+    let elsewhere = [
+        "outbox_consumer_held_keys",
+        "outbox_consumer_oldest_hold_seconds",
+    ];
+    let missing: Vec<&String> = wanted
+        .iter()
+        .filter(|m| !exported.contains(*m) && !elsewhere.contains(&m.as_str()))
+        .collect();
     assert!(
         missing.is_empty(),
         "named by the dashboard or rules but not exported: {missing:?}\nexported: {exported:?}"
