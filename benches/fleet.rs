@@ -3,7 +3,8 @@
 //! run → the fleet's throughput as a ratio to the plain relay's, and the most Postgres sessions
 //! the fleet held (its budget is the ceiling it must stay under).
 //!
-//! `cargo bench --bench fleet` (env: TENANTS=200, ROWS=500 per tenant, BUDGET=32, PAIRS=2:
+//! `cargo bench --bench fleet` (env: TENANTS=200, ROWS=500 per tenant, BUDGET=32, PASSES=4
+//! (`--fleet-passes`), PAIRS=2:
 //! fleet and plain relay alternate which goes first); smoke size under cargo test.
 
 #[path = "support/mod.rs"]
@@ -32,21 +33,41 @@ async fn relay_config() -> outbox::RelayConfig {
     c
 }
 
-/// Waits until `topic` holds `n` records; the most sessions seen meanwhile, and the time.
+/// What a drain took.
+struct Drained {
+    /// From start to the last record.
+    secs: f64,
+    /// From start to the first record: the relay (or the fleet and its relays) starting.
+    first_secs: f64,
+    /// The most sessions seen meanwhile.
+    peak: i64,
+}
+
+/// Waits until `topic` holds `n` records.
 async fn drained(
     topic: &str,
     n: i64,
     observer: &tokio_postgres::Client,
     start: Instant,
-) -> (f64, i64) {
+) -> Drained {
     let mut peak = 0;
+    let mut first_secs = None;
     loop {
         peak = peak.max(sessions(observer).await);
-        if outbox_testkit::topic_len(topic).await >= n {
-            return (start.elapsed().as_secs_f64(), peak);
+        let len = outbox_testkit::topic_len(topic).await;
+        if len > 0 && first_secs.is_none() {
+            first_secs = Some(start.elapsed().as_secs_f64());
+        }
+        if len >= n {
+            let secs = start.elapsed().as_secs_f64();
+            return Drained {
+                secs,
+                first_secs: first_secs.unwrap_or(secs),
+                peak,
+            };
         }
         assert!(start.elapsed() < Duration::from_secs(1800), "not drained");
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 
@@ -55,6 +76,7 @@ async fn main() {
     let tenants = param("TENANTS", if full() { 200 } else { 5 });
     let rows = param("ROWS", if full() { 500 } else { 50 });
     let budget = param("BUDGET", 32);
+    let passes = param("PASSES", outbox::fleet::FleetConfig::DEFAULT_PASSES);
     let pairs = param("PAIRS", if full() { 2 } else { 1 });
     let total = (tenants * rows) as i64;
     let observer = outbox::connect(&fresh_db().await).await.unwrap();
@@ -76,11 +98,11 @@ async fn main() {
                 let stop = tokio_util::sync::CancellationToken::new();
                 let start = Instant::now();
                 let run = tokio::spawn(relay.run(stop.clone().cancelled_owned()));
-                let (secs, peak) = drained(&topic, total, &observer, start).await;
+                let d = drained(&topic, total, &observer, start).await;
                 stop.cancel();
                 run.await.unwrap().unwrap();
                 drop_schema(&db).await;
-                results.insert(what, (secs, peak - baseline));
+                results.insert(what, d);
             } else {
                 let control = fresh_db().await;
                 let mut schemas = Vec::new();
@@ -94,33 +116,38 @@ async fn main() {
                 }
                 let mut config = outbox::fleet::FleetConfig::default();
                 config.connection_budget = budget;
+                config.passes = passes;
                 config.relay = relay_config().await;
                 let fleet = outbox::fleet::Fleet::new(&control, &kafka(), config).unwrap();
                 let stop = tokio_util::sync::CancellationToken::new();
                 let start = Instant::now();
                 let run = tokio::spawn(fleet.run(stop.clone().cancelled_owned()));
-                let (secs, peak) = drained(&topic, total, &observer, start).await;
+                let d = drained(&topic, total, &observer, start).await;
                 stop.cancel();
                 run.await.unwrap().unwrap();
                 for db in schemas.iter().chain([&control]) {
                     drop_schema(db).await;
                 }
-                results.insert(what, (secs, peak - baseline));
+                results.insert(what, d);
             }
             delete_topic(&topic).await;
         }
-        let (fleet_secs, fleet_sessions) = results["fleet"];
-        let (plain_secs, plain_sessions) = results["plain"];
+        let (fleet, plain) = (&results["fleet"], &results["plain"]);
+        // The drain alone: from the first record to the last (each side's start excluded).
+        let drain = |d: &Drained| (d.secs - d.first_secs).max(1e-3);
         emit(
             "fleet",
-            serde_json::json!({"tenants": tenants, "rows_per_tenant": rows, "budget": budget, "pair": pair, "first": order[0]}),
+            serde_json::json!({"tenants": tenants, "rows_per_tenant": rows, "budget": budget, "passes": passes, "pair": pair, "first": order[0]}),
             serde_json::json!({
-                "fleet_msgs_per_sec": round2(total as f64 / fleet_secs),
-                "plain_relay_msgs_per_sec": round2(total as f64 / plain_secs),
-                "fleet_to_plain": round2(plain_secs / fleet_secs),
-                "fleet_peak_sessions": fleet_sessions,
-                "plain_peak_sessions": plain_sessions,
-                "sessions_to_budget": round2(fleet_sessions as f64 / budget as f64),
+                "fleet_msgs_per_sec": round2(total as f64 / fleet.secs),
+                "plain_relay_msgs_per_sec": round2(total as f64 / plain.secs),
+                "fleet_to_plain": round2(plain.secs / fleet.secs),
+                "fleet_start_secs": round2(fleet.first_secs),
+                "plain_start_secs": round2(plain.first_secs),
+                "fleet_drain_to_plain_drain": round2(drain(plain) / drain(fleet)),
+                "fleet_peak_sessions": fleet.peak - baseline,
+                "plain_peak_sessions": plain.peak - baseline,
+                "sessions_to_budget": round2((fleet.peak - baseline) as f64 / budget as f64),
             }),
         );
     }

@@ -131,6 +131,10 @@ pub struct Drainer {
     pub weight: u32,
     /// Passes it was given so far.
     pub passes: u64,
+    /// Passes the fleet had given (to any tenant) when this one first asked for a pass, and
+    /// when it was first given one: the difference is how many passes others had while it
+    /// waited for its first.
+    pub first_pass: Option<(u64, Option<u64>)>,
 }
 
 /// The publisher of many outboxes. See the module documentation.
@@ -157,6 +161,7 @@ impl FleetView {
         if let Some(g) = &self.gate {
             for d in &mut v {
                 d.passes = g.granted(seat_id(&d.database, &d.schema));
+                d.first_pass = g.first(seat_id(&d.database, &d.schema));
             }
         }
         v
@@ -313,6 +318,7 @@ impl Fleet {
                             schema: t.schema,
                             weight: t.weight,
                             passes: 0,
+                            first_pass: None,
                         },
                     );
                 }
@@ -330,6 +336,9 @@ impl Fleet {
         let mut config = self.config.relay.clone();
         // The database's shared LISTEN session wakes it.
         config.listen = false;
+        if config.floor_sample_interval.is_zero() {
+            config.floor_sample_interval = RelayConfig::FLEET_FLOOR_SAMPLE_INTERVAL;
+        }
         if d.database != DEFAULT_DATABASE {
             if let Some(eo) = config.exactly_once.as_mut() {
                 // Same schema name in two databases: distinct transactional ids and progress.

@@ -57,6 +57,13 @@ pub struct RelayConfig {
     /// floor back; its rows are published by the next sweep after it commits
     /// (default [`RelayConfig::DEFAULT_LONG_TRANSACTION`]).
     pub long_transaction: Duration,
+    /// How often a claim reads the transactions writing the outbox to move its claim floor
+    /// (`relay/floor.rs`); the claims in between scan from where the floor is. Zero (the
+    /// default): every claim. Reading them copies Postgres's lock table, which a fleet fills
+    /// with its tenants' lane locks, so a fleet (`outbox relay --tenants`) reads them at most
+    /// every [`RelayConfig::FLEET_FLOOR_SAMPLE_INTERVAL`]. Ring storage reads them every claim
+    /// whatever this says (its cursors move only over proven ids).
+    pub floor_sample_interval: Duration,
     /// Claim transactions open at once: while one batch waits for Kafka's acks the next is
     /// claimed and the one before is marked (default [`RelayConfig::DEFAULT_IN_FLIGHT_BATCHES`]; 1 = one
     /// batch at a time). Each takes a pooled connection.
@@ -124,6 +131,9 @@ impl RelayConfig {
     pub const DEFAULT_POLL_INTERVAL: Duration = DEFAULT_POLL_INTERVAL;
     /// Default [`RelayConfig::sweep_interval`].
     pub const DEFAULT_SWEEP_INTERVAL: Duration = DEFAULT_SWEEP_INTERVAL;
+    /// [`RelayConfig::floor_sample_interval`] in a fleet unless set: a tenant's pass of a few
+    /// batches reads no lock table, and a floor under a held snapshot lags at most this.
+    pub const FLEET_FLOOR_SAMPLE_INTERVAL: Duration = Duration::from_millis(250);
     /// Default [`RelayConfig::long_transaction`].
     pub const DEFAULT_LONG_TRANSACTION: Duration = DEFAULT_LONG_TRANSACTION;
     /// Default [`RelayConfig::delivery_timeout`].
@@ -155,6 +165,7 @@ impl Default for RelayConfig {
             rebalance_interval: super::lanes::DEFAULT_REBALANCE_INTERVAL,
             sweep_interval: DEFAULT_SWEEP_INTERVAL,
             long_transaction: DEFAULT_LONG_TRANSACTION,
+            floor_sample_interval: Duration::ZERO,
             in_flight_batches: DEFAULT_IN_FLIGHT_BATCHES,
             exactly_once: None,
             #[cfg(feature = "schemas")]

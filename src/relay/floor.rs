@@ -88,6 +88,11 @@ pub(crate) struct ClaimFloor {
     clean: bool,
     /// See [`ClaimFloor::passed`].
     passed: HashSet<String>,
+    /// The claim under way took no sample ([`ClaimFloor::begin_unsampled`]): its end leaves
+    /// the floor as it is.
+    unsampled: bool,
+    /// When the last sample was taken.
+    last_sample: Option<Instant>,
 }
 
 impl ClaimFloor {
@@ -100,6 +105,44 @@ impl ClaimFloor {
             long_transaction,
             clean: false,
             passed: HashSet::new(),
+            unsampled: false,
+            last_sample: None,
+        }
+    }
+
+    /// Whether the next claim should take a sample (read the writers), when samples are taken
+    /// at most every `every` (zero: every claim). The first claim after start waits `every` too:
+    /// a short-lived pass (a fleet's tenant with a few rows) then reads no lock table at all.
+    pub fn wants_sample(&mut self, every: Duration, now: Instant) -> bool {
+        if every.is_zero() {
+            return true;
+        }
+        let last = *self.last_sample.get_or_insert(now);
+        now.duration_since(last) >= every
+    }
+
+    /// Starts a claim without a sample: it scans from the floor and its end moves nothing
+    /// (no id is proven visible). Lane changes and rewinds apply as in [`ClaimFloor::begin`].
+    pub fn begin_unsampled(&mut self, lanes: &[i32]) -> Begin {
+        self.apply(lanes);
+        self.unsampled = true;
+        Begin {
+            scan_from: self.floor,
+            visible_below: None,
+            clean: self.clean,
+        }
+    }
+
+    fn apply(&mut self, lanes: &[i32]) {
+        if self.lanes != lanes {
+            // Lanes just taken over may hold old pending rows: start from the head once.
+            self.lanes = lanes.to_vec();
+            self.floor = 0;
+            self.clean = false;
+        }
+        if let Some(r) = self.rewind.take() {
+            self.floor = self.floor.min(r);
+            self.clean = false;
         }
     }
 
@@ -129,16 +172,9 @@ impl ClaimFloor {
     /// Starts a claim: applies lane changes and rewinds, records `sample`, and says where to
     /// scan from and how far the claim's statements are proven to see.
     pub fn begin(&mut self, lanes: &[i32], sample: Sample) -> Begin {
-        if self.lanes != lanes {
-            // Lanes just taken over may hold old pending rows: start from the head once.
-            self.lanes = lanes.to_vec();
-            self.floor = 0;
-            self.clean = false;
-        }
-        if let Some(r) = self.rewind.take() {
-            self.floor = self.floor.min(r);
-            self.clean = false;
-        }
+        self.apply(lanes);
+        self.unsampled = false;
+        self.last_sample = Some(sample.at);
         let now = sample.at;
         let running: HashSet<String> = sample.writers.iter().cloned().collect();
         self.samples.push_back(sample);
@@ -156,6 +192,9 @@ impl ClaimFloor {
     /// `left_pending` (the lowest row below that bound still pending after the claim) when there
     /// is one. `None` leaves it where it is.
     pub fn finish(&mut self, bound: Option<i64>, left_pending: Option<i64>) {
+        if std::mem::take(&mut self.unsampled) {
+            return;
+        }
         if let Some(bound) = bound {
             self.floor = left_pending.map_or(bound, |l| l.min(bound));
         }
@@ -235,6 +274,36 @@ mod tests {
         f.finish(b.bound(None), Some(25));
         assert_eq!(f.get(), 25);
         assert!(!f.begin(LANES, sample(t0, 30, 30, &[])).clean);
+    }
+
+    #[test]
+    fn unsampled_claims_leave_the_floor_and_samples_come_every_interval() {
+        let t0 = Instant::now();
+        let every = Duration::from_millis(200);
+        let mut f = ClaimFloor::new(Duration::from_secs(60));
+        // The first claim after start waits an interval: no sample.
+        assert!(!f.wants_sample(every, t0));
+        let b = f.begin_unsampled(LANES);
+        assert_eq!(b.visible_below, None);
+        f.finish(b.bound(None), None);
+        assert_eq!(f.get(), 0);
+        assert!(!f.wants_sample(every, t0 + Duration::from_millis(199)));
+        assert!(f.wants_sample(every, t0 + Duration::from_millis(200)));
+        let b = f.begin(LANES, sample(t0, 200, 50, &[]));
+        assert_eq!(b.visible_below, Some(51));
+        f.finish(b.bound(None), None);
+        assert_eq!(f.get(), 51);
+        // An unsampled claim keeps it there, even if told a bound, and keeps it clean.
+        assert!(!f.wants_sample(every, t0 + Duration::from_millis(300)));
+        let b = f.begin_unsampled(LANES);
+        assert_eq!((b.scan_from, b.clean), (51, true));
+        f.finish(Some(90), None);
+        assert_eq!(f.get(), 51);
+        // A rewind applies to an unsampled claim too.
+        f.rewind_to(7);
+        assert_eq!(f.begin_unsampled(LANES).scan_from, 7);
+        // Zero: every claim samples.
+        assert!(f.wants_sample(Duration::ZERO, t0));
     }
 
     #[test]

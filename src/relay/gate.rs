@@ -172,6 +172,24 @@ struct State {
     seq: u64,
     /// Passes granted per tenant (for tests and the status view).
     granted: HashMap<u64, u64>,
+    /// Passes granted to all tenants so far.
+    total: u64,
+    /// Per tenant, `total` when it first asked and when it was first granted a pass: the
+    /// passes others got while it waited for its first (what "drained within two rounds" is
+    /// measured by).
+    first: HashMap<u64, (u64, Option<u64>)>,
+}
+
+impl State {
+    /// Counts a pass granted to `tenant`.
+    fn grant(&mut self, tenant: u64) {
+        *self.granted.entry(tenant).or_default() += 1;
+        let total = self.total;
+        if let Some((_, g @ None)) = self.first.get_mut(&tenant) {
+            *g = Some(total);
+        }
+        self.total += 1;
+    }
 }
 
 struct Waiter {
@@ -204,6 +222,8 @@ impl Gate {
                 waiting: Vec::new(),
                 seq: 0,
                 granted: HashMap::new(),
+                total: 0,
+                first: HashMap::new(),
             })),
         }
     }
@@ -221,10 +241,12 @@ impl Gate {
                 .max(s.virtual_time);
             s.finish
                 .insert(tenant, start + 1.0 / f64::from(weight.clamp(1, 100)));
+            let total = s.total;
+            s.first.entry(tenant).or_insert((total, None));
             if s.free > 0 && s.waiting.is_empty() {
                 s.free -= 1;
                 s.virtual_time = start;
-                *s.granted.entry(tenant).or_default() += 1;
+                s.grant(tenant);
                 return Permit {
                     gate: Some(self.clone()),
                 };
@@ -265,7 +287,7 @@ impl Gate {
                 continue;
             }
             s.virtual_time = s.virtual_time.max(w.tag);
-            *s.granted.entry(w.tenant).or_default() += 1;
+            s.grant(w.tenant);
             let permit = Permit {
                 gate: Some(self.clone()),
             };
@@ -276,6 +298,13 @@ impl Gate {
                 Err(mut p) => {
                     p.gate = None;
                     *s.granted.entry(w.tenant).or_default() -= 1;
+                    s.total -= 1;
+                    let total = s.total;
+                    if let Some((_, g)) = s.first.get_mut(&w.tenant) {
+                        if *g == Some(total) {
+                            *g = None;
+                        }
+                    }
                 }
             }
         }
@@ -286,6 +315,13 @@ impl Gate {
         let mut s = self.inner.lock().expect("gate");
         s.finish.remove(&tenant);
         s.granted.remove(&tenant);
+        s.first.remove(&tenant);
+    }
+
+    /// How many passes the gate had granted (to anyone) when `tenant` first asked, and when
+    /// it was first granted one.
+    pub(crate) fn first(&self, tenant: u64) -> Option<(u64, Option<u64>)> {
+        self.inner.lock().expect("gate").first.get(&tenant).copied()
     }
 
     /// Passes granted to `tenant` so far.

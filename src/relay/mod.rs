@@ -497,16 +497,34 @@ impl Relay {
         ahead: Option<Ahead>,
     ) -> Result<Claimed, RelayError> {
         let c = tx.client();
-        let sample = c.prepare_cached(&self.stmts.sample).await?;
+        let sampling = self
+            .floor
+            .lock()
+            .expect("floor lock")
+            .wants_sample(self.config.floor_sample_interval, Instant::now());
+        let sample = c
+            .prepare_cached(if sampling {
+                &self.stmts.sample
+            } else {
+                &self.stmts.sample_lean
+            })
+            .await?;
         let ((), sampled) =
             futures::try_join!(c.batch_execute("BEGIN"), c.query_one(&sample, &[]))?;
-        let sample = Sample {
-            at: Instant::now(),
-            max_id: sampled.get(0),
-            writers: sampled.get(1),
-        };
         let some_not_due: bool = sampled.get(2);
-        let begin = self.floor.lock().expect("floor lock").begin(&lanes, sample);
+        let begin = if sampling {
+            let sample = Sample {
+                at: Instant::now(),
+                max_id: sampled.get(0),
+                writers: sampled.get(1),
+            };
+            self.floor.lock().expect("floor lock").begin(&lanes, sample)
+        } else {
+            self.floor
+                .lock()
+                .expect("floor lock")
+                .begin_unsampled(&lanes)
+        };
         let batch = i64::try_from(limit).unwrap_or(i64::MAX);
         metrics::gauge!(crate::metrics::OUTBOX_LANES_OWNED).set(lanes.len() as f64);
         let claim_started = Instant::now();

@@ -80,6 +80,15 @@ SELECT coalesce((SELECT max(m.id) FROM {s}.outbox AS m), 0),
        EXISTS (SELECT 1 FROM {s}.outbox AS h
                 WHERE h.status = 'pending' AND h.available_at > now())";
 
+/// [`SAMPLE`] without the writers (`NULL`): for a claim that does not move the floor
+/// (`RelayConfig::floor_sample_interval`), so it spares the copy of Postgres's lock table that
+/// reading `pg_locks` takes — with a fleet's thousands of lane locks, most of a small claim.
+pub(super) const SAMPLE_LEAN: &str = "\
+SELECT coalesce((SELECT max(m.id) FROM {s}.outbox AS m), 0),
+       NULL::text[],
+       EXISTS (SELECT 1 FROM {s}.outbox AS h
+                WHERE h.status = 'pending' AND h.available_at > now())";
+
 /// Last statement of a claim transaction (after the marks, so this pass's sent rows are no longer
 /// pending to it): the lowest row of the relay's lanes (`$3`) still pending in `[$1, $2)`, the
 /// ids between the old floor and where the floor would move. Whatever is there — held back,
