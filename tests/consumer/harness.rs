@@ -301,3 +301,133 @@ async fn in_place_retries_call_handlers_and_the_sqlx_driver() {
         1
     );
 }
+
+/// Tenant routing (`ConsumerConfig::tenants`) as a stranger would probe it: an `x-tenant`
+/// that is no tenant name (empty, a path, a control character, 100,000 bytes), one nobody
+/// registered, and one whose database this consumer was not given are dead-lettered saying
+/// why (a long value shown cut), never a panic; a tenant whose database is down (a closed
+/// loopback port) fails that message transiently, for its retry; a registered one is handled
+/// in its schema. `default` as a database name and tenant routing on the sqlx driver are
+/// refused at start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tenant_routing_refuses_what_it_cannot_route_and_handles_the_rest_in_their_schema() {
+    use outbox::consumer::TenantRouting;
+    use outbox::fleet::Tenant;
+    let (db, _c) = setup().await;
+    let acme = fresh_db().await;
+    client(&acme)
+        .await
+        .batch_execute("CREATE TABLE seen (id text PRIMARY KEY)")
+        .await
+        .unwrap();
+    outbox::fleet::put_tenant(&db, &Tenant::new("acme", acme.schema.clone()).unwrap())
+        .await
+        .unwrap();
+    let mut far = Tenant::new("far", acme.schema.clone()).unwrap();
+    far.database = "shard9".into();
+    outbox::fleet::put_tenant(&db, &far).await.unwrap();
+    let mut down = Tenant::new("down", acme.schema.clone()).unwrap();
+    down.database = "closed".into();
+    outbox::fleet::put_tenant(&db, &down).await.unwrap();
+
+    struct Seen;
+    impl outbox::consumer::Handler for Seen {
+        fn handle<'a>(
+            &'a self,
+            msg: &'a Delivered,
+            tx: &'a tokio_postgres::Transaction<'a>,
+        ) -> BoxFuture<'a, Result<(), HandlerError>> {
+            Box::pin(async move {
+                tx.execute("INSERT INTO seen VALUES ($1)", &[&msg.message_id])
+                    .await?;
+                Ok(())
+            })
+        }
+    }
+    let topic = "orders.created";
+    let mut config = ConsumerConfig::new("billing", [topic]);
+    config.retry = RetryStrategy::Topics {
+        delays: vec![Duration::from_secs(5)],
+    };
+    let mut routing = TenantRouting::default();
+    let closed = format!(
+        "postgres://outbox:outbox@127.0.0.1:{}/outbox?connect_timeout=2",
+        free_port()
+    );
+    routing.databases.insert(
+        "closed".into(),
+        outbox::DbConfig::new(&closed, "public").unwrap(),
+    );
+    config.tenants = Some(routing.clone());
+    let h = Consumer::new(&db, &kafka(), config.clone())
+        .unwrap()
+        .handler("order_created", Seen)
+        .harness()
+        .await
+        .unwrap();
+    let with_tenant = |t: &str| {
+        let mut d = order(topic, serde_json::json!({}));
+        d.headers
+            .push(("x-tenant".into(), Some(t.as_bytes().to_vec())));
+        d
+    };
+    let long = "t".repeat(100_000);
+    for (tenant, says) in [
+        ("", "is not a tenant name"),
+        ("../etc", "is not a tenant name"),
+        ("a\u{7}b", "is not a tenant name"),
+        (long.as_str(), "is not a tenant name"),
+        ("ghost", "tenant ghost is not in the registry"),
+        (
+            "far",
+            "its database shard9 is not configured on this consumer",
+        ),
+    ] {
+        match h.deliver(with_tenant(tenant)).await {
+            Verdict::DeadLettered { kind, error, .. } => {
+                assert_eq!(kind, DeadLetterKind::Permanent, "{error}");
+                assert!(error.contains(says), "{error}");
+                assert!(error.len() < 1_000, "{} bytes of error", error.len());
+            }
+            other => panic!("{:?}: {other:?}", &tenant[..tenant.len().min(20)]),
+        }
+    }
+    match h.deliver(with_tenant("down")).await {
+        Verdict::Retried { record } => {
+            let e = record.header("x-error").unwrap_or_default();
+            assert!(e.contains("tenant down: database closed"), "{e}");
+            assert!(!e.contains("outbox:outbox@"), "{e}");
+        }
+        other => panic!("{other:?}"),
+    }
+    let ok = with_tenant("acme");
+    assert!(matches!(
+        h.deliver(ok.clone()).await,
+        Verdict::Handled { .. }
+    ));
+    assert!(matches!(h.deliver(ok.clone()).await, Verdict::Duplicate));
+    assert_eq!(
+        texts(&client(&acme).await, "SELECT id FROM seen").await,
+        [ok.message_id.clone()]
+    );
+
+    let mut bad = routing.clone();
+    bad.databases.insert(
+        "default".into(),
+        outbox::DbConfig::new(&closed, "public").unwrap(),
+    );
+    config.tenants = Some(bad);
+    let refused = Consumer::new(&db, &kafka(), config.clone())
+        .unwrap()
+        .handler("order_created", Seen)
+        .harness()
+        .await;
+    assert!(refused.is_err_and(|e| e.to_string().contains("\"default\" is the consumer's own")),);
+    config.tenants = Some(routing);
+    config.driver = Driver::Sqlx(sqlx_pool(&db, 2).await);
+    let refused = Consumer::new(&db, &kafka(), config);
+    assert!(
+        refused.is_err_and(|e| e.to_string().contains("needs the tokio-postgres driver")),
+        "sqlx with tenant routing"
+    );
+}
