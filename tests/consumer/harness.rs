@@ -408,7 +408,7 @@ async fn tenant_routing_refuses_what_it_cannot_route_and_handles_the_rest_in_the
     assert!(matches!(h.deliver(ok.clone()).await, Verdict::Duplicate));
     assert_eq!(
         texts(&client(&acme).await, "SELECT id FROM seen").await,
-        [ok.message_id.clone()]
+        std::slice::from_ref(&ok.message_id)
     );
 
     let mut bad = routing.clone();
