@@ -4,7 +4,7 @@
 //! the fleet held (its budget is the ceiling it must stay under).
 //!
 //! `cargo bench --bench fleet` (env: TENANTS=200, ROWS=500 per tenant, BUDGET=32, PASSES=4
-//! (`--fleet-passes`), PAIRS=2:
+//! (`--fleet-passes`), LINGER_MS=0 (both sides' producers), PAIRS=2:
 //! fleet and plain relay alternate which goes first); smoke size under cargo test.
 
 #[path = "support/mod.rs"]
@@ -41,6 +41,8 @@ struct Drained {
     first_secs: f64,
     /// The most sessions seen meanwhile.
     peak: i64,
+    /// CPU used meanwhile by Postgres, Kafka and this process (the relays).
+    cpu: Cpu,
 }
 
 /// Waits until `topic` holds `n` records.
@@ -52,6 +54,7 @@ async fn drained(
 ) -> Drained {
     let mut peak = 0;
     let mut first_secs = None;
+    let cpu_before = cpu_seconds();
     loop {
         peak = peak.max(sessions(observer).await);
         let len = outbox_testkit::topic_len(topic).await;
@@ -64,6 +67,7 @@ async fn drained(
                 secs,
                 first_secs: first_secs.unwrap_or(secs),
                 peak,
+                cpu: cpu_seconds().since(&cpu_before),
             };
         }
         assert!(start.elapsed() < Duration::from_secs(1800), "not drained");
@@ -77,6 +81,15 @@ async fn main() {
     let rows = param("ROWS", if full() { 500 } else { 50 });
     let budget = param("BUDGET", 32);
     let passes = param("PASSES", outbox::fleet::FleetConfig::DEFAULT_PASSES);
+    // linger.ms for both sides' producers (the relay's default is 0).
+    let linger = param("LINGER_MS", 0);
+    let kafka = || {
+        let mut k = kafka();
+        if linger > 0 {
+            k.set_from_pair(&format!("linger.ms={linger}")).unwrap();
+        }
+        k
+    };
     let pairs = param("PAIRS", if full() { 2 } else { 1 });
     let total = (tenants * rows) as i64;
     let observer = outbox::connect(&fresh_db().await).await.unwrap();
@@ -135,9 +148,10 @@ async fn main() {
         let (fleet, plain) = (&results["fleet"], &results["plain"]);
         // The drain alone: from the first record to the last (each side's start excluded).
         let drain = |d: &Drained| (d.secs - d.first_secs).max(1e-3);
+        let per_msg = |secs: f64| round2(secs * 1e6 / total as f64);
         emit(
             "fleet",
-            serde_json::json!({"tenants": tenants, "rows_per_tenant": rows, "budget": budget, "passes": passes, "pair": pair, "first": order[0]}),
+            serde_json::json!({"tenants": tenants, "rows_per_tenant": rows, "budget": budget, "passes": passes, "linger_ms": linger, "pair": pair, "first": order[0]}),
             serde_json::json!({
                 "fleet_msgs_per_sec": round2(total as f64 / fleet.secs),
                 "plain_relay_msgs_per_sec": round2(total as f64 / plain.secs),
@@ -145,6 +159,12 @@ async fn main() {
                 "fleet_start_secs": round2(fleet.first_secs),
                 "plain_start_secs": round2(plain.first_secs),
                 "fleet_drain_to_plain_drain": round2(drain(plain) / drain(fleet)),
+                // Where the time goes: CPU per message, each side's over the same rows.
+                "cpu_us_per_msg": {
+                    "fleet": {"machine": per_msg(fleet.cpu.machine), "kafka": per_msg(fleet.cpu.kafka), "relay": per_msg(fleet.cpu.relay)},
+                    "plain": {"machine": per_msg(plain.cpu.machine), "kafka": per_msg(plain.cpu.kafka), "relay": per_msg(plain.cpu.relay)},
+                },
+                "fleet_cpu_to_plain_cpu": round2(fleet.cpu.machine / plain.cpu.machine.max(1e-3)),
                 "fleet_peak_sessions": fleet.peak - baseline,
                 "plain_peak_sessions": plain.peak - baseline,
                 "sessions_to_budget": round2((fleet.peak - baseline) as f64 / budget as f64),

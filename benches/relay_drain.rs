@@ -179,75 +179,18 @@ async fn drain_with(s: Setup, rows: usize, batch: usize, keys: usize) -> serde_j
 /// The delaying proxy's thread (`PG_DELAY_MS`), whose CPU time is not the relay's.
 static PROXY_THREAD: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
 
-/// CPU time (user + system) used so far by Postgres's processes, the Kafka broker (the JVM),
-/// this process (the relays) and the delaying proxy's thread in it, from `/proc` (zero where it
-/// cannot be read).
-#[derive(Default)]
-struct Cpu {
-    postgres: f64,
-    kafka: f64,
-    relay: f64,
-    proxy: f64,
-    /// The tracing backend (dev/jaeger.sh), busy only while spans are exported.
-    jaeger: f64,
-    /// Wall-clock seconds (for differences).
-    wall: f64,
-}
-
-impl Cpu {
-    fn since(&self, before: &Cpu) -> Cpu {
-        Cpu {
-            postgres: self.postgres - before.postgres,
-            kafka: self.kafka - before.kafka,
-            relay: self.relay - before.relay,
-            proxy: self.proxy - before.proxy,
-            jaeger: self.jaeger - before.jaeger,
-            wall: self.wall - before.wall,
-        }
-    }
-}
-
+/// [`support::cpu_seconds`], with the delaying proxy's thread (in this process) counted apart
+/// from the relays.
 fn cpu_seconds() -> Cpu {
-    // utime and stime are fields 14 and 15 of /proc/<pid>/stat, in clock ticks (100 per second
-    // on Linux); the command name (field 2) is in parentheses and may hold spaces.
-    let ticks = |stat: &str| -> Option<(String, f64)> {
-        let (head, tail) = stat.rsplit_once(')')?;
-        let comm = head.split_once('(')?.1.to_owned();
+    let mut cpu = support::cpu_seconds();
+    let ticks = |stat: &str| -> Option<f64> {
+        let (_, tail) = stat.rsplit_once(')')?;
         let f: Vec<&str> = tail.split_whitespace().collect();
-        let t = f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?;
-        Some((comm, t / 100.0))
+        Some((f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?) / 100.0)
     };
-    let mut cpu = Cpu {
-        wall: std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0.0, |d| d.as_secs_f64()),
-        ..Cpu::default()
-    };
-    let me = std::process::id().to_string();
-    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-        let name = entry.file_name().to_string_lossy().into_owned();
-        if !name.bytes().all(|b| b.is_ascii_digit()) {
-            continue;
-        }
-        let Some((comm, secs)) = std::fs::read_to_string(entry.path().join("stat"))
-            .ok()
-            .and_then(|s| ticks(&s))
-        else {
-            continue;
-        };
-        if name == me {
-            cpu.relay += secs;
-        } else if comm == "postgres" {
-            cpu.postgres += secs;
-        } else if comm == "java" {
-            cpu.kafka += secs;
-        } else if comm.starts_with("jaeger") {
-            cpu.jaeger += secs;
-        }
-    }
     if let Some(tid) = PROXY_THREAD.get() {
         let stat = std::fs::read_to_string(format!("/proc/self/task/{tid}/stat")).ok();
-        if let Some((_, secs)) = stat.as_deref().and_then(ticks) {
+        if let Some(secs) = stat.as_deref().and_then(ticks) {
             cpu.proxy = secs;
             cpu.relay -= secs;
         }

@@ -370,3 +370,90 @@ pub fn tracing_off(guard: Option<outbox_otlp::Guard>) -> Option<serde_json::Valu
     tracing_at(None);
     spans
 }
+
+/// CPU time (user + system) used so far by Postgres's processes, the Kafka broker (the JVM)
+/// and this process (the relays), from `/proc` (zero where it cannot be read). `proxy` is a
+/// bench's own to fill (`relay_drain.rs`: its delaying proxy's thread).
+#[derive(Default)]
+pub struct Cpu {
+    pub postgres: f64,
+    pub kafka: f64,
+    pub relay: f64,
+    pub proxy: f64,
+    /// The tracing backend (dev/jaeger.sh), busy only while spans are exported.
+    pub jaeger: f64,
+    /// Every process of the machine (`/proc/stat`, busy time of all cores): Postgres's
+    /// sessions that ended meanwhile are still in it.
+    pub machine: f64,
+    /// Wall-clock seconds (for differences).
+    pub wall: f64,
+}
+
+impl Cpu {
+    pub fn since(&self, before: &Cpu) -> Cpu {
+        Cpu {
+            postgres: self.postgres - before.postgres,
+            kafka: self.kafka - before.kafka,
+            relay: self.relay - before.relay,
+            proxy: self.proxy - before.proxy,
+            jaeger: self.jaeger - before.jaeger,
+            machine: self.machine - before.machine,
+            wall: self.wall - before.wall,
+        }
+    }
+}
+
+pub fn cpu_seconds() -> Cpu {
+    // utime and stime are fields 14 and 15 of /proc/<pid>/stat, in clock ticks (100 per second
+    // on Linux); the command name (field 2) is in parentheses and may hold spaces.
+    let ticks = |stat: &str| -> Option<(String, f64)> {
+        let (head, tail) = stat.rsplit_once(')')?;
+        let comm = head.split_once('(')?.1.to_owned();
+        let f: Vec<&str> = tail.split_whitespace().collect();
+        let t = f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?;
+        Some((comm, t / 100.0))
+    };
+    let mut cpu = Cpu {
+        wall: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_secs_f64()),
+        ..Cpu::default()
+    };
+    // The first line of /proc/stat: user nice system idle iowait irq softirq steal … in ticks.
+    if let Some(line) = std::fs::read_to_string("/proc/stat")
+        .ok()
+        .and_then(|s| s.lines().next().map(str::to_owned))
+    {
+        let f: Vec<f64> = line
+            .split_whitespace()
+            .skip(1)
+            .filter_map(|v| v.parse().ok())
+            .collect();
+        if f.len() >= 8 {
+            cpu.machine = (f[0] + f[1] + f[2] + f[5] + f[6] + f[7]) / 100.0;
+        }
+    }
+    let me = std::process::id().to_string();
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if !name.bytes().all(|b| b.is_ascii_digit()) {
+            continue;
+        }
+        let Some((comm, secs)) = std::fs::read_to_string(entry.path().join("stat"))
+            .ok()
+            .and_then(|s| ticks(&s))
+        else {
+            continue;
+        };
+        if name == me {
+            cpu.relay += secs;
+        } else if comm == "postgres" {
+            cpu.postgres += secs;
+        } else if comm == "java" {
+            cpu.kafka += secs;
+        } else if comm.starts_with("jaeger") {
+            cpu.jaeger += secs;
+        }
+    }
+    cpu
+}
