@@ -10,6 +10,8 @@ use tokio_postgres::types::ToSql;
 
 use super::{invalid, DlqError};
 use crate::message::rfc3339;
+// A value given back in an error is cut and escaped: a filter may be 100,000 bytes of anything.
+use crate::schema::shown;
 
 /// A dead letter's status in the archive.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -42,7 +44,8 @@ impl FromStr for Status {
             "replayed" => Ok(Self::Replayed),
             "dropped" => Ok(Self::Dropped),
             other => invalid(format!(
-                "invalid status {other:?}: expected new, replayed or dropped"
+                "invalid status {}: expected new, replayed or dropped",
+                shown(other)
             )),
         }
     }
@@ -157,7 +160,8 @@ impl Filter {
             if let Some(v) = v {
                 if v.is_empty() || v.len() > 1000 || v.contains('\u{0}') {
                     return invalid(format!(
-                        "invalid {name} {v:?}: give 1 to 1000 characters, no NUL"
+                        "invalid {name} {}: give 1 to 1000 characters, no NUL",
+                        shown(v)
                     ));
                 }
             }
@@ -165,7 +169,8 @@ impl Filter {
         if let Some(k) = &self.kind {
             if !KINDS.contains(&k.as_str()) && k != "unknown" {
                 return invalid(format!(
-                    "invalid kind {k:?}: expected one of {}, unknown",
+                    "invalid kind {}: expected one of {}, unknown",
+                    shown(k),
                     KINDS.join(", ")
                 ));
             }

@@ -748,6 +748,28 @@ async fn hostile_values_get_a_clear_4xx_never_a_panic_and_confirmations_hold() {
         let (code, body) = blocking(move || get(port, &path, Some(VIEWER), "127.0.0.1")).await;
         assert_eq!(code, 200, "since={since}: {body}");
     }
+    // The tenant filter: NUL and over-long values are a 400 that does not echo them whole; a
+    // tenant without letters lists nothing; a viewer may list, not replay by it.
+    for (q, want) in [
+        ("tenant=a%00b".to_owned(), 400),
+        (format!("tenant={}", "t".repeat(5_000)), 400),
+        ("tenant=nobody".to_owned(), 200),
+    ] {
+        let path = format!("/api/dlq/messages?{q}");
+        let (code, body) = blocking(move || get(port, &path, Some(VIEWER), "127.0.0.1")).await;
+        assert_eq!(code, want, "{}: {body}", &q[..q.len().min(40)]);
+        assert!(body.len() < 2_000, "{} bytes answered", body.len());
+    }
+    let (code, _) = blocking(move || {
+        post(
+            port,
+            "/api/dlq/replay",
+            VIEWER,
+            r#"{"tenant": "acme", "dry_run": true}"#,
+        )
+    })
+    .await;
+    assert_eq!(code, 403);
     let p = |path: &'static str, body: String| async move {
         blocking(move || post(port, path, OPERATOR, &body)).await
     };
@@ -1188,43 +1210,28 @@ async fn fleet_flags_and_tenant_verbs_refuse_hostile_input_without_echoing_secre
     let url_with_secret = format!("postgres://u:{SECRET}@127.0.0.1:1/db");
     let cases: Vec<(Vec<String>, &str)> = vec![
         (
-            vec!["relay", "--tenants", "--connection-budget", "0"]
-                .into_iter()
-                .map(String::from)
-                .collect(),
+            owned(&["relay", "--tenants", "--connection-budget", "0"]),
             "connection budget 0",
         ),
         (
-            vec![
+            owned(&[
                 "relay",
                 "--tenants",
                 "--connection-budget",
                 "99999999999999999999999",
-            ]
-            .into_iter()
-            .map(String::from)
-            .collect(),
+            ]),
             "connection-budget",
         ),
         (
-            vec!["relay", "--tenants", "--fleet-passes", "0"]
-                .into_iter()
-                .map(String::from)
-                .collect(),
+            owned(&["relay", "--tenants", "--fleet-passes", "0"]),
             "at least 1",
         ),
         (
-            vec!["relay", "--tenants", "--fleet-quantum", "0"]
-                .into_iter()
-                .map(String::from)
-                .collect(),
+            owned(&["relay", "--tenants", "--fleet-quantum", "0"]),
             "at least 1",
         ),
         (
-            vec!["relay", "--tenants", "--fleet-passes", "-3"]
-                .into_iter()
-                .map(String::from)
-                .collect(),
+            owned(&["relay", "--tenants", "--fleet-passes", "-3"]),
             "unexpected argument",
         ),
         (
@@ -1274,20 +1281,17 @@ async fn fleet_flags_and_tenant_verbs_refuse_hostile_input_without_echoing_secre
             "1 to 63",
         ),
         (
-            vec![
+            owned(&[
                 "tenants",
                 "add",
                 "bell\u{7}\u{1b}[2J",
                 "--tenant-schema",
                 "s",
-            ]
-            .into_iter()
-            .map(String::from)
-            .collect(),
+            ]),
             "1 to 63",
         ),
         (
-            vec![
+            owned(&[
                 "tenants",
                 "add",
                 "t",
@@ -1295,14 +1299,11 @@ async fn fleet_flags_and_tenant_verbs_refuse_hostile_input_without_echoing_secre
                 "s",
                 "--weight",
                 "4294967296",
-            ]
-            .into_iter()
-            .map(String::from)
-            .collect(),
+            ]),
             "weight",
         ),
         (
-            vec![
+            owned(&[
                 "tenants",
                 "add",
                 "t",
@@ -1310,10 +1311,7 @@ async fn fleet_flags_and_tenant_verbs_refuse_hostile_input_without_echoing_secre
                 "s",
                 "--weight",
                 "101",
-            ]
-            .into_iter()
-            .map(String::from)
-            .collect(),
+            ]),
             "weight 101",
         ),
         (
@@ -1350,6 +1348,28 @@ async fn fleet_flags_and_tenant_verbs_refuse_hostile_input_without_echoing_secre
                 url_with_secret.clone(),
             ],
             "NAME=URL",
+        ),
+        // --tenants / --tenant on status, cleanup and migrate; --tenant on dlq selections.
+        (owned(&["status", "--tenant", &huge]), "1 to 63"),
+        (
+            owned(&["cleanup", "--tenant", "bell\u{7}\u{1b}[2J"]),
+            "1 to 63",
+        ),
+        (
+            owned(&["status", "--tenants", "--tenant", "acme"]),
+            "cannot be used with",
+        ),
+        (
+            owned(&["cleanup", "--tenants", "--database", &url_with_secret]),
+            "NAME=URL",
+        ),
+        (
+            owned(&["status", "--database", &format!("x={url_with_secret}")]),
+            "--database needs --tenants",
+        ),
+        (
+            owned(&["dlq", "list", "--tenant", &huge]),
+            "1 to 1000 characters",
         ),
     ];
     for (args, says) in &cases {
@@ -1411,4 +1431,9 @@ async fn fleet_flags_and_tenant_verbs_refuse_hostile_input_without_echoing_secre
     assert!(t.contains("permission denied"), "{t}");
     assert!(!t.contains(SECRET), "{t}");
     c.batch_execute(&format!("DROP ROLE {role}")).await.unwrap();
+}
+
+/// Owned arguments, for a table of command lines some of whose words are built.
+fn owned(args: &[&str]) -> Vec<String> {
+    args.iter().map(|a| (*a).to_owned()).collect()
 }
