@@ -13,6 +13,7 @@ use super::drain::process_drain;
 use super::driver::Kind;
 use super::envelope::Fate;
 use super::envelope::{Done, DoneItem, Envelope, LaneKey};
+use super::handler::Delivered;
 use super::held::process_keyed;
 use super::process::{process, process_batch};
 use super::runtime::Runtime;
@@ -171,12 +172,12 @@ impl Runtime<'_> {
                 .then(|| self.batch_of(&batch[0].1))
                 .flatten()
             {
-                let tenant = tenant_of(&batch[0].1);
+                let tenant = tenant_of(&batch[0].1).map(str::to_owned);
                 self.gather(&mut batch, max, |rt, e| {
                     rt.allowed(mode, e)
                         && !rt.shared.holds.may_hold(e)
                         && rt.batch_of(e).is_some_and(|(t, _)| t == ty)
-                        && tenant_of(e) == tenant
+                        && tenant_of(e) == tenant.as_deref()
                 });
             } else if !drain && !probe && !keyed && self.single(&batch[0].1) {
                 // A commit group (`commit_group.rs`), only when more heads wait than slots are free:
@@ -185,13 +186,13 @@ impl Runtime<'_> {
                 let waiting = self.ready.len() + 1;
                 let size = waiting.div_ceil(free).min(self.shared.config.commit_group);
                 if size > 1 {
-                    let tenant = tenant_of(&batch[0].1);
+                    let tenant = tenant_of(&batch[0].1).map(str::to_owned);
                     self.gather(&mut batch, size, |rt, e| {
                         rt.allowed(mode, e)
                             && !e.drain
                             && !rt.shared.holds.may_hold(e)
                             && rt.single(e)
-                            && tenant_of(e) == tenant
+                            && tenant_of(e) == tenant.as_deref()
                     });
                 }
             }
@@ -250,9 +251,6 @@ impl Runtime<'_> {
 
 /// The tenant of a decoded message (`x-tenant`): one transaction never mixes tenants, since
 /// with tenant routing each tenant's transactions run in its own database.
-fn tenant_of(env: &Envelope) -> Option<String> {
-    env.decoded
-        .as_ref()
-        .ok()
-        .and_then(|d| d.tenant().map(str::to_owned))
+fn tenant_of(env: &Envelope) -> Option<&str> {
+    env.decoded.as_ref().ok().and_then(Delivered::tenant)
 }

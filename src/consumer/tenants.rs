@@ -20,7 +20,7 @@ use deadpool_postgres::Pool;
 use super::handler::HandlerError;
 use super::inbox::Inbox;
 use crate::config::DbConfig;
-use crate::fleet::{Tenant, DEFAULT_DATABASE};
+use crate::fleet::{validate_database_name, validate_tenant_name, DEFAULT_DATABASE};
 use crate::schema::{shown, Schema};
 use crate::sql::{render, tenants as sql};
 
@@ -100,15 +100,7 @@ impl Router {
                 ));
             }
             // A name the registry could never hold is a typo here: refused, not ignored.
-            Tenant {
-                tenant: "t".into(),
-                database: name.clone(),
-                schema: schema.clone(),
-                enabled: true,
-                weight: 1,
-            }
-            .validate()
-            .map_err(|e| e.to_string())?;
+            validate_database_name(name).map_err(|e| e.to_string())?;
             let mut db = db.clone();
             db.pool_size = routing.pool_size.max(1);
             let pool = crate::db::pool(&db).map_err(|e| format!("database {name}: {e}"))?;
@@ -137,7 +129,7 @@ impl Router {
                 return Ok(t.clone());
             }
         }
-        if Tenant::new(tenant, self.control_schema.clone()).is_err() {
+        if validate_tenant_name(tenant).is_err() {
             return Err(HandlerError::permanent(format!(
                 "x-tenant {} is not a tenant name",
                 shown(tenant)

@@ -22,6 +22,7 @@ mod shared;
 use crate::relay::RelayError;
 
 pub use registry::{put_tenant, remove_tenant, tenants, Tenant, DEFAULT_DATABASE};
+pub(crate) use registry::{validate_database_name, validate_tenant_name};
 #[cfg(feature = "relay")]
 pub use run::{Drainer, Fleet, FleetConfig, FleetView};
 

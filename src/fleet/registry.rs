@@ -47,19 +47,7 @@ impl Tenant {
     /// # Errors
     /// [`FleetError::Invalid`] naming the field and the rule.
     pub fn validate(&self) -> Result<(), FleetError> {
-        let name_ok = !self.tenant.is_empty()
-            && self.tenant.len() <= 63
-            && self.tenant.as_bytes()[0].is_ascii_alphanumeric()
-            && self
-                .tenant
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b));
-        if !name_ok {
-            return Err(FleetError::Invalid(format!(
-                "tenant {}: 1 to 63 letters, digits, `_`, `.` or `-`, starting with a letter or digit",
-                shown(&self.tenant)
-            )));
-        }
+        validate_tenant_name(&self.tenant)?;
         validate_database_name(&self.database)?;
         if !(1..=100).contains(&self.weight) {
             return Err(FleetError::Invalid(format!(
@@ -90,9 +78,26 @@ impl Tenant {
     }
 }
 
+/// Checks a tenant's name (the registry's rule; also what a consumer accepts in `x-tenant`).
+pub(crate) fn validate_tenant_name(name: &str) -> Result<(), FleetError> {
+    let ok = !name.is_empty()
+        && name.len() <= 63
+        && name.as_bytes()[0].is_ascii_alphanumeric()
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b));
+    if ok {
+        return Ok(());
+    }
+    Err(FleetError::Invalid(format!(
+        "tenant {}: 1 to 63 letters, digits, `_`, `.` or `-`, starting with a letter or digit",
+        shown(name)
+    )))
+}
+
 /// Checks a database name (a tenant's `database`, a key of [`super::FleetConfig::databases`]):
 /// lowercase letters, digits and `_`, not a URL.
-pub(super) fn validate_database_name(name: &str) -> Result<(), FleetError> {
+pub(crate) fn validate_database_name(name: &str) -> Result<(), FleetError> {
     let ok = !name.is_empty()
         && name.len() <= 63
         && name.as_bytes()[0].is_ascii_lowercase()

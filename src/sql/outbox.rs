@@ -63,31 +63,40 @@ SELECT u.k
                    AND e.id >= u.f AND e.id < u.b
                  LIMIT 1) AS earlier";
 
+/// [`SAMPLE`] and [`SAMPLE_LEAN`], with the writers' column given.
+macro_rules! sample {
+    ($writers:literal) => {
+        concat!(
+            "\
+SELECT coalesce((SELECT max(m.id) FROM {s}.outbox AS m), 0),
+       ",
+            $writers,
+            ",
+       EXISTS (SELECT 1 FROM {s}.outbox AS h
+                WHERE h.status = 'pending' AND h.available_at > now())"
+        )
+    };
+}
+
 /// First statement of every claim transaction: what the relay needs to move its claim floor
 /// (see `floor.rs`), and whether any pending row is not yet due (then the claim must skip
 /// later rows of such keys: [`CLAIM`]; otherwise [`CLAIM_FREE`]). Returns the highest visible id, and the transactions holding `ROW
 /// EXCLUSIVE` on the outbox table (every INSERT takes it before drawing its id and keeps it to
 /// commit), this session excluded. Both are read after the statement's snapshot was taken:
 /// every id up to the first was drawn by one of those writers or by a transaction that ended.
-pub(super) const SAMPLE: &str = "\
-SELECT coalesce((SELECT max(m.id) FROM {s}.outbox AS m), 0),
-       array(SELECT l.virtualtransaction FROM pg_locks AS l
+pub(super) const SAMPLE: &str = sample!(
+    "array(SELECT l.virtualtransaction FROM pg_locks AS l
               WHERE l.locktype = 'relation' AND l.mode = 'RowExclusiveLock'
                 AND l.relation = '{s}.outbox'::regclass
                 AND l.database = (SELECT d.oid FROM pg_database AS d
                                    WHERE d.datname = current_database())
-                AND l.pid IS DISTINCT FROM pg_backend_pid()),
-       EXISTS (SELECT 1 FROM {s}.outbox AS h
-                WHERE h.status = 'pending' AND h.available_at > now())";
+                AND l.pid IS DISTINCT FROM pg_backend_pid())"
+);
 
 /// [`SAMPLE`] without the writers (`NULL`): for a claim that does not move the floor
 /// (`RelayConfig::floor_sample_interval`), so it spares the copy of Postgres's lock table that
 /// reading `pg_locks` takes — with a fleet's thousands of lane locks, most of a small claim.
-pub(super) const SAMPLE_LEAN: &str = "\
-SELECT coalesce((SELECT max(m.id) FROM {s}.outbox AS m), 0),
-       NULL::text[],
-       EXISTS (SELECT 1 FROM {s}.outbox AS h
-                WHERE h.status = 'pending' AND h.available_at > now())";
+pub(super) const SAMPLE_LEAN: &str = sample!("NULL::text[]");
 
 /// Last statement of a claim transaction (after the marks, so this pass's sent rows are no longer
 /// pending to it): the lowest row of the relay's lanes (`$3`) still pending in `[$1, $2)`, the

@@ -330,19 +330,13 @@ async fn tenant_routing_refuses_what_it_cannot_route_and_handles_the_rest_in_the
     down.database = "closed".into();
     outbox::fleet::put_tenant(&db, &down).await.unwrap();
 
-    struct Seen;
-    impl outbox::consumer::Handler for Seen {
-        fn handle<'a>(
-            &'a self,
-            msg: &'a Delivered,
-            tx: &'a tokio_postgres::Transaction<'a>,
-        ) -> BoxFuture<'a, Result<(), HandlerError>> {
-            Box::pin(async move {
-                tx.execute("INSERT INTO seen VALUES ($1)", &[&msg.message_id])
-                    .await?;
-                Ok(())
-            })
-        }
+    async fn seen(
+        msg: &Delivered,
+        tx: &tokio_postgres::Transaction<'_>,
+    ) -> Result<(), HandlerError> {
+        tx.execute("INSERT INTO seen VALUES ($1)", &[&msg.message_id])
+            .await?;
+        Ok(())
     }
     let topic = "orders.created";
     let mut config = ConsumerConfig::new("billing", [topic]);
@@ -361,7 +355,7 @@ async fn tenant_routing_refuses_what_it_cannot_route_and_handles_the_rest_in_the
     config.tenants = Some(routing.clone());
     let h = Consumer::new(&db, &kafka(), config.clone())
         .unwrap()
-        .handler("order_created", Seen)
+        .handler("order_created", seen)
         .harness()
         .await
         .unwrap();
@@ -419,7 +413,7 @@ async fn tenant_routing_refuses_what_it_cannot_route_and_handles_the_rest_in_the
     config.tenants = Some(bad);
     let refused = Consumer::new(&db, &kafka(), config.clone())
         .unwrap()
-        .handler("order_created", Seen)
+        .handler("order_created", seen)
         .harness()
         .await;
     assert!(refused.is_err_and(|e| e.to_string().contains("\"default\" is the consumer's own")),);

@@ -50,6 +50,20 @@ fn fleet_config(databases: BTreeMap<String, DbConfig>) -> FleetConfig {
     c
 }
 
+/// Stops a fleet started with `tokio::spawn(fleet.run(stop…))`: it ends within a minute, without
+/// an error.
+async fn stop_fleet(
+    stop: tokio_util::sync::CancellationToken,
+    run: tokio::task::JoinHandle<Result<(), outbox::fleet::FleetError>>,
+) {
+    stop.cancel();
+    tokio::time::timeout(Duration::from_secs(60), run)
+        .await
+        .expect("the fleet stops on shutdown")
+        .unwrap()
+        .unwrap();
+}
+
 fn payload_seqs(records: &[Record]) -> Vec<i64> {
     records
         .iter()
@@ -188,12 +202,7 @@ async fn one_fleet_publishes_many_schemas_and_databases_and_follows_its_registry
         );
     }
 
-    stop.cancel();
-    tokio::time::timeout(Duration::from_secs(60), run)
-        .await
-        .expect("the fleet stops on shutdown")
-        .unwrap()
-        .unwrap();
+    stop_fleet(stop, run).await;
 }
 
 /// One pass at a time, a batch per pass: a tenant with 100 rows registered behind one with a
@@ -270,8 +279,7 @@ async fn a_small_tenant_is_drained_within_two_rounds_while_a_large_backlog_still
         || async { topic_len(&big_topic).await >= BIG },
     )
     .await;
-    stop.cancel();
-    run.await.unwrap().unwrap();
+    stop_fleet(stop, run).await;
 }
 
 /// Two `outbox relay --tenants` processes over one registry of three tenants, under writes;
@@ -401,23 +409,16 @@ async fn fleet_kill_run(exactly_once: bool) {
 
 /// Writes each message into `ledger` (unqualified: the tenant's schema, by `search_path`) in
 /// the handler's transaction, with the tenant it names.
-struct Ledger;
-
-impl outbox::consumer::Handler for Ledger {
-    fn handle<'a>(
-        &'a self,
-        msg: &'a outbox::consumer::Delivered,
-        tx: &'a tokio_postgres::Transaction<'a>,
-    ) -> outbox::consumer::BoxFuture<'a, Result<(), outbox::consumer::HandlerError>> {
-        Box::pin(async move {
-            tx.execute(
-                "INSERT INTO ledger (message_id, tenant) VALUES ($1, $2)",
-                &[&msg.message_id, &msg.tenant()],
-            )
-            .await?;
-            Ok(())
-        })
-    }
+async fn ledger_entry(
+    msg: &outbox::consumer::Delivered,
+    tx: &tokio_postgres::Transaction<'_>,
+) -> Result<(), outbox::consumer::HandlerError> {
+    tx.execute(
+        "INSERT INTO ledger (message_id, tenant) VALUES ($1, $2)",
+        &[&msg.message_id, &msg.tenant()],
+    )
+    .await?;
+    Ok(())
 }
 
 /// The consumer side of a fleet: each message's handler transaction and inbox mark run in its
@@ -463,7 +464,7 @@ async fn a_consumer_routes_each_tenants_messages_to_its_database_and_dead_letter
     cfg.transactions = 2;
     let consumer = Consumer::new(&control, &kafka(), cfg.clone())
         .unwrap()
-        .handler("it_event", Ledger);
+        .handler("it_event", ledger_entry);
     let stats = consumer.stats();
     let (stop_consumer, stopped) = tokio::sync::oneshot::channel::<()>();
     let consuming = tokio::spawn(consumer.run(async move {
@@ -608,10 +609,5 @@ async fn a_consumer_routes_each_tenants_messages_to_its_database_and_dead_letter
 
     stop_consumer.send(()).unwrap();
     consuming.await.unwrap().unwrap();
-    stop.cancel();
-    tokio::time::timeout(Duration::from_secs(60), run)
-        .await
-        .expect("the fleet stops on shutdown")
-        .unwrap()
-        .unwrap();
+    stop_fleet(stop, run).await;
 }

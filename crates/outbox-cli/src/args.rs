@@ -229,20 +229,23 @@ impl TenantArgs {
         self.tenants || self.tenant.is_some()
     }
 
-    /// The selected tenants of `control`'s registry, each with its connection; empty when
-    /// none is selected.
+    /// The selected tenants of `control`'s registry, each with its connection; `None` when the
+    /// command does not act on tenants.
     ///
     /// # Errors
     /// A [`UsageError`] for a bad name or `--database` without a tenant selection; an error
     /// when the registry cannot be read or `--tenant` names none of it.
-    pub(crate) async fn targets(&self, control: &DbConfig) -> anyhow::Result<Vec<TenantTarget>> {
+    pub(crate) async fn targets(
+        &self,
+        control: &DbConfig,
+    ) -> anyhow::Result<Option<Vec<TenantTarget>>> {
         if !self.selected() {
             if !self.databases.is_empty() {
                 return Err(
                     UsageError("--database needs --tenants or --tenant NAME".into()).into(),
                 );
             }
-            return Ok(Vec::new());
+            return Ok(None);
         }
         if let Some(name) = &self.tenant {
             outbox::fleet::Tenant::new(name, control.schema.clone())
@@ -262,17 +265,32 @@ impl TenantArgs {
                 control.schema
             );
         }
-        Ok(picked
-            .into_iter()
-            .map(|t| {
-                let db = t.connection(control, &named).ok_or_else(|| {
-                    format!(
-                        "database {} not given (--database {}=URL)",
-                        t.database, t.database
-                    )
-                });
-                TenantTarget { tenant: t, db }
-            })
-            .collect())
+        Ok(Some(
+            picked
+                .into_iter()
+                .map(|t| {
+                    let db = t.connection(control, &named).ok_or_else(|| {
+                        format!(
+                            "database {} not given (--database {}=URL)",
+                            t.database, t.database
+                        )
+                    });
+                    TenantTarget { tenant: t, db }
+                })
+                .collect(),
+        ))
     }
+}
+
+/// Exit 1 naming the tenants in `failed` (of `total`), what befell them said by `what`
+/// ("not migrated"), if any.
+pub(crate) fn tenants_done(failed: &[String], total: usize, what: &str) -> anyhow::Result<()> {
+    if failed.is_empty() {
+        return Ok(());
+    }
+    anyhow::bail!(
+        "{} of {total} tenants {what}: {}",
+        failed.len(),
+        failed.join(", ")
+    )
 }

@@ -31,10 +31,9 @@ pub async fn run(args: Args, out: &mut dyn Write) -> anyhow::Result<()> {
         return Err(UsageError("cleanup batch size must be at least 1".into()).into());
     }
     let config = cleanup_config(&cleanup, None);
-    if !tenants.selected() && tenants.databases.is_empty() {
+    let Some(targets) = tenants.targets(&db).await? else {
         return clean(&db, &config, "", out).await;
-    }
-    let targets = tenants.targets(&db).await?;
+    };
     let mut failed = Vec::new();
     for t in &targets {
         let prefix = format!("tenant {}: ", t.label());
@@ -47,15 +46,7 @@ pub async fn run(args: Args, out: &mut dyn Write) -> anyhow::Result<()> {
             failed.push(t.tenant.tenant.clone());
         }
     }
-    if !failed.is_empty() {
-        anyhow::bail!(
-            "{} of {} tenants not cleaned: {}",
-            failed.len(),
-            targets.len(),
-            failed.join(", ")
-        );
-    }
-    Ok(())
+    tenants_done(&failed, targets.len(), "not cleaned")
 }
 
 /// One outbox's cleanup, its report lines starting with `prefix`.

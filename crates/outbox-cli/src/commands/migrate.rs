@@ -66,7 +66,7 @@ pub async fn run(args: Args, out: &mut dyn Write) -> anyhow::Result<()> {
             writeln!(out, "applied {m}")?;
         }
     }
-    let targets = tenants.targets(&db).await?;
+    let targets = tenants.targets(&db).await?.unwrap_or_default();
     let mut failed = Vec::new();
     for t in &targets {
         let label = t.label();
@@ -91,14 +91,7 @@ pub async fn run(args: Args, out: &mut dyn Write) -> anyhow::Result<()> {
             }
         }
     }
-    if !failed.is_empty() {
-        anyhow::bail!(
-            "{} of {} tenants not migrated: {}",
-            failed.len(),
-            targets.len(),
-            failed.join(", ")
-        );
-    }
+    tenants_done(&failed, targets.len(), "not migrated")?;
     if ring {
         let mut options = outbox::storage::MoveOptions::default();
         options.lock_wait = lock_wait;
