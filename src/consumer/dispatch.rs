@@ -18,7 +18,7 @@ use super::held::process_keyed;
 use super::process::{process, process_batch};
 use super::runtime::Runtime;
 
-impl Runtime<'_> {
+impl Runtime {
     /// Pops the head of the next ready lane, or `None` when no lane is ready. Heads of
     /// revoked partitions are dropped (the new owner redelivers them).
     fn next_head(&mut self) -> Option<(LaneKey, Envelope)> {

@@ -444,7 +444,7 @@ impl Consumer {
         let assigned = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let kafka_outage = Arc::new(crate::outage::Outage::new("kafka", "consumer"));
         let lag = Arc::new(Mutex::new(std::collections::BTreeMap::new()));
-        let consumer: StreamConsumer<Ctx> = cc.create_with_context(Ctx {
+        let consumer: Arc<StreamConsumer<Ctx>> = Arc::new(cc.create_with_context(Ctx {
             holds_stale: self.holds_stale.clone(),
             lag: lag.clone(),
             kafka_outage: kafka_outage.clone(),
@@ -463,7 +463,7 @@ impl Consumer {
             last_final: last_final.clone(),
             partitions: partitions.clone(),
             backpressure: backpressure.clone(),
-        })?;
+        })?);
 
         let pc = crate::kafka::idempotent_producer(&self.kafka, self.config.delivery_timeout, 2);
         let producer: FutureProducer<crate::kafka::KafkaQuiet> =
@@ -667,7 +667,7 @@ impl Consumer {
             );
         }
         let mut rt = Runtime::new(
-            &consumer,
+            consumer,
             partitions,
             shared,
             backpressure,

@@ -22,6 +22,7 @@ use super::offsets::OffsetTracker;
 use super::record::{decode, origin, Raw};
 use super::retry::RetryStrategy;
 use super::stats::ConsumerStats;
+use super::steer::DrainTarget;
 use super::Shared;
 use crate::kafka::tpl_of;
 
@@ -32,8 +33,9 @@ pub(super) struct Lane {
 }
 
 /// The poll loop's state: partitions, lanes, what is running and what waits.
-pub(super) struct Runtime<'c> {
-    pub(super) consumer: &'c StreamConsumer<Ctx>,
+pub(super) struct Runtime {
+    /// Shared with the blocking drain-target lookups, which never run on the poll loop.
+    pub(super) consumer: Arc<StreamConsumer<Ctx>>,
     pub(super) partitions: Arc<Mutex<Partitions>>,
     pub(super) shared: Arc<Shared>,
     pub(super) lanes: HashMap<LaneKey, Lane>,
@@ -59,17 +61,20 @@ pub(super) struct Runtime<'c> {
     /// this replica has settled it.
     pub(super) drain_target: HashMap<Tp, i64>,
     pub(super) drain_done: HashMap<Tp, i64>,
+    /// The broker lookup of missing drain targets, in flight on a blocking thread (its
+    /// answers can take seconds during a rebalance; the poll loop must not wait for them).
+    pub(super) drain_lookup: Option<tokio::task::JoinHandle<Option<Vec<DrainTarget>>>>,
     pub(super) drain_pacer: DrainPacer,
     pub(super) steer_at: Instant,
     pub(super) assigned: Arc<std::sync::atomic::AtomicBool>,
     pub(super) kafka_outage: Arc<crate::outage::Outage>,
 }
 
-impl<'c> Runtime<'c> {
+impl Runtime {
     /// A runtime over `consumer` with nothing in flight: every lane empty, no partition paused,
     /// the breaker's drain pacer at its configured rate.
     pub(super) fn new(
-        consumer: &'c StreamConsumer<Ctx>,
+        consumer: Arc<StreamConsumer<Ctx>>,
         partitions: Arc<Mutex<Partitions>>,
         shared: Arc<Shared>,
         backpressure: Arc<std::sync::atomic::AtomicBool>,
@@ -98,6 +103,7 @@ impl<'c> Runtime<'c> {
             held: VecDeque::new(),
             drain_target: HashMap::new(),
             drain_done: HashMap::new(),
+            drain_lookup: None,
             drain_pacer: super::breaker::DrainPacer::new(drain_rate),
             steer_at: Instant::now(),
             assigned,
@@ -106,9 +112,11 @@ impl<'c> Runtime<'c> {
     }
 }
 
-impl Runtime<'_> {
+impl Runtime {
     pub(super) async fn run(&mut self, cancel: CancellationToken) {
         let (done_tx, mut done_rx) = mpsc::unbounded_channel::<Done>();
+        // A message borrows the consumer it came from, not the runtime it is handed to.
+        let consumer = self.consumer.clone();
         loop {
             self.forget_revoked();
             self.steer();
@@ -175,7 +183,7 @@ impl Runtime<'_> {
                 () = tokio::time::sleep_until(next_wake.unwrap_or_else(|| Instant::now() + Duration::from_secs(3600))), if next_wake.is_some() => {
                     self.release_due();
                 }
-                m = self.consumer.recv(), if accepting => match m {
+                m = consumer.recv(), if accepting => match m {
                     Ok(m) => {
                         let _poll = tracing::trace_span!("outbox.poll", topic = m.topic(), partition = m.partition(), offset = m.offset()).entered();
                         self.kafka_outage.ok();

@@ -4,18 +4,20 @@
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use rdkafka::consumer::Consumer as _;
+use futures::FutureExt as _;
+use rdkafka::consumer::{Consumer as _, StreamConsumer};
 use rdkafka::{Offset, TopicPartitionList};
 use tokio::time::Instant;
 use tracing::warn;
 
 use crate::consumer::breaker::{next_step, on_assigned, BreakerMode, Breakers, DrainPacer, Step};
+use crate::consumer::context::Ctx;
 use crate::consumer::envelope::{Envelope, Tp};
 use crate::consumer::record::Raw;
 use crate::consumer::runtime::*;
 use crate::kafka::tpl_of;
 
-impl Runtime<'_> {
+impl Runtime {
     pub(in crate::consumer) fn mode(&self) -> BreakerMode {
         self.shared
             .breaker()
@@ -82,6 +84,8 @@ impl Runtime<'_> {
         if matches!(to, BreakerMode::Drain | BreakerMode::Probe) {
             self.drain_target.clear();
             self.drain_done.clear();
+            // A lookup started for the previous drain answers for its start, not this one's.
+            self.drain_lookup = None;
             self.drain_pacer = DrainPacer::new(b.config.drain_rate);
         }
         self.apply_pauses();
@@ -103,6 +107,7 @@ impl Runtime<'_> {
                 Some(Step::Go(to, why)) => return self.transition(to, why),
                 Some(_) => {
                     self.drain_target.clear();
+                    self.drain_lookup = None;
                     self.apply_pauses();
                 }
                 None => {}
@@ -148,39 +153,8 @@ impl Runtime<'_> {
             .filter(|tp| !self.drain_target.contains_key(*tp))
             .cloned()
             .collect();
-        if !missing.is_empty() {
-            let timeout = rdkafka::util::Timeout::After(Duration::from_secs(5));
-            // Where this replica stands on each DLQ partition: the group's committed offset,
-            // or (never committed) the fetch position; if neither can be read now, ask again
-            // at the next check rather than guess.
-            let Ok(committed) = self
-                .consumer
-                .committed_offsets(tpl_of(missing.iter()), timeout)
-            else {
-                return false;
-            };
-            let position = self.consumer.position().ok();
-            let offset_of = |tpl: Option<&TopicPartitionList>, tp: &Tp| {
-                tpl.and_then(|c| c.find_partition(&tp.0, tp.1))
-                    .and_then(|e| match e.offset() {
-                        Offset::Offset(o) => Some(o),
-                        _ => None,
-                    })
-            };
-            for tp in &missing {
-                let Ok((lo, hi)) = self.consumer.fetch_watermarks(&tp.0, tp.1, timeout) else {
-                    return false;
-                };
-                let from = offset_of(Some(&committed), tp)
-                    .into_iter()
-                    .chain(offset_of(position.as_ref(), tp))
-                    .max()
-                    .unwrap_or(lo)
-                    .max(lo);
-                self.drain_target.insert(tp.clone(), hi);
-                let d = self.drain_done.entry(tp.clone()).or_insert(from);
-                *d = (*d).max(from);
-            }
+        if !missing.is_empty() && !self.look_up_targets(missing) {
+            return false;
         }
         let busy = self
             .lanes
@@ -192,4 +166,87 @@ impl Runtime<'_> {
                     >= self.drain_target.get(tp).copied().unwrap_or(0)
             })
     }
+
+    /// Knows the drain target of every partition in `missing` (true), or has a lookup of them
+    /// running on a blocking thread (false; it wakes the loop when it answers). The broker's
+    /// answers take up to seconds while the group rebalances: asked on the poll loop, they
+    /// kept a replica from seeing an open breaker for 10 s.
+    fn look_up_targets(&mut self, missing: Vec<Tp>) -> bool {
+        if self
+            .drain_lookup
+            .as_ref()
+            .is_some_and(tokio::task::JoinHandle::is_finished)
+        {
+            let found = self.drain_lookup.take().and_then(|t| t.now_or_never());
+            // Partitions revoked meanwhile are not targets any more.
+            for t in found
+                .and_then(Result::ok)
+                .flatten()
+                .unwrap_or_default()
+                .into_iter()
+                .filter(|t| missing.contains(&t.tp))
+            {
+                self.drain_target.insert(t.tp.clone(), t.end);
+                let d = self.drain_done.entry(t.tp).or_insert(t.from);
+                *d = (*d).max(t.from);
+            }
+        }
+        let missing: Vec<Tp> = missing
+            .into_iter()
+            .filter(|tp| !self.drain_target.contains_key(tp))
+            .collect();
+        if missing.is_empty() {
+            return true;
+        }
+        if self.drain_lookup.is_none() {
+            let (consumer, breakers) = (self.consumer.clone(), self.shared.breakers.clone());
+            self.drain_lookup = Some(tokio::task::spawn_blocking(move || {
+                let found = drain_targets(&consumer, &missing);
+                breakers.changed.notify_one();
+                found
+            }));
+        }
+        false
+    }
+}
+
+/// Where a drain of one DLQ partition starts for this replica and the end it must reach.
+pub(in crate::consumer) struct DrainTarget {
+    tp: Tp,
+    from: i64,
+    end: i64,
+}
+
+/// Blocking: the group's committed offset (or, never committed, the fetch position) and the
+/// high watermark of each partition; `None` when the broker does not answer in time (asked
+/// again at the next check rather than guessed).
+fn drain_targets(consumer: &StreamConsumer<Ctx>, tps: &[Tp]) -> Option<Vec<DrainTarget>> {
+    let timeout = rdkafka::util::Timeout::After(Duration::from_secs(5));
+    let committed = consumer
+        .committed_offsets(tpl_of(tps.iter()), timeout)
+        .ok()?;
+    let position = consumer.position().ok();
+    let offset_of = |tpl: Option<&TopicPartitionList>, tp: &Tp| {
+        tpl.and_then(|c| c.find_partition(&tp.0, tp.1))
+            .and_then(|e| match e.offset() {
+                Offset::Offset(o) => Some(o),
+                _ => None,
+            })
+    };
+    tps.iter()
+        .map(|tp| {
+            let (lo, hi) = consumer.fetch_watermarks(&tp.0, tp.1, timeout).ok()?;
+            let from = offset_of(Some(&committed), tp)
+                .into_iter()
+                .chain(offset_of(position.as_ref(), tp))
+                .max()
+                .unwrap_or(lo)
+                .max(lo);
+            Some(DrainTarget {
+                tp: tp.clone(),
+                from,
+                end: hi,
+            })
+        })
+        .collect()
 }
