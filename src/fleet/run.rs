@@ -323,6 +323,7 @@ impl Fleet {
             }
         }
         let database = &sharing.databases[&d.database];
+        database.locks.expect(d.schema.name());
         let mut relay = Relay::with_shared(
             &db,
             &self.kafka,

@@ -60,6 +60,8 @@ pub(crate) struct LockSession {
     /// the lock table serves every schema for a moment (a look costs a copy of the whole lock
     /// table: milliseconds with a fleet's thousands of locks).
     members: tokio::sync::Mutex<Members>,
+    /// Schemas named by [`LockSession::expect`], joining `members` at the next look.
+    expected: std::sync::Mutex<BTreeSet<String>>,
 }
 
 #[derive(Default)]
@@ -78,6 +80,7 @@ impl LockSession {
             db: db.clone(),
             current: tokio::sync::Mutex::new(None),
             members: tokio::sync::Mutex::new(Members::default()),
+            expected: std::sync::Mutex::default(),
         })
     }
 
@@ -88,6 +91,8 @@ impl LockSession {
         schema: &str,
     ) -> Result<i64, tokio_postgres::Error> {
         let mut m = self.members.lock().await;
+        let expected = std::mem::take(&mut *self.expected.lock().expect("expected schemas"));
+        m.schemas.extend(expected);
         // A session of one relay's own always looks (a rebalance right after another relay
         // joined must see it); a shared one serves its schemas from one look for a moment.
         let shared = m.schemas.len() > 1;
@@ -102,8 +107,24 @@ impl LockSession {
         Ok(m.counts.get(schema).copied().unwrap_or(0))
     }
 
+    /// A schema whose relay is about to start on this session: the next look at the lock
+    /// table counts it too. A fleet starting hundreds of tenants names them all before the
+    /// first look, which then serves every one of them instead of each looking on its own
+    /// (a look copies the whole lock table, thousands of lane locks: 201 looks took 767 ms
+    /// of Postgres time in a 200-tenant start).
+    pub(crate) fn expect(&self, schema: &str) {
+        self.expected
+            .lock()
+            .expect("expected schemas")
+            .insert(schema.to_owned());
+    }
+
     /// A schema whose relays no longer use it.
     async fn forget(&self, schema: &str) {
+        self.expected
+            .lock()
+            .expect("expected schemas")
+            .remove(schema);
         let mut m = self.members.lock().await;
         m.schemas.remove(schema);
         m.counts.remove(schema);
