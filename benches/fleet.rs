@@ -5,7 +5,8 @@
 //!
 //! `cargo bench --bench fleet` (env: TENANTS=200, ROWS=500 per tenant, BUDGET=32, PASSES=4
 //! (`--fleet-passes`), LINGER_MS=0 (both sides' producers), PAIRS=2:
-//! fleet and plain relay alternate which goes first); smoke size under cargo test.
+//! fleet and plain relay alternate which goes first, SIDE=fleet|plain: that side alone, no
+//! line printed, for a profiler to watch); smoke size under cargo test.
 
 #[path = "support/mod.rs"]
 mod support;
@@ -43,6 +44,9 @@ struct Drained {
     peak: i64,
     /// CPU used meanwhile by Postgres, Kafka and this process (the relays).
     cpu: Cpu,
+    /// Advisory locks held on the server at the end (lane and member locks: the lock table
+    /// every look at `pg_locks` copies and every commit on the lock session walks).
+    locks: i64,
 }
 
 /// Waits until `topic` holds `n` records.
@@ -63,11 +67,21 @@ async fn drained(
         }
         if len >= n {
             let secs = start.elapsed().as_secs_f64();
+            let cpu = cpu_seconds().since(&cpu_before);
+            let locks = observer
+                .query_one(
+                    "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted",
+                    &[],
+                )
+                .await
+                .unwrap()
+                .get(0);
             return Drained {
                 secs,
                 first_secs: first_secs.unwrap_or(secs),
                 peak,
-                cpu: cpu_seconds().since(&cpu_before),
+                cpu,
+                locks,
             };
         }
         assert!(start.elapsed() < Duration::from_secs(1800), "not drained");
@@ -101,7 +115,11 @@ async fn main() {
         } else {
             ["plain", "fleet"]
         };
+        let side = std::env::var("SIDE").ok();
         for what in order {
+            if side.as_deref().is_some_and(|s| s != what) {
+                continue;
+            }
             let topic = format!("bench.fleet.{}", rand_name(8));
             create_topic(&topic, 6).await;
             if what == "plain" {
@@ -109,6 +127,9 @@ async fn main() {
                 fill_outbox(&db, &topic, tenants * rows, 1000).await;
                 let relay = outbox::Relay::new(&db, &kafka(), relay_config().await).unwrap();
                 let stop = tokio_util::sync::CancellationToken::new();
+                if side.is_some() {
+                    eprintln!("plain: drain starts");
+                }
                 let start = Instant::now();
                 let run = tokio::spawn(relay.run(stop.clone().cancelled_owned()));
                 let d = drained(&topic, total, &observer, start).await;
@@ -133,6 +154,9 @@ async fn main() {
                 config.relay = relay_config().await;
                 let fleet = outbox::fleet::Fleet::new(&control, &kafka(), config).unwrap();
                 let stop = tokio_util::sync::CancellationToken::new();
+                if side.is_some() {
+                    eprintln!("fleet: drain starts");
+                }
                 let start = Instant::now();
                 let run = tokio::spawn(fleet.run(stop.clone().cancelled_owned()));
                 let d = drained(&topic, total, &observer, start).await;
@@ -144,6 +168,13 @@ async fn main() {
                 results.insert(what, d);
             }
             delete_topic(&topic).await;
+        }
+        if side.is_some() {
+            eprintln!(
+                "SIDE={side:?}: drained in {:.2} s",
+                results.values().map(|d| d.secs).sum::<f64>()
+            );
+            continue;
         }
         let (fleet, plain) = (&results["fleet"], &results["plain"]);
         // The drain alone: from the first record to the last (each side's start excluded).
@@ -168,6 +199,8 @@ async fn main() {
                 "fleet_peak_sessions": fleet.peak - baseline,
                 "plain_peak_sessions": plain.peak - baseline,
                 "sessions_to_budget": round2((fleet.peak - baseline) as f64 / budget as f64),
+                "fleet_advisory_locks": fleet.locks,
+                "plain_advisory_locks": plain.locks,
             }),
         );
     }

@@ -149,7 +149,12 @@ pub(crate) struct Lanes {
     /// The session its locks (and its member lock) were taken on; another one means they are
     /// gone.
     conn: Option<Arc<tokio_postgres::Client>>,
+    /// The lanes it holds one lock each (with the gate shared).
     owned: BTreeSet<i32>,
+    /// Holds the schema's lane gate exclusively: every lane, with that one lock.
+    all: bool,
+    /// Holds the lane gate shared, as anyone holding lanes one by one must.
+    shared: bool,
     member_id: i32,
     last: Option<Instant>,
     interval: Duration,
@@ -175,6 +180,8 @@ impl Lanes {
             session,
             conn: None,
             owned: BTreeSet::new(),
+            all: false,
+            shared: false,
             member_id: fastrand::i32(1..i32::MAX),
             last: None,
             interval,
@@ -187,6 +194,7 @@ impl Lanes {
     /// The lanes held now, for the claim query. Empty when the lock connection is gone.
     pub fn owned(&self) -> Vec<i32> {
         match &self.conn {
+            Some(c) if !c.is_closed() && self.all => (0..LANES).collect(),
             Some(c) if !c.is_closed() => self.owned.iter().copied().collect(),
             _ => Vec::new(),
         }
@@ -235,6 +243,10 @@ impl Lanes {
     /// Gives up every lane and the member lock: a relay stopping while its session lives on
     /// (a fleet's). On a session of its own, closing it would do the same.
     pub async fn release(&mut self) {
+        let (all, shared) = (
+            std::mem::take(&mut self.all),
+            std::mem::take(&mut self.shared),
+        );
         let Some(c) = self.conn.take().filter(|c| !c.is_closed()) else {
             self.owned.clear();
             return;
@@ -242,19 +254,30 @@ impl Lanes {
         let schema = self.db.schema.name();
         let lanes: Vec<i32> = std::mem::take(&mut self.owned).into_iter().collect();
         let _ = c.query_one(locks::UNLOCK_LANES, &[&lanes, &schema]).await;
+        if shared {
+            let _ = c.query_one(locks::UNSHARE_LANES, &[&schema]).await;
+        }
+        if all {
+            let _ = c.query_one(locks::RELEASE_ALL_LANES, &[&schema]).await;
+        }
         let _ = c
             .query_one(locks::LEAVE_RELAYS, &[&self.member_id, &schema])
             .await;
         self.session.forget(schema).await;
     }
 
+    /// Each step updates `owned`, `all` and `shared` as soon as its statement succeeded: a
+    /// failure on a live session leaves them true to the locks held, and the next rebalance
+    /// goes on from there.
     async fn try_rebalance(&mut self) -> Result<(), tokio_postgres::Error> {
-        let schema = self.db.schema.name();
+        let schema = self.db.schema.name().to_owned();
+        let schema = schema.as_str();
         let session = self.session.client().await?;
         if !self.conn.as_ref().is_some_and(|c| Arc::ptr_eq(c, &session)) {
             // Locks died with the old session (if any). The member lock is taken once per
             // session: advisory locks count, and one unlock must let it go.
             self.owned.clear();
+            (self.all, self.shared) = (false, false);
             session
                 .query_one(locks::JOIN_RELAYS, &[&self.member_id, &schema])
                 .await?;
@@ -263,10 +286,71 @@ impl Lanes {
         let c = self.conn.as_ref().expect("connected").clone();
         let members = self.session.members(&c, schema).await?;
         let members = members.max(1) as usize;
+        let before = (self.owned.len(), self.all);
+        if members == 1 && !self.all {
+            // Alone: every lane under one lock, granted only if no other relay still holds
+            // lanes (the count missed it, or it is leaving).
+            self.all = c.query_one(locks::TAKE_ALL_LANES, &[&schema]).await?.get(0);
+        }
+        if self.all && members == 1 {
+            if !self.owned.is_empty() {
+                let lanes: Vec<i32> = self.owned.iter().copied().collect();
+                c.query_one(locks::UNLOCK_LANES, &[&lanes, &schema]).await?;
+                self.owned.clear();
+            }
+            if self.shared {
+                c.query_one(locks::UNSHARE_LANES, &[&schema]).await?;
+                self.shared = false;
+            }
+        } else {
+            if !self.shared {
+                // Refused only while another relay holds every lane through the gate; it
+                // gives way at its next rebalance, once it counts this one. (Holding the gate
+                // ourselves, the share is granted.)
+                self.shared = c.query_one(locks::SHARE_LANES, &[&schema]).await?.get(0);
+                if !self.shared {
+                    debug!(
+                        relays = members,
+                        "every lane is held by a relay that was alone"
+                    );
+                    return Ok(());
+                }
+            }
+            self.take_share(&c, schema, members).await?;
+            if self.all {
+                // Another relay joined: the share is held lane by lane before the gate goes,
+                // so no lane is unowned in between (nobody else holds any: they need the gate).
+                c.query_one(locks::RELEASE_ALL_LANES, &[&schema]).await?;
+                self.all = false;
+            }
+        }
+        if (self.owned.len(), self.all) != before {
+            info!(
+                relays = members,
+                lanes = self.owned().len(),
+                one_lock = self.all,
+                "ordering lanes rebalanced"
+            );
+        } else {
+            debug!(
+                relays = members,
+                lanes = self.owned().len(),
+                "ordering lanes unchanged"
+            );
+        }
+        Ok(())
+    }
+
+    /// Moves the lanes held one by one towards the fair share of `members` relays.
+    async fn take_share(
+        &mut self,
+        c: &tokio_postgres::Client,
+        schema: &str,
+        members: usize,
+    ) -> Result<(), tokio_postgres::Error> {
         let unit = self.unit;
         let units = (LANES / unit) as usize;
         let target = units.div_ceil(members) * unit as usize;
-        let before = self.owned.len();
         // Each change is one round trip, whatever the number of lanes: a fleet's relays of one
         // database take and give lanes through one shared session.
         let mut extra = Vec::new();
@@ -275,9 +359,12 @@ impl Lanes {
             let last = *self.owned.iter().next_back().expect("non-empty");
             let first = last - last % unit;
             for lane in first..first + unit {
-                if self.owned.remove(&lane) {
+                if self.owned.contains(&lane) {
                     extra.push(lane);
                 }
+            }
+            for lane in &extra {
+                self.owned.remove(lane);
             }
         }
         if !extra.is_empty() {
@@ -317,19 +404,6 @@ impl Lanes {
                     }
                 }
             }
-        }
-        if self.owned.len() != before {
-            info!(
-                relays = members,
-                lanes = self.owned.len(),
-                "ordering lanes rebalanced"
-            );
-        } else {
-            debug!(
-                relays = members,
-                lanes = self.owned.len(),
-                "ordering lanes unchanged"
-            );
         }
         Ok(())
     }

@@ -527,6 +527,60 @@ async fn two_relays_over_20000_rows_send_each_exactly_once() {
     );
 }
 
+/// The lane gate: a relay alone holds all 64 lanes with one lock (a fleet of 200 tenants
+/// held 12,800, and every commit on the lock session walked them); a second relay gets its
+/// share lane by lane once the first gives way, and the survivor goes back to one lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_alone_holds_every_lane_with_one_lock_and_shares_them_when_another_joins() {
+    let db = fresh_db().await;
+    let c = client(&db).await;
+    // (lane locks, gate held exclusively, gate held shared) in this schema.
+    let locks = || async {
+        let r = c
+            .query_one(
+                "SELECT count(*) FILTER (WHERE classid = (hashtext('outbox-lanes:' || current_schema()))::oid),
+                        count(*) FILTER (WHERE classid = (hashtext('outbox-lane-gate:' || current_schema()))::oid
+                                           AND mode = 'ExclusiveLock'),
+                        count(*) FILTER (WHERE classid = (hashtext('outbox-lane-gate:' || current_schema()))::oid
+                                           AND mode = 'ShareLock')
+                   FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 2",
+                &[],
+            )
+            .await
+            .unwrap();
+        (r.get::<_, i64>(0), r.get::<_, i64>(1), r.get::<_, i64>(2))
+    };
+    let a = Relay::new(&db, &kafka(), relay_config()).unwrap();
+    a.rebalance().await;
+    assert_eq!(a.owned_lanes().await, (0..64).collect::<Vec<_>>());
+    assert_eq!(locks().await, (0, 1, 0), "alone: one lock for the 64 lanes");
+
+    let b = Relay::new(&db, &kafka(), relay_config()).unwrap();
+    b.rebalance().await;
+    assert!(
+        b.owned_lanes().await.is_empty(),
+        "the newcomer waits while the first holds the gate"
+    );
+    a.rebalance().await;
+    b.rebalance().await;
+    let (la, lb) = (a.owned_lanes().await, b.owned_lanes().await);
+    assert_eq!((la.len(), lb.len()), (32, 32), "fair share");
+    assert!(la.iter().all(|l| !lb.contains(l)), "no lane owned twice");
+    assert_eq!(locks().await, (64, 0, 2), "two relays: lane by lane");
+
+    // The second leaves (its lock session closes): the first holds all lanes by one lock again.
+    drop(b);
+    wait_until(
+        Duration::from_secs(15),
+        "the survivor holds every lane with one lock",
+        || async {
+            a.rebalance().await;
+            a.owned_lanes().await.len() == 64 && locks().await == (0, 1, 0)
+        },
+    )
+    .await;
+}
+
 /// Enqueues one row in its own transaction and drains it: a claim that lets the floor move.
 async fn tick(db: &outbox::DbConfig, relay: &Relay, topic: &str) {
     enqueue_n(db, topic, 1, 1, 1).await;
