@@ -22,7 +22,6 @@ use super::offsets::OffsetTracker;
 use super::record::{decode, origin, Raw};
 use super::retry::RetryStrategy;
 use super::stats::ConsumerStats;
-use super::steer::DrainTarget;
 use super::Shared;
 use crate::kafka::tpl_of;
 
@@ -30,6 +29,13 @@ use crate::kafka::tpl_of;
 pub(super) struct Lane {
     pub(super) queue: VecDeque<Envelope>,
     pub(super) busy: bool,
+}
+
+/// Where a drain of one DLQ partition starts for this replica and the end it must reach.
+pub(super) struct DrainTarget {
+    pub(super) tp: Tp,
+    pub(super) from: i64,
+    pub(super) end: i64,
 }
 
 /// The poll loop's state: partitions, lanes, what is running and what waits.

@@ -210,13 +210,6 @@ impl Runtime {
     }
 }
 
-/// Where a drain of one DLQ partition starts for this replica and the end it must reach.
-pub(in crate::consumer) struct DrainTarget {
-    tp: Tp,
-    from: i64,
-    end: i64,
-}
-
 /// Blocking: the group's committed offset (or, never committed, the fetch position) and the
 /// high watermark of each partition; `None` when the broker does not answer in time (asked
 /// again at the next check rather than guessed).
