@@ -227,21 +227,27 @@ impl Lanes {
             }
             Err(e) => {
                 self.outages.postgres.failed(&format!(
-                    "lane rebalance failed; holding no lanes until the lock connection is back: {e}"
+                    "lane rebalance failed; holding no lanes until the lock session is back: {e}"
                 ));
                 self.retry_at = Some(Instant::now() + self.backoff.next_delay());
-                // A statement that failed on a live session leaves its locks where they are
-                // (the next rebalance goes on from them); a dead session took them along.
-                if self.conn.as_ref().is_none_or(|c| c.is_closed()) {
-                    self.conn = None;
-                    self.owned.clear();
+                // A dead session took its locks along. On a live one, a failed statement
+                // leaves unknown which locks it holds (one it took twice needs two unlocks; a
+                // gate nobody records would stop the schema's every relay): the session is
+                // ended, and Postgres frees all of them. A fleet's other relays on it take
+                // theirs again at their next rebalance.
+                if let Some(c) = self.conn.take() {
+                    end_session(&c).await;
                 }
+                self.owned.clear();
+                (self.all, self.shared) = (false, false);
             }
         }
     }
 
     /// Gives up every lane and the member lock: a relay stopping while its session lives on
-    /// (a fleet's). On a session of its own, closing it would do the same.
+    /// (a fleet's). On a session of its own, closing it would do the same. If a statement
+    /// fails, the session is ended instead (see [`Lanes::rebalance`]): leaving with a lock
+    /// still held would strand its lanes, or with the gate, the whole schema.
     pub async fn release(&mut self) {
         let (all, shared) = (
             std::mem::take(&mut self.all),
@@ -253,16 +259,21 @@ impl Lanes {
         };
         let schema = self.db.schema.name();
         let lanes: Vec<i32> = std::mem::take(&mut self.owned).into_iter().collect();
-        let _ = c.query_one(locks::UNLOCK_LANES, &[&lanes, &schema]).await;
-        if shared {
-            let _ = c.query_one(locks::UNSHARE_LANES, &[&schema]).await;
+        let left = async {
+            c.query_one(locks::UNLOCK_LANES, &[&lanes, &schema]).await?;
+            if shared {
+                c.query_one(locks::UNSHARE_LANES, &[&schema]).await?;
+            }
+            if all {
+                c.query_one(locks::RELEASE_ALL_LANES, &[&schema]).await?;
+            }
+            c.query_one(locks::LEAVE_RELAYS, &[&self.member_id, &schema])
+                .await
         }
-        if all {
-            let _ = c.query_one(locks::RELEASE_ALL_LANES, &[&schema]).await;
+        .await;
+        if left.is_err() {
+            end_session(&c).await;
         }
-        let _ = c
-            .query_one(locks::LEAVE_RELAYS, &[&self.member_id, &schema])
-            .await;
         self.session.forget(schema).await;
     }
 
@@ -353,22 +364,17 @@ impl Lanes {
         let target = units.div_ceil(members) * unit as usize;
         // Each change is one round trip, whatever the number of lanes: a fleet's relays of one
         // database take and give lanes through one shared session.
-        let mut extra = Vec::new();
-        while self.owned.len() > target {
+        let (mut keep, mut extra) = (self.owned.clone(), Vec::new());
+        while keep.len() > target {
             // The highest unit goes, all of its lanes.
-            let last = *self.owned.iter().next_back().expect("non-empty");
+            let last = *keep.iter().next_back().expect("non-empty");
             let first = last - last % unit;
-            for lane in first..first + unit {
-                if self.owned.contains(&lane) {
-                    extra.push(lane);
-                }
-            }
-            for lane in &extra {
-                self.owned.remove(lane);
-            }
+            extra.extend((first..first + unit).filter(|lane| keep.remove(lane)));
         }
         if !extra.is_empty() {
+            // Forgotten once given back, not before.
             c.query_one(locks::UNLOCK_LANES, &[&extra, &schema]).await?;
+            self.owned = keep;
         }
         if self.owned.len() < target {
             // Start at a member-specific offset so relays do not all contend for lane 0 first.
@@ -406,5 +412,13 @@ impl Lanes {
             }
         }
         Ok(())
+    }
+}
+
+/// Ends the lock session `c` (best effort: a session that cannot run it is already broken),
+/// so Postgres frees every lock it holds.
+async fn end_session(c: &tokio_postgres::Client) {
+    if !c.is_closed() {
+        let _ = c.simple_query(locks::END_SESSION).await;
     }
 }

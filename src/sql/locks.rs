@@ -40,6 +40,10 @@ pub(crate) const SHARE_LANES: &str =
 pub(crate) const UNSHARE_LANES: &str =
     "SELECT pg_advisory_unlock_shared(hashtext('outbox-lane-gate:' || $1::text), 0)";
 
+/// Ends the session it runs on, so Postgres frees every lock the session holds: what a relay
+/// does when a lock statement failed and it no longer knows which it holds.
+pub(crate) const END_SESSION: &str = "SELECT pg_terminate_backend(pg_backend_pid())";
+
 /// Takes up to `$3` of the lanes `$1` (in that order) that no other relay holds, in one round
 /// trip: the scan stops at the `$3`th lane taken, so no lane past it is tried. No ORDER BY: a
 /// sort would pull, and so lock, every row first. Returns the lanes taken.

@@ -581,6 +581,75 @@ async fn a_relay_alone_holds_every_lane_with_one_lock_and_shares_them_when_anoth
     .await;
 }
 
+/// A lock statement that fails on a live session (here: cancelled while it waits) leaves
+/// unknown which locks the session holds; the relay ends that session, so Postgres frees
+/// them all, and takes its lanes again on a new one — never a gate or lane left held by a
+/// session nobody tracks (which would stop every relay of the schema).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_statement_failing_on_a_live_session_ends_it_and_the_lanes_are_taken_again() {
+    let db = fresh_db().await;
+    let c = client(&db).await;
+    let gate_holder = || async {
+        c.query_opt(
+            "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 2
+                AND classid = (hashtext('outbox-lane-gate:' || current_schema()))::oid",
+            &[],
+        )
+        .await
+        .unwrap()
+        .map(|r| r.get::<_, i32>(0))
+    };
+    let relay = Arc::new(Relay::new(&db, &kafka(), relay_config()).unwrap());
+    relay.rebalance().await;
+    let old = gate_holder()
+        .await
+        .expect("alone: the relay holds the gate");
+
+    // The relay's next count of relays reads pg_database: hold it, and cancel the count
+    // while it waits.
+    let blocker = client(&db).await;
+    blocker
+        .batch_execute("BEGIN; LOCK TABLE pg_catalog.pg_database IN ACCESS EXCLUSIVE MODE")
+        .await
+        .unwrap();
+    let r = relay.clone();
+    let rebalance = tokio::spawn(async move { r.rebalance().await });
+    wait_until(Duration::from_secs(10), "the count waits on pg_database", || async {
+        // Not pg_stat_activity: the view joins pg_database, and would wait too.
+        count(&c, &format!("SELECT count(*) FROM pg_stat_get_activity({old}) WHERE wait_event_type = 'Lock'")).await == 1
+    })
+    .await;
+    c.execute("SELECT pg_cancel_backend($1)", &[&old])
+        .await
+        .unwrap();
+    blocker.batch_execute("ROLLBACK").await.unwrap();
+    rebalance.await.unwrap();
+    assert!(
+        relay.owned_lanes().await.is_empty(),
+        "no lanes while the session is gone"
+    );
+    wait_until(
+        Duration::from_secs(10),
+        "the failed session ended",
+        || async {
+            count(
+                &c,
+                &format!("SELECT count(*) FROM pg_stat_activity WHERE pid = {old}"),
+            )
+            .await
+                == 0
+        },
+    )
+    .await;
+    wait_until(Duration::from_secs(10), "every lane again", || async {
+        relay.rebalance().await;
+        relay.owned_lanes().await.len() == 64
+    })
+    .await;
+    let new = gate_holder().await.expect("the gate again");
+    assert_ne!(new, old, "on a new session");
+}
+
 /// Enqueues one row in its own transaction and drains it: a claim that lets the floor move.
 async fn tick(db: &outbox::DbConfig, relay: &Relay, topic: &str) {
     enqueue_n(db, topic, 1, 1, 1).await;

@@ -89,6 +89,15 @@ traces. Arguments: a dict with "ctx" (the root context) and "service" (OTEL_SERV
       key: {{ $v.existingSecret.databaseUrlKey }}
 - name: OUTBOX_SCHEMA
   value: {{ $v.schema | quote }}
+{{- if $v.relay.tenants.enabled }}
+{{- range $name, $key := $v.relay.tenants.databases }}
+- name: OUTBOX_DATABASE_{{ upper $name }}
+  valueFrom:
+    secretKeyRef:
+      name: {{ $v.existingSecret.name }}
+      key: {{ $key }}
+{{- end }}
+{{- end }}
 - name: KAFKA_BOOTSTRAP_SERVERS
   value: {{ $v.kafka.bootstrapServers | quote }}
 {{- if $v.existingSecret.kafkaPropertiesKey }}
