@@ -6,7 +6,10 @@
 //! `cargo bench --bench fleet` (env: TENANTS=200, ROWS=500 per tenant, BUDGET=32, PASSES=4
 //! (`--fleet-passes`), LINGER_MS=0 (both sides' producers), PAIRS=2:
 //! fleet and plain relay alternate which goes first, SIDE=fleet|plain: that side alone, no
-//! line printed, for a profiler to watch); smoke size under cargo test.
+//! line printed, for a profiler to watch, EXACTLY_ONCE=1: both sides in exactly-once mode,
+//! where each tenant's relay has a transactional producer per slot it owns); smoke size
+//! under cargo test. The threads and resident memory each side added to this process (the
+//! relays) by the end of its drain are printed too.
 
 #[path = "support/mod.rs"]
 mod support;
@@ -28,10 +31,29 @@ async fn sessions(c: &tokio_postgres::Client) -> i64 {
     .get(0)
 }
 
-async fn relay_config() -> outbox::RelayConfig {
+fn relay_config(exactly_once: Option<&str>) -> outbox::RelayConfig {
     let mut c = outbox::RelayConfig::default();
     c.cleanup.interval = None;
+    if let Some(topic) = exactly_once {
+        let mut eo = outbox::ExactlyOnce::default();
+        eo.progress_topic = format!("{topic}.progress");
+        eo.transactional_id_prefix = format!("bench-{}", rand_name(8));
+        c.exactly_once = Some(eo);
+    }
     c
+}
+
+/// This process's threads and resident MiB, from /proc/self/status.
+fn process_size() -> (i64, f64) {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.split_whitespace().next()?.parse::<i64>().ok())
+            .unwrap_or(0)
+    };
+    (field("Threads:"), field("VmRSS:") as f64 / 1024.0)
 }
 
 /// What a drain took.
@@ -44,6 +66,10 @@ struct Drained {
     peak: i64,
     /// CPU used meanwhile by Postgres, Kafka and this process (the relays).
     cpu: Cpu,
+    /// Threads this process gained from the side's start to the end of its drain (librdkafka
+    /// runs threads per client), and resident MiB it gained.
+    threads: i64,
+    rss_mib: f64,
     /// Advisory locks held on the server at the end (lane and member locks: the lock table
     /// every look at `pg_locks` copies and every commit on the lock session walks).
     locks: i64,
@@ -55,6 +81,7 @@ async fn drained(
     n: i64,
     observer: &tokio_postgres::Client,
     start: Instant,
+    size_before: (i64, f64),
 ) -> Drained {
     let mut peak = 0;
     let mut first_secs = None;
@@ -76,11 +103,15 @@ async fn drained(
                 .await
                 .unwrap()
                 .get(0);
+            let (threads, rss_mib) = process_size();
+            let (threads, rss_mib) = (threads - size_before.0, rss_mib - size_before.1);
             return Drained {
                 secs,
                 first_secs: first_secs.unwrap_or(secs),
                 peak,
                 cpu,
+                threads,
+                rss_mib,
                 locks,
             };
         }
@@ -105,6 +136,7 @@ async fn main() {
         k
     };
     let pairs = param("PAIRS", if full() { 2 } else { 1 });
+    let exactly_once = param("EXACTLY_ONCE", 0) == 1;
     let total = (tenants * rows) as i64;
     let observer = outbox::connect(&fresh_db().await).await.unwrap();
     let baseline = sessions(&observer).await;
@@ -125,14 +157,20 @@ async fn main() {
             if what == "plain" {
                 let db = fresh_db().await;
                 fill_outbox(&db, &topic, tenants * rows, 1000).await;
-                let relay = outbox::Relay::new(&db, &kafka(), relay_config().await).unwrap();
+                let size_before = process_size();
+                let relay = outbox::Relay::new(
+                    &db,
+                    &kafka(),
+                    relay_config(exactly_once.then_some(topic.as_str())),
+                )
+                .unwrap();
                 let stop = tokio_util::sync::CancellationToken::new();
                 if side.is_some() {
                     eprintln!("plain: drain starts");
                 }
                 let start = Instant::now();
                 let run = tokio::spawn(relay.run(stop.clone().cancelled_owned()));
-                let d = drained(&topic, total, &observer, start).await;
+                let d = drained(&topic, total, &observer, start, size_before).await;
                 stop.cancel();
                 run.await.unwrap().unwrap();
                 drop_schema(&db).await;
@@ -151,7 +189,8 @@ async fn main() {
                 let mut config = outbox::fleet::FleetConfig::default();
                 config.connection_budget = budget;
                 config.passes = passes;
-                config.relay = relay_config().await;
+                config.relay = relay_config(exactly_once.then_some(topic.as_str()));
+                let size_before = process_size();
                 let fleet = outbox::fleet::Fleet::new(&control, &kafka(), config).unwrap();
                 let stop = tokio_util::sync::CancellationToken::new();
                 if side.is_some() {
@@ -159,7 +198,7 @@ async fn main() {
                 }
                 let start = Instant::now();
                 let run = tokio::spawn(fleet.run(stop.clone().cancelled_owned()));
-                let d = drained(&topic, total, &observer, start).await;
+                let d = drained(&topic, total, &observer, start, size_before).await;
                 stop.cancel();
                 run.await.unwrap().unwrap();
                 for db in schemas.iter().chain([&control]) {
@@ -168,6 +207,9 @@ async fn main() {
                 results.insert(what, d);
             }
             delete_topic(&topic).await;
+            if exactly_once {
+                delete_topic(&format!("{topic}.progress")).await;
+            }
         }
         if side.is_some() {
             eprintln!(
@@ -182,7 +224,7 @@ async fn main() {
         let per_msg = |secs: f64| round2(secs * 1e6 / total as f64);
         emit(
             "fleet",
-            serde_json::json!({"tenants": tenants, "rows_per_tenant": rows, "budget": budget, "passes": passes, "linger_ms": linger, "pair": pair, "first": order[0]}),
+            serde_json::json!({"tenants": tenants, "rows_per_tenant": rows, "budget": budget, "passes": passes, "linger_ms": linger, "exactly_once": exactly_once, "pair": pair, "first": order[0]}),
             serde_json::json!({
                 "fleet_msgs_per_sec": round2(total as f64 / fleet.secs),
                 "plain_relay_msgs_per_sec": round2(total as f64 / plain.secs),
@@ -199,6 +241,10 @@ async fn main() {
                 "fleet_peak_sessions": fleet.peak - baseline,
                 "plain_peak_sessions": plain.peak - baseline,
                 "sessions_to_budget": round2((fleet.peak - baseline) as f64 / budget as f64),
+                "fleet_threads": fleet.threads,
+                "plain_threads": plain.threads,
+                "fleet_rss_mib": round2(fleet.rss_mib),
+                "plain_rss_mib": round2(plain.rss_mib),
                 "fleet_advisory_locks": fleet.locks,
                 "plain_advisory_locks": plain.locks,
             }),
