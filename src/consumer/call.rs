@@ -43,6 +43,7 @@ use super::config::MAX_COMMIT_GROUP;
 use super::driver::{NotRecorded, Reply};
 use super::handler::{Delivered, HandlerError};
 use super::inbox::InboxOutcome;
+use super::tenants::TenantPool;
 use super::Shared;
 use crate::backoff::Backoff;
 
@@ -254,16 +255,32 @@ async fn check(shared: &Shared, checks: Vec<Check>) {
             Some((router, tenant)) => Some(router.target(tenant).await?),
             None => None,
         };
-        let (pool, inbox) = target
-            .as_ref()
-            .map_or((&shared.pool, &shared.inbox), |t| (&t.pool, &t.inbox));
-        let conn = pool.get().await.map_err(|e| match &target {
-            Some(t) => HandlerError::transient(format!("database {}: {e}", t.database)),
-            None => HandlerError::database_unavailable(format!("postgres pool: {e}")),
-        })?;
-        let seen = conn.prepare_cached(inbox.seen_sql()).await?;
+        let inbox = target.as_ref().map_or(&shared.inbox, |t| &t.inbox);
         let topics: Vec<&str> = checks.iter().map(|c| c.topic.as_str()).collect();
         let ids: Vec<&str> = checks.iter().map(|c| c.message_id.as_str()).collect();
+        let unavailable = |e: &dyn std::fmt::Display| match &target {
+            Some(t) => HandlerError::transient(format!("database {}: {e}", t.database)),
+            None => HandlerError::database_unavailable(format!("postgres pool: {e}")),
+        };
+        let pool = match target.as_ref().map(|t| &t.pool) {
+            None => &shared.pool,
+            Some(TenantPool::Pg(p)) => p,
+            // A consumer on sqlx routing by tenant: the tenant's database through the
+            // service's pool.
+            #[cfg(feature = "sqlx")]
+            Some(TenantPool::Sqlx(p)) => {
+                let rows: Vec<(String, String)> = sqlx::query_as(inbox.seen_sql())
+                    .bind(inbox.group())
+                    .bind(&topics)
+                    .bind(&ids)
+                    .fetch_all(p)
+                    .await
+                    .map_err(|e| unavailable(&e))?;
+                return Ok(rows.into_iter().collect());
+            }
+        };
+        let conn = pool.get().await.map_err(|e| unavailable(&e))?;
+        let seen = conn.prepare_cached(inbox.seen_sql()).await?;
         let rows = conn.query(&seen, &[&inbox.group(), &topics, &ids]).await?;
         Ok::<_, HandlerError>(
             rows.iter()

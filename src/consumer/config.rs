@@ -247,9 +247,6 @@ impl ConsumerConfig {
             s.validate(&self.topics).map_err(ConsumerError::Config)?;
         }
         if let Some(t) = &self.tenants {
-            if !matches!(self.driver, Driver::TokioPostgres) {
-                return bad("tenant routing (ConsumerConfig::tenants) needs the tokio-postgres driver: its pools are opened per tenant database".into());
-            }
             if t.pool_size == 0 || t.refresh.is_zero() {
                 return bad(
                     "tenant routing: pool_size and refresh must be greater than zero".into(),

@@ -146,7 +146,17 @@ impl Consumer {
             .tenants
             .as_ref()
             .map(|t| {
-                super::tenants::Router::new(t, pool.clone(), &self.db.schema, &self.config.group)
+                super::tenants::Router::new(
+                    t,
+                    pool.clone(),
+                    #[cfg(feature = "sqlx")]
+                    match &self.config.driver {
+                        super::Driver::Sqlx(p) => Some(p.clone()),
+                        super::Driver::TokioPostgres => None,
+                    },
+                    &self.db.schema,
+                    &self.config.group,
+                )
             })
             .transpose()
             .map_err(|e| ConsumerError::Config(format!("tenant routing: {e}")))?;

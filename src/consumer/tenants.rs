@@ -10,6 +10,9 @@
 //! registry or the configuration is fixed. A tenant's database that is down is a transient
 //! error of that message (retries, then its dead letter): it does not trip the consumer's own
 //! database breaker, so the other tenants keep flowing.
+//!
+//! Pools are the consumer's driver's: opened here from [`TenantRouting::databases`] on
+//! tokio-postgres; on sqlx, the service's own, from `TenantRouting::sqlx_databases`.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -40,6 +43,11 @@ pub struct TenantRouting {
     /// How long a resolved tenant is trusted before the registry is read again (a tenant
     /// moved to another database is followed within this).
     pub refresh: Duration,
+    /// A consumer on sqlx ([`super::Driver::Sqlx`]): the service's pool of each database the
+    /// registry names besides `default` (which is the consumer's own pool). Used instead of
+    /// `databases`, which an sqlx consumer must leave empty.
+    #[cfg(feature = "sqlx")]
+    pub sqlx_databases: BTreeMap<String, sqlx::PgPool>,
 }
 
 impl TenantRouting {
@@ -56,14 +64,26 @@ impl Default for TenantRouting {
             discover: None,
             pool_size: Self::DEFAULT_POOL_SIZE,
             refresh: Self::DEFAULT_REFRESH,
+            #[cfg(feature = "sqlx")]
+            sqlx_databases: BTreeMap::new(),
         }
     }
+}
+
+/// A database's pool, of the consumer's driver.
+#[derive(Clone)]
+pub(super) enum TenantPool {
+    /// tokio-postgres.
+    Pg(Pool),
+    /// sqlx: the service's own pools.
+    #[cfg(feature = "sqlx")]
+    Sqlx(sqlx::PgPool),
 }
 
 /// A resolved tenant: where its messages' transactions run.
 pub(super) struct Target {
     /// The pool of its database.
-    pub(super) pool: Pool,
+    pub(super) pool: TenantPool,
     /// Its inbox (`processed_messages` in its schema).
     pub(super) inbox: Inbox,
     /// `SET LOCAL search_path` to its schema, first in each of its transactions.
@@ -77,7 +97,7 @@ pub(super) struct Router {
     control: Pool,
     control_schema: Schema,
     group: String,
-    pools: HashMap<String, Pool>,
+    pools: HashMap<String, TenantPool>,
     discover: Option<String>,
     refresh: Duration,
     cache: Mutex<HashMap<String, (Instant, Arc<Target>)>>,
@@ -85,28 +105,46 @@ pub(super) struct Router {
 
 impl Router {
     /// A router over the consumer's own pool (`own`: its database, also the registry's) and a
-    /// pool per named database.
+    /// pool per named database: opened here for tokio-postgres, the service's for sqlx
+    /// (`own_sqlx`: the consumer's sqlx pool, whose database is `default`).
     pub(super) fn new(
         routing: &TenantRouting,
         own: Pool,
+        #[cfg(feature = "sqlx")] own_sqlx: Option<sqlx::PgPool>,
         schema: &Schema,
         group: &str,
     ) -> Result<Self, String> {
-        let mut pools = HashMap::new();
-        for (name, db) in &routing.databases {
+        let named = |name: &str| {
             if name == DEFAULT_DATABASE {
                 return Err(format!(
                     "database {DEFAULT_DATABASE:?} is the consumer's own; name the others differently"
                 ));
             }
             // A name the registry could never hold is a typo here: refused, not ignored.
-            validate_database_name(name).map_err(|e| e.to_string())?;
+            validate_database_name(name).map_err(|e| e.to_string())
+        };
+        let mut pools = HashMap::new();
+        for (name, db) in &routing.databases {
+            named(name)?;
             let mut db = db.clone();
             db.pool_size = routing.pool_size.max(1);
             let pool = crate::db::pool(&db).map_err(|e| format!("database {name}: {e}"))?;
-            pools.insert(name.clone(), pool);
+            pools.insert(name.clone(), TenantPool::Pg(pool));
         }
-        pools.insert(DEFAULT_DATABASE.to_owned(), own.clone());
+        pools.insert(DEFAULT_DATABASE.to_owned(), TenantPool::Pg(own.clone()));
+        #[cfg(feature = "sqlx")]
+        if let Some(own_sqlx) = own_sqlx {
+            if !routing.databases.is_empty() {
+                return Err("a consumer on sqlx names its databases' pools in TenantRouting::sqlx_databases, not databases".into());
+            }
+            for (name, pool) in &routing.sqlx_databases {
+                named(name)?;
+                pools.insert(name.clone(), TenantPool::Sqlx(pool.clone()));
+            }
+            pools.insert(DEFAULT_DATABASE.to_owned(), TenantPool::Sqlx(own_sqlx));
+        } else if !routing.sqlx_databases.is_empty() {
+            return Err("TenantRouting::sqlx_databases is for a consumer on sqlx (Driver::Sqlx); name tokio-postgres databases in databases".into());
+        }
         Ok(Self {
             control: own,
             control_schema: schema.clone(),
@@ -138,7 +176,7 @@ impl Router {
         let (database, schema) = self.lookup(tenant).await?;
         let Some(pool) = self.pools.get(&database) else {
             return Err(HandlerError::permanent(format!(
-                "tenant {tenant}: its database {database} is not configured on this consumer (TenantRouting::databases)"
+                "tenant {tenant}: its database {database} is not configured on this consumer (TenantRouting::databases, or sqlx_databases on sqlx)"
             )));
         };
         let target = Arc::new(Target {

@@ -417,11 +417,186 @@ async fn tenant_routing_refuses_what_it_cannot_route_and_handles_the_rest_in_the
         .harness()
         .await;
     assert!(refused.is_err_and(|e| e.to_string().contains("\"default\" is the consumer's own")),);
+    // An sqlx consumer names its databases' sqlx pools, not tokio-postgres connections.
     config.tenants = Some(routing);
     config.driver = Driver::Sqlx(sqlx_pool(&db, 2).await);
-    let refused = Consumer::new(&db, &kafka(), config);
+    async fn seen_sqlx(msg: &Delivered, tx: &mut sqlx::PgConnection) -> Result<(), HandlerError> {
+        sqlx::query("INSERT INTO seen VALUES ($1)")
+            .bind(&msg.message_id)
+            .execute(&mut *tx)
+            .await?;
+        Ok(())
+    }
+    let refused = Consumer::new(&db, &kafka(), config)
+        .unwrap()
+        .sqlx_handler("order_created", seen_sqlx)
+        .harness()
+        .await;
     assert!(
-        refused.is_err_and(|e| e.to_string().contains("needs the tokio-postgres driver")),
-        "sqlx with tenant routing"
+        refused.is_err_and(|e| e.to_string().contains("TenantRouting::sqlx_databases")),
+        "sqlx with tokio-postgres databases"
+    );
+}
+
+/// Tenant routing on sqlx (`TenantRouting::sqlx_databases`): a tenant of the consumer's own
+/// database is handled through the consumer's sqlx pool, one of a named database through the
+/// pool the service gave for it, each in its schema (`search_path`) with the mark in its own
+/// inbox — an in-transaction handler and a call handler (whose check for an earlier answer
+/// reads the tenant's inbox) alike; a tenant whose database has no pool here is
+/// dead-lettered saying why; sqlx pools on a tokio-postgres consumer are refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tenant_routing_on_sqlx_uses_the_services_pool_of_each_database() {
+    use outbox::consumer::{BoxFuture, SqlxCallHandler, TenantRouting};
+    use outbox::fleet::Tenant;
+    use std::str::FromStr as _;
+    let (db, _c) = setup().await;
+    let (acme, umbrella) = (fresh_db().await, fresh_db().await);
+    for t in [&acme, &umbrella] {
+        client(t)
+            .await
+            .batch_execute("CREATE TABLE seen (id text, pool text, how text)")
+            .await
+            .unwrap();
+    }
+    outbox::fleet::put_tenant(&db, &Tenant::new("acme", acme.schema.clone()).unwrap())
+        .await
+        .unwrap();
+    let mut u = Tenant::new("umbrella", umbrella.schema.clone()).unwrap();
+    u.database = "shard2".into();
+    outbox::fleet::put_tenant(&db, &u).await.unwrap();
+    let mut far = Tenant::new("far", umbrella.schema.clone()).unwrap();
+    far.database = "shard9".into();
+    outbox::fleet::put_tenant(&db, &far).await.unwrap();
+    // The named database's pool: the same server here, told apart by its application_name.
+    let pool_named = |name: &'static str| async move {
+        let opts = sqlx::postgres::PgConnectOptions::from_str(&database_url())
+            .unwrap()
+            .application_name(name);
+        sqlx::postgres::PgPoolOptions::new()
+            .max_connections(2)
+            .connect_with(opts)
+            .await
+            .unwrap()
+    };
+    async fn in_tx(msg: &Delivered, tx: &mut sqlx::PgConnection) -> Result<(), HandlerError> {
+        sqlx::query("INSERT INTO seen VALUES ($1, current_setting('application_name'), 'tx')")
+            .bind(&msg.message_id)
+            .execute(&mut *tx)
+            .await?;
+        Ok(())
+    }
+    struct Call(Arc<AtomicU32>);
+    impl SqlxCallHandler for Call {
+        type Reply = ();
+        fn call<'a>(&'a self, _: &'a Delivered) -> BoxFuture<'a, Result<(), HandlerError>> {
+            self.0.fetch_add(1, Ordering::SeqCst);
+            Box::pin(async { Ok(()) })
+        }
+        fn record<'a>(
+            &'a self,
+            msg: &'a Delivered,
+            _: &'a (),
+            tx: &'a mut sqlx::PgConnection,
+        ) -> BoxFuture<'a, Result<(), HandlerError>> {
+            Box::pin(async move {
+                sqlx::query(
+                    "INSERT INTO seen VALUES ($1, current_setting('application_name'), 'call')",
+                )
+                .bind(&msg.message_id)
+                .execute(&mut *tx)
+                .await?;
+                Ok(())
+            })
+        }
+    }
+    let topic = "orders.created";
+    let mut config = ConsumerConfig::new("billing-sqlx-tenants", [topic]);
+    config.driver = Driver::Sqlx(pool_named("own-pool").await);
+    let mut routing = TenantRouting::default();
+    routing
+        .sqlx_databases
+        .insert("shard2".into(), pool_named("shard2-pool").await);
+    config.tenants = Some(routing.clone());
+    let calls = Arc::new(AtomicU32::new(0));
+    let h = Consumer::new(&db, &kafka(), config.clone())
+        .unwrap()
+        .sqlx_handler("order_created", in_tx)
+        .sqlx_call_handler("points_due", Call(calls.clone()))
+        .harness()
+        .await
+        .unwrap();
+    let with_tenant = |kind: &str, t: &str| {
+        let mut d =
+            Delivered::from_message(&Message::new(topic, kind, "A-1", serde_json::json!({})));
+        d.headers
+            .push(("x-tenant".into(), Some(t.as_bytes().to_vec())));
+        d
+    };
+    let mut want = std::collections::BTreeMap::<&str, Vec<String>>::new();
+    for (tenant, pool) in [("acme", "own-pool"), ("umbrella", "shard2-pool")] {
+        for kind in ["order_created", "points_due"] {
+            let d = with_tenant(kind, tenant);
+            assert!(
+                matches!(h.deliver(d.clone()).await, Verdict::Handled { .. }),
+                "{tenant} {kind}"
+            );
+            assert!(
+                matches!(h.deliver(d.clone()).await, Verdict::Duplicate),
+                "{tenant} {kind}"
+            );
+            let how = if kind == "order_created" {
+                "tx"
+            } else {
+                "call"
+            };
+            want.entry(tenant)
+                .or_default()
+                .push(format!("{} {pool} {how}", d.message_id));
+        }
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), 2, "no call for a duplicate");
+    for (tenant, t) in [("acme", &acme), ("umbrella", &umbrella)] {
+        let c = client(t).await;
+        let mut got = texts(&c, "SELECT id || ' ' || pool || ' ' || how FROM seen").await;
+        got.sort();
+        let mut w = want[tenant].clone();
+        w.sort();
+        assert_eq!(
+            got, w,
+            "{tenant}: handled in its schema through its database's pool"
+        );
+        assert_eq!(
+            count(
+                &c,
+                "SELECT count(*) FROM processed_messages WHERE consumer_group = 'billing-sqlx-tenants'"
+            )
+            .await,
+            2,
+            "{tenant}'s marks in its own inbox"
+        );
+    }
+    match h.deliver(with_tenant("order_created", "far")).await {
+        Verdict::DeadLettered { kind, error, .. } => {
+            assert_eq!(kind, DeadLetterKind::Permanent, "{error}");
+            assert!(
+                error.contains("its database shard9 is not configured"),
+                "{error}"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+
+    // sqlx pools on a tokio-postgres consumer: refused at start.
+    config.driver = Driver::TokioPostgres;
+    let refused = Consumer::new(&db, &kafka(), config)
+        .unwrap()
+        .handler("order_created", handler)
+        .harness()
+        .await;
+    assert!(
+        refused.is_err_and(|e| e
+            .to_string()
+            .contains("sqlx_databases is for a consumer on sqlx")),
+        "tokio-postgres with sqlx pools"
     );
 }

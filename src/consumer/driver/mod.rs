@@ -36,7 +36,7 @@ use tracing::Instrument as _;
 use super::envelope::{Envelope, InGroup};
 use super::handler::{BoxFuture, Delivered, HandlerError};
 use super::inbox::{Inbox, InboxOutcome};
-use super::tenants::Target;
+use super::tenants::{Target, TenantPool};
 use super::tx::{handle_span, handler_seconds};
 use super::{ConsumerError, HandlerRef, Shared};
 
@@ -104,9 +104,9 @@ pub(super) trait Driver: Send + Sync + Sized + 'static {
 
     /// A pooled connection; none to be had means the database is down.
     fn connect(&self) -> impl Future<Output = Result<Self::Conn, HandlerError>> + Send + '_;
-    /// This driver on a tenant's pool (`tenants.rs`); `None` for a driver that cannot route
-    /// by tenant (refused by the configuration before it gets here).
-    fn on_pool(pool: &deadpool_postgres::Pool) -> Option<Self>;
+    /// This driver on a tenant's pool (`tenants.rs`); `None` for another driver's pool (the
+    /// router holds the consumer's own driver's, so never).
+    fn on_pool(pool: &TenantPool) -> Option<Self>;
     /// Opens a transaction.
     fn begin(
         conn: &mut Self::Conn,
@@ -305,11 +305,9 @@ impl<D: Driver> Routes<D> {
             return Ok((self.driver.connect().await?, None));
         };
         let target = router.target(tenant).await?;
+        // Unreachable: the router holds the pools of the consumer's own driver.
         let driver = D::on_pool(&target.pool).ok_or_else(|| {
-            HandlerError::permanent(format!(
-                "tenant routing needs the tokio-postgres driver ({} here)",
-                D::NAME
-            ))
+            HandlerError::permanent(format!("tenant {tenant}: no {} pool", D::NAME))
         })?;
         // The tenant's database down is this message's transient failure, not the consumer's
         // outage: the breaker and the pause are for the consumer's own database.

@@ -15,6 +15,7 @@ use crate::consumer::handler::{
     BatchHandler, BoxFuture, CallHandler, Delivered, Handler, HandlerError,
 };
 use crate::consumer::inbox::Inbox;
+use crate::consumer::tenants::TenantPool;
 use crate::consumer::HandlerRef;
 
 /// tokio-postgres on the consumer's pool.
@@ -82,8 +83,12 @@ impl Driver for Pg {
         Ok(tx.rollback().await?)
     }
 
-    fn on_pool(pool: &Pool) -> Option<Self> {
-        Some(Self(pool.clone()))
+    fn on_pool(pool: &TenantPool) -> Option<Self> {
+        match pool {
+            TenantPool::Pg(p) => Some(Self(p.clone())),
+            #[cfg(feature = "sqlx")]
+            TenantPool::Sqlx(_) => None,
+        }
     }
 
     async fn execute(tx: &mut Self::Tx<'_>, sql: &str) -> Result<(), HandlerError> {

@@ -15,6 +15,7 @@ use super::{Driver, Reply, Route, SavepointAndHandled};
 use crate::consumer::handler::{BoxFuture, Delivered, HandlerError};
 use crate::consumer::inbox::Inbox;
 use crate::consumer::sqlx::{SqlxBatchHandler, SqlxCallHandler, SqlxHandler};
+use crate::consumer::tenants::TenantPool;
 use crate::consumer::HandlerRef;
 
 /// sqlx on the service's pool.
@@ -79,10 +80,11 @@ impl Driver for Sqlx {
         Ok(tx.rollback().await?)
     }
 
-    fn on_pool(_: &deadpool_postgres::Pool) -> Option<Self> {
-        // Tenant routing opens tokio-postgres pools; a consumer on sqlx is refused it by
-        // `ConsumerConfig::validate`.
-        None
+    fn on_pool(pool: &TenantPool) -> Option<Self> {
+        match pool {
+            TenantPool::Sqlx(p) => Some(Self(p.clone())),
+            TenantPool::Pg(_) => None,
+        }
     }
 
     async fn execute(tx: &mut Self::Tx<'_>, sql: &str) -> Result<(), HandlerError> {
