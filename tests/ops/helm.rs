@@ -219,6 +219,36 @@ fn bad_values_are_refused_naming_the_key() {
             vec!["relay.exactlyOnce=true".into(), "relay.replicas=5".into()],
             "relay.replicas: 5 relays would share the 4 exactly-once slots",
         ),
+        // A fleet's database names become environment variables' names; `default` is the
+        // release's own database; a discovery pattern is a LIKE pattern of schema names.
+        (
+            vec![
+                "relay.tenants.enabled=true".into(),
+                "relay.tenants.databases.Shard-2=SHARD2_URL".into(),
+            ],
+            "invalid propertyName 'Shard-2'",
+        ),
+        (
+            vec![
+                "relay.tenants.enabled=true".into(),
+                "relay.tenants.databases.default=OTHER_URL".into(),
+            ],
+            "invalid propertyName 'default'",
+        ),
+        (
+            vec![
+                "relay.tenants.enabled=true".into(),
+                "relay.tenants.discover=x';drop".into(),
+            ],
+            "/relay/tenants/discover",
+        ),
+        (
+            vec![
+                "relay.tenants.enabled=true".into(),
+                "relay.tenants.registry=false".into(),
+            ],
+            "relay.tenants: a fleet needs the registry",
+        ),
         (vec!["runAsUser=0".into()], "/runAsUser"),
         (vec!["image.digest=latest".into()], "/image/digest"),
         (vec!["logFormat=xml".into()], "/logFormat"),
