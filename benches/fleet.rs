@@ -43,17 +43,10 @@ fn relay_config(exactly_once: Option<&str>) -> outbox::RelayConfig {
     c
 }
 
-/// This process's threads and resident MiB, from /proc/self/status.
+/// This process's threads and resident MiB.
 fn process_size() -> (i64, f64) {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    let field = |name: &str| {
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix(name))
-            .and_then(|v| v.split_whitespace().next()?.parse::<i64>().ok())
-            .unwrap_or(0)
-    };
-    (field("Threads:"), field("VmRSS:") as f64 / 1024.0)
+    let field = |name| proc_status("self", name).unwrap_or(0);
+    (field("Threads:") as i64, field("VmRSS:") as f64 / 1024.0)
 }
 
 /// What a drain took.

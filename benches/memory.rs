@@ -12,12 +12,6 @@ use std::time::{Duration, Instant};
 
 use support::*;
 
-fn status_kib(pid: u32, field: &str) -> Option<u64> {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let line = s.lines().find(|l| l.starts_with(field))?;
-    line.split_whitespace().nth(1)?.parse().ok()
-}
-
 async fn measure(rows: usize) -> serde_json::Value {
     let db = fresh_db().await;
     let topic = format!("bench.{}.created", rand_name(8));
@@ -42,7 +36,7 @@ async fn measure(rows: usize) -> serde_json::Value {
     let mut marks = serde_json::Map::new();
     let mut max_rss = 0u64;
     loop {
-        let rss = status_kib(pid, "VmRSS:").unwrap_or(0);
+        let rss = proc_status(&pid.to_string(), "VmRSS:").unwrap_or(0);
         max_rss = max_rss.max(rss);
         let pending: i64 = c.query_one(&pending_sql, &[]).await.unwrap().get(0);
         let drained = 100 - (pending as usize * 100 / rows);
@@ -62,7 +56,7 @@ async fn measure(rows: usize) -> serde_json::Value {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let secs = started.elapsed().as_secs_f64();
-    let hwm = status_kib(pid, "VmHWM:").unwrap_or(max_rss);
+    let hwm = proc_status(&pid.to_string(), "VmHWM:").unwrap_or(max_rss);
     Command::new("kill")
         .args(["-TERM", &pid.to_string()])
         .status()

@@ -152,15 +152,7 @@ impl Sampler {
 
 /// Peak resident memory of this process so far (kB).
 fn peak_rss_kb() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmHWM:"))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|v| v.parse().ok())
-        })
-        .unwrap_or(0)
+    proc_status("self", "VmHWM:").unwrap_or(0)
 }
 
 struct Run {

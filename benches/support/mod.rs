@@ -457,3 +457,11 @@ pub fn cpu_seconds() -> Cpu {
     }
     cpu
 }
+
+/// A numeric field of `/proc/<pid>/status` (`pid`: a number or `self`), e.g. `VmRSS:` in KiB
+/// or `Threads:`.
+pub fn proc_status(pid: &str, field: &str) -> Option<u64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = s.lines().find(|l| l.starts_with(field))?;
+    line.split_whitespace().nth(1)?.parse().ok()
+}

@@ -124,26 +124,33 @@ impl Router {
             validate_database_name(name).map_err(|e| e.to_string())
         };
         let mut pools = HashMap::new();
-        for (name, db) in &routing.databases {
-            named(name)?;
-            let mut db = db.clone();
-            db.pool_size = routing.pool_size.max(1);
-            let pool = crate::db::pool(&db).map_err(|e| format!("database {name}: {e}"))?;
-            pools.insert(name.clone(), TenantPool::Pg(pool));
-        }
-        pools.insert(DEFAULT_DATABASE.to_owned(), TenantPool::Pg(own.clone()));
         #[cfg(feature = "sqlx")]
-        if let Some(own_sqlx) = own_sqlx {
-            if !routing.databases.is_empty() {
-                return Err("a consumer on sqlx names its databases' pools in TenantRouting::sqlx_databases, not databases".into());
+        match own_sqlx {
+            Some(own_sqlx) => {
+                if !routing.databases.is_empty() {
+                    return Err("a consumer on sqlx names its databases' pools in TenantRouting::sqlx_databases, not databases".into());
+                }
+                for (name, pool) in &routing.sqlx_databases {
+                    named(name)?;
+                    pools.insert(name.clone(), TenantPool::Sqlx(pool.clone()));
+                }
+                pools.insert(DEFAULT_DATABASE.to_owned(), TenantPool::Sqlx(own_sqlx));
             }
-            for (name, pool) in &routing.sqlx_databases {
+            None if !routing.sqlx_databases.is_empty() => {
+                return Err("TenantRouting::sqlx_databases is for a consumer on sqlx (Driver::Sqlx); name tokio-postgres databases in databases".into());
+            }
+            None => {}
+        }
+        if pools.is_empty() {
+            // tokio-postgres: a pool per named database, opened here.
+            for (name, db) in &routing.databases {
                 named(name)?;
-                pools.insert(name.clone(), TenantPool::Sqlx(pool.clone()));
+                let mut db = db.clone();
+                db.pool_size = routing.pool_size.max(1);
+                let pool = crate::db::pool(&db).map_err(|e| format!("database {name}: {e}"))?;
+                pools.insert(name.clone(), TenantPool::Pg(pool));
             }
-            pools.insert(DEFAULT_DATABASE.to_owned(), TenantPool::Sqlx(own_sqlx));
-        } else if !routing.sqlx_databases.is_empty() {
-            return Err("TenantRouting::sqlx_databases is for a consumer on sqlx (Driver::Sqlx); name tokio-postgres databases in databases".into());
+            pools.insert(DEFAULT_DATABASE.to_owned(), TenantPool::Pg(own.clone()));
         }
         Ok(Self {
             control: own,

@@ -78,15 +78,16 @@ impl Tenant {
     }
 }
 
+/// 1 to 63 bytes, the first one `first`, every one `any`: the shape of both name rules.
+fn fits(name: &str, first: fn(&u8) -> bool, any: fn(&u8) -> bool) -> bool {
+    (1..=63).contains(&name.len()) && first(&name.as_bytes()[0]) && name.as_bytes().iter().all(any)
+}
+
 /// Checks a tenant's name (the registry's rule; also what a consumer accepts in `x-tenant`).
 pub(crate) fn validate_tenant_name(name: &str) -> Result<(), FleetError> {
-    let ok = !name.is_empty()
-        && name.len() <= 63
-        && name.as_bytes()[0].is_ascii_alphanumeric()
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b));
-    if ok {
+    if fits(name, u8::is_ascii_alphanumeric, |b| {
+        b.is_ascii_alphanumeric() || b"_.-".contains(b)
+    }) {
         return Ok(());
     }
     Err(FleetError::Invalid(format!(
@@ -98,13 +99,9 @@ pub(crate) fn validate_tenant_name(name: &str) -> Result<(), FleetError> {
 /// Checks a database name (a tenant's `database`, a key of [`super::FleetConfig::databases`]):
 /// lowercase letters, digits and `_`, not a URL.
 pub(crate) fn validate_database_name(name: &str) -> Result<(), FleetError> {
-    let ok = !name.is_empty()
-        && name.len() <= 63
-        && name.as_bytes()[0].is_ascii_lowercase()
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
-    if ok {
+    if fits(name, u8::is_ascii_lowercase, |b| {
+        b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'_'
+    }) {
         return Ok(());
     }
     // A URL pasted here may carry a password: such a value is not shown.

@@ -277,9 +277,8 @@ impl Lanes {
         self.session.forget(schema).await;
     }
 
-    /// Each step updates `owned`, `all` and `shared` as soon as its statement succeeded: a
-    /// failure on a live session leaves them true to the locks held, and the next rebalance
-    /// goes on from there.
+    /// Each step updates `owned`, `all` and `shared` as soon as its statement succeeded; a
+    /// failure ends the session ([`Lanes::rebalance`]), so the next rebalance starts afresh.
     async fn try_rebalance(&mut self) -> Result<(), tokio_postgres::Error> {
         let schema = self.db.schema.name().to_owned();
         let schema = schema.as_str();

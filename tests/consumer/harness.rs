@@ -302,6 +302,27 @@ async fn in_place_retries_call_handlers_and_the_sqlx_driver() {
     );
 }
 
+/// Registers `tenant` in `control`'s registry: `schema`'s outbox, in the database named
+/// `database`.
+async fn register(
+    control: &outbox::DbConfig,
+    tenant: &str,
+    schema: &outbox::DbConfig,
+    database: &str,
+) {
+    let mut t = outbox::fleet::Tenant::new(tenant, schema.schema.clone()).unwrap();
+    t.database = database.into();
+    outbox::fleet::put_tenant(control, &t).await.unwrap();
+}
+
+/// A `kind` message of `topic` naming `tenant` in `x-tenant`.
+fn of_tenant(topic: &str, kind: &str, tenant: &str) -> Delivered {
+    let mut d = Delivered::from_message(&Message::new(topic, kind, "A-1", serde_json::json!({})));
+    d.headers
+        .push(("x-tenant".into(), Some(tenant.as_bytes().to_vec())));
+    d
+}
+
 /// Tenant routing (`ConsumerConfig::tenants`) as a stranger would probe it: an `x-tenant`
 /// that is no tenant name (empty, a path, a control character, 100,000 bytes), one nobody
 /// registered, and one whose database this consumer was not given are dead-lettered saying
@@ -312,7 +333,6 @@ async fn in_place_retries_call_handlers_and_the_sqlx_driver() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tenant_routing_refuses_what_it_cannot_route_and_handles_the_rest_in_their_schema() {
     use outbox::consumer::TenantRouting;
-    use outbox::fleet::Tenant;
     let (db, _c) = setup().await;
     let acme = fresh_db().await;
     client(&acme)
@@ -320,15 +340,9 @@ async fn tenant_routing_refuses_what_it_cannot_route_and_handles_the_rest_in_the
         .batch_execute("CREATE TABLE seen (id text PRIMARY KEY)")
         .await
         .unwrap();
-    outbox::fleet::put_tenant(&db, &Tenant::new("acme", acme.schema.clone()).unwrap())
-        .await
-        .unwrap();
-    let mut far = Tenant::new("far", acme.schema.clone()).unwrap();
-    far.database = "shard9".into();
-    outbox::fleet::put_tenant(&db, &far).await.unwrap();
-    let mut down = Tenant::new("down", acme.schema.clone()).unwrap();
-    down.database = "closed".into();
-    outbox::fleet::put_tenant(&db, &down).await.unwrap();
+    register(&db, "acme", &acme, "default").await;
+    register(&db, "far", &acme, "shard9").await;
+    register(&db, "down", &acme, "closed").await;
 
     async fn seen(
         msg: &Delivered,
@@ -359,12 +373,7 @@ async fn tenant_routing_refuses_what_it_cannot_route_and_handles_the_rest_in_the
         .harness()
         .await
         .unwrap();
-    let with_tenant = |t: &str| {
-        let mut d = order(topic, serde_json::json!({}));
-        d.headers
-            .push(("x-tenant".into(), Some(t.as_bytes().to_vec())));
-        d
-    };
+    let with_tenant = |t: &str| of_tenant(topic, "order_created", t);
     let long = "t".repeat(100_000);
     for (tenant, says) in [
         ("", "is not a tenant name"),
@@ -447,7 +456,6 @@ async fn tenant_routing_refuses_what_it_cannot_route_and_handles_the_rest_in_the
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tenant_routing_on_sqlx_uses_the_services_pool_of_each_database() {
     use outbox::consumer::{BoxFuture, SqlxCallHandler, TenantRouting};
-    use outbox::fleet::Tenant;
     use std::str::FromStr as _;
     let (db, _c) = setup().await;
     let (acme, umbrella) = (fresh_db().await, fresh_db().await);
@@ -458,15 +466,9 @@ async fn tenant_routing_on_sqlx_uses_the_services_pool_of_each_database() {
             .await
             .unwrap();
     }
-    outbox::fleet::put_tenant(&db, &Tenant::new("acme", acme.schema.clone()).unwrap())
-        .await
-        .unwrap();
-    let mut u = Tenant::new("umbrella", umbrella.schema.clone()).unwrap();
-    u.database = "shard2".into();
-    outbox::fleet::put_tenant(&db, &u).await.unwrap();
-    let mut far = Tenant::new("far", umbrella.schema.clone()).unwrap();
-    far.database = "shard9".into();
-    outbox::fleet::put_tenant(&db, &far).await.unwrap();
+    register(&db, "acme", &acme, "default").await;
+    register(&db, "umbrella", &umbrella, "shard2").await;
+    register(&db, "far", &umbrella, "shard9").await;
     // The named database's pool: the same server here, told apart by its application_name.
     let pool_named = |name: &'static str| async move {
         let opts = sqlx::postgres::PgConnectOptions::from_str(&database_url())
@@ -525,13 +527,7 @@ async fn tenant_routing_on_sqlx_uses_the_services_pool_of_each_database() {
         .harness()
         .await
         .unwrap();
-    let with_tenant = |kind: &str, t: &str| {
-        let mut d =
-            Delivered::from_message(&Message::new(topic, kind, "A-1", serde_json::json!({})));
-        d.headers
-            .push(("x-tenant".into(), Some(t.as_bytes().to_vec())));
-        d
-    };
+    let with_tenant = |kind: &str, t: &str| of_tenant(topic, kind, t);
     let mut want = std::collections::BTreeMap::<&str, Vec<String>>::new();
     for (tenant, pool) in [("acme", "own-pool"), ("umbrella", "shard2-pool")] {
         for kind in ["order_created", "points_due"] {
