@@ -452,7 +452,9 @@ async fn tenant_routing_refuses_what_it_cannot_route_and_handles_the_rest_in_the
 /// pool the service gave for it, each in its schema (`search_path`) with the mark in its own
 /// inbox — an in-transaction handler and a call handler (whose check for an earlier answer
 /// reads the tenant's inbox) alike; a tenant whose database has no pool here is
-/// dead-lettered saying why; sqlx pools on a tokio-postgres consumer are refused.
+/// dead-lettered saying why, one whose database is down (a closed loopback port) is retried
+/// without the URL's password in the reason; `default` among the sqlx pools, and sqlx pools
+/// on a tokio-postgres consumer, are refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tenant_routing_on_sqlx_uses_the_services_pool_of_each_database() {
     use outbox::consumer::{BoxFuture, SqlxCallHandler, TenantRouting};
@@ -469,6 +471,7 @@ async fn tenant_routing_on_sqlx_uses_the_services_pool_of_each_database() {
     register(&db, "acme", &acme, "default").await;
     register(&db, "umbrella", &umbrella, "shard2").await;
     register(&db, "far", &umbrella, "shard9").await;
+    register(&db, "down", &umbrella, "closed").await;
     // The named database's pool: the same server here, told apart by its application_name.
     let pool_named = |name: &'static str| async move {
         let opts = sqlx::postgres::PgConnectOptions::from_str(&database_url())
@@ -514,10 +517,25 @@ async fn tenant_routing_on_sqlx_uses_the_services_pool_of_each_database() {
     let topic = "orders.created";
     let mut config = ConsumerConfig::new("billing-sqlx-tenants", [topic]);
     config.driver = Driver::Sqlx(pool_named("own-pool").await);
+    config.retry = RetryStrategy::Topics {
+        delays: vec![Duration::from_secs(5)],
+    };
     let mut routing = TenantRouting::default();
     routing
         .sqlx_databases
         .insert("shard2".into(), pool_named("shard2-pool").await);
+    // A database on a closed loopback port, its URL with a password.
+    let closed = sqlx::postgres::PgConnectOptions::from_str(&format!(
+        "postgres://outbox:outbox@127.0.0.1:{}/outbox",
+        free_port()
+    ))
+    .unwrap();
+    routing.sqlx_databases.insert(
+        "closed".into(),
+        sqlx::postgres::PgPoolOptions::new()
+            .acquire_timeout(Duration::from_secs(2))
+            .connect_lazy_with(closed),
+    );
     config.tenants = Some(routing.clone());
     let calls = Arc::new(AtomicU32::new(0));
     let h = Consumer::new(&db, &kafka(), config.clone())
@@ -581,6 +599,32 @@ async fn tenant_routing_on_sqlx_uses_the_services_pool_of_each_database() {
         }
         other => panic!("{other:?}"),
     }
+
+    // A tenant whose database is down: this message's transient failure, without the URL.
+    match h.deliver(with_tenant("order_created", "down")).await {
+        Verdict::Retried { record } => {
+            let e = record.header("x-error").unwrap_or_default();
+            assert!(e.contains("tenant down: database closed"), "{e}");
+            assert!(!e.contains("outbox:outbox@"), "{e}");
+        }
+        other => panic!("{other:?}"),
+    }
+
+    // `default` is the consumer's own pool, not one of the named.
+    let mut bad = routing.clone();
+    bad.sqlx_databases
+        .insert("default".into(), pool_named("other").await);
+    let mut with_default = config.clone();
+    with_default.tenants = Some(bad);
+    let refused = Consumer::new(&db, &kafka(), with_default)
+        .unwrap()
+        .sqlx_handler("order_created", in_tx)
+        .harness()
+        .await;
+    assert!(
+        refused.is_err_and(|e| e.to_string().contains("\"default\" is the consumer's own")),
+        "default among the sqlx databases"
+    );
 
     // sqlx pools on a tokio-postgres consumer: refused at start.
     config.driver = Driver::TokioPostgres;
