@@ -7,7 +7,7 @@
 //! KAFKA_BOOTSTRAP_SERVERS=127.0.0.1:9092 cargo run --features sqlx --example sqlx_payments
 //! ```
 //!
-//! No tokio-postgres code here: the consumer runs with `Driver::Sqlx(pool)`, the handler is an
+//! No tokio-postgres code here: the consumer is built with `Consumer::sqlx(.., pool)`, the handler is an
 //! `async fn(&Delivered, &mut PgConnection)`, and the event goes out through
 //! `outbox::sqlx::enqueue`. A redelivered order (after a crash or a rebalance) finds its mark
 //! and is skipped; an order without a positive total is dead-lettered as permanent.
@@ -18,7 +18,7 @@
 
 use std::str::FromStr as _;
 
-use outbox::consumer::{Consumer, ConsumerConfig, Delivered, Driver, HandlerError};
+use outbox::consumer::{Consumer, ConsumerConfig, Delivered, HandlerError};
 use outbox::Message;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::PgConnection;
@@ -105,8 +105,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         [env("PAYMENTS_TOPIC", "orders.created")],
     );
     config.concurrency = concurrency;
-    config.driver = Driver::Sqlx(pool);
-    let consumer = Consumer::new(&db, &kafka, config)?.sqlx_handler("order_created", charge);
+    let consumer = Consumer::sqlx(&db, &kafka, config, pool)?.sqlx_handler("order_created", charge);
     let stats = consumer.stats();
     consumer
         .run(async {

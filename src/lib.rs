@@ -33,7 +33,7 @@
 //! | `prometheus` | yes (by `admin`) | [`metrics::install`], [`metrics::router`], [`metrics::serve`] |
 //! | `admin` | yes | [`admin`]: the HTTP admin API and the dashboard |
 //! | `schemas` | no | `outbox::schemas`: per-topic Avro, Protobuf and JSON Schema in the Confluent wire format through a schema registry; the contract checked by `enqueue` (`Enqueuer::with_schemas`), encoded by the relay, decoded by the consumer |
-//! | `sqlx` | no | `outbox::sqlx` (enqueue into an sqlx transaction), `Inbox::mark_sqlx`, and with `consumer` handler transactions on the service's `PgPool` (`consumer::Driver::Sqlx`) |
+//! | `sqlx` | no | `outbox::sqlx` (enqueue into an sqlx transaction), `Inbox::mark_sqlx`, and with `consumer` handler transactions on the service's `PgPool` (`consumer::Consumer::sqlx`) |
 //!
 //! A service that only writes events depends on
 //! `outbox = { version = "…", default-features = false }` (add `features = ["tls"]` for TLS):

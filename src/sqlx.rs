@@ -15,7 +15,7 @@
 //! ```
 //!
 //! The consumer side: [`crate::consumer::Inbox::mark_sqlx`] for hand-written consumers, and
-//! with the `consumer` feature `consumer::Driver::Sqlx` runs the consumer runtime's handler
+//! with the `consumer` feature `consumer::Consumer::sqlx` runs the consumer runtime's handler
 //! transactions on the service's `PgPool`.
 
 use sqlx::{Executor, Postgres};

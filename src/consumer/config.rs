@@ -93,10 +93,13 @@ pub struct ConsumerConfig {
     /// behind it (durably, in order, the partition flowing) until it is resolved. See
     /// [`super::StrictOrder`] and RELIABILITY.md.
     pub strict_order: Option<super::StrictOrder>,
-    /// Which driver runs the handlers' transactions (default [`Driver::TokioPostgres`]). One
-    /// choice for the whole consumer: every guarantee (the inbox mark in the handler's
-    /// transaction, commit groups, retries, dead letters, the breaker) is the runtime's, the
-    /// driver only opens, marks and commits.
+    /// Which driver runs the handlers' transactions: set by the constructor
+    /// ([`super::Consumer::new`] for tokio-postgres, `Consumer::sqlx` for sqlx), which makes
+    /// it the consumer's type. Left at its default here; a configuration naming a pool is
+    /// refused by both.
+    #[deprecated(
+        note = "the driver is the consumer's type: build with `Consumer::sqlx(db, kafka, config, pool)`"
+    )]
     pub driver: Driver,
     /// Route each message carrying `x-tenant` (a fleet relay's) to its tenant's database and
     /// schema: its handler's transaction and inbox mark run there (see
@@ -115,6 +118,19 @@ pub struct ConsumerConfig {
     #[cfg(feature = "schemas")]
     pub schemas: Option<crate::schemas::Schemas>,
 }
+
+/// The driver of a [`super::Consumer`] built by [`super::Consumer::new`]: its handlers
+/// ([`super::Handler`], [`super::BatchHandler`], [`super::CallHandler`]) run in tokio-postgres
+/// transactions from the consumer's own pool (sized by [`ConsumerConfig::transactions`]).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct PgHandlers;
+
+/// The driver of a [`super::Consumer`] built by `Consumer::sqlx`: its handlers
+/// ([`super::SqlxHandler`], [`super::SqlxBatchHandler`], [`super::SqlxCallHandler`]) run in
+/// sqlx transactions from the service's own pool.
+#[cfg(feature = "sqlx")]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SqlxHandlers;
 
 /// The Postgres driver of a consumer's handler transactions.
 #[derive(Debug, Clone, Default)]
@@ -175,6 +191,7 @@ impl ConsumerConfig {
 
 impl ConsumerConfig {
     /// Settings for `group` reading `topics`, with the defaults.
+    #[allow(deprecated)] // the driver field stays for today's users, set by the constructor
     pub fn new(
         group: impl Into<String>,
         topics: impl IntoIterator<Item = impl Into<String>>,

@@ -110,12 +110,12 @@ pub struct Harness {
     stop: CancellationToken,
 }
 
-impl Consumer {
+impl<D> Consumer<D> {
     /// This consumer as a [`Harness`]: the same handlers, configuration, database and
     /// schema, no Kafka client. For tests of a service's handlers.
     ///
     /// # Errors
-    /// [`ConsumerError::Config`] for a handler of the other driver or an unusable pool.
+    /// [`ConsumerError::Config`] for an unusable pool or tenant routing that does not fit the driver.
     pub async fn harness(self) -> Result<Harness, ConsumerError> {
         let pool = self.pool()?;
         let tx = self.transactions(&pool)?;

@@ -66,7 +66,9 @@ pub use breaker::{
 /// Renamed [`BreakerMode`] (the breaker's mode, not the consumer's).
 #[deprecated(since = "0.2.0", note = "renamed `BreakerMode`")]
 pub type Mode = BreakerMode;
-pub use config::{ConsumerConfig, ConsumerError, Driver};
+#[cfg(feature = "sqlx")]
+pub use config::SqlxHandlers;
+pub use config::{ConsumerConfig, ConsumerError, Driver, PgHandlers};
 pub(crate) use dead_letter::*;
 pub use handler::{
     BatchHandler, BatchHandlerFn, BoxFuture, CallHandler, Delivered, ErrorKind, Freshness,
@@ -85,6 +87,7 @@ pub use upkeep::{cleanup_marks, MarksCleaned, MarksCleanup};
 
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
+use std::marker::PhantomData;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -198,7 +201,12 @@ impl Shared {
 }
 
 /// The consumer runtime. Register handlers with [`Consumer::handler`], then [`Consumer::run`].
-pub struct Consumer {
+///
+/// The type parameter is the driver of the handlers' transactions, fixed when the consumer is
+/// built: [`Consumer::new`] gives a `Consumer<PgHandlers>` (tokio-postgres, the default),
+/// `Consumer::sqlx` (feature `sqlx`) a `Consumer<SqlxHandlers>` over the service's own sqlx pool. Each offers
+/// only its driver's registration methods, so a handler of the other driver does not compile.
+pub struct Consumer<D = PgHandlers> {
     db: DbConfig,
     kafka: KafkaConfig,
     config: ConsumerConfig,
@@ -211,14 +219,36 @@ pub struct Consumer {
     /// Liveness (the poll loop beats) and readiness (Postgres and Kafka looked at while it
     /// runs), for probes.
     health: crate::health::Health,
+    /// The handlers' driver, as a type: which registration methods exist.
+    handlers_of: PhantomData<fn() -> D>,
 }
 
-impl Consumer {
-    /// A consumer over `db` (for `processed_messages` and handler transactions) and `kafka`.
+impl Consumer<PgHandlers> {
+    /// A consumer over `db` (for `processed_messages` and handler transactions) and `kafka`,
+    /// whose handlers run in tokio-postgres transactions from its own pool.
     ///
     /// # Errors
-    /// [`ConsumerError::Config`] for invalid settings.
+    /// [`ConsumerError::Config`] for invalid settings, and for a configuration naming
+    /// `Driver::Sqlx` (build that consumer with `Consumer::sqlx`).
     pub fn new(
+        db: &DbConfig,
+        kafka: &KafkaConfig,
+        config: ConsumerConfig,
+    ) -> Result<Self, ConsumerError> {
+        #[allow(deprecated)]
+        if !matches!(config.driver, Driver::TokioPostgres) {
+            return Err(ConsumerError::Config(format!(
+                "ConsumerConfig::driver is {}: build a consumer of sqlx handlers with Consumer::sqlx(db, kafka, config, pool)",
+                config.driver.name()
+            )));
+        }
+        Self::build(db, kafka, config)
+    }
+}
+
+impl<D> Consumer<D> {
+    /// The shared part of the constructors: settings checked, the breaker's pool made.
+    fn build(
         db: &DbConfig,
         kafka: &KafkaConfig,
         config: ConsumerConfig,
@@ -259,9 +289,12 @@ impl Consumer {
             freshness: None,
             holds_stale: Arc::new(std::sync::atomic::AtomicBool::new(true)),
             health: crate::health::Health::new(),
+            handlers_of: PhantomData,
         })
     }
+}
 
+impl Consumer<PgHandlers> {
     /// Registers the handler for `message_type` (replacing any earlier one).
     #[must_use]
     pub fn handler(mut self, message_type: impl Into<String>, handler: impl Handler) -> Self {
@@ -315,11 +348,81 @@ impl Consumer {
         );
         self
     }
+}
+
+#[cfg(feature = "sqlx")]
+impl Consumer<SqlxHandlers> {
+    /// A consumer whose handlers run in sqlx transactions taken from `pool`, the service's own
+    /// `PgPool` (its `search_path` is what handlers see; it needs a connection per
+    /// [`ConsumerConfig::transactions`]). The runtime's own bookkeeping (dead-letter records,
+    /// the breaker's row, heartbeats, marks cleanup) keeps two connections of its own on `db`.
+    ///
+    /// Only sqlx handlers can be registered on it:
+    ///
+    /// ```no_run
+    /// # use outbox::consumer::{Consumer, ConsumerConfig, Delivered, HandlerError};
+    /// async fn charge(msg: &Delivered, tx: &mut sqlx::PgConnection) -> Result<(), HandlerError> {
+    ///     sqlx::query("SELECT 1").execute(&mut *tx).await?;
+    ///     Ok(())
+    /// }
+    /// # fn f(db: &outbox::DbConfig, kafka: &outbox::KafkaConfig, pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
+    /// let consumer = Consumer::sqlx(db, kafka, ConsumerConfig::new("payments", ["orders"]), pool)?
+    ///     .sqlx_handler("order_created", charge);
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// and a tokio-postgres handler given to it does not compile (the same lines, with
+    /// `handler`):
+    ///
+    /// ```compile_fail
+    /// # use outbox::consumer::{Consumer, ConsumerConfig, Delivered, HandlerError};
+    /// async fn charge(msg: &Delivered, tx: &tokio_postgres::Transaction<'_>) -> Result<(), HandlerError> {
+    ///     tx.execute("SELECT 1", &[]).await?;
+    ///     Ok(())
+    /// }
+    /// # fn f(db: &outbox::DbConfig, kafka: &outbox::KafkaConfig, pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
+    /// let consumer = Consumer::sqlx(db, kafka, ConsumerConfig::new("payments", ["orders"]), pool)?
+    ///     .handler("order_created", charge);
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// Nor does an sqlx handler given to a consumer from [`Consumer::new`]:
+    ///
+    /// ```compile_fail
+    /// # use outbox::consumer::{Consumer, ConsumerConfig, Delivered, HandlerError};
+    /// async fn charge(msg: &Delivered, tx: &mut sqlx::PgConnection) -> Result<(), HandlerError> {
+    ///     sqlx::query("SELECT 1").execute(&mut *tx).await?;
+    ///     Ok(())
+    /// }
+    /// # fn f(db: &outbox::DbConfig, kafka: &outbox::KafkaConfig, pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
+    /// let consumer = Consumer::new(db, kafka, ConsumerConfig::new("payments", ["orders"]))?
+    ///     .sqlx_handler("order_created", charge);
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`ConsumerError::Config`] for invalid settings, and for a configuration naming
+    /// [`Driver::Sqlx`] already (the pool is this call's argument).
+    pub fn sqlx(
+        db: &DbConfig,
+        kafka: &KafkaConfig,
+        mut config: ConsumerConfig,
+        pool: ::sqlx::PgPool,
+    ) -> Result<Self, ConsumerError> {
+        #[allow(deprecated)]
+        {
+            if !matches!(config.driver, Driver::TokioPostgres) {
+                return Err(ConsumerError::Config(
+                    "ConsumerConfig::driver names a pool already: Consumer::sqlx takes it as its argument".into(),
+                ));
+            }
+            config.driver = Driver::Sqlx(pool);
+        }
+        Self::build(db, kafka, config)
+    }
 
     /// Registers an [`SqlxHandler`] for `message_type` (replacing any earlier handler): it runs
-    /// in an sqlx transaction from the pool of [`Driver::Sqlx`], which the configuration
-    /// must name.
-    #[cfg(feature = "sqlx")]
+    /// in an sqlx transaction from the consumer's pool.
     #[must_use]
     pub fn sqlx_handler(
         mut self,
@@ -333,8 +436,7 @@ impl Consumer {
         self
     }
 
-    /// As [`Consumer::on_tombstone`], with an [`SqlxHandler`] (for [`Driver::Sqlx`]).
-    #[cfg(feature = "sqlx")]
+    /// As [`Consumer::on_tombstone`], with an [`SqlxHandler`].
     #[must_use]
     pub fn on_tombstone_sqlx(mut self, handler: impl SqlxHandler) -> Self {
         self.handlers.insert(
@@ -346,7 +448,6 @@ impl Consumer {
 
     /// Registers an [`SqlxBatchHandler`] for `message_type`: up to `max_batch` messages per
     /// sqlx transaction (see [`Consumer::batch_handler`]).
-    #[cfg(feature = "sqlx")]
     #[must_use]
     pub fn sqlx_batch_handler(
         mut self,
@@ -362,9 +463,7 @@ impl Consumer {
     }
 
     /// Registers an [`SqlxCallHandler`] for `message_type` (replacing any earlier handler): as
-    /// [`Consumer::call_handler`], with its record written through the pool of
-    /// [`Driver::Sqlx`].
-    #[cfg(feature = "sqlx")]
+    /// [`Consumer::call_handler`], with its record written through the consumer's sqlx pool.
     #[must_use]
     pub fn sqlx_call_handler(
         mut self,
@@ -377,7 +476,9 @@ impl Consumer {
         );
         self
     }
+}
 
+impl<D> Consumer<D> {
     /// This consumer's health, to answer probes: live while its poll loop turns (an outage
     /// does not make it not live), ready while [`Consumer::run`] runs, not shutting down, and
     /// both Postgres and Kafka answered their last look. Take it before `run`; mount

@@ -13,7 +13,9 @@ use super::driver::Sqlx;
 use super::driver::{Pg, Routes, Transactions};
 use super::{call, Consumer, ConsumerError, Driver, HandlerRef, Inbox, Shared, Sink};
 
-impl Consumer {
+// The driver is read from the configuration, where the constructor put it.
+#[allow(deprecated)]
+impl<D> Consumer<D> {
     /// The handlers sorted into the configured driver's table over `pool` (or the service's
     /// sqlx pool); a handler of the other driver is refused, by name.
     pub(super) fn transactions(&self, pool: &Pool) -> Result<Box<dyn Transactions>, ConsumerError> {

@@ -1,4 +1,4 @@
-//! The handler traits of the sqlx driver ([`super::Driver::Sqlx`]): the same kinds as the
+//! The handler traits of the sqlx driver (a consumer built by `Consumer::sqlx`): the same kinds as the
 //! tokio-postgres ones — per message, batch, call — handed the transaction's `PgConnection`
 //! instead of a tokio-postgres `Transaction`, so a service on sqlx writes no tokio-postgres.
 //! The transactions themselves are the consumer's one set of recipes (`driver/`).
@@ -115,7 +115,7 @@ where
 
 /// A [`super::CallHandler`] whose record is written through sqlx: [`SqlxCallHandler::call`]
 /// runs with no database connection held, then [`SqlxCallHandler::record`] runs in one short
-/// sqlx transaction with the inbox mark (on the pool of [`super::Driver::Sqlx`]). Register it
+/// sqlx transaction with the inbox mark (on the consumer's sqlx pool). Register it
 /// with [`super::Consumer::sqlx_call_handler`].
 pub trait SqlxCallHandler: Send + Sync + 'static {
     /// What a successful call answered, handed to [`SqlxCallHandler::record`].

@@ -43,7 +43,7 @@ pub struct TenantRouting {
     /// How long a resolved tenant is trusted before the registry is read again (a tenant
     /// moved to another database is followed within this).
     pub refresh: Duration,
-    /// A consumer on sqlx ([`super::Driver::Sqlx`]): the service's pool of each database the
+    /// A consumer on sqlx (built by `Consumer::sqlx`): the service's pool of each database the
     /// registry names besides `default` (which is the consumer's own pool). Used instead of
     /// `databases`, which an sqlx consumer must leave empty.
     #[cfg(feature = "sqlx")]
@@ -137,7 +137,7 @@ impl Router {
                 pools.insert(DEFAULT_DATABASE.to_owned(), TenantPool::Sqlx(own_sqlx));
             }
             None if !routing.sqlx_databases.is_empty() => {
-                return Err("TenantRouting::sqlx_databases is for a consumer on sqlx (Driver::Sqlx); name tokio-postgres databases in databases".into());
+                return Err("TenantRouting::sqlx_databases is for a consumer on sqlx (Consumer::sqlx); name tokio-postgres databases in databases".into());
             }
             None => {}
         }

@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use outbox::consumer::{
-    BoxFuture, BreakerConfig, CallHandler, Consumer, ConsumerConfig, Delivered, Driver,
-    HandlerError, RetryStrategy,
+    BoxFuture, BreakerConfig, CallHandler, Consumer, ConsumerConfig, Delivered, HandlerError,
+    RetryStrategy,
 };
 use outbox::wire::DeadLetterKind;
 use outbox::Message;
@@ -255,8 +255,7 @@ async fn in_place_retries_call_handlers_and_the_sqlx_driver() {
             .await?;
         Ok(())
     }
-    let mut config = ConsumerConfig::new("billing-sqlx", ["orders.created"]);
-    config.driver = Driver::Sqlx(sqlx_pool(&db, 2).await);
+    let config = ConsumerConfig::new("billing-sqlx", ["orders.created"]);
     async fn sqlx_forget(msg: &Delivered, tx: &mut sqlx::PgConnection) -> Result<(), HandlerError> {
         assert!(msg.tombstone);
         sqlx::query("INSERT INTO effects (message_id) VALUES ('forgotten ' || $1)")
@@ -265,7 +264,7 @@ async fn in_place_retries_call_handlers_and_the_sqlx_driver() {
             .await?;
         Ok(())
     }
-    let h = Consumer::new(&db, &kafka(), config)
+    let h = Consumer::sqlx(&db, &kafka(), config, sqlx_pool(&db, 2).await)
         .unwrap()
         .sqlx_handler("order_created", sqlx_charge)
         .on_tombstone_sqlx(sqlx_forget)
@@ -428,7 +427,6 @@ async fn tenant_routing_refuses_what_it_cannot_route_and_handles_the_rest_in_the
     assert!(refused.is_err_and(|e| e.to_string().contains("\"default\" is the consumer's own")),);
     // An sqlx consumer names its databases' sqlx pools, not tokio-postgres connections.
     config.tenants = Some(routing);
-    config.driver = Driver::Sqlx(sqlx_pool(&db, 2).await);
     async fn seen_sqlx(msg: &Delivered, tx: &mut sqlx::PgConnection) -> Result<(), HandlerError> {
         sqlx::query("INSERT INTO seen VALUES ($1)")
             .bind(&msg.message_id)
@@ -436,7 +434,7 @@ async fn tenant_routing_refuses_what_it_cannot_route_and_handles_the_rest_in_the
             .await?;
         Ok(())
     }
-    let refused = Consumer::new(&db, &kafka(), config)
+    let refused = Consumer::sqlx(&db, &kafka(), config, sqlx_pool(&db, 2).await)
         .unwrap()
         .sqlx_handler("order_created", seen_sqlx)
         .harness()
@@ -516,7 +514,7 @@ async fn tenant_routing_on_sqlx_uses_the_services_pool_of_each_database() {
     }
     let topic = "orders.created";
     let mut config = ConsumerConfig::new("billing-sqlx-tenants", [topic]);
-    config.driver = Driver::Sqlx(pool_named("own-pool").await);
+    let own = pool_named("own-pool").await;
     config.retry = RetryStrategy::Topics {
         delays: vec![Duration::from_secs(5)],
     };
@@ -538,7 +536,7 @@ async fn tenant_routing_on_sqlx_uses_the_services_pool_of_each_database() {
     );
     config.tenants = Some(routing.clone());
     let calls = Arc::new(AtomicU32::new(0));
-    let h = Consumer::new(&db, &kafka(), config.clone())
+    let h = Consumer::sqlx(&db, &kafka(), config.clone(), own.clone())
         .unwrap()
         .sqlx_handler("order_created", in_tx)
         .sqlx_call_handler("points_due", Call(calls.clone()))
@@ -616,7 +614,7 @@ async fn tenant_routing_on_sqlx_uses_the_services_pool_of_each_database() {
         .insert("default".into(), pool_named("other").await);
     let mut with_default = config.clone();
     with_default.tenants = Some(bad);
-    let refused = Consumer::new(&db, &kafka(), with_default)
+    let refused = Consumer::sqlx(&db, &kafka(), with_default, own)
         .unwrap()
         .sqlx_handler("order_created", in_tx)
         .harness()
@@ -627,7 +625,6 @@ async fn tenant_routing_on_sqlx_uses_the_services_pool_of_each_database() {
     );
 
     // sqlx pools on a tokio-postgres consumer: refused at start.
-    config.driver = Driver::TokioPostgres;
     let refused = Consumer::new(&db, &kafka(), config)
         .unwrap()
         .handler("order_created", handler)

@@ -130,19 +130,21 @@ async fn a_replayed_letter_older_than_what_its_entity_shows_is_ignored_by_a_hand
             base: Duration::from_millis(10),
             max: Duration::from_millis(10),
         };
-        let consumer = if group == "ledger-sqlx" {
-            cfg.driver = outbox::consumer::Driver::Sqlx(sqlx_pool(&db, 2).await);
-            Consumer::new(&db, &kafka(), cfg)
-                .unwrap()
-                .sqlx_handler("balance_set", SqlxBalance(group, fixed.clone()))
-        } else {
-            Consumer::new(&db, &kafka(), cfg)
-                .unwrap()
-                .handler("balance_set", balance_handler(group, guards, fixed.clone()))
-        };
-        stats.push(consumer.stats());
         let s = stop.clone();
-        tokio::spawn(async move { consumer.run(async move { s.cancelled().await }).await });
+        let shutdown = async move { s.cancelled().await };
+        if group == "ledger-sqlx" {
+            let consumer = Consumer::sqlx(&db, &kafka(), cfg, sqlx_pool(&db, 2).await)
+                .unwrap()
+                .sqlx_handler("balance_set", SqlxBalance(group, fixed.clone()));
+            stats.push(consumer.stats());
+            tokio::spawn(consumer.run(shutdown));
+        } else {
+            let consumer = Consumer::new(&db, &kafka(), cfg)
+                .unwrap()
+                .handler("balance_set", balance_handler(group, guards, fixed.clone()));
+            stats.push(consumer.stats());
+            tokio::spawn(consumer.run(shutdown));
+        }
     }
     wait_until(
         Duration::from_secs(30),

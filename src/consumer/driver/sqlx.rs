@@ -1,4 +1,4 @@
-//! The sqlx driver: transactions on the service's own `PgPool` (`Driver::Sqlx`), for
+//! The sqlx driver: transactions on the service's own `PgPool` (`Consumer::sqlx`), for
 //! [`SqlxHandler`], [`SqlxBatchHandler`] and [`SqlxCallHandler`]. sqlx takes the connection
 //! mutably, so a savepoint and the handler, or the records of a group, go one after another
 //! where tokio-postgres pipelines them.
