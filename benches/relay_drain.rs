@@ -407,6 +407,9 @@ async fn tracing_cost(
     params: &serde_json::Value,
 ) {
     let modes = TRACING_MODES;
+    // Each mode's rate in every round: the summary's medians damp the shared machine's swings
+    // (one round's ratio moves ±10 % with whatever else ran meanwhile).
+    let mut rates: std::collections::HashMap<&str, Vec<f64>> = std::collections::HashMap::new();
     for round in 0..rounds {
         let mut got = std::collections::HashMap::new();
         for i in 0..3 {
@@ -419,6 +422,7 @@ async fn tracing_cost(
             let r = drain_with(setup, rows, batch, keys).await;
             // The flush of what is queued is part of the cost, not of the next drain.
             let spans = tracing_off(guard);
+            rates.entry(name).or_default().push(rate(&r));
             got.insert(
                 name,
                 (
@@ -445,6 +449,29 @@ async fn tracing_cost(
                 "cores_busy_off_1pct_100pct": [got["off"].2, got["1%"].2, got["100%"].2],
                 // Spans recorded and accepted by Jaeger (a full queue drops spans, never waits).
                 "spans_1pct_100pct": [got["1%"].3, got["100%"].3],
+            }),
+        );
+    }
+    if rounds > 1 {
+        let median = |name: &str| {
+            let mut v = rates[name].clone();
+            v.sort_by(f64::total_cmp);
+            let n = v.len();
+            if n % 2 == 1 {
+                v[n / 2]
+            } else {
+                (v[n / 2 - 1] + v[n / 2]) / 2.0
+            }
+        };
+        let off = median("off");
+        emit(
+            "relay_drain_tracing_medians",
+            params.clone(),
+            serde_json::json!({
+                "rounds": rounds,
+                "off_msgs_per_sec": off,
+                "ratio_1pct_to_off": round2(median("1%") / off),
+                "ratio_100pct_to_off": round2(median("100%") / off),
             }),
         );
     }
