@@ -185,6 +185,8 @@ impl From<crate::dlq::DlqError> for ApiError {
     fn from(e: crate::dlq::DlqError) -> Self {
         if e.is_not_found() {
             Self(StatusCode::NOT_FOUND, api_words(&e.to_string()))
+        } else if e.is_conflict() {
+            Self(StatusCode::CONFLICT, api_words(&e.to_string()))
         } else if e.is_invalid() {
             Self(StatusCode::BAD_REQUEST, api_words(&e.to_string()))
         } else {

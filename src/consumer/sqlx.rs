@@ -24,7 +24,8 @@ use super::handler::{BoxFuture, Delivered, HandlerError};
 ///         .bind(total).execute(&mut *tx).await?;
 ///     Ok(())
 /// }
-/// # fn register(c: outbox::consumer::Consumer) -> outbox::consumer::Consumer {
+/// # use outbox::consumer::{Consumer, SqlxHandlers};
+/// # fn register(c: Consumer<SqlxHandlers>) -> Consumer<SqlxHandlers> {
 /// c.sqlx_handler("order_created", charge)
 /// # }
 /// ```

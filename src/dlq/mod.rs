@@ -57,6 +57,10 @@ pub enum DlqError {
     /// matching the filter.
     #[error("{0}")]
     NotFound(String),
+    /// What the request names exists but its state refuses the change (an ended job paused,
+    /// cancelled or run; a job another process runs): look at it again before retrying.
+    #[error("{0}")]
+    Conflict(String),
     /// Postgres refused a statement or went away.
     #[error("postgres: {0}")]
     Postgres(#[from] tokio_postgres::Error),
@@ -78,10 +82,18 @@ impl From<crate::cleanup::CleanupError> for DlqError {
 }
 
 impl DlqError {
-    /// True when the caller asked for something invalid or absent (a CLI exits 2, an API
-    /// answers 4xx); false for a failure of Postgres or Kafka.
+    /// True when the caller asked for something invalid, absent or refused by its state (a
+    /// CLI exits 2, an API answers 4xx); false for a failure of Postgres or Kafka.
     pub fn is_invalid(&self) -> bool {
-        matches!(self, Self::Invalid(_) | Self::NotFound(_))
+        matches!(
+            self,
+            Self::Invalid(_) | Self::NotFound(_) | Self::Conflict(_)
+        )
+    }
+
+    /// True when what the request names is in a state that refuses it (an API answers 409).
+    pub fn is_conflict(&self) -> bool {
+        matches!(self, Self::Conflict(_))
     }
 
     /// True when what the request names does not exist (an API answers 404).
@@ -92,6 +104,10 @@ impl DlqError {
 
 fn invalid<T>(msg: impl Into<String>) -> Result<T, DlqError> {
     Err(DlqError::Invalid(msg.into()))
+}
+
+fn conflict<T>(msg: impl Into<String>) -> Result<T, DlqError> {
+    Err(DlqError::Conflict(msg.into()))
 }
 
 fn not_found<T>(msg: impl Into<String>) -> Result<T, DlqError> {

@@ -464,7 +464,7 @@ async fn viewers_never_see_bodies_bad_bodies_get_4xx_and_api_replays_are_audited
         Some("{\"reason\":\"too late\"}"),
     )
     .await;
-    assert_eq!(code, 400, "a completed job cannot be cancelled: {b}");
+    assert_eq!(code, 409, "a completed job cannot be cancelled: {b}");
     assert!(b.contains("has ended"), "{b}");
     // Drop through the API: audited with the holder and the reason.
     let (code, b) = http(

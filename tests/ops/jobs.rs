@@ -167,7 +167,21 @@ async fn a_jobs_timeline_letters_and_comebacks_are_served_and_each_action_is_aud
         Some(r#"{"reason":"late"}"#),
     )
     .await;
-    assert_eq!(code, 400, "an ended job cannot be cancelled: {b}");
+    assert_eq!(code, 409, "an ended job cannot be cancelled: {b}");
+    // Nor paused: the same conflict, not a malformed request.
+    let (code, b) = http(
+        s.port,
+        "POST",
+        &path("pause"),
+        Some(OPERATOR),
+        Some(r#"{"reason":"late"}"#),
+    )
+    .await;
+    assert_eq!(code, 409, "an ended job cannot be paused: {b}");
+    assert!(
+        b.contains("only pending or running jobs can be paused"),
+        "{b}"
+    );
 
     // The audit log has both actions, with the operator, the reason and the job's letters.
     let rows = pg

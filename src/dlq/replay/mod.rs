@@ -23,7 +23,7 @@ use serde_json::Value;
 use super::filter::{Filter, Status};
 use super::headers::{for_replay, from_json, HeaderValue};
 use super::query::{ts, ts_opt, LetterRow};
-use super::{check_actor, invalid, not_found, Dlq, DlqError};
+use super::{check_actor, conflict, invalid, not_found, Dlq, DlqError};
 use crate::config::KafkaConfig;
 use crate::message::rfc3339;
 use crate::wire::X_FIRST_FAILED_AT;

@@ -103,7 +103,7 @@ impl Dlq {
     /// `progress` is called after every chunk.
     ///
     /// # Errors
-    /// [`DlqError::Invalid`] when the job has ended or another process runs it; Kafka and
+    /// [`DlqError::Conflict`] when the job has ended or another process runs it; Kafka and
     /// Postgres errors otherwise (the job stays `running` and can be resumed).
     pub async fn run_job(
         &self,
@@ -170,13 +170,13 @@ impl Dlq {
             .await?
             .get(0);
         if !locked {
-            return invalid(format!("job {id} is being run by another process"));
+            return conflict(format!("job {id} is being run by another process"));
         }
         let job = self.job(id).await?;
         match job.status {
             JobStatus::Pending | JobStatus::Running | JobStatus::Paused => {}
             s => {
-                return invalid(
+                return conflict(
                     format!("job {id} is {s:?}: only pending, running or paused jobs run")
                         .to_lowercase(),
                 )

@@ -30,7 +30,7 @@ impl Dlq {
     /// One job with its counts.
     ///
     /// # Errors
-    /// [`DlqError::Invalid`] when there is no such job.
+    /// [`DlqError::NotFound`] when there is no such job.
     pub async fn job(&self, id: i64) -> Result<Job, DlqError> {
         self.jobs_where(Some(id), 1)
             .await?
@@ -134,7 +134,8 @@ impl Dlq {
     /// with `reason`.
     ///
     /// # Errors
-    /// [`DlqError::Invalid`] when the job does not exist or cannot be paused.
+    /// [`DlqError::NotFound`] when the job does not exist, [`DlqError::Conflict`] when it
+    /// cannot be paused.
     pub async fn pause_job(
         &self,
         id: i64,
@@ -155,7 +156,7 @@ impl Dlq {
             .await?
         {
             let j = self.job(id).await?;
-            return invalid(
+            return conflict(
                 format!(
                     "job {id} is {:?}: only pending or running jobs can be paused",
                     j.status
@@ -169,7 +170,8 @@ impl Dlq {
     /// Cancels a job, audited with `reason`; its unsent letters stay `new`.
     ///
     /// # Errors
-    /// [`DlqError::Invalid`] when the job does not exist or has ended.
+    /// [`DlqError::NotFound`] when the job does not exist, [`DlqError::Conflict`] when it has
+    /// ended.
     pub async fn cancel_job(
         &self,
         id: i64,
@@ -190,7 +192,7 @@ impl Dlq {
             .await?
         {
             let j = self.job(id).await?;
-            return invalid(format!("job {id} has ended ({:?})", j.status).to_lowercase());
+            return conflict(format!("job {id} has ended ({:?})", j.status).to_lowercase());
         }
         self.job(id).await
     }
