@@ -453,25 +453,16 @@ async fn tracing_cost(
         );
     }
     if rounds > 1 {
-        let median = |name: &str| {
-            let mut v = rates[name].clone();
-            v.sort_by(f64::total_cmp);
-            let n = v.len();
-            if n % 2 == 1 {
-                v[n / 2]
-            } else {
-                (v[n / 2 - 1] + v[n / 2]) / 2.0
-            }
-        };
-        let off = median("off");
+        let of = |mode: &str| median(rates[mode].clone());
+        let off = of("off");
         emit(
             "relay_drain_tracing_medians",
             params.clone(),
             serde_json::json!({
                 "rounds": rounds,
                 "off_msgs_per_sec": off,
-                "ratio_1pct_to_off": round2(median("1%") / off),
-                "ratio_100pct_to_off": round2(median("100%") / off),
+                "ratio_1pct_to_off": round2(of("1%") / off),
+                "ratio_100pct_to_off": round2(of("100%") / off),
             }),
         );
     }

@@ -318,14 +318,7 @@ async fn soak(ring: bool) {
     // third of the run (after warm-up) vs the last third.
     let third = (rows.len() / 3).max(1);
     let median_of = |rs: &[serde_json::Value], k: &str| {
-        let mut v: Vec<f64> = rs.iter().map(|r| r[k].as_f64().unwrap()).collect();
-        v.sort_by(f64::total_cmp);
-        let n = v.len();
-        if n % 2 == 1 {
-            v[n / 2]
-        } else {
-            (v[n / 2 - 1] + v[n / 2]) / 2.0
-        }
+        median(rs.iter().map(|r| r[k].as_f64().unwrap()).collect())
     };
     let head = &rows[usize::from(rows.len() > 2).min(rows.len() - 1)..third.max(2).min(rows.len())];
     let tail = &rows[rows.len() - third..];
