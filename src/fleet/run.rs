@@ -324,6 +324,7 @@ impl Fleet {
         }
         let database = &sharing.databases[&d.database];
         database.locks.expect(d.schema.name());
+        sharing.gauges.admit(&d.tenants[0]);
         let mut relay = Relay::with_shared(
             &db,
             &self.kafka,

@@ -82,9 +82,13 @@ impl GaugeValues {
 }
 
 /// A fleet's outbox gauges, per tenant, published with at most `cap` tenant labels: the
-/// first `cap` tenants seen keep a label of their own for the process's life (a label once
-/// given is never given to another, so the series stay bounded), every other tenant is
-/// summed into `tenant="other"`. 1,000 tenants cost `cap + 1` series per gauge.
+/// first `cap` tenants known (admitted by the fleet as it starts them, in name order within
+/// one reload) keep a label of their own for the process's life (a label once given is never
+/// given to another, so the series stay bounded), every other tenant is summed into
+/// `tenant="other"`. 1,000 tenants cost `cap + 1` series per gauge. A labelled tenant is
+/// published from its first recorded values on (its relay's first refresh comes at a
+/// staggered moment, `tasks::gauges_schedule`), so which tenants get a label does not depend
+/// on which relay refreshed first.
 pub(crate) struct TenantGauges {
     cap: usize,
     state: Mutex<GaugeState>,
@@ -93,7 +97,11 @@ pub(crate) struct TenantGauges {
 #[derive(Default)]
 struct GaugeState {
     values: std::collections::BTreeMap<String, GaugeValues>,
+    /// Tenants the fleet runs (or ran), whether recorded yet or not.
+    known: std::collections::BTreeSet<String>,
     labelled: std::collections::BTreeSet<String>,
+    /// Tenants recorded at least once: a labelled one is published from then on.
+    recorded: std::collections::BTreeSet<String>,
 }
 
 impl TenantGauges {
@@ -104,28 +112,42 @@ impl TenantGauges {
         }
     }
 
-    pub(crate) fn record(&self, tenant: &str, v: GaugeValues) {
+    /// A tenant the fleet starts: it may take a label before its first values arrive.
+    pub(crate) fn admit(&self, tenant: &str) {
         self.state
             .lock()
             .expect("tenant gauges")
-            .values
-            .insert(tenant.to_owned(), v);
+            .known
+            .insert(tenant.to_owned());
+    }
+
+    pub(crate) fn record(&self, tenant: &str, v: GaugeValues) {
+        let mut s = self.state.lock().expect("tenant gauges");
+        s.recorded.insert(tenant.to_owned());
+        s.values.insert(tenant.to_owned(), v);
     }
 
     /// A tenant no longer published: its labelled series go to 0, its values leave `other`.
     pub(crate) fn forget(&self, tenant: &str) {
-        self.state
-            .lock()
-            .expect("tenant gauges")
-            .values
-            .remove(tenant);
+        let mut s = self.state.lock().expect("tenant gauges");
+        s.values.remove(tenant);
+        if !s.labelled.contains(tenant) {
+            s.known.remove(tenant);
+        }
     }
 
     /// What to publish: each labelled tenant's values (0 once gone) and the rest's sum.
     pub(crate) fn series(&self) -> (Vec<(String, GaugeValues)>, Option<GaugeValues>) {
         let mut s = self.state.lock().expect("tenant gauges");
-        let GaugeState { values, labelled } = &mut *s;
-        for t in values.keys() {
+        let GaugeState {
+            values,
+            known,
+            labelled,
+            recorded,
+        } = &mut *s;
+        let names: std::collections::BTreeSet<&String> =
+            known.iter().chain(values.keys()).collect();
+        for t in names {
             if labelled.len() >= self.cap {
                 break;
             }
@@ -133,6 +155,7 @@ impl TenantGauges {
         }
         let own = labelled
             .iter()
+            .filter(|t| recorded.contains(*t))
             .map(|t| (t.clone(), values.get(t).copied().unwrap_or_default()))
             .collect();
         let rest = values
@@ -373,6 +396,36 @@ mod tests {
             ]
         );
         assert_eq!(rest, Some(v(7.0, 9.0)));
+    }
+
+    /// The fleet admits its tenants as it starts them; their relays' first refreshes come in
+    /// any order. The labels still go to the first admitted by name, and a labelled tenant
+    /// shows no series (not a 0) before its first values.
+    #[test]
+    fn labels_go_to_the_admitted_tenants_by_name_whichever_refreshes_first() {
+        let g = TenantGauges::new(1);
+        for t in ["globex", "acme", "initech"] {
+            g.admit(t);
+        }
+        let v = |pending: f64| GaugeValues {
+            pending,
+            ..GaugeValues::default()
+        };
+        g.record("globex", v(5.0));
+        let (own, rest) = g.series();
+        assert!(own.is_empty(), "acme has no values yet: {own:?}");
+        assert_eq!(rest, Some(v(5.0)));
+        g.record("initech", v(2.0));
+        g.record("acme", v(1.0));
+        let (own, rest) = g.series();
+        assert_eq!(own, [("acme".to_owned(), v(1.0))]);
+        assert_eq!(rest, Some(v(7.0)));
+        // An unlabelled tenant that goes leaves no claim on a label behind.
+        g.forget("globex");
+        g.forget("initech");
+        let (own, rest) = g.series();
+        assert_eq!(own, [("acme".to_owned(), v(1.0))]);
+        assert_eq!(rest, None);
     }
 
     /// One pass at a time; a tenant that asked 50 times in a row and a tenant that arrives

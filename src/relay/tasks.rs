@@ -41,16 +41,17 @@ pub(super) async fn sweep_with(
     Ok(found)
 }
 
-/// Sweeps every `every` (first after one interval) and wakes the relay when rows were found.
+/// Sweeps every `every` (first after one interval and `offset`: a fleet's relays, started
+/// together, sweep at staggered moments) and wakes the relay when rows were found.
 pub(super) async fn sweep_schedule(
     pool: Pool,
     stmts: Arc<Statements>,
     floor: Arc<Mutex<ClaimFloor>>,
-    every: Duration,
+    (every, offset): (Duration, Duration),
     wake: Arc<Notify>,
     cancel: CancellationToken,
 ) {
-    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every + offset, every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
@@ -155,7 +156,15 @@ pub(super) async fn gauges_schedule(
     tenant: Option<(Arc<super::gate::TenantGauges>, Arc<str>)>,
     cancel: CancellationToken,
 ) {
-    let mut tick = tokio::time::interval(Duration::from_secs(15));
+    const EVERY: Duration = Duration::from_secs(15);
+    // A fleet starts hundreds of relays at once: each refreshes first at its own moment
+    // within the period (from its tenant's name), so their statements are spread over it
+    // instead of all landing at start, and again every 15 s, beside the first passes.
+    let first = match &tenant {
+        Some((_, t)) => stagger(t, EVERY),
+        None => Duration::ZERO,
+    };
+    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + first, EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
@@ -170,6 +179,16 @@ pub(super) async fn gauges_schedule(
         )
         .await;
     }
+}
+
+/// Where in `period` a fleet's relay for `tenant` does its periodic work: the same for a
+/// tenant every time, spread evenly over the tenants.
+pub(super) fn stagger(tenant: &str, period: Duration) -> Duration {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    tenant.hash(&mut h);
+    let ms = u64::try_from(period.as_millis()).unwrap_or(u64::MAX).max(1);
+    Duration::from_millis(h.finish() % ms)
 }
 
 /// Sets `outbox_rows{status}` and `outbox_oldest_pending_age_seconds` (see `sql::GAUGES`),
@@ -227,10 +246,11 @@ pub(super) async fn cleanup_schedule(
     schema: crate::schema::Schema,
     stmts: Arc<Statements>,
     config: crate::cleanup::CleanupConfig,
-    every: Duration,
+    (every, offset): (Duration, Duration),
     cancel: CancellationToken,
 ) {
-    let mut tick = tokio::time::interval(every);
+    // First at start, or `offset` after it for a fleet's relay (staggered, as the gauges).
+    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + offset, every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
@@ -294,7 +314,12 @@ impl Relay {
             self.pool.clone(),
             self.stmts.clone(),
             self.floor.clone(),
-            self.config.sweep_interval,
+            (
+                self.config.sweep_interval,
+                self.seat.as_ref().map_or(Duration::ZERO, |s| {
+                    stagger(&s.tenant, self.config.sweep_interval)
+                }),
+            ),
             wake.clone(),
             cancel.clone(),
         ));
@@ -304,7 +329,12 @@ impl Relay {
                 self.db.schema.clone(),
                 self.stmts.clone(),
                 self.config.cleanup.clone(),
-                every,
+                (
+                    every,
+                    self.seat
+                        .as_ref()
+                        .map_or(Duration::ZERO, |s| stagger(&s.tenant, every)),
+                ),
                 cancel.clone(),
             ));
         }
@@ -335,7 +365,15 @@ impl Relay {
             );
             let (floor, c) = (self.floor_probe(), cancel.clone());
             let exactly_once = self.config.exactly_once.is_some();
+            // A fleet's relays beat at staggered moments (see `gauges_schedule`).
+            let first = self.seat.as_ref().map_or(Duration::ZERO, |s| {
+                stagger(&s.tenant, crate::instances::HEARTBEAT_EVERY)
+            });
             tracker.spawn(async move {
+                tokio::select! {
+                    () = c.cancelled() => return,
+                    () = tokio::time::sleep(first) => {}
+                }
                 loop {
                     beat.beat(
                         serde_json::json!({ "claim_floor": floor(), "exactly_once": exactly_once }),
