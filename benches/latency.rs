@@ -7,7 +7,15 @@
 //! exactly-once relay (`--exactly-once`), read by a `read_committed` consumer — a batch becomes
 //! visible to it only when its transaction commits.
 //!
-//! `cargo bench --bench latency` (env: RATE=1000, SECS=30, EO_RATE=500).
+//! First, what an enqueue costs the service's transaction (`latency_enqueue`): TXS
+//! transactions of one message each (`BEGIN`, the INSERT, `COMMIT`), one after another on one
+//! connection, in blocks alternating three ways of writing it: `Enqueuer::enqueue` (its INSERT
+//! with typed parameters: one round trip), the same INSERT through `execute` (untyped: the
+//! statement is described first, a second round trip, as before round 22), and a plain table
+//! with the same columns and only a primary key, written by `execute` as a service without an
+//! outbox would. Median µs per transaction of each, and ours as a ratio to the other two.
+//!
+//! `cargo bench --bench latency` (env: RATE=1000, SECS=30, EO_RATE=500, TXS=20000).
 
 #[path = "support/mod.rs"]
 mod support;
@@ -21,6 +29,7 @@ use support::*;
 async fn main() {
     let rate = param("RATE", if full() { 1000 } else { 200 });
     let secs = param("SECS", if full() { 30 } else { 1 });
+    enqueue_cost(param("TXS", if full() { 20_000 } else { 60 })).await;
     if std::env::var("ONLY_EXACTLY_ONCE").is_err() {
         let (ack, recv) = measure(rate, secs, false).await;
         emit(
@@ -43,6 +52,82 @@ async fn main() {
             ),
         }),
     );
+}
+
+/// `latency_enqueue` (see the module documentation).
+async fn enqueue_cost(txs: usize) {
+    let db = fresh_db().await;
+    let mut c = outbox::connect(&db).await.unwrap();
+    let s = &db.schema;
+    c.batch_execute(&format!(
+        "CREATE TABLE {s}.plain (id bigserial PRIMARY KEY, topic text NOT NULL, message_key text,
+                                 headers jsonb NOT NULL, payload jsonb NOT NULL)"
+    ))
+    .await
+    .unwrap();
+    let enq = outbox::Enqueuer::new(s);
+    let outbox_sql = format!(
+        "INSERT INTO {s}.outbox (topic, message_key, headers, payload) VALUES ($1, $2, $3, $4)"
+    );
+    let plain_sql = format!(
+        "INSERT INTO {s}.plain (topic, message_key, headers, payload) VALUES ($1, $2, $3, $4)"
+    );
+    let ways = ["ours", "described", "plain"];
+    let mut took: HashMap<&str, Vec<f64>> = HashMap::new();
+    let block = 500.min(txs).max(1);
+    let mut i = 0;
+    while i < txs {
+        for way in ways {
+            for _ in 0..block {
+                let m = outbox::Message::new(
+                    "bench.enqueue",
+                    "order_created",
+                    format!("key-{}", i % 1000),
+                    serde_json::json!({"n": i, "pad": "x".repeat(150)}),
+                );
+                let headers = serde_json::json!({"message_type": "order_created"});
+                let key = format!("key-{}", i % 1000);
+                let payload = serde_json::json!({"n": i, "pad": "x".repeat(150)});
+                let started = std::time::Instant::now();
+                let tx = c.transaction().await.unwrap();
+                match way {
+                    "ours" => enq.enqueue(&tx, &m).await.unwrap(),
+                    _ => {
+                        let sql = if way == "plain" {
+                            &plain_sql
+                        } else {
+                            &outbox_sql
+                        };
+                        tx.execute(sql.as_str(), &[&"bench.enqueue", &key, &headers, &payload])
+                            .await
+                            .unwrap();
+                    }
+                }
+                tx.commit().await.unwrap();
+                took.entry(way)
+                    .or_default()
+                    .push(started.elapsed().as_secs_f64() * 1e6);
+            }
+        }
+        i += block;
+    }
+    for v in took.values_mut() {
+        v.sort_by(f64::total_cmp);
+    }
+    let median = |w: &str| percentile(&took[w], 50.0);
+    let (ours, described, plain) = (median("ours"), median("described"), median("plain"));
+    emit(
+        "latency_enqueue",
+        serde_json::json!({"transactions_per_way": took["ours"].len(), "block": block}),
+        serde_json::json!({
+            "ours_us": round2(ours),
+            "described_us": round2(described),
+            "plain_table_us": round2(plain),
+            "ours_to_described": round2(ours / described.max(1e-3)),
+            "ours_to_plain_table": round2(ours / plain.max(1e-3)),
+        }),
+    );
+    drop_schema(&db).await;
 }
 
 /// Enqueues `rate` msg/s for `secs` s while a relay runs; (commit→ack, commit→receive)
