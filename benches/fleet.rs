@@ -9,7 +9,9 @@
 //! line printed, for a profiler to watch, EXACTLY_ONCE=1: both sides in exactly-once mode,
 //! where each tenant's relay has a transactional producer per slot it owns); smoke size
 //! under cargo test. The threads and resident memory each side added to this process (the
-//! relays) by the end of its drain are printed too.
+//! relays) by the end of its drain are printed too, and the cores each side keeps busy in
+//! Postgres and in this process while it then sits idle for IDLE_SECS (10) with nothing to
+//! send (`idle_cores`: its polls, gauges and heartbeats).
 
 #[path = "support/mod.rs"]
 mod support;
@@ -66,6 +68,16 @@ struct Drained {
     /// Advisory locks held on the server at the end (lane and member locks: the lock table
     /// every look at `pg_locks` copies and every commit on the lock session walks).
     locks: i64,
+    /// CPU used while the side sat idle after its drain (nothing to send): what its polling,
+    /// gauges and heartbeats cost.
+    idle: Cpu,
+}
+
+/// Lets the drained side sit idle for `secs` and returns the CPU used meanwhile.
+async fn idle_cost(secs: u64) -> Cpu {
+    let before = cpu_seconds();
+    tokio::time::sleep(Duration::from_secs(secs)).await;
+    cpu_seconds().since(&before)
 }
 
 /// Waits until `topic` holds `n` records.
@@ -106,6 +118,7 @@ async fn drained(
                 threads,
                 rss_mib,
                 locks,
+                idle: Cpu::default(),
             };
         }
         assert!(start.elapsed() < Duration::from_secs(1800), "not drained");
@@ -130,6 +143,8 @@ async fn main() {
     };
     let pairs = param("PAIRS", if full() { 2 } else { 1 });
     let exactly_once = param("EXACTLY_ONCE", 0) == 1;
+    // Seconds each side then sits idle, its CPU measured (what an idle fleet costs).
+    let idle_secs = param("IDLE_SECS", if full() { 10 } else { 1 }) as u64;
     let total = (tenants * rows) as i64;
     let observer = outbox::connect(&fresh_db().await).await.unwrap();
     let baseline = sessions(&observer).await;
@@ -163,7 +178,8 @@ async fn main() {
                 }
                 let start = Instant::now();
                 let run = tokio::spawn(relay.run(stop.clone().cancelled_owned()));
-                let d = drained(&topic, total, &observer, start, size_before).await;
+                let mut d = drained(&topic, total, &observer, start, size_before).await;
+                d.idle = idle_cost(idle_secs).await;
                 stop.cancel();
                 run.await.unwrap().unwrap();
                 drop_schema(&db).await;
@@ -191,7 +207,8 @@ async fn main() {
                 }
                 let start = Instant::now();
                 let run = tokio::spawn(fleet.run(stop.clone().cancelled_owned()));
-                let d = drained(&topic, total, &observer, start, size_before).await;
+                let mut d = drained(&topic, total, &observer, start, size_before).await;
+                d.idle = idle_cost(idle_secs).await;
                 stop.cancel();
                 run.await.unwrap().unwrap();
                 for db in schemas.iter().chain([&control]) {
@@ -238,6 +255,11 @@ async fn main() {
                 "plain_threads": plain.threads,
                 "fleet_rss_mib": round2(fleet.rss_mib),
                 "plain_rss_mib": round2(plain.rss_mib),
+                // Idle after the drain: cores busy in Postgres and in this process (the relays).
+                "idle_cores": {
+                    "fleet": {"postgres": round2(fleet.idle.postgres / fleet.idle.wall.max(1e-3)), "relay": round2(fleet.idle.relay / fleet.idle.wall.max(1e-3))},
+                    "plain": {"postgres": round2(plain.idle.postgres / plain.idle.wall.max(1e-3)), "relay": round2(plain.idle.relay / plain.idle.wall.max(1e-3))},
+                },
                 "fleet_advisory_locks": fleet.locks,
                 "plain_advisory_locks": plain.locks,
             }),

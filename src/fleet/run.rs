@@ -41,10 +41,20 @@ pub struct FleetConfig {
     /// its lock and LISTEN sessions and the rest its pool (default
     /// [`FleetConfig::DEFAULT_CONNECTION_BUDGET`]). Tenant count does not change it.
     pub connection_budget: usize,
-    /// Tenants whose backlog gauges carry their own `tenant` label (the first seen keep it);
+    /// Tenants whose backlog gauges carry their own `tenant` label (the first the fleet
+    /// started, by name, keep it);
     /// the others are summed under `tenant="other"`, so many tenants do not explode the
     /// metrics (default [`FleetConfig::DEFAULT_TENANT_LABELS`]).
     pub tenant_labels: usize,
+    /// How long an idle tenant's relay waits for a notification before it looks at its outbox
+    /// anyway (default [`FleetConfig::DEFAULT_IDLE_POLL`]; each tenant at its own pace between
+    /// half and one and a half of it). Notifications wake it at once: every INSERT into an
+    /// outbox sends one. What they miss is a row put back to `pending` by plain SQL (`outbox
+    /// requeue` notifies); a tenant whose last claim saw rows backed off, not due yet, polls
+    /// at `relay.poll_interval` until they went. An idle relay alone polls at
+    /// `relay.poll_interval`; 200 idle tenants at that pace kept 0.6 of a core busy in
+    /// Postgres (`benches/fleet.rs`, `idle_cores`).
+    pub idle_poll: Duration,
     /// Every tenant's relay settings. In exactly-once mode the transactional ids and the
     /// progress topic of a tenant outside the control database carry its database's name.
     pub relay: RelayConfig,
@@ -61,6 +71,8 @@ impl FleetConfig {
     pub const DEFAULT_CONNECTION_BUDGET: usize = 32;
     /// Default [`FleetConfig::tenant_labels`].
     pub const DEFAULT_TENANT_LABELS: usize = 20;
+    /// Default [`FleetConfig::idle_poll`].
+    pub const DEFAULT_IDLE_POLL: Duration = Duration::from_secs(5);
 
     /// Each database's pool size under the budget, or why the budget is too small.
     fn pool_size(&self) -> Result<usize, FleetError> {
@@ -87,6 +99,7 @@ impl Default for FleetConfig {
             quantum: Self::DEFAULT_QUANTUM,
             connection_budget: Self::DEFAULT_CONNECTION_BUDGET,
             tenant_labels: Self::DEFAULT_TENANT_LABELS,
+            idle_poll: Self::DEFAULT_IDLE_POLL,
             relay: RelayConfig::default(),
         }
     }
@@ -343,6 +356,7 @@ impl Fleet {
             id,
             weight: weight.clone(),
             quantum: self.config.quantum,
+            idle_poll: self.config.idle_poll,
             tenant: Arc::from(d.tenants[0].as_str()),
             gauges: sharing.gauges.clone(),
         });

@@ -22,6 +22,10 @@ pub(crate) struct Seat {
     /// Changed by a reload without restarting the relay.
     pub(crate) weight: Arc<std::sync::atomic::AtomicU32>,
     pub(crate) quantum: usize,
+    /// How long the relay sleeps when idle, unless a notification wakes it or its last claim
+    /// saw rows not due yet (then `poll_interval`): hundreds of idle tenants polling every
+    /// 500 ms kept Postgres busy (`FleetConfig::idle_poll`).
+    pub(crate) idle_poll: std::time::Duration,
     /// The label of this relay's gauges.
     pub(crate) tenant: Arc<str>,
     /// Where its gauges go (the fleet publishes them, labels capped).

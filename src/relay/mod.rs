@@ -111,6 +111,10 @@ pub struct Relay {
     seat: Option<gate::Seat>,
     /// Wakes the pass loop: the LISTEN task's (its own, or a fleet's shared one).
     wake: Arc<tokio::sync::Notify>,
+    /// The last claim's sample saw pending rows that are not due yet (backed off): an idle
+    /// fleet relay then keeps polling at `poll_interval`, so they go when due, instead of
+    /// at its seat's longer idle poll (`gate::Seat::idle_poll`).
+    rows_waiting: std::sync::atomic::AtomicBool,
 }
 
 /// Wakes one relay from outside it: a fleet's LISTEN session, shared by the relays of one
@@ -257,6 +261,7 @@ impl Relay {
             health: crate::health::Health::new(),
             seat: None,
             wake: Arc::new(tokio::sync::Notify::new()),
+            rows_waiting: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -512,6 +517,8 @@ impl Relay {
         let ((), sampled) =
             futures::try_join!(c.batch_execute("BEGIN"), c.query_one(&sample, &[]))?;
         let some_not_due: bool = sampled.get(2);
+        self.rows_waiting
+            .store(some_not_due, std::sync::atomic::Ordering::Relaxed);
         let begin = if sampling {
             let sample = Sample {
                 at: Instant::now(),

@@ -214,6 +214,9 @@ impl Relay {
         };
         let retry_due: bool = sampled.get(2);
         let mut passing: bool = sampled.get(5);
+        let retry_waiting: bool = sampled.get(6);
+        self.rows_waiting
+            .store(retry_waiting, std::sync::atomic::Ordering::Relaxed);
         let cursors: Vec<i64> = match known {
             Some(known) => known,
             None => {

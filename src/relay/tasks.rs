@@ -484,10 +484,22 @@ impl Relay {
                     }
                 }
                 None => {
+                    // A fleet's idle tenant waits longer for a notification (at a pace of its
+                    // own, so hundreds of them do not look at once), unless rows of it are
+                    // backed off and must go when due.
+                    let poll = match &self.seat {
+                        Some(s)
+                            if !self.rows_waiting.load(std::sync::atomic::Ordering::Relaxed) =>
+                        {
+                            (s.idle_poll / 2 + stagger(&s.tenant, s.idle_poll))
+                                .max(self.config.poll_interval)
+                        }
+                        _ => self.config.poll_interval,
+                    };
                     tokio::select! {
                         () = cancel.cancelled() => {}
                         () = wake.notified() => {}
-                        () = tokio::time::sleep(self.config.poll_interval) => {}
+                        () = tokio::time::sleep(poll) => {}
                     }
                 }
             }

@@ -102,7 +102,19 @@ macro_rules! retry_due {
     };
 }
 
-/// The last column of [`SAMPLE`] and [`SAMPLE_KNOWN`]: whether a writer is listed as passed
+/// The column after [`passed_listed`]: whether a row of the lanes `$1` waits in the retry
+/// table and is not due yet (backed off). An idle fleet relay then polls at its usual pace
+/// instead of its seat's longer idle poll, so the row goes when due.
+macro_rules! retry_waiting {
+    () => {
+        ",
+       EXISTS (SELECT 1 FROM {s}.outbox_retry AS t
+                WHERE t.status = 'pending' AND t.available_at > now()
+                  AND (hashtext(coalesce(t.message_key, '')) & 63) = ANY($1::int[]))"
+    };
+}
+
+/// The fifth column of [`SAMPLE`] and [`SAMPLE_KNOWN`]: whether a writer is listed as passed
 /// in one of the lanes `$1` (the claim then reads with [`read_passing`]).
 macro_rules! passed_listed {
     () => {
@@ -114,8 +126,8 @@ macro_rules! passed_listed {
 /// First statement of a ring claim: as `outbox::SAMPLE` (the highest visible id and the
 /// transactions holding `ROW EXCLUSIVE` on the ring, which every INSERT takes before drawing
 /// its id), then whether a row of the lanes `$1` waits in the retry table and is due, the
-/// lanes' cursors in the order of `$1`, the current generation and whether a writer is listed
-/// as passed in one of the lanes. Outside the claim's transaction: it is opened afterwards,
+/// lanes' cursors in the order of `$1`, the current generation, whether a writer is listed
+/// as passed in one of the lanes, and whether a retry row of the lanes waits, not due yet. Outside the claim's transaction: it is opened afterwards,
 /// with [`BEGIN_HELD`].
 pub(crate) const SAMPLE: &str = concat!(
     sample_head!(),
@@ -125,7 +137,8 @@ pub(crate) const SAMPLE: &str = concat!(
                                WHERE m.lane = u.lane ORDER BY m.next_id DESC LIMIT 1), 0)
                FROM unnest($1::int[]) WITH ORDINALITY AS u(lane, n) ORDER BY u.n),
        (SELECT g.gen FROM {s}.outbox_generation AS g)",
-    passed_listed!()
+    passed_listed!(),
+    retry_waiting!()
 );
 
 /// [`SAMPLE`] without the cursors (NULL in their place), for a relay that knows them: every
@@ -137,7 +150,8 @@ pub(crate) const SAMPLE_KNOWN: &str = concat!(
     ",
        NULL::bigint[],
        (SELECT g.gen FROM {s}.outbox_generation AS g)",
-    passed_listed!()
+    passed_listed!(),
+    retry_waiting!()
 );
 
 /// A claim's second look (see `relay/ring.rs`): the first two columns of [`SAMPLE`].

@@ -1,7 +1,7 @@
 //! One relay for many outboxes (`outbox::fleet`): three schemas of one database and a schema
 //! of a second database published by one fleet, the registry changed while it runs, two names
-//! for one outbox, a name for a database the relay was not given, and a small tenant behind a
-//! large backlog.
+//! for one outbox, a name for a database the relay was not given, a small tenant behind a
+//! large backlog, and an idle tenant that polls seldom.
 
 use std::collections::{BTreeMap, HashSet};
 use std::time::Duration;
@@ -277,6 +277,77 @@ async fn a_small_tenant_is_drained_within_two_rounds_while_a_large_backlog_still
         Duration::from_secs(180),
         "the big backlog drained",
         || async { topic_len(&big_topic).await >= BIG },
+    )
+    .await;
+    stop_fleet(stop, run).await;
+}
+
+/// An idle tenant's relay looks at its outbox only every `idle_poll` (here far longer than
+/// the test), woken at once by notifications, so hundreds of idle tenants do not keep
+/// Postgres busy. A row backed off (not due yet) sends no notification when it becomes due:
+/// the relay that saw it keeps its short poll until it went.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_tenant_polls_seldom_yet_a_backed_off_row_goes_when_due() {
+    let control = fresh_db().await;
+    let t = fresh_db().await;
+    let topic = topic_name();
+    create_topic(&topic, 3).await;
+    outbox::fleet::put_tenant(&control, &tenant("acme", &t, "default"))
+        .await
+        .unwrap();
+    let mut config = fleet_config(BTreeMap::new());
+    config.idle_poll = Duration::from_secs(600);
+    config.relay.sweep_interval = Duration::from_secs(600);
+    let fleet = Fleet::new(&control, &kafka(), config).unwrap();
+    let view = fleet.view();
+    let stop = tokio_util::sync::CancellationToken::new();
+    let run = tokio::spawn(fleet.run(stop.clone().cancelled_owned()));
+    // A notification wakes it at once.
+    enqueue_n(&t, &topic, 10, 10, 10).await;
+    wait_until(
+        Duration::from_secs(30),
+        "the first rows published",
+        || async { topic_len(&topic).await >= 10 },
+    )
+    .await;
+    let passes = || {
+        let v = view.clone();
+        async move {
+            v.drainers()
+                .into_iter()
+                .find(|d| d.tenants == ["acme"])
+                .map_or(0, |d| d.passes)
+        }
+    };
+    // Idle now: over two seconds a relay polling at its `poll_interval` (50 ms here) would
+    // have made dozens of passes. (A window, not a wait: what is shown is that nothing runs.)
+    let before = passes().await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let idle = passes().await - before;
+    assert!(idle <= 1, "{idle} passes while idle");
+    // A row backed off for 2 s (as a refused produce leaves it): its INSERT notifies, the
+    // claim finds it not due, and the relay polls until it is.
+    let mut c = outbox::connect(&t).await.unwrap();
+    let tx = c.transaction().await.unwrap();
+    let m = outbox::Message::new(&topic, "it_event", "late", serde_json::json!({"seq": 10}));
+    outbox::Enqueuer::new(&t.schema)
+        .enqueue(&tx, &m)
+        .await
+        .unwrap();
+    tx.execute(
+        &format!(
+            "UPDATE {}.outbox SET available_at = now() + interval '2 seconds' WHERE status = 'pending'",
+            t.schema
+        ),
+        &[],
+    )
+    .await
+    .unwrap();
+    tx.commit().await.unwrap();
+    wait_until(
+        Duration::from_secs(30),
+        "the backed-off row published when due",
+        || async { topic_len(&topic).await >= 11 },
     )
     .await;
     stop_fleet(stop, run).await;

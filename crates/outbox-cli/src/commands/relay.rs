@@ -115,6 +115,11 @@ pub struct Args {
     /// under tenant="other".
     #[arg(long, default_value_t = outbox::fleet::FleetConfig::DEFAULT_TENANT_LABELS)]
     tenant_labels: usize,
+    /// Fleet: how long an idle tenant waits for a notification before it looks anyway (each
+    /// tenant between half and one and a half of it; a tenant with rows backed off polls at
+    /// --poll-interval).
+    #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
+    fleet_idle_poll: Duration,
 }
 
 pub async fn run(args: Args, _out: &mut dyn Write) -> anyhow::Result<()> {
@@ -148,6 +153,7 @@ pub async fn run(args: Args, _out: &mut dyn Write) -> anyhow::Result<()> {
         fleet_quantum,
         connection_budget,
         tenant_labels,
+        fleet_idle_poll,
     } = args;
     if let Some(url) = &schema_registry_url {
         crate::redact::register_url(url);
@@ -194,6 +200,7 @@ pub async fn run(args: Args, _out: &mut dyn Write) -> anyhow::Result<()> {
         fleet.quantum = fleet_quantum;
         fleet.connection_budget = connection_budget;
         fleet.tenant_labels = tenant_labels;
+        fleet.idle_poll = fleet_idle_poll;
         fleet.relay = config;
         let fleet = outbox::fleet::Fleet::new(&db, &kafka, fleet).map_err(|e| match e {
             outbox::fleet::FleetError::Invalid(m) => anyhow::Error::new(UsageError(m)),
