@@ -1235,6 +1235,19 @@ async fn fleet_flags_and_tenant_verbs_refuse_hostile_input_without_echoing_secre
             "unexpected argument",
         ),
         (
+            owned(&["relay", "--tenants", "--fleet-idle-poll", "nonsense"]),
+            "--fleet-idle-poll",
+        ),
+        (
+            owned(&[
+                "relay",
+                "--tenants",
+                "--fleet-idle-poll",
+                "99999999999999999999999h",
+            ]),
+            "--fleet-idle-poll",
+        ),
+        (
             vec![
                 "relay".into(),
                 "--tenants".into(),
