@@ -32,6 +32,16 @@ pub(crate) struct Seat {
     pub(crate) gauges: Arc<TenantGauges>,
 }
 
+impl Seat {
+    /// Where in `period` this seat's relay does its periodic work (gauges, heartbeat, sweep,
+    /// cleanup, the idle poll): the same each time, spread evenly over the fleet's relays,
+    /// since `id` is a hash of the outbox (`fleet::run::seat_id`).
+    pub(crate) fn offset(&self, period: std::time::Duration) -> std::time::Duration {
+        let ms = u64::try_from(period.as_millis()).unwrap_or(u64::MAX).max(1);
+        std::time::Duration::from_millis(self.id % ms)
+    }
+}
+
 /// One outbox's gauge values, as `refresh_outbox_gauges` reads them.
 #[derive(Clone, Copy, Default, Debug, PartialEq)]
 pub(crate) struct GaugeValues {
@@ -91,7 +101,7 @@ impl GaugeValues {
 /// given to another, so the series stay bounded), every other tenant is summed into
 /// `tenant="other"`. 1,000 tenants cost `cap + 1` series per gauge. A labelled tenant is
 /// published from its first recorded values on (its relay's first refresh comes at a
-/// staggered moment, `tasks::gauges_schedule`), so which tenants get a label does not depend
+/// staggered moment, `Seat::offset`), so which tenants get a label does not depend
 /// on which relay refreshed first.
 pub(crate) struct TenantGauges {
     cap: usize,

@@ -148,23 +148,22 @@ pub(super) async fn listen(
 }
 
 /// The relay's "cron module": runs cleanup at start and then every `every`.
+/// How often a relay refreshes its outbox gauges.
+const GAUGES_EVERY: Duration = Duration::from_secs(15);
+
 /// Refreshes the outbox gauges every 15 s (cheap statements, see `sql::GAUGES`).
 pub(super) async fn gauges_schedule(
     pool: Pool,
     schema: crate::schema::Schema,
     stmts: Arc<Statements>,
     tenant: Option<(Arc<super::gate::TenantGauges>, Arc<str>)>,
+    first: Duration,
     cancel: CancellationToken,
 ) {
-    const EVERY: Duration = Duration::from_secs(15);
     // A fleet starts hundreds of relays at once: each refreshes first at its own moment
-    // within the period (from its tenant's name), so their statements are spread over it
-    // instead of all landing at start, and again every 15 s, beside the first passes.
-    let first = match &tenant {
-        Some((_, t)) => stagger(t, EVERY),
-        None => Duration::ZERO,
-    };
-    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + first, EVERY);
+    // within the period (`first`, see `Seat::offset`), so their statements are spread over
+    // it instead of all landing at start, and again every 15 s, beside the first passes.
+    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + first, GAUGES_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
@@ -179,16 +178,6 @@ pub(super) async fn gauges_schedule(
         )
         .await;
     }
-}
-
-/// Where in `period` a fleet's relay for `tenant` does its periodic work: the same for a
-/// tenant every time, spread evenly over the tenants.
-pub(super) fn stagger(tenant: &str, period: Duration) -> Duration {
-    use std::hash::{Hash, Hasher};
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    tenant.hash(&mut h);
-    let ms = u64::try_from(period.as_millis()).unwrap_or(u64::MAX).max(1);
-    Duration::from_millis(h.finish() % ms)
 }
 
 /// Sets `outbox_rows{status}` and `outbox_oldest_pending_age_seconds` (see `sql::GAUGES`),
@@ -280,6 +269,14 @@ pub(super) async fn cleanup_schedule(
 }
 
 impl Relay {
+    /// When in `period` this relay does its periodic work: at once alone, at its seat's own
+    /// moment in a fleet (`Seat::offset`).
+    fn staggered(&self, period: Duration) -> Duration {
+        self.seat
+            .as_ref()
+            .map_or(Duration::ZERO, |s| s.offset(period))
+    }
+
     /// Runs passes until `shutdown` resolves, then finishes the current batch, flushes the
     /// producer and returns. Wakes on the `outbox_notify` trigger (LISTEN) and polls every
     /// `poll_interval` as a fallback; runs cleanup on its schedule. Postgres and Kafka outages
@@ -316,9 +313,7 @@ impl Relay {
             self.floor.clone(),
             (
                 self.config.sweep_interval,
-                self.seat.as_ref().map_or(Duration::ZERO, |s| {
-                    stagger(&s.tenant, self.config.sweep_interval)
-                }),
+                self.staggered(self.config.sweep_interval),
             ),
             wake.clone(),
             cancel.clone(),
@@ -329,12 +324,7 @@ impl Relay {
                 self.db.schema.clone(),
                 self.stmts.clone(),
                 self.config.cleanup.clone(),
-                (
-                    every,
-                    self.seat
-                        .as_ref()
-                        .map_or(Duration::ZERO, |s| stagger(&s.tenant, every)),
-                ),
+                (every, self.staggered(every)),
                 cancel.clone(),
             ));
         }
@@ -352,6 +342,7 @@ impl Relay {
             self.seat
                 .as_ref()
                 .map(|s| (s.gauges.clone(), s.tenant.clone())),
+            self.staggered(GAUGES_EVERY),
             cancel.clone(),
         ));
         {
@@ -366,9 +357,7 @@ impl Relay {
             let (floor, c) = (self.floor_probe(), cancel.clone());
             let exactly_once = self.config.exactly_once.is_some();
             // A fleet's relays beat at staggered moments (see `gauges_schedule`).
-            let first = self.seat.as_ref().map_or(Duration::ZERO, |s| {
-                stagger(&s.tenant, crate::instances::HEARTBEAT_EVERY)
-            });
+            let first = self.staggered(crate::instances::HEARTBEAT_EVERY);
             tracker.spawn(async move {
                 tokio::select! {
                     () = c.cancelled() => return,
@@ -491,8 +480,7 @@ impl Relay {
                         Some(s)
                             if !self.rows_waiting.load(std::sync::atomic::Ordering::Relaxed) =>
                         {
-                            (s.idle_poll / 2 + stagger(&s.tenant, s.idle_poll))
-                                .max(self.config.poll_interval)
+                            (s.idle_poll / 2 + s.offset(s.idle_poll)).max(self.config.poll_interval)
                         }
                         _ => self.config.poll_interval,
                     };
