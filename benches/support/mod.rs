@@ -104,28 +104,7 @@ pub async fn fill_outbox_traced(
         .await
         .unwrap();
     }
-    let chunk = 50_000;
-    let mut done = 0;
-    while done < rows {
-        let n = chunk.min(rows - done);
-        c.execute(
-            &format!(
-                "INSERT INTO {s}.outbox (topic, message_key, headers, payload)
-                 SELECT $1, 'key-' || (g % $3), jsonb_build_object('message_type', 'order_created',
-                        'entity_id', 'key-' || (g % $3), 'message_id', {s}.outbox_uuidv7()::text,
-                        'timestamp', to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"'){traced}),
-                        jsonb_build_object('order_number', 'A-' || g, 'customer', 'customer-' || (g % 977),
-                                           'total_cents', g * 7 % 100000, 'currency', 'EUR',
-                                           'note', repeat('x', 90))
-                   FROM generate_series($2::bigint, $2::bigint + $4::bigint - 1) g",
-                s = db.schema.quoted(),
-            ),
-            &[&topic, &(done as i64), &(keys as i64), &(n as i64)],
-        )
-        .await
-        .unwrap();
-        done += n;
-    }
+    insert_rows(&c, &db.schema.quoted(), topic, 0, rows, keys, &traced).await;
     if analyze {
         // On ring storage `outbox` is a view: the rows are in the ring.
         let ring: bool = c
@@ -140,6 +119,42 @@ pub async fn fill_outbox_traced(
         c.batch_execute(&format!("ANALYZE {}.{table}", db.schema.quoted()))
             .await
             .unwrap();
+    }
+}
+
+/// Inserts `rows` outbox rows for `topic` into `schema` (quoted) on `c` (a client or an open
+/// transaction), their order numbers from `first`, spread over `keys` keys; `traced` is the
+/// extra headers' SQL (see [`fill_outbox_traced`]).
+pub async fn insert_rows(
+    c: &impl tokio_postgres::GenericClient,
+    schema: &str,
+    topic: &str,
+    first: usize,
+    rows: usize,
+    keys: usize,
+    traced: &str,
+) {
+    let chunk = 50_000;
+    let mut done = 0;
+    while done < rows {
+        let n = chunk.min(rows - done);
+        c.execute(
+            &format!(
+                "INSERT INTO {s}.outbox (topic, message_key, headers, payload)
+                 SELECT $1, 'key-' || (g % $3), jsonb_build_object('message_type', 'order_created',
+                        'entity_id', 'key-' || (g % $3), 'message_id', {s}.outbox_uuidv7()::text,
+                        'timestamp', to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"'){traced}),
+                        jsonb_build_object('order_number', 'A-' || g, 'customer', 'customer-' || (g % 977),
+                                           'total_cents', g * 7 % 100000, 'currency', 'EUR',
+                                           'note', repeat('x', 90))
+                   FROM generate_series($2::bigint, $2::bigint + $4::bigint - 1) g",
+                s = schema,
+            ),
+            &[&topic, &((first + done) as i64), &(keys as i64), &(n as i64)],
+        )
+        .await
+        .unwrap();
+        done += n;
     }
 }
 

@@ -157,8 +157,9 @@ pub(crate) const SAMPLE_KNOWN: &str = concat!(
 /// A claim's second look (see `relay/ring.rs`): the first two columns of [`SAMPLE`].
 pub(crate) const RECHECK: &str = sample_head!();
 
-/// The next rows in id order from `$2` up to (not including) `$3`, the ids proven committed or
-/// rolled back, of the lanes with a cursor in `$4` (indexed by lane + 1, NULL for a lane this
+/// The next rows in id order from `$2` up to (not including) `$3` (the ids proven committed or
+/// rolled back; unbounded when the relay reads ahead of the proof, see `relay/ring.rs`), but
+/// not the ids `$5` (read ahead by an earlier batch, sent or in flight), of the lanes with a cursor in `$4` (indexed by lane + 1, NULL for a lane this
 /// relay does not own), each lane from its own cursor (as [`SAMPLE`] read them). At most `$1`.
 /// A merge of the leaves' primary keys that stops after the batch; no lock, no write. Column 8
 /// tells a ring row from a retry row. The cursors come as a parameter, not from
@@ -176,6 +177,7 @@ SELECT o.id, o.topic, o.message_key, o.headers::text, o.payload::text,
   FROM {s}.outbox_ring AS o
  WHERE o.id >= $2 AND o.id < $3 AND o.gen IN ({gens})
    AND o.id >= ($4::bigint[])[(hashtext(coalesce(o.message_key, '')) & 63) + 1]
+   AND o.id <> ALL($5::bigint[])
  ORDER BY o.id
  LIMIT $1";
 
@@ -193,6 +195,24 @@ pub(crate) fn read_passing() -> String {
  ORDER BY o.id",
     )
 }
+
+/// Copies rows read ahead of the proof that did not reach Kafka into the retry table (as
+/// [`ADVANCE`] copies the rows its cursors step over), in the settle's transaction: `$1` ids,
+/// `$2` the error of a refused row (NULL for a row held behind another of its key), `$3`
+/// whether it failed for good. Their lanes' cursors stay below them until the proof passes
+/// them; the relay then skips them (`relay/ring.rs`), and after a restart a copied row's key
+/// waits in the retry table, so the row is parked behind its copy and not sent.
+pub(crate) const COPY_AHEAD: &str = "\
+INSERT INTO {s}.outbox_retry (id, topic, message_key, headers, payload, created_at,
+                              status, attempts, last_error, available_at)
+SELECT o.id, o.topic, o.message_key, o.headers, o.payload, o.created_at,
+       CASE WHEN f.dead THEN 'failed' ELSE 'pending' END,
+       CASE WHEN f.error IS NULL THEN 0 ELSE 1 END, f.error,
+       CASE WHEN f.error IS NULL THEN now()
+            ELSE now() + make_interval(secs => 0.75 + random() * 0.5) END
+  FROM unnest($1::bigint[], $2::text[], $3::bool[]) AS f(id, error, dead)
+  JOIN {s}.outbox_ring AS o ON o.id = f.id AND o.gen IN ({gens})
+ON CONFLICT (id) DO NOTHING";
 
 /// Opens a ring claim's transaction, holding the cursors' lock shared (see [`HOLD_CURSORS`])
 /// until it ends: the sweep waits for the claims in flight before it takes a writer off the

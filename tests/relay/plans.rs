@@ -340,7 +340,12 @@ async fn the_ring_read_walks_one_batch_of_a_backlog_not_the_backlog() {
             c.batch_execute("ANALYZE outbox_ring").await.unwrap();
         }
         for (owned, cursors) in [("all lanes", &all), ("half the lanes", &half)] {
-            let (n, plan) = buffers(&mut c, &read, &[&2000i64, &0i64, &i64::MAX, cursors]).await;
+            let (n, plan) = buffers(
+                &mut c,
+                &read,
+                &[&2000i64, &0i64, &i64::MAX, cursors, &Vec::<i64>::new()],
+            )
+            .await;
             report.push(format!(
                 "--- analyzed {analyzed}, {owned}: {n} buffers\n{plan}"
             ));

@@ -301,6 +301,97 @@ async fn on_the_ring_a_row_committed_after_newer_rows_were_sent_is_published_onc
     assert_eq!(recs.len() as i64, written, "every row once");
 }
 
+#[tokio::test]
+async fn rows_committed_while_a_writer_with_a_lower_id_is_open_go_out_at_once_and_only_once() {
+    // The ring's cursors wait for the proof that no lower id is still to commit; the rows do
+    // not: committed rows are read ahead of it, as the table sends any committed row. A
+    // refused one is copied into the retry table at once, its key's later rows behind it.
+    let (db, c) = ring_db().await;
+    let topic = topic_name();
+    create_topic(&topic, 3).await;
+    let missing = topic_name(); // created later
+    let mut cfg = relay_config();
+    cfg.max_attempts = 5;
+    let relay = Relay::new(&db, &kafka(), cfg).unwrap();
+    let w = client(&db).await;
+    w.batch_execute("BEGIN").await.unwrap();
+    let late: i64 = w
+        .query_one(
+            "INSERT INTO outbox (topic, message_key, payload) VALUES ($1, 'late', '{\"seq\": 0}')
+             RETURNING id",
+            &[&topic],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    for seq in 0..3 {
+        insert_seq(&c, &missing, "m", seq).await;
+    }
+    let good = enqueue_n(&db, &topic, 10, 5, 10).await;
+    let Outcome::Published(r) = relay.run_once().await.unwrap() else {
+        panic!("nothing read while a writer was open")
+    };
+    assert_eq!((r.sent, r.backed_off), (10, 1), "{r:?}");
+    assert_eq!(topic_len(&topic).await, good.len() as i64);
+    let behind = format!("SELECT count(*) FROM outbox_lanes WHERE next_id > {late}");
+    assert_eq!(
+        count(&c, &behind).await,
+        0,
+        "a cursor passed an open writer's row"
+    );
+    assert_eq!(
+        count(
+            &c,
+            "SELECT count(*) FROM outbox_retry WHERE message_key = 'm'"
+        )
+        .await,
+        3,
+        "the refused head and the rows of its key behind it, copied at once"
+    );
+    // A later row of `m` queues behind them; nothing read ahead goes out twice.
+    insert_seq(&c, &missing, "m", 3).await;
+    relay.run_once().await.unwrap();
+    relay.run_once().await.unwrap();
+    assert_eq!(topic_len(&topic).await, good.len() as i64, "nothing twice");
+    assert_eq!(
+        topic_len(&missing).await,
+        0,
+        "nothing of m overtook its head"
+    );
+    assert_eq!(
+        count(
+            &c,
+            "SELECT count(*) FROM outbox_retry WHERE message_key = 'm'"
+        )
+        .await,
+        4
+    );
+    assert_eq!(count(&c, &behind).await, 0);
+
+    // The writer commits: its row goes, once; the cursors pass everything.
+    w.batch_execute("COMMIT").await.unwrap();
+    create_topic(&missing, 1).await;
+    c.batch_execute("UPDATE outbox_retry SET available_at = now()")
+        .await
+        .unwrap();
+    wait_until(Duration::from_secs(30), "all published", || async {
+        drain(&relay).await;
+        count(&c, "SELECT count(*) FROM outbox WHERE status <> 'sent'").await == 0
+    })
+    .await;
+    let recs = read_all(&topic).await;
+    assert_eq!(recs.len(), good.len() + 1, "every row once");
+    assert_eq!(seqs_by_key(&recs)["late"], vec![0]);
+    let m: Vec<i64> = read_all(&missing)
+        .await
+        .iter()
+        .map(|r| r.json()["seq"].as_i64().unwrap())
+        .collect();
+    assert_eq!(m, vec![0, 1, 2, 3]);
+    let (_, upd, del) = ring_writes(&c, 15).await;
+    assert_eq!((upd, del), (0, 0));
+}
+
 /// Cleanup with no retention: on the ring, one rotation.
 async fn rotate(db: &outbox::DbConfig) -> outbox::CleanupReport {
     let mut cc = outbox::CleanupConfig::default();
@@ -599,14 +690,15 @@ async fn a_writer_left_open_does_not_stop_publishing_and_its_rows_go_out_once_af
     let mut cfg = relay_config();
     cfg.long_transaction = Duration::from_secs(1);
     let relay = Relay::new(&db, &kafka(), cfg).unwrap();
-    // Once it has been open longer than `long_transaction`, the relay passes it: the 20 rows
-    // written after it go out, and it is listed.
+    // The 20 rows written after it go out (read ahead of the proof); once it has been open
+    // longer than `long_transaction`, the relay passes it: it is listed.
     wait_until(
         Duration::from_secs(20),
-        "the rows after the open writer published",
+        "the rows after the open writer published, and the writer passed",
         || async {
             relay.run_once().await.unwrap();
             topic_len(&topic).await == 20
+                && count(&c, "SELECT count(*) FROM outbox_passed").await > 0
         },
     )
     .await;

@@ -196,6 +196,57 @@ pub async fn topic_len(topic: &str) -> i64 {
     .unwrap()
 }
 
+/// A topic's record count (sum of high watermarks) read on one client kept open, for looking
+/// often: [`topic_len`] opens a client per call, which costs the broker a connection and the
+/// caller a client's threads each time (50 looks a second are measurable in a bench).
+pub struct TopicCounter {
+    consumer: std::sync::Arc<BaseConsumer>,
+    topic: String,
+    partitions: Vec<i32>,
+}
+
+impl TopicCounter {
+    /// A counter of `topic` (which must exist).
+    pub async fn new(topic: &str) -> Self {
+        let t = topic.to_owned();
+        let (consumer, partitions) = tokio::task::spawn_blocking(move || {
+            let c = consumer();
+            let md = c.fetch_metadata(Some(&t), Duration::from_secs(10)).unwrap();
+            let partitions = md.topics()[0].partitions().iter().map(|p| p.id()).collect();
+            (c, partitions)
+        })
+        .await
+        .unwrap();
+        Self {
+            consumer: std::sync::Arc::new(consumer),
+            topic: topic.to_owned(),
+            partitions,
+        }
+    }
+
+    /// Total records in the topic now.
+    pub async fn records(&self) -> i64 {
+        let (c, topic, partitions) = (
+            self.consumer.clone(),
+            self.topic.clone(),
+            self.partitions.clone(),
+        );
+        tokio::task::spawn_blocking(move || {
+            partitions
+                .iter()
+                .map(|p| {
+                    let (lo, hi) = c
+                        .fetch_watermarks(&topic, *p, Duration::from_secs(10))
+                        .unwrap();
+                    hi - lo
+                })
+                .sum()
+        })
+        .await
+        .unwrap()
+    }
+}
+
 /// Every record currently in the topic (up to the high watermarks read at the start).
 pub async fn read_all(topic: &str) -> Vec<Record> {
     read_all_from(&bootstrap(), topic).await
