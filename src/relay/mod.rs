@@ -677,7 +677,8 @@ impl Relay {
                 broken: (&broken_ids, &broken_errs),
             };
             self.settle_ring(tx, &rows, &fates, &lanes, read, &marks)
-                .await?;
+                .await
+                .inspect_err(|_| self.layout.settle_failed())?;
             self.after_settle(sent_topics, lags);
             report.sent = sent.len();
             report.backed_off = refused_ids.len() + broken_ids.len();

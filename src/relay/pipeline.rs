@@ -121,8 +121,13 @@ impl Relay {
         let mut seq = 0u64;
         // The newest batch in flight, if full (see `Ahead`).
         let mut ahead = None;
+        let forgot = &self.layout.forgot;
+        forgot.store(false, std::sync::atomic::Ordering::Relaxed);
         loop {
-            let room = tally.more && passes.len() < depth && !cancel.is_cancelled();
+            let room = tally.more
+                && !forgot.load(std::sync::atomic::Ordering::Relaxed)
+                && passes.len() < depth
+                && !cancel.is_cancelled();
             let lanes = if room {
                 // A lane is never handed over while rows of it are in flight: rebalance only
                 // with the pipeline empty, and stop claiming until it is.

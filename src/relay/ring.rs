@@ -60,6 +60,10 @@ pub(crate) struct Layout {
     /// passed them. Cleared when a settle fails or the lanes change hands (the rows are then
     /// read again: at-least-once), never used in exactly-once mode.
     ahead: Mutex<HashMap<i64, (i32, bool)>>,
+    /// A settle forgot a row read ahead (it did not reach Kafka and could not be copied):
+    /// the pass ends, so the next one reads from the cursors, and no batch claimed after
+    /// this one can send a later row of its key before it is read again.
+    pub(super) forgot: std::sync::atomic::AtomicBool,
 }
 
 /// What a ring claim read, for its settle.
@@ -147,6 +151,16 @@ impl Layout {
         for (id, _) in read.parked.iter().filter(|(id, _)| *id >= read.ahead_from) {
             remembered.remove(id);
         }
+    }
+
+    /// After a settle failed: nothing this relay remembers of its lanes holds (their rows are
+    /// read again from the cursors).
+    pub(super) fn settle_failed(&self) {
+        self.clean.lock().expect("layout lock").clear();
+        self.cursors.lock().expect("layout lock").clear();
+        self.ahead.lock().expect("layout lock").clear();
+        self.forgot
+            .store(true, std::sync::atomic::Ordering::Relaxed);
     }
 }
 
@@ -274,7 +288,12 @@ impl Relay {
             if floor.lanes() != lanes.as_slice() {
                 // What a batch knew of lanes it no longer owns (or owns anew) may be stale.
                 self.layout.clean.lock().expect("layout lock").clear();
-                self.layout.ahead.lock().expect("layout lock").clear();
+                // Rows read ahead in lanes it gave away are the new owner's to read (again).
+                self.layout
+                    .ahead
+                    .lock()
+                    .expect("layout lock")
+                    .retain(|_, (lane, _)| lanes.contains(lane));
             }
             let begin = floor.begin(&lanes, sample);
             (begin, floor.passed())
@@ -345,7 +364,12 @@ impl Relay {
         } else {
             Vec::new()
         };
-        let skip: Vec<i64> = skipped.iter().map(|(id, _)| *id).collect();
+        // (Ids below `from` are not read anyway: at the cap the list is long.)
+        let skip: Vec<i64> = skipped
+            .iter()
+            .map(|(id, _)| *id)
+            .filter(|id| *id >= from)
+            .collect();
         let upper = if reads_ahead && skipped.len() < READ_AHEAD_CAP {
             Some(i64::MAX)
         } else {
@@ -542,37 +566,13 @@ impl Relay {
                 }
             }
         }
+        // This batch's own rows read ahead that did not reach Kafka (and those parked behind
+        // their key's rows in the retry table) are copied as the rows below the proof are: only
+        // if their lane moves in this settle (its cursor was where the batch expected, so every
+        // earlier row of their keys, all in that lane, was sent or copied before them) and
+        // they are before the lane's stop. Otherwise they are forgotten: read again by the next
+        // pass, which starts at the cursors (this one ends, see `Layout::forgot`).
         let is_ahead = |row: &Row| !row.retry && row.id >= read.ahead_from;
-        // This batch's own rows read ahead: sent, copied into the retry table now when they
-        // did not reach Kafka (their cursors are still below them), or, if nothing of the
-        // batch reached Kafka, forgotten and read again, as the rows its cursors stop at. Rows
-        // parked behind their key's rows in the retry table are copied behind them in any case.
-        let nothing_sent = sent_in.is_empty();
-        let (mut ahead_ids, mut ahead_errs, mut ahead_dead) =
-            (Vec::new(), Vec::<Option<String>>::new(), Vec::new());
-        for &(id, _) in read.parked.iter().filter(|(id, _)| *id >= read.ahead_from) {
-            ahead_ids.push(id);
-            ahead_errs.push(None);
-            ahead_dead.push(false);
-        }
-        if !nothing_sent {
-            for (row, fate) in rows.iter().zip(fates) {
-                if !is_ahead(row) {
-                    continue;
-                }
-                let (err, dead) = match fate {
-                    Fate::Refused(err, reason) => (
-                        Some(err.clone()),
-                        *reason == RefusalReason::Contract || self.config.max_attempts <= 1,
-                    ),
-                    Fate::HeldBack | Fate::Deferred(_) | Fate::Waiting(_) => (None, false),
-                    Fate::Sent => continue,
-                };
-                ahead_ids.push(row.id);
-                ahead_errs.push(err);
-                ahead_dead.push(dead);
-            }
-        }
         // The ring rows to copy into the retry table (only if their lane moves past them).
         let (mut copy_ids, mut copy_lanes, mut copy_errs, mut copy_dead) = (
             Vec::new(),
@@ -582,7 +582,7 @@ impl Relay {
         );
         let before_stop = |lane: i32, id: i64| stop.get(&lane).is_none_or(|s| id < *s);
         for (row, fate) in rows.iter().zip(fates) {
-            if row.retry || is_ahead(row) || !before_stop(row.lane(), row.id) {
+            if row.retry || !before_stop(row.lane(), row.id) {
                 continue;
             }
             let (err, dead) = match fate {
@@ -599,7 +599,7 @@ impl Relay {
             copy_dead.push(dead);
         }
         for &(id, lane) in &read.parked {
-            if id < read.ahead_from && before_stop(lane, id) {
+            if before_stop(lane, id) {
                 copy_ids.push(id);
                 copy_lanes.push(lane);
                 copy_errs.push(None);
@@ -647,23 +647,6 @@ impl Relay {
                 }
             }
         }
-        let copy_ahead = if ahead_ids.is_empty() {
-            None
-        } else {
-            Some(
-                c.prepare_cached(&self.stmts.ring_copy_ahead.replace("{gens}", &read.gens))
-                    .await?,
-            )
-        };
-        let copied_ahead = async {
-            match &copy_ahead {
-                Some(stmt) => c
-                    .execute(stmt, &[&ahead_ids, &ahead_errs, &ahead_dead])
-                    .await
-                    .map(|_| ()),
-                None => Ok(()),
-            }
-        };
         let (sent_stmt, failed_stmt, advance, advance_lanes) = (
             c.prepare_cached(&self.stmts.ring_retry_sent).await?,
             c.prepare_cached(&self.stmts.ring_retry_failed).await?,
@@ -708,39 +691,51 @@ impl Relay {
                 Ok(Vec::new())
             }
         };
-        let done = futures::try_join!(
-            sent,
-            failed,
-            broken,
-            moved,
-            copied_ahead,
-            c.batch_execute("COMMIT")
-        );
+        let done = futures::try_join!(sent, failed, broken, moved, c.batch_execute("COMMIT"));
         let mut clean = self.layout.clean.lock().expect("layout lock");
         let mut cursors = self.layout.cursors.lock().expect("layout lock");
         let mut remembered = self.layout.ahead.lock().expect("layout lock");
-        let Ok((_, _, _, moved, (), ())) = done else {
+        let Ok((_, _, _, moved, ())) = done else {
             clean.clear();
             cursors.clear();
             remembered.clear();
             return done.map(|_| ()).map_err(Into::into);
         };
-        for row in rows.iter().filter(|r| is_ahead(r)) {
-            if nothing_sent {
-                remembered.remove(&row.id);
-            } else if let Some(e) = remembered.get_mut(&row.id) {
-                e.1 = true;
-            }
-        }
-        for (id, _) in read.parked.iter().filter(|(id, _)| *id >= read.ahead_from) {
-            if let Some(e) = remembered.get_mut(id) {
-                e.1 = true;
-            }
-        }
         tx.committed();
         // A lane that moved has nothing left to read below where it moved to; one whose
         // cursor was not where this batch expected did not move, and is not known clean.
         let moved: HashSet<i32> = moved.iter().map(|r| r.get(0)).collect();
+        // The rows read ahead: settled if sent, or copied (their lane moved, before its stop);
+        // otherwise forgotten, and this pass ends.
+        let copied: HashSet<i64> = copy_ids
+            .iter()
+            .zip(&copy_lanes)
+            .filter(|(_, lane)| moved.contains(*lane))
+            .map(|(id, _)| *id)
+            .collect();
+        let ahead_rows = rows
+            .iter()
+            .zip(fates)
+            .filter(|(r, _)| is_ahead(r))
+            .map(|(r, f)| (r.id, matches!(f, Fate::Sent)))
+            .chain(
+                read.parked
+                    .iter()
+                    .filter(|(id, _)| *id >= read.ahead_from)
+                    .map(|(id, _)| (*id, false)),
+            );
+        for (id, sent) in ahead_rows {
+            if sent || copied.contains(&id) {
+                if let Some(e) = remembered.get_mut(&id) {
+                    e.1 = true;
+                }
+            } else {
+                remembered.remove(&id);
+                self.layout
+                    .forgot
+                    .store(true, std::sync::atomic::Ordering::Relaxed);
+            }
+        }
         let mut passed: HashMap<i32, i64> = HashMap::new();
         for (lane, next) in adv_lanes.iter().zip(&adv_next) {
             if moved.contains(lane) {

@@ -196,24 +196,6 @@ pub(crate) fn read_passing() -> String {
     )
 }
 
-/// Copies rows read ahead of the proof that did not reach Kafka into the retry table (as
-/// [`ADVANCE`] copies the rows its cursors step over), in the settle's transaction: `$1` ids,
-/// `$2` the error of a refused row (NULL for a row held behind another of its key), `$3`
-/// whether it failed for good. Their lanes' cursors stay below them until the proof passes
-/// them; the relay then skips them (`relay/ring.rs`), and after a restart a copied row's key
-/// waits in the retry table, so the row is parked behind its copy and not sent.
-pub(crate) const COPY_AHEAD: &str = "\
-INSERT INTO {s}.outbox_retry (id, topic, message_key, headers, payload, created_at,
-                              status, attempts, last_error, available_at)
-SELECT o.id, o.topic, o.message_key, o.headers, o.payload, o.created_at,
-       CASE WHEN f.dead THEN 'failed' ELSE 'pending' END,
-       CASE WHEN f.error IS NULL THEN 0 ELSE 1 END, f.error,
-       CASE WHEN f.error IS NULL THEN now()
-            ELSE now() + make_interval(secs => 0.75 + random() * 0.5) END
-  FROM unnest($1::bigint[], $2::text[], $3::bool[]) AS f(id, error, dead)
-  JOIN {s}.outbox_ring AS o ON o.id = f.id AND o.gen IN ({gens})
-ON CONFLICT (id) DO NOTHING";
-
 /// Opens a ring claim's transaction, holding the cursors' lock shared (see [`HOLD_CURSORS`])
 /// until it ends: the sweep waits for the claims in flight before it takes a writer off the
 /// passed list. Sent before the claim's first statement in the transaction, whose snapshot is
