@@ -47,6 +47,27 @@ async fn insert_seq(c: &impl tokio_postgres::GenericClient, topic: &str, key: &s
     .unwrap();
 }
 
+/// A service's transaction left open after writing one row of key `late` with `{"seq": seq}`
+/// to `topic`: the open session and the row's id.
+async fn open_writer(
+    db: &outbox::DbConfig,
+    topic: &str,
+    seq: i32,
+) -> (tokio_postgres::Client, i64) {
+    let w = client(db).await;
+    w.batch_execute("BEGIN").await.unwrap();
+    let id: i64 = w
+        .query_one(
+            "INSERT INTO outbox (topic, message_key, payload)
+             VALUES ($1, 'late', jsonb_build_object('seq', $2::int)) RETURNING id",
+            &[&topic, &seq],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    (w, id)
+}
+
 /// Every record's `seq` by key, in topic order.
 pub(crate) fn seqs_by_key(recs: &[Record]) -> HashMap<String, Vec<i64>> {
     let mut by: HashMap<String, Vec<i64>> = HashMap::new();
@@ -264,17 +285,7 @@ async fn on_the_ring_a_row_committed_after_newer_rows_were_sent_is_published_onc
     enqueue_n(&db, &topic, 5, 1, 5).await;
     drain(&relay).await;
 
-    let w = client(&db).await;
-    w.batch_execute("BEGIN").await.unwrap();
-    let late: i64 = w
-        .query_one(
-            "INSERT INTO outbox (topic, message_key, payload) VALUES ($1, 'late', '{\"seq\": -1}')
-             RETURNING id",
-            &[&topic],
-        )
-        .await
-        .unwrap()
-        .get(0);
+    let (w, late) = open_writer(&db, &topic, -1).await;
     // Newer rows commit while it is open, and passes run; no cursor passes it while it has
     // been open less than `long_transaction` (1 s here; a writer open longer is passed and
     // listed: `a_writer_left_open_…`).
@@ -314,17 +325,7 @@ async fn rows_committed_while_a_writer_with_a_lower_id_is_open_go_out_at_once_an
     let mut cfg = relay_config();
     cfg.max_attempts = 5;
     let relay = Relay::new(&db, &kafka(), cfg).unwrap();
-    let w = client(&db).await;
-    w.batch_execute("BEGIN").await.unwrap();
-    let late: i64 = w
-        .query_one(
-            "INSERT INTO outbox (topic, message_key, payload) VALUES ($1, 'late', '{\"seq\": 0}')
-             RETURNING id",
-            &[&topic],
-        )
-        .await
-        .unwrap()
-        .get(0);
+    let (w, late) = open_writer(&db, &topic, 0).await;
     for seq in 0..3 {
         insert_seq(&c, &missing, "m", seq).await;
     }
