@@ -17,7 +17,7 @@ use crate::db;
 
 /// The embedded migrations, in version order. A file in `migrations/` missing here fails the
 /// unit test `every_file_is_embedded`.
-const MIGRATIONS: [(i32, &str, &str); 27] = [
+const MIGRATIONS: [(i32, &str, &str); 28] = [
     (1, "outbox", include_str!("../migrations/V1__outbox.sql")),
     (
         2,
@@ -144,6 +144,11 @@ const MIGRATIONS: [(i32, &str, &str); 27] = [
         27,
         "dead_letter_tenants",
         include_str!("../migrations/V27__dead_letter_tenants.sql"),
+    ),
+    (
+        28,
+        "outbox_column_statistics",
+        include_str!("../migrations/V28__outbox_column_statistics.sql"),
     ),
 ];
 
