@@ -17,7 +17,7 @@ use crate::db;
 
 /// The embedded migrations, in version order. A file in `migrations/` missing here fails the
 /// unit test `every_file_is_embedded`.
-const MIGRATIONS: [(i32, &str, &str); 28] = [
+const MIGRATIONS: [(i32, &str, &str); 29] = [
     (1, "outbox", include_str!("../migrations/V1__outbox.sql")),
     (
         2,
@@ -149,6 +149,11 @@ const MIGRATIONS: [(i32, &str, &str); 28] = [
         28,
         "outbox_column_statistics",
         include_str!("../migrations/V28__outbox_column_statistics.sql"),
+    ),
+    (
+        29,
+        "ring_insert_gen",
+        include_str!("../migrations/V29__ring_insert_gen.sql"),
     ),
 ];
 

@@ -294,8 +294,8 @@ copied AS (
     ON CONFLICT (id) DO NOTHING
     RETURNING id),
 moved AS (
-    INSERT INTO {s}.outbox_cursor_log (lane, next_id)
-    SELECT m.lane, m.next FROM moving AS m
+    INSERT INTO {s}.outbox_cursor_log (half, lane, next_id)
+    SELECT (SELECT h.half FROM {s}.outbox_cursor_half AS h), m.lane, m.next FROM moving AS m
     ON CONFLICT DO NOTHING
     RETURNING lane),
 passed AS (
@@ -398,13 +398,14 @@ pub(crate) fn requeue_sent() -> String {
 /// failed for good (a schema refusal, or `max_attempts` of 1). The copy reads the ring by
 /// primary key, driven by the ids (no `ORDER BY`: with one, the planner walked the whole ring
 /// in id order to join it, 35 ms at 100,000 rows and growing). A lane that did not move copies
-/// nothing: its rows are read again.
+/// nothing: its rows are read again. The log's half is read in the statement, not by the
+/// log's DEFAULT, a function planned again at each call (`V29__ring_insert_gen.sql`).
 /// Returns the lanes that moved.
 pub(crate) const ADVANCE: &str = "\
 WITH held AS MATERIALIZED (SELECT pg_advisory_xact_lock_shared('{s}.outbox_cursor_log'::regclass::oid::bigint)),
 moved AS (
-    INSERT INTO {s}.outbox_cursor_log (lane, next_id)
-    SELECT v.lane, v.next
+    INSERT INTO {s}.outbox_cursor_log (half, lane, next_id)
+    SELECT (SELECT h.half FROM {s}.outbox_cursor_half AS h), v.lane, v.next
       FROM held CROSS JOIN unnest($1::int[], $2::bigint[], $3::bigint[]) AS v(lane, start, next)
      CROSS JOIN LATERAL (SELECT m.next_id FROM {s}.outbox_cursor_log AS m
                           WHERE m.lane = v.lane ORDER BY m.next_id DESC LIMIT 1) AS c
@@ -430,8 +431,8 @@ SELECT lane FROM moved";
 /// still fire its NOTIFY trigger, and wake every relay after every batch.)
 pub(crate) const ADVANCE_LANES: &str = "\
 WITH held AS MATERIALIZED (SELECT pg_advisory_xact_lock_shared('{s}.outbox_cursor_log'::regclass::oid::bigint))
-INSERT INTO {s}.outbox_cursor_log (lane, next_id)
-SELECT v.lane, v.next
+INSERT INTO {s}.outbox_cursor_log (half, lane, next_id)
+SELECT (SELECT h.half FROM {s}.outbox_cursor_half AS h), v.lane, v.next
   FROM held CROSS JOIN unnest($1::int[], $2::bigint[], $3::bigint[]) AS v(lane, start, next)
  CROSS JOIN LATERAL (SELECT m.next_id FROM {s}.outbox_cursor_log AS m
                       WHERE m.lane = v.lane ORDER BY m.next_id DESC LIMIT 1) AS c

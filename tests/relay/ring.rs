@@ -967,3 +967,43 @@ async fn a_running_relay_with_writers_committing_alongside_sends_every_row_once_
     );
     assert_eq!(count(&c, "SELECT count(*) FROM outbox_retry").await, 0);
 }
+
+/// A service's INSERT through the view reads the generation in its own statement
+/// (`V29__ring_insert_gen.sql`), not through the ring's DEFAULT function, which Postgres parsed
+/// and planned again at every INSERT; the rows still land in the generation in use, before and
+/// after a rotation moves it.
+#[tokio::test]
+async fn an_insert_through_the_view_reads_its_generation_without_a_function_call() {
+    let (db, c) = ring_db().await;
+    let sql = "INSERT INTO outbox (topic, message_key, headers, payload)
+               VALUES ('t', 'k', '{}', '{\"n\": 1}')";
+    let plan: Vec<String> = c
+        .query(&format!("EXPLAIN VERBOSE {sql}"), &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    let plan = plan.join("\n");
+    assert!(plan.contains("outbox_generation"), "{plan}");
+    assert!(!plan.contains("outbox_current_gen"), "{plan}");
+    let s = db.schema.quoted();
+    for next in [1i16, 2] {
+        c.batch_execute(sql).await.unwrap();
+        c.execute(
+            &format!("UPDATE {s}.outbox_generation SET gen = $1"),
+            &[&next],
+        )
+        .await
+        .unwrap();
+    }
+    c.batch_execute(sql).await.unwrap();
+    let gens: Vec<i16> = c
+        .query(&format!("SELECT gen FROM {s}.outbox_ring ORDER BY id"), &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(gens, [0, 1, 2]);
+}
