@@ -198,13 +198,16 @@ async fn main() {
     let passes = param("PASSES", outbox::fleet::FleetConfig::DEFAULT_PASSES);
     // linger.ms for both sides' producers (the relay's default is 0).
     let linger = param("LINGER_MS", 0);
-    let kafka = || {
+    // linger.ms for the fleet's producer only (FLEET_LINGER_MS), else LINGER_MS.
+    let fleet_linger = param("FLEET_LINGER_MS", linger);
+    let kafka_with = |linger: usize| {
         let mut k = kafka();
         if linger > 0 {
             k.set_from_pair(&format!("linger.ms={linger}")).unwrap();
         }
         k
     };
+    let kafka = || kafka_with(linger);
     let pairs = param("PAIRS", if full() { 2 } else { 1 });
     let exactly_once = param("EXACTLY_ONCE", 0) == 1;
     // Seconds each side then sits idle, its CPU measured (what an idle fleet costs).
@@ -270,7 +273,8 @@ async fn main() {
                 config.relay = relay_config(exactly_once.then_some(topic.as_str()));
                 let size_before = process_size();
                 settle(&observer).await;
-                let fleet = outbox::fleet::Fleet::new(&control, &kafka(), config).unwrap();
+                let fleet =
+                    outbox::fleet::Fleet::new(&control, &kafka_with(fleet_linger), config).unwrap();
                 let stop = tokio_util::sync::CancellationToken::new();
                 if side.is_some() {
                     eprintln!("fleet: drain starts");
@@ -304,7 +308,7 @@ async fn main() {
         let per_msg = |secs: f64| round2(secs * 1e6 / total as f64);
         emit(
             "fleet",
-            serde_json::json!({"tenants": tenants, "rows_per_tenant": rows, "budget": budget, "passes": passes, "linger_ms": linger, "exactly_once": exactly_once, "pair": pair, "first": order[0]}),
+            serde_json::json!({"tenants": tenants, "rows_per_tenant": rows, "budget": budget, "passes": passes, "linger_ms": linger, "fleet_linger_ms": fleet_linger, "exactly_once": exactly_once, "pair": pair, "first": order[0]}),
             serde_json::json!({
                 "fleet_msgs_per_sec": round2(total as f64 / fleet.secs),
                 "plain_relay_msgs_per_sec": round2(total as f64 / plain.secs),
