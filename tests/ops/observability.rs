@@ -201,8 +201,16 @@ async fn metrics_equal_the_work_done_stay_bounded_and_cover_the_dashboard_and_ru
             "off",
         ],
     );
-    let relay = wait_metric(p_relay, "10,000 published", |t| {
+    // The unknown-topic row is the last, alone in the sixth batch: its failure is counted in
+    // a settle after the one that made 10,000 published.
+    let relay = wait_metric(p_relay, "10,000 published and the refusal counted", |t| {
         value(t, "outbox_published_total", &[("topic", &topic)]) == Some(n as f64)
+            && value(
+                t,
+                "outbox_publish_failures_total",
+                &[("reason", "unknown_topic")],
+            )
+            .is_some_and(|v| v >= 1.0)
     })
     .await;
     assert_eq!(
