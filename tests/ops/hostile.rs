@@ -541,44 +541,54 @@ async fn readiness_leaks_no_secret_costs_no_connection_and_refuses_foreign_hosts
     // The server's own start-up work (the first gauge refresh, the pools' first connections)
     // may still be opening connections: take the count once it has held for two seconds.
     let pid = a.child.id();
-    let before = blocking(move || {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        let (mut n, mut since) = (postgres_connections_of(pid), Instant::now());
-        while since.elapsed() < Duration::from_secs(2) && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(50));
-            let now = postgres_connections_of(pid);
-            if now != n {
-                (n, since) = (now, Instant::now());
+    // The server's periodic work (gauges, job polls) may open a connection of its own while
+    // the calls run (CI saw 3 → 5 once): a burst that saw more than before is measured again,
+    // up to three times. Readiness that opened a connection per call would fail all three.
+    let mut tries = Vec::new();
+    for _ in 0..3 {
+        let before = blocking(move || {
+            let deadline = Instant::now() + Duration::from_secs(30);
+            let (mut n, mut since) = (postgres_connections_of(pid), Instant::now());
+            while since.elapsed() < Duration::from_secs(2) && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(50));
+                let now = postgres_connections_of(pid);
+                if now != n {
+                    (n, since) = (now, Instant::now());
+                }
             }
-        }
-        n
-    })
-    .await;
-    let sampling = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
-    let sampler = {
-        let sampling = sampling.clone();
-        std::thread::spawn(move || {
-            let mut most = 0;
-            while sampling.load(std::sync::atomic::Ordering::Relaxed) {
-                most = most.max(postgres_connections_of(pid));
-                std::thread::sleep(Duration::from_millis(2));
-            }
-            most
+            n
         })
-    };
-    let calls: Vec<_> = (0..40)
-        .map(|_| tokio::task::spawn_blocking(move || get(port, "/readyz", None, "127.0.0.1").0))
-        .collect();
-    for c in calls {
-        let code = c.await.unwrap();
-        assert!(code == 200 || code == 503, "{code}");
+        .await;
+        let sampling = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let sampler = {
+            let sampling = sampling.clone();
+            std::thread::spawn(move || {
+                let mut most = 0;
+                while sampling.load(std::sync::atomic::Ordering::Relaxed) {
+                    most = most.max(postgres_connections_of(pid));
+                    std::thread::sleep(Duration::from_millis(2));
+                }
+                most
+            })
+        };
+        let calls: Vec<_> = (0..40)
+            .map(|_| tokio::task::spawn_blocking(move || get(port, "/readyz", None, "127.0.0.1").0))
+            .collect();
+        for c in calls {
+            let code = c.await.unwrap();
+            assert!(code == 200 || code == 503, "{code}");
+        }
+        sampling.store(false, std::sync::atomic::Ordering::Relaxed);
+        let most = sampler.join().unwrap();
+        assert!(before >= 1, "the prober keeps a connection");
+        tries.push((before, most));
+        if most <= before {
+            break;
+        }
     }
-    sampling.store(false, std::sync::atomic::Ordering::Relaxed);
-    let most = sampler.join().unwrap();
-    assert!(before >= 1, "the prober keeps a connection");
     assert!(
-        most <= before,
-        "connections {before}, during the calls up to {most}"
+        tries.iter().any(|(before, most)| most <= before),
+        "connections (before, during the calls) in each try: {tries:?}"
     );
     assert!(!a.log().contains(SECRET), "{}", a.log());
 }
