@@ -4,7 +4,9 @@
 //! the fleet held (its budget is the ceiling it must stay under).
 //!
 //! `cargo bench --bench fleet` (env: TENANTS=200, ROWS=500 per tenant, BUDGET=32, PASSES=4
-//! (`--fleet-passes`), LINGER_MS=0 (both sides' producers), PAIRS=2:
+//! (`--fleet-passes`), LINGER_MS (both sides' producers; unset: each side's default, a relay's
+//! 0 ms and a fleet's 1), FLEET_LINGER_MS (the fleet's alone), PLAIN_BATCH (the plain relay's
+//! batch size), PAIRS=2:
 //! fleet and plain relay alternate which goes first, SIDE=fleet|plain: that side alone, no
 //! line printed, for a profiler to watch, EXACTLY_ONCE=1: both sides in exactly-once mode,
 //! where each tenant's relay has a transactional producer per slot it owns); smoke size
@@ -18,7 +20,7 @@
 #[path = "support/mod.rs"]
 mod support;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
 use support::*;
@@ -70,6 +72,8 @@ struct Drained {
     /// Advisory locks held on the server at the end (lane and member locks: the lock table
     /// every look at `pg_locks` copies and every commit on the lock session walks).
     locks: i64,
+    /// Autovacuums and autoanalyzes of the database's tables that ran during the drain.
+    autovacuums: i64,
     /// CPU used while the side sat idle after its drain (nothing to send): what its polling,
     /// gauges and heartbeats cost.
     idle: Cpu,
@@ -136,10 +140,24 @@ async fn burst(
 async fn settle(observer: &tokio_postgres::Client) {
     if full() {
         // Two statements: a multi-statement string is one implicit transaction, and VACUUM
-        // refuses to run inside one.
+        // refuses to run inside one. (`autovacuum_runs` counts the autovacuums and
+        // autoanalyzes that still ran beside a drain: none in the runs of round 25.)
         observer.batch_execute("VACUUM").await.unwrap();
         observer.batch_execute("CHECKPOINT").await.unwrap();
     }
+}
+
+/// Autovacuums and autoanalyzes each table of the database has had so far.
+async fn autovacuum_runs(c: &tokio_postgres::Client) -> HashMap<u32, i64> {
+    c.query(
+        "SELECT relid, autovacuum_count + autoanalyze_count FROM pg_stat_all_tables",
+        &[],
+    )
+    .await
+    .unwrap()
+    .iter()
+    .map(|r| (r.get(0), r.get(1)))
+    .collect()
 }
 
 /// Waits until `topic` holds `n` records.
@@ -153,6 +171,7 @@ async fn drained(
     let mut peak = 0;
     let mut first_secs = None;
     let counter = outbox_testkit::TopicCounter::new(topic).await;
+    let autovacuums_before = autovacuum_runs(observer).await;
     let cpu_before = cpu_seconds();
     loop {
         peak = peak.max(sessions(observer).await);
@@ -163,6 +182,12 @@ async fn drained(
         if len >= n {
             let secs = start.elapsed().as_secs_f64();
             let cpu = cpu_seconds().since(&cpu_before);
+            // Per table: a table dropped meanwhile takes its counts with it.
+            let autovacuums = autovacuum_runs(observer)
+                .await
+                .iter()
+                .map(|(t, n)| n - autovacuums_before.get(t).copied().unwrap_or(0))
+                .sum();
             let locks = observer
                 .query_one(
                     "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted",
@@ -181,6 +206,7 @@ async fn drained(
                 threads,
                 rss_mib,
                 locks,
+                autovacuums,
                 idle: Cpu::default(),
                 burst_secs: 0.0,
             };
@@ -196,14 +222,20 @@ async fn main() {
     let rows = param("ROWS", if full() { 500 } else { 50 });
     let budget = param("BUDGET", 32);
     let passes = param("PASSES", outbox::fleet::FleetConfig::DEFAULT_PASSES);
-    // linger.ms for both sides' producers (the relay's default is 0).
-    let linger = param("LINGER_MS", 0);
+    // linger.ms for both sides' producers; unset: each side's default (a relay's 0, a
+    // fleet's `FleetConfig::DEFAULT_LINGER_MS`).
+    let optional = |name: &str| {
+        std::env::var(name)
+            .ok()
+            .map(|v| v.parse::<usize>().unwrap())
+    };
+    let linger = optional("LINGER_MS");
     // linger.ms for the fleet's producer only (FLEET_LINGER_MS), else LINGER_MS.
-    let fleet_linger = param("FLEET_LINGER_MS", linger);
-    let kafka_with = |linger: usize| {
+    let fleet_linger = optional("FLEET_LINGER_MS").or(linger);
+    let kafka_with = |linger: Option<usize>| {
         let mut k = kafka();
-        if linger > 0 {
-            k.set_from_pair(&format!("linger.ms={linger}")).unwrap();
+        if let Some(l) = linger {
+            k.set_from_pair(&format!("linger.ms={l}")).unwrap();
         }
         k
     };
@@ -237,12 +269,14 @@ async fn main() {
                 fill_outbox(&db, &topic, tenants * rows, 1000).await;
                 let size_before = process_size();
                 settle(&observer).await;
-                let relay = outbox::Relay::new(
-                    &db,
-                    &kafka(),
-                    relay_config(exactly_once.then_some(topic.as_str())),
-                )
-                .unwrap();
+                let mut plain_config = relay_config(exactly_once.then_some(topic.as_str()));
+                if let Some(b) = std::env::var("PLAIN_BATCH")
+                    .ok()
+                    .and_then(|v| v.parse().ok())
+                {
+                    plain_config.batch_size = b;
+                }
+                let relay = outbox::Relay::new(&db, &kafka(), plain_config).unwrap();
                 let stop = tokio_util::sync::CancellationToken::new();
                 if side.is_some() {
                     eprintln!("plain: drain starts");
@@ -338,6 +372,7 @@ async fn main() {
                     "plain": {"postgres": round2(plain.idle.postgres / plain.idle.wall.max(1e-3)), "relay": round2(plain.idle.relay / plain.idle.wall.max(1e-3))},
                 },
                 "fleet_advisory_locks": fleet.locks,
+                "autovacuum_runs": {"fleet": fleet.autovacuums, "plain": plain.autovacuums},
                 "plain_advisory_locks": plain.locks,
             }),
         );

@@ -73,6 +73,15 @@ impl FleetConfig {
     pub const DEFAULT_TENANT_LABELS: usize = 20;
     /// Default [`FleetConfig::idle_poll`].
     pub const DEFAULT_IDLE_POLL: Duration = Duration::from_secs(5);
+    /// The `linger.ms` of the fleet's producer unless the Kafka properties set one (a relay
+    /// alone lingers 0 ms). The relays of a fleet hand their shared producer many small
+    /// batches at once (a tenant's pass of a few hundred rows, several passes overlapping):
+    /// without a linger librdkafka sends each partition's first few rows of each as a request
+    /// of its own, and the broker and the fleet pay per request. One millisecond lets them
+    /// coalesce: 200 tenants × 500 rows drained at 43,500 – 47,800 msg/s instead of
+    /// 29,000 – 46,000, with a quarter less CPU per message (`benches/fleet.rs`; 5 ms was
+    /// slower: a pass waits for its acks).
+    pub const DEFAULT_LINGER_MS: u32 = 1;
 
     /// Each database's pool size under the budget, or why the budget is too small.
     fn pool_size(&self) -> Result<usize, FleetError> {
@@ -420,7 +429,10 @@ impl Fleet {
             cancel.clone(),
         );
         let producer = if self.config.relay.exactly_once.is_none() {
-            Some(SharedProducer::new(&self.kafka, &self.config.relay)?)
+            Some(SharedProducer::new(
+                &shared_producer_config(&self.kafka),
+                &self.config.relay,
+            )?)
         } else {
             None
         };
@@ -552,4 +564,39 @@ fn server_of(db: &DbConfig) -> String {
         ports.join(","),
         db.pg.get_dbname().unwrap_or("")
     )
+}
+
+/// The Kafka settings of a fleet's shared producer: the user's, with the fleet's
+/// [`FleetConfig::DEFAULT_LINGER_MS`] unless they set `linger.ms` themselves.
+fn shared_producer_config(kafka: &KafkaConfig) -> KafkaConfig {
+    let mut kafka = kafka.clone();
+    kafka
+        .properties
+        .entry("linger.ms".to_owned())
+        .or_insert_with(|| FleetConfig::DEFAULT_LINGER_MS.to_string());
+    kafka
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_shared_producer_lingers_a_millisecond_unless_told_otherwise() {
+        let kafka = KafkaConfig::new("127.0.0.1:9092").unwrap();
+        let shared = shared_producer_config(&kafka);
+        assert_eq!(
+            shared.properties.get("linger.ms").map(String::as_str),
+            Some("1")
+        );
+        let mut told = kafka.clone();
+        told.set_from_pair("linger.ms=0").unwrap();
+        let shared = shared_producer_config(&told);
+        assert_eq!(
+            shared.properties.get("linger.ms").map(String::as_str),
+            Some("0")
+        );
+        // The user's other settings pass through untouched.
+        assert_eq!(shared.bootstrap_servers, "127.0.0.1:9092");
+    }
 }

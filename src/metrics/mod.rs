@@ -73,6 +73,9 @@ pub const OUTBOX_BATCH_SIZE: &str = "outbox_batch_size";
 pub const OUTBOX_CLAIM_SECONDS: &str = "outbox_claim_seconds";
 /// Ordering lanes this relay owns (of 64).
 pub const OUTBOX_LANES_OWNED: &str = "outbox_relay_lanes_owned";
+/// Metadata lookups the relay made to see that a topic exists before sending to it (once per
+/// topic a minute; a fleet's relays share what one of them saw).
+pub const OUTBOX_TOPIC_LOOKUPS: &str = "outbox_topic_lookups_total";
 /// Bytes on disk of the outbox's storage, indexes included: the `outbox` table, or on ring
 /// storage its leaves, retry table, lanes and the table it moved from.
 pub const OUTBOX_STORAGE_BYTES: &str = "outbox_storage_bytes";
@@ -162,7 +165,7 @@ pub const RELAY_TXN_UNKNOWN: &str = "outbox_relay_transactions_unknown_total";
 pub const RELAY_SLOT_RECOVERIES: &str = "outbox_relay_slot_recoveries_total";
 
 /// Every metric name the code exports, for the dashboard and alert-rule checks.
-pub const ALL: [&str; 42] = [
+pub const ALL: [&str; 43] = [
     RELAY_EXACTLY_ONCE,
     RELAY_TXN_COMMITTED,
     RELAY_TXN_ABORTED,
@@ -181,6 +184,7 @@ pub const ALL: [&str; 42] = [
     OUTBOX_BATCH_SIZE,
     OUTBOX_CLAIM_SECONDS,
     OUTBOX_LANES_OWNED,
+    OUTBOX_TOPIC_LOOKUPS,
     OUTBOX_STORAGE_BYTES,
     OUTBOX_RING_GENERATIONS,
     OUTBOX_RING_OLDEST_GENERATION_AGE,

@@ -88,7 +88,10 @@ pub struct Relay {
     stmts: Arc<Statements>,
     db: DbConfig,
     config: RelayConfig,
-    known_topics: Mutex<HashMap<String, Instant>>,
+    /// Topics seen to exist, and when: a fleet's relays share one map with their producer
+    /// (a topic is the cluster's, not a tenant's), so 200 tenants of one topic look it up once
+    /// instead of each on its first pass.
+    known_topics: KnownTopics,
     /// Where claims start (see `floor.rs`); shared with the sweep and the LISTEN task.
     floor: Arc<Mutex<ClaimFloor>>,
     /// Held for the length of a pass.
@@ -157,7 +160,12 @@ pub(crate) struct Shared {
 pub(crate) struct SharedProducer {
     producer: Arc<std::sync::RwLock<RelayProducer>>,
     reports: Arc<Reports>,
+    known_topics: KnownTopics,
 }
+
+/// Topics seen to exist on the cluster, each with when it was last seen (see
+/// `TOPIC_CACHE_TTL`).
+type KnownTopics = Arc<Mutex<HashMap<String, Instant>>>;
 
 impl SharedProducer {
     pub(crate) fn new(kafka: &KafkaConfig, config: &RelayConfig) -> Result<Self, RelayError> {
@@ -166,6 +174,7 @@ impl SharedProducer {
         Ok(Self {
             producer: Arc::new(std::sync::RwLock::new(producer)),
             reports,
+            known_topics: KnownTopics::default(),
         })
     }
 
@@ -218,6 +227,12 @@ impl Relay {
             None => Self::pool_for(db)?,
         };
         let outages = Outages::new();
+        // What topics exist is the cluster's: every relay of a fleet shares what one saw.
+        let known_topics = shared
+            .producer
+            .as_ref()
+            .map(|p| p.known_topics.clone())
+            .unwrap_or_default();
         let (producer, reports) = match shared.producer {
             // Exactly-once relays produce through their slots' transactional producers; the
             // shared one is for the idempotent path only.
@@ -255,7 +270,7 @@ impl Relay {
                 .map(|_| exactly_once::Slots::new()),
             progress_ready: tokio::sync::OnceCell::new(),
             config,
-            known_topics: Mutex::new(HashMap::new()),
+            known_topics,
             inject_refusals: std::sync::atomic::AtomicU64::new(0f64.to_bits()),
             injected: Arc::default(),
             health: crate::health::Health::new(),
@@ -386,6 +401,7 @@ impl Relay {
             }
             let producer = self.producer();
             let name = t.clone();
+            metrics::counter!(crate::metrics::OUTBOX_TOPIC_LOOKUPS).increment(1);
             let looked_up = tokio::task::spawn_blocking(move || {
                 producer
                     .client()

@@ -1102,17 +1102,17 @@ async fn a_relay_and_an_archiver_stopped_cleanly_show_stopped_at_once_not_alive(
 
 /// `outbox tenants` keeps a fleet's registry, and `outbox relay --tenants` publishes every
 /// registered outbox from one process, with one `tenant` series per outbox on /metrics, and
-/// stops on SIGTERM. Bad registry input exits 2 naming the field; a `--database` without `=`
+/// stops on SIGTERM. Two tenants of one topic look it up on the cluster once between them. Bad registry input exits 2 naming the field; a `--database` without `=`
 /// exits 2 without echoing what it was given.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tenants_verbs_keep_the_registry_and_one_relay_publishes_every_tenant() {
     let control = fresh_db().await;
-    let (a, b) = (fresh_db().await, fresh_db().await);
+    let (a, b, h) = (fresh_db().await, fresh_db().await, fresh_db().await);
     let (ta, tb) = (topic_name(), topic_name());
     create_topic(&ta, 3).await;
     create_topic(&tb, 3).await;
     let tenants = |args: &[&str]| run(outbox_cmd(&control).arg("tenants").args(args));
-    for (name, db) in [("acme", &a), ("globex", &b)] {
+    for (name, db) in [("acme", &a), ("globex", &b), ("hooli", &h)] {
         let o = tenants(&[
             "add",
             name,
@@ -1127,7 +1127,7 @@ async fn tenants_verbs_keep_the_registry_and_one_relay_publishes_every_tenant() 
     assert_eq!(list.status.code(), Some(0), "{}", text(&list));
     let listed = String::from_utf8_lossy(&list.stdout).to_string();
     assert!(
-        listed.contains("acme") && listed.contains("globex"),
+        listed.contains("acme") && listed.contains("globex") && listed.contains("hooli"),
         "{listed}"
     );
     assert!(listed.contains("weight 2"), "{listed}");
@@ -1174,6 +1174,8 @@ async fn tenants_verbs_keep_the_registry_and_one_relay_publishes_every_tenant() 
 
     enqueue_n(&a, &ta, 100, 10, 10).await;
     enqueue_n(&b, &tb, 100, 10, 10).await;
+    // hooli publishes to acme's topic.
+    enqueue_n(&h, &ta, 100, 10, 10).await;
     let port = free_port();
     let child = outbox_cmd(&control)
         .args([
@@ -1183,6 +1185,10 @@ async fn tenants_verbs_keep_the_registry_and_one_relay_publishes_every_tenant() 
             "off",
             "--tenant-labels",
             "1",
+            // One pass at a time: no two tenants look a topic up at the same moment, so the
+            // count of lookups below is exact.
+            "--fleet-passes",
+            "1",
         ])
         .args(["--metrics-addr", &format!("127.0.0.1:{port}")])
         .stdin(Stdio::null())
@@ -1190,9 +1196,9 @@ async fn tenants_verbs_keep_the_registry_and_one_relay_publishes_every_tenant() 
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    for t in [&ta, &tb] {
+    for (t, n) in [(&ta, 200), (&tb, 100)] {
         wait_until(Duration::from_secs(60), "each tenant published", || async {
-            topic_len(t).await >= 100
+            topic_len(t).await >= n
         })
         .await;
     }
@@ -1224,7 +1230,17 @@ async fn tenants_verbs_keep_the_registry_and_one_relay_publishes_every_tenant() 
                 })
             };
             assert!(!series("globex"), "a label past the cap:\n{body}");
-            series("acme") && series("other")
+            if !(series("acme") && series("other")) {
+                return false;
+            }
+            // Three tenants, two topics, everything published: each topic was looked up on
+            // the cluster once, acme's for acme and hooli together.
+            let lookups = body
+                .lines()
+                .find(|l| l.starts_with("outbox_topic_lookups_total"))
+                .and_then(|l| l.split_whitespace().last());
+            assert_eq!(lookups, Some("2"), "{body}");
+            true
         },
     )
     .await;
@@ -1236,7 +1252,7 @@ async fn tenants_verbs_keep_the_registry_and_one_relay_publishes_every_tenant() 
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
-    assert_eq!(rows.len(), 2);
+    assert_eq!(rows.len(), 3);
     assert_eq!(rows[1]["enabled"], false);
     let kill = Command::new("kill")
         .args(["-TERM", &child.id().to_string()])
@@ -1249,8 +1265,10 @@ async fn tenants_verbs_keep_the_registry_and_one_relay_publishes_every_tenant() 
     let log = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(0), "{log}");
     assert!(log.contains("fleet stopped"), "{log}");
-    let o = tenants(&["remove", "acme"]);
-    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    for gone in ["acme", "hooli"] {
+        let o = tenants(&["remove", gone]);
+        assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    }
 
     // `migrate --tenants`: a tenant added before its schema exists is migrated with the
     // others; one naming a database not given fails alone, and the exit code says so.
