@@ -121,19 +121,15 @@ async fn burst(
         )
         .await;
     }
-    let autovacuums_before = autovacuum_runs(observer).await;
+    let before = autovacuum_runs(observer).await;
     tx.commit().await.unwrap();
     let added = (rows * schemas.len()) as i64;
-    drained(
-        topic,
-        total + added,
-        observer,
-        Instant::now(),
-        process_size(),
-        autovacuums_before,
-    )
-    .await
-    .secs
+    let start = Started {
+        at: Instant::now(),
+        size: process_size(),
+        autovacuums: before,
+    };
+    drained(topic, total + added, observer, start).await.secs
 }
 
 /// Vacuums the database (catalogs included) and checkpoints before a side starts, so no
@@ -155,6 +151,24 @@ async fn settle(observer: &tokio_postgres::Client) {
     }
 }
 
+/// What a side's clock starts from: when, this process's size, and each table's autovacuums.
+struct Started {
+    at: Instant,
+    size: (i64, f64),
+    autovacuums: HashMap<u32, i64>,
+}
+
+/// Starts a side's clock. The autovacuum counts are read first: a look at every table's
+/// statistics takes a while on a database holding hundreds of schemas.
+async fn started(observer: &tokio_postgres::Client, size: (i64, f64)) -> Started {
+    let autovacuums = autovacuum_runs(observer).await;
+    Started {
+        at: Instant::now(),
+        size,
+        autovacuums,
+    }
+}
+
 /// Autovacuums and autoanalyzes each table of the database has had so far.
 async fn autovacuum_runs(c: &tokio_postgres::Client) -> HashMap<u32, i64> {
     c.query(
@@ -173,10 +187,13 @@ async fn drained(
     topic: &str,
     n: i64,
     observer: &tokio_postgres::Client,
-    start: Instant,
-    size_before: (i64, f64),
-    autovacuums_before: HashMap<u32, i64>,
+    start: Started,
 ) -> Drained {
+    let Started {
+        at: start,
+        size: size_before,
+        autovacuums: autovacuums_before,
+    } = start;
     let mut peak = 0;
     let mut first_secs = None;
     let counter = outbox_testkit::TopicCounter::new(topic).await;
@@ -289,20 +306,9 @@ async fn main() {
                 if side.is_some() {
                     eprintln!("plain: drain starts");
                 }
-                // (Read before the clock starts: a look at every table's statistics takes
-                // a while on a database holding hundreds of schemas.)
-                let autovacuums_before = autovacuum_runs(&observer).await;
-                let start = Instant::now();
+                let start = started(&observer, size_before).await;
                 let run = tokio::spawn(relay.run(stop.clone().cancelled_owned()));
-                let mut d = drained(
-                    &topic,
-                    total,
-                    &observer,
-                    start,
-                    size_before,
-                    autovacuums_before,
-                )
-                .await;
+                let mut d = drained(&topic, total, &observer, start).await;
                 d.idle = idle_cost(idle_secs).await;
                 d.burst_secs = burst(&[&db], &topic, tenants * rows, total, &observer).await;
                 stop.cancel();
@@ -332,20 +338,9 @@ async fn main() {
                 if side.is_some() {
                     eprintln!("fleet: drain starts");
                 }
-                // (Read before the clock starts: a look at every table's statistics takes
-                // a while on a database holding hundreds of schemas.)
-                let autovacuums_before = autovacuum_runs(&observer).await;
-                let start = Instant::now();
+                let start = started(&observer, size_before).await;
                 let run = tokio::spawn(fleet.run(stop.clone().cancelled_owned()));
-                let mut d = drained(
-                    &topic,
-                    total,
-                    &observer,
-                    start,
-                    size_before,
-                    autovacuums_before,
-                )
-                .await;
+                let mut d = drained(&topic, total, &observer, start).await;
                 d.idle = idle_cost(idle_secs).await;
                 let all: Vec<&outbox::DbConfig> = schemas.iter().collect();
                 d.burst_secs = burst(&all, &topic, rows, total, &observer).await;
