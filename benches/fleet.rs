@@ -309,6 +309,9 @@ async fn main() {
                 let start = started(&observer, size_before).await;
                 let run = tokio::spawn(relay.run(stop.clone().cancelled_owned()));
                 let mut d = drained(&topic, total, &observer, start).await;
+                if side.is_some() {
+                    eprintln!("{what}: drained");
+                }
                 d.idle = idle_cost(idle_secs).await;
                 d.burst_secs = burst(&[&db], &topic, tenants * rows, total, &observer).await;
                 stop.cancel();
@@ -341,6 +344,9 @@ async fn main() {
                 let start = started(&observer, size_before).await;
                 let run = tokio::spawn(fleet.run(stop.clone().cancelled_owned()));
                 let mut d = drained(&topic, total, &observer, start).await;
+                if side.is_some() {
+                    eprintln!("{what}: drained");
+                }
                 d.idle = idle_cost(idle_secs).await;
                 let all: Vec<&outbox::DbConfig> = schemas.iter().collect();
                 d.burst_secs = burst(&all, &topic, rows, total, &observer).await;

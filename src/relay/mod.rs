@@ -523,13 +523,19 @@ impl Relay {
             .lock()
             .expect("floor lock")
             .wants_sample(self.config.floor_sample_interval, Instant::now());
-        let sample = c
-            .prepare_cached(if sampling {
+        // The usual claim and the per-key check are prepared with the sample, in one round
+        // trip: a fleet's tenant meets a pool session it has not used before on most passes,
+        // where three prepares one after the other were three round trips (a statement prepared
+        // and not used, as when the claim finds nothing, costs one parse on that session).
+        let (sample, claim_free, first_pending) = futures::try_join!(
+            c.prepare_cached(if sampling {
                 &self.stmts.sample
             } else {
                 &self.stmts.sample_lean
-            })
-            .await?;
+            }),
+            c.prepare_cached(&self.stmts.claim_free),
+            c.prepare_cached(&self.stmts.first_pending),
+        )?;
         let ((), sampled) =
             futures::try_join!(c.batch_execute("BEGIN"), c.query_one(&sample, &[]))?;
         let some_not_due: bool = sampled.get(2);
@@ -551,13 +557,11 @@ impl Relay {
         let batch = i64::try_from(limit).unwrap_or(i64::MAX);
         metrics::gauge!(crate::metrics::OUTBOX_LANES_OWNED).set(lanes.len() as f64);
         let claim_started = Instant::now();
-        let claim = c
-            .prepare_cached(if some_not_due {
-                &self.stmts.claim
-            } else {
-                &self.stmts.claim_free
-            })
-            .await?;
+        let claim = if some_not_due {
+            c.prepare_cached(&self.stmts.claim).await?
+        } else {
+            claim_free
+        };
         // Where the claim statement starts; the per-key check and the floor probe still cover
         // everything from the floor.
         let claim_from = match ahead {
@@ -605,7 +609,6 @@ impl Relay {
                 from.push(past.max(begin.scan_from));
                 before.push(first);
             }
-            let first_pending = c.prepare_cached(&self.stmts.first_pending).await?;
             for r in c.query(&first_pending, &[&keys, &from, &before]).await? {
                 waiting.insert(r.get(0));
             }
@@ -708,37 +711,38 @@ impl Relay {
         // drains, was tried: under a held snapshot the relay then stalled for minutes in the
         // soak. The floor moves after every pass.)
         let bound = begin.bound(full_batch_last);
-        // Prepared before anything is sent: a statement prepared inside the pipeline would be
-        // executed after the COMMIT.
-        let (mark_sent, mark_failed, left_behind) = (
-            c.prepare_cached(&self.stmts.mark_sent).await?,
-            c.prepare_cached(&self.stmts.mark_failed).await?,
-            c.prepare_cached(&self.stmts.left_behind).await?,
-        );
+        // Prepared before anything is sent (a statement prepared inside the pipeline would be
+        // executed after the COMMIT), only those this batch runs, in one round trip.
+        let failing = !refused_ids.is_empty() || !broken_ids.is_empty();
+        let (mark_sent, mark_failed, left_behind) = futures::try_join!(
+            prepare_if(c, !sent.is_empty(), &self.stmts.mark_sent),
+            prepare_if(c, failing, &self.stmts.mark_failed),
+            prepare_if(c, bound.is_some(), &self.stmts.left_behind),
+        )?;
         // The marks, the floor probe and COMMIT go out together and are read back in order
         // (one round trip, not four). If a mark fails, Postgres turns the COMMIT into a
         // rollback and the error is returned; the connection is then closed, not reused.
-        let mark = mark_unless_empty(c, &mark_sent, &sent, [&sent])
+        let mark = mark_unless_empty(c, mark_sent.as_ref(), &sent, [&sent])
             .instrument(tracing::debug_span!("outbox.mark", sent = sent.len()));
         let back_off = mark_unless_empty(
             c,
-            &mark_failed,
+            mark_failed.as_ref(),
             &refused_ids,
             [&refused_ids, &refused_errs, &self.config.max_attempts],
         );
         let fail_now = mark_unless_empty(
             c,
-            &mark_failed,
+            mark_failed.as_ref(),
             &broken_ids,
             [&broken_ids, &broken_errs, &1i32],
         );
         let probe = async {
-            match bound {
-                Some(bound) => Ok(c
-                    .query_one(&left_behind, &[&begin.scan_from, &bound, &lanes])
+            match (bound, &left_behind) {
+                (Some(bound), Some(left_behind)) => Ok(c
+                    .query_one(left_behind, &[&begin.scan_from, &bound, &lanes])
                     .await?
                     .get::<_, Option<i64>>(0)),
-                None => Ok(None),
+                _ => Ok(None),
             }
         };
         let ((), (), (), left, ()) =
@@ -796,15 +800,30 @@ pub(super) struct Marks<'a> {
     pub broken: (&'a [i64], &'a [String]),
 }
 
-/// Runs the mark `stmt` with `params` unless `ids` (the rows it marks) is empty.
+/// Runs the mark `stmt` with `params` unless `ids` (the rows it marks) is empty. `stmt` is
+/// prepared (by [`prepare_if`]) exactly when `ids` is not empty.
 pub(super) async fn mark_unless_empty<const N: usize>(
     c: &deadpool_postgres::Object,
-    stmt: &tokio_postgres::Statement,
+    stmt: Option<&tokio_postgres::Statement>,
     ids: &[i64],
     params: [&(dyn tokio_postgres::types::ToSql + Sync); N],
 ) -> Result<(), tokio_postgres::Error> {
-    if !ids.is_empty() {
-        c.execute(stmt, &params).await?;
+    if ids.is_empty() {
+        return Ok(());
     }
+    let stmt = stmt.expect("a mark with rows to mark was prepared");
+    c.execute(stmt, &params).await?;
     Ok(())
+}
+
+/// `sql` prepared on `c` (or taken from its cache) if `needed`.
+pub(super) async fn prepare_if(
+    c: &deadpool_postgres::Object,
+    needed: bool,
+    sql: &str,
+) -> Result<Option<tokio_postgres::Statement>, tokio_postgres::Error> {
+    if !needed {
+        return Ok(None);
+    }
+    c.prepare_cached(sql).await.map(Some)
 }

@@ -647,23 +647,28 @@ impl Relay {
                 }
             }
         }
-        let (sent_stmt, failed_stmt, advance, advance_lanes) = (
-            c.prepare_cached(&self.stmts.ring_retry_sent).await?,
-            c.prepare_cached(&self.stmts.ring_retry_failed).await?,
-            c.prepare_cached(&self.stmts.ring_advance.replace("{gens}", &read.gens))
-                .await?,
-            c.prepare_cached(&self.stmts.ring_advance_lanes).await?,
-        );
-        let sent = mark_unless_empty(c, &sent_stmt, &retry_sent, [&retry_sent]);
+        // In one round trip, only the marks this settle runs.
+        let advance_sql = self.stmts.ring_advance.replace("{gens}", &read.gens);
+        let (sent_stmt, failed_stmt, advance, advance_lanes) = futures::try_join!(
+            prepare_if(c, !retry_sent.is_empty(), &self.stmts.ring_retry_sent),
+            prepare_if(
+                c,
+                !retry_failed.is_empty() || !retry_broken.is_empty(),
+                &self.stmts.ring_retry_failed
+            ),
+            c.prepare_cached(&advance_sql),
+            c.prepare_cached(&self.stmts.ring_advance_lanes),
+        )?;
+        let sent = mark_unless_empty(c, sent_stmt.as_ref(), &retry_sent, [&retry_sent]);
         let failed = mark_unless_empty(
             c,
-            &failed_stmt,
+            failed_stmt.as_ref(),
             &retry_failed,
             [&retry_failed, &retry_errs, &self.config.max_attempts],
         );
         let broken = mark_unless_empty(
             c,
-            &failed_stmt,
+            failed_stmt.as_ref(),
             &retry_broken,
             [&retry_broken, &broken_errs, &1i32],
         );

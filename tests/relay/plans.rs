@@ -312,6 +312,100 @@ async fn a_never_analyzed_backlog_is_claimed_by_walking_the_index_whatever_the_s
 }
 
 #[tokio::test]
+async fn a_backlog_behind_statistics_of_an_idle_outbox_is_checked_key_by_key() {
+    // The usual life of an outbox: everything sent, then (auto)vacuumed and analyzed while idle,
+    // so the statistics say no row is pending and both pending-only indexes are empty. Then a
+    // bulk job commits 100,000 rows, and the relay drains them before the next autoanalyze.
+    // The per-key check of each batch (`first_pending`) must then still probe the key index
+    // once per key: with the id index (which the planner, seeing two "empty" indexes, picked)
+    // each key walked every row of the batch before its own, a 2,000-row batch took 50 – 120 ms
+    // instead of 3 – 10, and a running relay drained such a burst at a quarter of its speed
+    // (benches/fleet.rs `burst_msgs_per_sec`, BENCHMARKS_HISTORY round 26).
+    let db = fresh_db().await;
+    let mut c = client(&db).await;
+    c.batch_execute(
+        "ALTER TABLE outbox SET (autovacuum_enabled = false);
+         INSERT INTO outbox (topic, message_key, payload, status, sent_at)
+           SELECT 'a.b', 'k' || (g % 1000), jsonb_build_object('n', g), 'sent', now()
+           FROM generate_series(1, 100000) g;",
+    )
+    .await
+    .unwrap();
+    // (Statements of their own: VACUUM refuses to run inside the implicit transaction of a
+    // multi-statement string.)
+    c.batch_execute("VACUUM ANALYZE outbox").await.unwrap();
+    c.batch_execute(
+        "INSERT INTO outbox (topic, message_key, payload)
+           SELECT 'a.b', 'k' || (g % 1000), jsonb_build_object('n', g)
+           FROM generate_series(1, 100000) g;",
+    )
+    .await
+    .unwrap();
+    let stmts = as_the_relay(&c, &db).await;
+    let first: i64 = c
+        .query_one("SELECT min(id) FROM outbox WHERE status = 'pending'", &[])
+        .await
+        .unwrap()
+        .get(0);
+    // The first batch: 2,000 rows from the floor, each of the 1,000 keys first met at
+    // `first + k` (the fill cycles through the keys in id order).
+    let keys: Vec<String> = (0..1000)
+        .map(|k| format!("k{}", (first + k) % 1000))
+        .collect();
+    let from = vec![first; keys.len()];
+    let before: Vec<i64> = (0..1000).map(|k| first + k).collect();
+    let lanes: Vec<i32> = (0..outbox::testing::LANES).collect();
+    let mut report = Vec::new();
+    // A fresh statement is planned for its parameters; the relay's prepared statements switch
+    // to a generic plan after five runs. Both must hold.
+    for mode in ["force_custom_plan", "force_generic_plan"] {
+        c.batch_execute(&format!("SET plan_cache_mode = {mode}"))
+            .await
+            .unwrap();
+        for (name, sql, params, index) in [
+            (
+                "first_pending",
+                &stmts["first_pending"],
+                vec![
+                    &keys as &(dyn tokio_postgres::types::ToSql + Sync),
+                    &from,
+                    &before,
+                ],
+                "outbox_pending_key_idx",
+            ),
+            (
+                "claim_free",
+                &stmts["claim_free"],
+                vec![&2000i64, &lanes, &first],
+                "outbox_pending_id_idx",
+            ),
+            (
+                "left_behind",
+                &stmts["left_behind"],
+                vec![&first, &(first + 2000), &lanes],
+                "outbox_pending_id_idx",
+            ),
+        ] {
+            let (n, plan) = buffers(&mut c, sql, &params).await;
+            report.push(format!("--- {name} ({mode}): {n} buffers\n{plan}"));
+            assert!(
+                plan.contains(index),
+                "{name} ({mode}) does not use {index}:\n{plan}"
+            );
+            for bad in ["Sort", "Bitmap Heap Scan", "Seq Scan on outbox", "Hash"] {
+                assert!(
+                    !plan.contains(bad),
+                    "{name} ({mode}) plan has {bad}:\n{plan}"
+                );
+            }
+            // One index probe per key (a few pages each), not a walk of the batch per key.
+            assert!(n < 8_000, "{name} ({mode}): {n} buffers\n{plan}");
+        }
+    }
+    println!("{}", report.join("\n\n"));
+}
+
+#[tokio::test]
 async fn the_ring_read_walks_one_batch_of_a_backlog_not_the_backlog() {
     // 100,000 rows on ring storage waiting for the relay (an outage, a bulk import), analyzed
     // or not: a batch reads its 2,000 rows from the leaves' primary keys in id order and stops.
