@@ -9,23 +9,35 @@
 /// scan starts there instead of at the head of the index, whose entries for rows sent while
 /// some snapshot is held open cannot be removed.
 /// Uses `outbox_pending_id_idx` (scan in id order from the floor) and `outbox_pending_key_idx`
-/// or the pending index `(available_at, id)` for the check. The due test is written `(…) IS TRUE` so the planner
+/// for the check. The due test is written `(…) IS TRUE` so the planner
 /// cannot use it as an index condition: on the pending `(available_at, id)` index it bounds
 /// nothing (every pending row is due) and the scan would read every entry below the floor —
 /// exactly the entries the floor exists to skip. Measured in `tests/relay/plans.rs`.
 /// `o.ctid` (true of every row) makes the claim fail on ring storage's view, which has no
 /// `ctid`: a relay that has not yet seen a schema move onto the ring (`storage::use_ring`)
 /// errs and looks again, instead of claiming ring rows it could never mark sent.
+/// The hold-back check is a `LATERAL … ORDER BY (message_key, id) LIMIT 1` probe of the key
+/// index, not `NOT EXISTS` (whose `ORDER BY` the planner drops): with statistics of an idle
+/// outbox (nothing pending when it was last analyzed, both pending-only indexes "empty") and
+/// a backlog, the planner answered `NOT EXISTS` by walking `outbox_pending_id_idx` from the
+/// floor for every claimed row, 29 s for one 2,000-row claim
+/// (`plans::a_backlog_behind_statistics_of_an_idle_outbox_is_checked_key_by_key`). Only the key
+/// index gives the probe's order without a sort, which the relay's sessions disable.
 pub(super) const CLAIM: &str = "\
 SELECT o.id, o.topic, o.message_key, o.headers::text, o.payload::text,
        extract(epoch FROM o.created_at)::float8, hashtext(coalesce(o.message_key, '')) & 63
   FROM {s}.outbox AS o
+  LEFT JOIN LATERAL (
+         SELECT 1 AS held FROM {s}.outbox AS e
+          WHERE e.status = 'pending'
+            AND (e.message_key, e.id) >= (o.message_key, $3)
+            AND (e.message_key, e.id) < (o.message_key, o.id)
+            AND e.available_at > now()
+          ORDER BY e.message_key, e.id
+          LIMIT 1) AS h ON true
  WHERE o.status = 'pending' AND o.id >= $3 AND (o.available_at <= now()) IS TRUE
    AND (hashtext(coalesce(o.message_key, '')) & 63) = ANY($2::int[]) AND o.ctid IS NOT NULL
-   AND NOT EXISTS (
-         SELECT 1 FROM {s}.outbox AS e
-          WHERE e.status = 'pending' AND e.message_key = o.message_key
-            AND e.id >= $3 AND e.id < o.id AND e.available_at > now())
+   AND h.held IS NULL
  ORDER BY o.id
  LIMIT $1
  FOR UPDATE OF o SKIP LOCKED";
