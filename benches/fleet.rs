@@ -8,7 +8,8 @@
 //! 0 ms and a fleet's 1), FLEET_LINGER_MS (the fleet's alone), PLAIN_BATCH (the plain relay's
 //! batch size), PAIRS=2:
 //! fleet and plain relay alternate which goes first, SIDE=fleet|plain: that side alone, no
-//! line printed, for a profiler to watch, EXACTLY_ONCE=1: both sides in exactly-once mode,
+//! line printed, for a profiler to watch (`<side>: drain starts` and `<side>: drained` on
+//! stderr bracket the drain, e.g. to reset and read `pg_stat_statements` around it), EXACTLY_ONCE=1: both sides in exactly-once mode,
 //! where each tenant's relay has a transactional producer per slot it owns); smoke size
 //! under cargo test. The threads and resident memory each side added to this process (the
 //! relays) by the end of its drain are printed too, and the cores each side keeps busy in
@@ -102,10 +103,11 @@ async fn burst(
     total: i64,
     observer: &tokio_postgres::Client,
 ) -> f64 {
-    // Each side's drain left its rows marked sent: vacuumed now on both sides, so an
-    // autovacuum of them does not fall into one side's burst and not the other's (without
-    // this the plain relay's burst ran at 12,000 – 15,000 msg/s instead of 53,000 – 61,000
-    // in 4 of 12 pairs).
+    // Each side's drain left its rows marked sent: vacuumed and analyzed now on both sides,
+    // so an autovacuum of them does not fall into one side's burst and not the other's. The
+    // burst then meets statistics of an idle outbox (nothing pending), as after an
+    // autovacuum in production: the plain relay's per-key check misplanned in that state,
+    // 12,000 – 16,000 msg/s instead of 36,000 – 43,000 (BENCHMARKS_HISTORY round 26).
     settle(observer).await;
     let mut c = outbox::connect(schemas[0]).await.unwrap();
     let tx = c.transaction().await.unwrap();
