@@ -3,7 +3,7 @@
 
 /// Claim a batch of due rows (the "take" of take → send → mark) of the relay's ordering lanes, in id order.
 /// `SKIP LOCKED` lets several relays work side by side; the lane filter keeps each key with one
-/// relay; `NOT EXISTS` holds a row back while an earlier pending row of its key is backed off,
+/// relay; a probe of the key index holds a row back while an earlier pending row of its key is backed off,
 /// so per-key first deliveries follow id order. `$1` = batch size, `$2` = owned lanes, `$3` =
 /// the relay's claim floor (every row of its lanes below it is settled, see `floor.rs`): the
 /// scan starts there instead of at the head of the index, whose entries for rows sent while
