@@ -197,6 +197,7 @@ pub mod testing {
             ("ring_sample", s.ring_sample),
             ("ring_advance_lanes", s.ring_advance_lanes),
             ("ring_gauges", s.ring_gauges),
+            ("ring_claim_retry", s.ring_claim_retry),
         ]
     }
 

@@ -427,6 +427,55 @@ async fn a_backlog_behind_statistics_of_an_idle_outbox_is_checked_key_by_key() {
 }
 
 #[tokio::test]
+async fn the_retry_claim_probes_the_key_index_behind_statistics_of_an_empty_table() {
+    // Ring storage's retry table is empty most of the time, and analyzed so. A refusal that
+    // lasts (a topic the producer may not write, a payload too large) fills it with the
+    // refused rows and the rows of their keys behind them; the claim of its due rows must
+    // still probe each row's key once, not walk the table for every row. (Its `NOT EXISTS`
+    // does: the table's only other index is its primary key, which bounds nothing here. The
+    // outbox's own claim did not, with two pending-only indexes to choose from: the test
+    // above.)
+    let db = fresh_db().await;
+    let mut c = client(&db).await;
+    c.batch_execute(
+        "SELECT outbox_use_ring();
+         ALTER TABLE outbox_retry SET (autovacuum_enabled = false);",
+    )
+    .await
+    .unwrap();
+    c.batch_execute("VACUUM ANALYZE outbox_retry")
+        .await
+        .unwrap();
+    c.batch_execute(
+        "INSERT INTO outbox_retry (id, topic, message_key, payload)
+           SELECT g, 'a.b', 'k' || (g % 1000), jsonb_build_object('n', g)
+           FROM generate_series(1, 50000) g;
+         UPDATE outbox_retry SET attempts = 1, available_at = now() + interval '1 minute'
+          WHERE id = 5;",
+    )
+    .await
+    .unwrap();
+    let stmts = as_the_relay(&c, &db).await;
+    let lanes: Vec<i32> = (0..outbox::testing::LANES).collect();
+    for mode in ["force_custom_plan", "force_generic_plan"] {
+        c.batch_execute(&format!("SET plan_cache_mode = {mode}"))
+            .await
+            .unwrap();
+        let (n, plan) = buffers(&mut c, &stmts["ring_claim_retry"], &[&2000i64, &lanes]).await;
+        println!("--- ring_claim_retry ({mode}): {n} buffers\n{plan}");
+        assert!(
+            plan.contains("outbox_retry_pending_key_idx"),
+            "({mode}) the hold-back check does not probe the key index:\n{plan}"
+        );
+        for bad in ["Sort", "Seq Scan on outbox_retry", "Hash"] {
+            assert!(!plan.contains(bad), "({mode}) plan has {bad}:\n{plan}");
+        }
+        // Bounded by the batch, not by the 50,000 rows waiting.
+        assert!(n < 12_000, "({mode}): {n} buffers\n{plan}");
+    }
+}
+
+#[tokio::test]
 async fn the_ring_read_walks_one_batch_of_a_backlog_not_the_backlog() {
     // 100,000 rows on ring storage waiting for the relay (an outage, a bulk import), analyzed
     // or not: a batch reads its 2,000 rows from the leaves' primary keys in id order and stops.
