@@ -432,9 +432,9 @@ async fn the_retry_claim_probes_the_key_index_behind_statistics_of_an_empty_tabl
     // lasts (a topic the producer may not write, a payload too large) fills it with the
     // refused rows and the rows of their keys behind them; the claim of its due rows must
     // still probe each row's key once, not walk the table for every row. (Its `NOT EXISTS`
-    // does: the table's only other index is its primary key, which bounds nothing here. The
-    // outbox's own claim did not, with two pending-only indexes to choose from: the test
-    // above.)
+    // does: the other index, the primary key, would walk every row below the claimed one and
+    // the planner does not take it. The outbox's own claim did, with two pending-only
+    // indexes it saw as empty: the test above.)
     let db = fresh_db().await;
     let mut c = client(&db).await;
     c.batch_execute(
