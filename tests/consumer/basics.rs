@@ -447,8 +447,8 @@ async fn permanent_decode_and_panic_go_to_the_dlq_with_byte_identical_key_body_a
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn retry_topic_chain_waits_each_hop_then_dead_letters_while_others_flow() {
     let s = setup(2, &[]).await;
-    // The first hop waits 3 s: long enough that the 40 other messages are all produced and
-    // handled before it, also on a loaded machine.
+    // The first hop waits 3 s: long enough that the 40 other messages are all handled before
+    // it, also on a loaded machine.
     for hop in ["retry-3s", "retry-2s"] {
         create_topic(&format!("{}.{}.{hop}", s.topic, s.group), 2).await;
     }
@@ -456,7 +456,9 @@ async fn retry_topic_chain_waits_each_hop_then_dead_letters_while_others_flow() 
     cfg.retry = RetryStrategy::Topics {
         delays: vec![Duration::from_secs(3), Duration::from_secs(2)],
     };
-    let r = start(&s, cfg, Probe::new(&s).await);
+    // Everything is produced before the consumer starts (it reads from the earliest offset):
+    // produced one at a time while it ran, the 40 took longer than the 3 s hop on a loaded
+    // CI machine, and the last of them arrived after the bad message's retry.
     produce_event(
         &s.topic,
         "bad",
@@ -483,6 +485,7 @@ async fn retry_topic_chain_waits_each_hop_then_dead_letters_while_others_flow() 
         )
         .await;
     }
+    let r = start(&s, cfg, Probe::new(&s).await);
     wait_until(
         Duration::from_secs(40),
         "failing message dead-lettered, the 40 and the flaky one handled",

@@ -4,19 +4,24 @@ use tokio::time::Instant;
 
 use std::time::Duration;
 
-/// Sends on an absolute schedule: message n at start + n / rate, so the rate holds over any
-/// window however long acks and marks take.
+/// Sends on a schedule: message n at start + n / rate, so the rate holds over any window
+/// however long acks and marks take. A send that fell behind its slot by more than
+/// [`CATCH_UP`] (a stalled machine, a slow broker) moves the schedule instead of catching up:
+/// the downstream the rate protects never sees more than `rate` a second plus that slack.
+/// (Catching up whole once sent the rest of a stalled second in a burst: a replay at 200/s
+/// put 133 letters in one second and about 250 in the next.)
 pub(crate) struct Pacer {
-    start: Instant,
-    n: u64,
+    next: Option<Instant>,
     period: Duration,
 }
+
+/// How far behind its slot a send may be and still keep the schedule.
+const CATCH_UP: Duration = Duration::from_millis(100);
 
 impl Pacer {
     pub(crate) fn new(rate: f64) -> Self {
         Self {
-            start: Instant::now(),
-            n: 0,
+            next: None,
             // A job stored before rates were bounded (or edited by hand) may hold any rate:
             // pace it at the bounds rather than panic on a period no Duration can hold.
             period: Duration::from_secs_f64(
@@ -29,13 +34,18 @@ impl Pacer {
         }
     }
 
+    /// When the next send may go, asked at `now`.
+    fn slot(&mut self, now: Instant) -> Instant {
+        let at = match self.next {
+            Some(at) if at + CATCH_UP >= now => at,
+            _ => now,
+        };
+        self.next = Some(at.checked_add(self.period).unwrap_or(at));
+        at
+    }
+
     pub(crate) async fn wait(&mut self) {
-        let at = self
-            .period
-            .checked_mul(u32::try_from(self.n).unwrap_or(u32::MAX))
-            .and_then(|d| self.start.checked_add(d))
-            .unwrap_or_else(Instant::now);
-        self.n += 1;
+        let at = self.slot(Instant::now());
         tokio::time::sleep_until(at).await;
     }
 }
@@ -48,5 +58,35 @@ mod tests {
             let p = super::Pacer::new(rate);
             assert!(p.period >= std::time::Duration::from_micros(1), "{rate}");
         }
+    }
+
+    #[test]
+    fn a_stalled_replay_keeps_its_rate_instead_of_catching_up_in_a_burst() {
+        use std::time::Duration;
+        let t0 = tokio::time::Instant::now();
+        let mut p = super::Pacer::new(200.0);
+        // On time for a second: 200 slots, 5 ms apart.
+        let slots: Vec<_> = (0..200)
+            .map(|i| p.slot(t0 + Duration::from_millis(5 * i)))
+            .collect();
+        assert_eq!(slots[199] - slots[0], Duration::from_millis(995));
+        // Then the machine stalls for half a second: the next sends are asked for at once.
+        let resumed = t0 + Duration::from_millis(1500);
+        let after: Vec<_> = (0..300).map(|_| p.slot(resumed)).collect();
+        // No one-second window from the resume holds more than the rate (+ the slack).
+        let in_first_second = after
+            .iter()
+            .filter(|a| **a < resumed + Duration::from_secs(1))
+            .count();
+        assert!(
+            in_first_second <= 201,
+            "{in_first_second} sends in the second after a stall"
+        );
+        assert_eq!(after[0], resumed);
+        // Within the slack it keeps the schedule (timer jitter does not slow the rate).
+        let mut q = super::Pacer::new(200.0);
+        let a = q.slot(t0);
+        let b = q.slot(t0 + Duration::from_millis(50));
+        assert_eq!(b - a, Duration::from_millis(5));
     }
 }
