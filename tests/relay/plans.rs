@@ -171,6 +171,32 @@ async fn buffers(
     (n, plan.join("\n"))
 }
 
+/// The plan-cache modes a statement is checked under: a fresh statement is planned for its
+/// parameters; the relay's prepared statements switch to a generic plan after five runs.
+const PLAN_MODES: [&str; 2] = ["force_custom_plan", "force_generic_plan"];
+
+/// Runs `stmt` (SQL, parameters) under `EXPLAIN (ANALYZE, BUFFERS)` and asserts its plan uses
+/// `index`, holds none of `bad` and reads fewer than `max` buffers; returns the plan, labelled.
+async fn plan_walks(
+    c: &mut tokio_postgres::Client,
+    label: &str,
+    (sql, params): (&str, &[&(dyn tokio_postgres::types::ToSql + Sync)]),
+    index: &str,
+    bad: &[&str],
+    max: u64,
+) -> String {
+    let (n, plan) = buffers(c, sql, params).await;
+    assert!(
+        plan.contains(index),
+        "{label} does not use {index}:\n{plan}"
+    );
+    for b in bad {
+        assert!(!plan.contains(b), "{label} plan has {b}:\n{plan}");
+    }
+    assert!(n < max, "{label}: {n} buffers\n{plan}");
+    format!("--- {label}: {n} buffers\n{plan}")
+}
+
 #[tokio::test]
 async fn a_held_snapshot_does_not_make_the_claim_walk_the_rows_sent_since() {
     // A forgotten REPEATABLE READ transaction: while it is open, the pending indexes keep an
@@ -365,7 +391,7 @@ async fn a_backlog_behind_statistics_of_an_idle_outbox_is_checked_key_by_key() {
     let mut report = Vec::new();
     // A fresh statement is planned for its parameters; the relay's prepared statements switch
     // to a generic plan after five runs. Both must hold.
-    for mode in ["force_custom_plan", "force_generic_plan"] {
+    for mode in PLAN_MODES {
         c.batch_execute(&format!("SET plan_cache_mode = {mode}"))
             .await
             .unwrap();
@@ -406,21 +432,19 @@ async fn a_backlog_behind_statistics_of_an_idle_outbox_is_checked_key_by_key() {
                 "outbox_pending",
             ),
         ] {
-            let (n, plan) = buffers(&mut c, sql, &params).await;
-            report.push(format!("--- {name} ({mode}): {n} buffers\n{plan}"));
-            assert!(
-                plan.contains(index),
-                "{name} ({mode}) does not use {index}:\n{plan}"
-            );
-            for bad in ["Sort", "Bitmap Heap Scan", "Seq Scan on outbox", "Hash"] {
-                assert!(
-                    !plan.contains(bad),
-                    "{name} ({mode}) plan has {bad}:\n{plan}"
-                );
-            }
             // Bounded by the batch (2,000 rows, one index probe per row or key), not by the
             // backlog: before, the per-key check read 20,000 buffers and the claim 3.4 million.
-            assert!(n < 12_000, "{name} ({mode}): {n} buffers\n{plan}");
+            report.push(
+                plan_walks(
+                    &mut c,
+                    &format!("{name} ({mode})"),
+                    (sql, &params),
+                    index,
+                    &["Sort", "Bitmap Heap Scan", "Seq Scan on outbox", "Hash"],
+                    12_000,
+                )
+                .await,
+            );
         }
     }
     println!("{}", report.join("\n\n"));
@@ -457,21 +481,22 @@ async fn the_retry_claim_probes_the_key_index_behind_statistics_of_an_empty_tabl
     .unwrap();
     let stmts = as_the_relay(&c, &db).await;
     let lanes: Vec<i32> = (0..outbox::testing::LANES).collect();
-    for mode in ["force_custom_plan", "force_generic_plan"] {
+    for mode in PLAN_MODES {
         c.batch_execute(&format!("SET plan_cache_mode = {mode}"))
             .await
             .unwrap();
-        let (n, plan) = buffers(&mut c, &stmts["ring_claim_retry"], &[&2000i64, &lanes]).await;
-        println!("--- ring_claim_retry ({mode}): {n} buffers\n{plan}");
-        assert!(
-            plan.contains("outbox_retry_pending_key_idx"),
-            "({mode}) the hold-back check does not probe the key index:\n{plan}"
-        );
-        for bad in ["Sort", "Seq Scan on outbox_retry", "Hash"] {
-            assert!(!plan.contains(bad), "({mode}) plan has {bad}:\n{plan}");
-        }
-        // Bounded by the batch, not by the 50,000 rows waiting.
-        assert!(n < 12_000, "({mode}): {n} buffers\n{plan}");
+        // The hold-back check probes the key index; bounded by the batch, not by the 50,000
+        // rows waiting.
+        let line = plan_walks(
+            &mut c,
+            &format!("ring_claim_retry ({mode})"),
+            (&stmts["ring_claim_retry"], &[&2000i64, &lanes]),
+            "outbox_retry_pending_key_idx",
+            &["Sort", "Seq Scan on outbox_retry", "Hash"],
+            12_000,
+        )
+        .await;
+        println!("{line}");
     }
 }
 
