@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
+use deadpool_postgres::{Manager, ManagerConfig, Pool, QueueMode, RecyclingMethod, Runtime};
 
 use crate::config::DbConfig;
 
@@ -27,6 +27,9 @@ pub(crate) fn pool(db: &DbConfig) -> Result<Pool, deadpool_postgres::BuildError>
     Pool::builder(mgr)
         .max_size(db.pool_size.max(1))
         .runtime(Runtime::Tokio1)
+        // The session used last goes out first: a few hot sessions do the work, with their
+        // catalog entries, prepared statements and pages of shared memory already mapped.
+        .queue_mode(QueueMode::Lifo)
         .wait_timeout(Some(POOL_TIMEOUT))
         .create_timeout(Some(POOL_TIMEOUT))
         .recycle_timeout(Some(POOL_TIMEOUT))

@@ -1033,3 +1033,43 @@ async fn a_pipelined_drain_around_a_locked_row_sends_everything_else_and_keeps_i
     recs.sort_by_key(|r| (r.partition, r.offset));
     assert_eq!(held(&recs), vec![25, 45]);
 }
+
+#[tokio::test]
+async fn the_relay_pool_hands_out_the_session_returned_last() {
+    // A fleet's relays share one pool: handing out the least recently used session spread
+    // every tenant over every session, and each session then paid for the tenant's catalog
+    // entries, prepared statements and its own page-table entries for the shared memory it
+    // touched (a 200-tenant drain: 91,500 minor page faults in Postgres against 72,000 with
+    // the session used last handed out first; BENCHMARKS_HISTORY round 27).
+    let db = fresh_db().await;
+    let relay = Relay::new(&db, &kafka(), relay_config()).unwrap();
+    let pool = outbox::testing::relay_pool(&relay);
+    let a = pool.get().await.unwrap();
+    let b = pool.get().await.unwrap();
+    let c = pool.get().await.unwrap();
+    let (pa, pb, pc) = (
+        backend_pid(&a).await,
+        backend_pid(&b).await,
+        backend_pid(&c).await,
+    );
+    assert!(pa != pb && pb != pc && pa != pc, "three sessions");
+    // Returned in the order a, b, c: the next checkouts are c, then b.
+    drop(a);
+    drop(b);
+    drop(c);
+    let first = pool.get().await.unwrap();
+    assert_eq!(
+        backend_pid(&first).await,
+        pc,
+        "the session returned last goes out first"
+    );
+    let second = pool.get().await.unwrap();
+    assert_eq!(backend_pid(&second).await, pb);
+}
+
+async fn backend_pid(c: &tokio_postgres::Client) -> i32 {
+    c.query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .unwrap()
+        .get(0)
+}
