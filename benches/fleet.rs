@@ -7,7 +7,8 @@
 //! (`--fleet-passes`), LINGER_MS (both sides' producers; unset: each side's default, a relay's
 //! 0 ms and a fleet's 1), FLEET_LINGER_MS (the fleet's alone), PLAIN_BATCH (the plain relay's
 //! batch size), PAIRS=2:
-//! fleet and plain relay alternate which goes first, SIDE=fleet|plain: that side alone, no
+//! fleet and plain relay alternate which goes first (FIRST=plain: the plain relay in the first
+//! pair), SIDE=fleet|plain: that side alone, no
 //! line printed, for a profiler to watch (`<side>: drain starts` and `<side>: drained` on
 //! stderr bracket the drain, e.g. to reset and read `pg_stat_statements` around it), EXACTLY_ONCE=1: both sides in exactly-once mode,
 //! where each tenant's relay has a transactional producer per slot it owns); smoke size
@@ -279,7 +280,9 @@ async fn main() {
     let mut dropped = Vec::new();
     for pair in 0..pairs {
         let mut results = BTreeMap::new();
-        let order = if pair % 2 == 0 {
+        // FIRST=plain: the plain relay opens the first pair (the default, the fleet).
+        let plain_first = std::env::var("FIRST").is_ok_and(|f| f == "plain");
+        let order = if (pair % 2 == 0) != plain_first {
             ["fleet", "plain"]
         } else {
             ["plain", "fleet"]
