@@ -65,7 +65,7 @@
 //! | `republish` | core | [`republish::requeue_sent`]: publish sent rows again (a topic lost by the broker) |
 //! | `moved` | core | the names the root published before it kept only what a service uses (at most 30): deprecated aliases (and `consumer/moved.rs` for the consumer's old default constants) |
 //! | `metrics` | core / `prometheus` | metric names; the recorder and `/metrics` with `prometheus` (`exporter.rs`) |
-//! | `trace_context` | core | W3C `traceparent`: carried to Kafka, parent of the consumer's handler span (`trace`, its old name, is a deprecated alias) |
+//! | `trace_context` | core | W3C `traceparent` (and its `tracestate`): carried to Kafka, parent of the consumer's handler span (`trace`, its old name, is a deprecated alias) |
 //! | `health` | core | [`health::Health`]: liveness (loops beat) and readiness (dependencies looked at), served as `/healthz` and `/readyz` |
 //! | `otel` | core / `otel` | OpenTelemetry spans by the messaging conventions v1.45 (`create`, `send`, `outbox wait`, `process`, `commit`, `replay`) through the API only; no-ops without the feature or a provider; [`otel::TraceParenting`] |
 //! | `classify` | core | transient vs permanent Postgres errors (tokio-postgres and sqlx) |

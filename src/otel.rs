@@ -139,17 +139,33 @@ mod imp {
         )
     }
 
-    /// A `traceparent` value as a remote span context.
-    pub(super) fn remote(tp: &str) -> Option<SpanContext> {
+    /// A `traceparent` value, with its `tracestate` (the vendors' entries) if any, as a remote
+    /// span context. A `tracestate` that does not parse is dropped and the `traceparent` kept,
+    /// as W3C trace context asks.
+    pub(super) fn remote(tp: &str, ts: Option<&str>) -> Option<SpanContext> {
         let t = crate::trace_context::TraceParent::parse(tp)?;
+        let state = ts
+            .and_then(|s| s.trim().parse::<TraceState>().ok())
+            .unwrap_or_default();
         let sc = SpanContext::new(
             TraceId::from_hex(&t.trace_id).ok()?,
             SpanId::from_hex(&t.parent_id).ok()?,
             TraceFlags::new(t.flags),
             true,
-            TraceState::default(),
+            state,
         );
         sc.is_valid().then_some(sc)
+    }
+
+    /// A link's context: a `traceparent`-format value, no vendor state.
+    pub(super) fn linked(tp: &str) -> Option<SpanContext> {
+        remote(tp, None)
+    }
+
+    /// A context's `tracestate` header value; `None` when it has no entries.
+    pub(super) fn state(sc: &SpanContext) -> Option<String> {
+        let h = sc.trace_state().header();
+        (sc.is_valid() && !h.is_empty()).then_some(h)
     }
 
     pub(super) fn format(sc: &SpanContext) -> Option<String> {
@@ -314,6 +330,19 @@ impl Span {
         None
     }
 
+    /// The span's `tracestate` (the vendors' entries it carries), if it has any.
+    pub(crate) fn tracestate(&self) -> Option<String> {
+        #[cfg(feature = "otel")]
+        {
+            use opentelemetry::trace::TraceContextExt as _;
+            self.cx
+                .as_ref()
+                .and_then(|cx| imp::state(cx.span().span_context()))
+        }
+        #[cfg(not(feature = "otel"))]
+        None
+    }
+
     /// Sets a string attribute.
     pub(crate) fn set_str(&self, key: &'static str, value: impl Into<String>) {
         #[cfg(feature = "otel")]
@@ -396,16 +425,21 @@ pub(crate) fn enabled() -> bool {
     false
 }
 
-/// `create {topic}` at enqueue: the new message's `traceparent` (its context), or `None`
-/// without a provider and without an ambient context. Called only when the caller gave none.
-pub(crate) fn create(topic: &str, message_id: &dyn std::fmt::Display) -> Option<String> {
+/// `create {topic}` at enqueue: the new message's `traceparent` (its context) and
+/// `tracestate` (the vendors' entries it inherited, if any), or `None` without a provider and
+/// without an ambient context. Called only when the caller gave no `traceparent`.
+pub(crate) fn create(
+    topic: &str,
+    message_id: &dyn std::fmt::Display,
+) -> Option<(String, Option<String>)> {
     #[cfg(feature = "otel")]
     {
         let parent = opentelemetry::Context::current();
         if !imp::installed() {
             // No provider, but perhaps an ambient context (a caller's own propagation): carry it.
             use opentelemetry::trace::TraceContextExt as _;
-            return imp::format(parent.span().span_context());
+            let sc = parent.span().span_context().clone();
+            return imp::format(&sc).map(|tp| (tp, imp::state(&sc)));
         }
         let mut attrs = imp::base("create", "create", topic);
         attrs.push(opentelemetry::KeyValue::new(
@@ -420,7 +454,7 @@ pub(crate) fn create(topic: &str, message_id: &dyn std::fmt::Display) -> Option<
             links: Vec::new(),
             start: None,
         });
-        let tp = span.traceparent();
+        let tp = span.traceparent().map(|tp| (tp, span.tracestate()));
         span.end();
         tp
     }
@@ -434,7 +468,18 @@ pub(crate) fn create(topic: &str, message_id: &dyn std::fmt::Display) -> Option<
 /// The `traceparent` value in a headers JSON text as Postgres prints `jsonb`
 /// (`{"k": "v", ...}`), found without parsing the whole object.
 pub(crate) fn traceparent_in_json(headers: &str) -> Option<&str> {
-    let at = headers.find("\"traceparent\"")? + "\"traceparent\"".len();
+    header_in_json(headers, "\"traceparent\"")
+}
+
+/// The `tracestate` value in a headers JSON text, as [`traceparent_in_json`] finds it.
+pub(crate) fn tracestate_in_json(headers: &str) -> Option<&str> {
+    header_in_json(headers, "\"tracestate\"")
+}
+
+/// The string value of `quoted_name` (the key with its quotes) in a headers JSON text. A value
+/// holding an escaped quote ends there: neither header may contain a quote.
+fn header_in_json<'a>(headers: &'a str, quoted_name: &str) -> Option<&'a str> {
+    let at = headers.find(quoted_name)? + quoted_name.len();
     let rest = headers[at..].trim_start().strip_prefix(':')?.trim_start();
     let rest = rest.strip_prefix('"')?;
     let end = rest.find('"')?;
@@ -518,7 +563,9 @@ pub(crate) fn sent_batch(
                 if r.error.is_some() {
                     failed = failed.or(r.error);
                 }
-                let Some(sc) = traceparent_in_json(r.headers).and_then(imp::remote) else {
+                let Some(sc) = traceparent_in_json(r.headers)
+                    .and_then(|tp| imp::remote(tp, tracestate_in_json(r.headers)))
+                else {
                     continue;
                 };
                 // The event's own sampling decision, taken where it was created: an unsampled
@@ -595,6 +642,8 @@ pub(crate) struct Delivery<'a> {
     pub key: Option<&'a str>,
     /// The message's `traceparent` (its creation context).
     pub traceparent: Option<&'a str>,
+    /// The message's `tracestate` (the vendors' entries of that context).
+    pub tracestate: Option<&'a str>,
     /// The message's `x-outbox-trace-link` (the delivery or replay it came from).
     pub link: Option<&'a str>,
     pub hop: u32,
@@ -627,7 +676,7 @@ pub(crate) fn process(d: &Delivery<'_>) -> Span {
         if d.drain {
             attrs.push(KeyValue::new(attr::DRAIN, true));
         }
-        let created = d.traceparent.and_then(imp::remote);
+        let created = d.traceparent.and_then(|tp| imp::remote(tp, d.tracestate));
         let mut links = Vec::new();
         let ambient = opentelemetry::Context::current();
         let parent = match (d.parenting, created) {
@@ -648,7 +697,7 @@ pub(crate) fn process(d: &Delivery<'_>) -> Span {
                 ambient
             }
         };
-        if let Some(sc) = d.link.and_then(imp::remote) {
+        if let Some(sc) = d.link.and_then(imp::linked) {
             links.push(Link::new(
                 sc,
                 vec![KeyValue::new(attr::LINK_KIND, "previous")],
@@ -672,8 +721,13 @@ pub(crate) fn process(d: &Delivery<'_>) -> Span {
 }
 
 /// A consumer's batch handler call: one `process {topic}` span with
-/// `messaging.batch.message_count` and one link per message's creation context.
-pub(crate) fn process_batch(topic: &str, group: &str, traceparents: &[Option<&str>]) -> Span {
+/// `messaging.batch.message_count` and one link per message's creation context (each
+/// message's `traceparent` and `tracestate`).
+pub(crate) fn process_batch(
+    topic: &str,
+    group: &str,
+    traceparents: &[(Option<&str>, Option<&str>)],
+) -> Span {
     #[cfg(feature = "otel")]
     {
         use opentelemetry::trace::Link;
@@ -683,7 +737,7 @@ pub(crate) fn process_batch(topic: &str, group: &str, traceparents: &[Option<&st
         attrs.push(KeyValue::new(attr::BATCH_COUNT, traceparents.len() as i64));
         let links = traceparents
             .iter()
-            .filter_map(|t| t.and_then(imp::remote))
+            .filter_map(|(tp, ts)| tp.and_then(|tp| imp::remote(tp, *ts)))
             .map(Link::with_context)
             .collect();
         let ambient = opentelemetry::Context::current();
@@ -760,7 +814,7 @@ pub(crate) fn commit(group: &str, partitions: usize) -> Span {
 pub(crate) fn replay(
     topic: &str,
     message_id: &str,
-    traceparent: Option<&str>,
+    (traceparent, tracestate): (Option<&str>, Option<&str>),
     link: Option<&str>,
 ) -> Span {
     #[cfg(feature = "otel")]
@@ -769,12 +823,12 @@ pub(crate) fn replay(
         use opentelemetry::KeyValue;
         let mut attrs = imp::base("replay", "send", topic);
         attrs.push(KeyValue::new(attr::MESSAGE_ID, message_id.to_owned()));
-        let parent = match traceparent.and_then(imp::remote) {
+        let parent = match traceparent.and_then(|tp| imp::remote(tp, tracestate)) {
             Some(sc) => opentelemetry::Context::new().with_remote_span_context(sc),
             None => opentelemetry::Context::new(),
         };
         let links = link
-            .and_then(imp::remote)
+            .and_then(imp::linked)
             .map(|sc| {
                 vec![Link::new(
                     sc,
@@ -794,7 +848,7 @@ pub(crate) fn replay(
     }
     #[cfg(not(feature = "otel"))]
     {
-        let _ = (topic, message_id, traceparent, link);
+        let _ = (topic, message_id, traceparent, tracestate, link);
         Span::default()
     }
 }

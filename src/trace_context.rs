@@ -1,10 +1,15 @@
-//! W3C trace context: a `traceparent` header given at enqueue travels with the message to Kafka
-//! (it is an ordinary header), is kept on dead letters and replays, and becomes the parent of
+//! W3C trace context: a `traceparent` header given at enqueue (with its `tracestate`, if any)
+//! travels with the message to Kafka (both are ordinary headers), is kept on dead letters and
+//! replays, and becomes the parent of
 //! the consumer's `outbox.handle` span (fields `trace_id` and `parent_id`), so a tracing layer
 //! (e.g. OpenTelemetry) can join the producer's and the consumer's traces.
 
 /// The `traceparent` header name.
 pub const TRACEPARENT: &str = "traceparent";
+/// The `tracestate` header name: the vendors' entries of the `traceparent`'s context, carried
+/// beside it wherever it goes (W3C trace context), e.g. a sampler's consistent-probability
+/// threshold.
+pub const TRACESTATE: &str = "tracestate";
 
 /// A parsed `traceparent`: `00-<trace id: 32 hex>-<parent id: 16 hex>-<flags: 2 hex>`.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -50,9 +50,14 @@ pub(super) async fn process_batch(envs: &[&Envelope], shared: &Shared) -> Vec<Fa
         return one_by_one(envs, shared).await;
     }
     let started = std::time::Instant::now();
-    let tps: Vec<Option<&str>> = ds
+    let tps: Vec<(Option<&str>, Option<&str>)> = ds
         .iter()
-        .map(|d| d.header(crate::trace_context::TRACEPARENT))
+        .map(|d| {
+            (
+                d.header(crate::trace_context::TRACEPARENT),
+                d.header(crate::trace_context::TRACESTATE),
+            )
+        })
         .collect();
     let span = crate::otel::process_batch(&ds[0].topic, &shared.config.group, &tps);
     let result = span
@@ -183,6 +188,7 @@ pub(super) fn delivery<'a>(env: &'a Envelope, shared: &'a Shared) -> crate::otel
             .unwrap_or_default(),
         key: raw.key.as_deref().and_then(|k| std::str::from_utf8(k).ok()),
         traceparent: raw.header(crate::trace_context::TRACEPARENT),
+        tracestate: raw.header(crate::trace_context::TRACESTATE),
         link: raw.header(crate::otel::X_TRACE_LINK),
         hop: env.origin.hop,
         drain: env.drain,

@@ -29,7 +29,10 @@ pub(crate) fn replay_span(
     let span = crate::otel::replay(
         topic,
         text(crate::wire::HEADER_MESSAGE_ID).unwrap_or_default(),
-        text(crate::trace_context::TRACEPARENT),
+        (
+            text(crate::trace_context::TRACEPARENT),
+            text(crate::trace_context::TRACESTATE),
+        ),
         text(crate::otel::X_TRACE_LINK),
     );
     let tp = span.traceparent();

@@ -381,6 +381,132 @@ async fn by_default_a_delivery_is_a_new_trace_linked_to_its_producer() {
     );
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tracestate_travels_with_its_traceparent_from_enqueue_to_the_relay_and_the_consumer() {
+    // W3C trace context: a `traceparent`'s vendor entries (`tracestate`: a vendor's own ids,
+    // a sampler's consistent-probability threshold) go wherever it goes. Dropped, the
+    // relay's and the consumer's spans lost them.
+    use opentelemetry::trace::{SpanContext, SpanId, TraceFlags, TraceId, TraceState};
+    exporter();
+    // Random ids in hex (`hex` gives any lowercase alphanumerics).
+    let ids = || {
+        (
+            format!("{:032x}", fastrand::u128(1..)),
+            format!("{:016x}", fastrand::u64(1..)),
+        )
+    };
+    let db = fresh_db().await;
+    let topic = topic_name();
+    create_topic_family(&topic, 1, &[]).await;
+    let state = "vendor=a1b2,other=c3";
+    // 1. The service's own context carries the state: the create span inherits it and the
+    //    message gets both headers.
+    let (trace, span) = ids();
+    let ambient = SpanContext::new(
+        TraceId::from_hex(&trace).unwrap(),
+        SpanId::from_hex(&span).unwrap(),
+        TraceFlags::SAMPLED,
+        true,
+        state.parse::<TraceState>().unwrap(),
+    );
+    let inherited = msg(&topic, "ok");
+    // 2. The caller propagates by hand: both headers kept byte for byte.
+    let (trace, span) = ids();
+    let callers_tp = format!("00-{trace}-{span}-01");
+    let by_hand = msg(&topic, "ok")
+        .with_header("traceparent", &callers_tp)
+        .with_header("tracestate", state);
+    // 3. A state that is not W3C: dropped, the traceparent still used.
+    let (trace, span) = ids();
+    let bad_tp = format!("00-{trace}-{span}-01");
+    let bad = msg(&topic, "ok")
+        .with_header("traceparent", &bad_tp)
+        .with_header("tracestate", "=,no key");
+    let mut c = client(&db).await;
+    let tx = c.transaction().await.unwrap();
+    let outbox = Enqueuer::new(&db.schema);
+    outbox
+        .enqueue(&tx, &inherited)
+        .with_context(opentelemetry::Context::new().with_remote_span_context(ambient))
+        .await
+        .unwrap();
+    outbox.enqueue(&tx, &by_hand).await.unwrap();
+    outbox.enqueue(&tx, &bad).await.unwrap();
+    tx.commit().await.unwrap();
+    let headers: Vec<(String, Option<String>, Option<String>)> = c
+        .query(
+            "SELECT headers->>'message_id', headers->>'traceparent', headers->>'tracestate' \
+               FROM outbox ORDER BY id",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .collect();
+    assert_eq!(headers[0].2.as_deref(), Some(state), "inherited at create");
+    assert_eq!(
+        (headers[1].1.as_deref(), headers[1].2.as_deref()),
+        (Some(callers_tp.as_str()), Some(state)),
+        "the caller's, byte for byte"
+    );
+
+    let relay = outbox::Relay::new(&db, &kafka(), relay_config()).unwrap();
+    assert_eq!(drain(&relay).await, 3);
+    let config = ConsumerConfig::new(format!("it-{}", hex(6)), [topic.clone()]);
+    let consumer = Consumer::new(&db, &kafka(), config)
+        .unwrap()
+        .handler("journey", Journey);
+    let stats = consumer.stats();
+    let (stop, task) = run(consumer);
+    wait_until(Duration::from_secs(60), "the messages handled", || async {
+        ConsumerStats::get(&stats.handled) == 3
+    })
+    .await;
+    let _ = stop.send(());
+    task.await.unwrap();
+
+    let spans = spans_of(&topic);
+    let trace_of = |tp: &str| tp.split('-').nth(1).unwrap().to_owned();
+    for (id, traceparent, _) in &headers {
+        let creation = traceparent.as_deref().unwrap();
+        let want = if creation == bad_tp { "" } else { state };
+        // The relay's wait span is a child of the creation context: it inherits the state.
+        let wait = spans
+            .iter()
+            .find(|s| {
+                s.name == format!("outbox wait {topic}")
+                    && format!("{:032x}", s.span_context.trace_id()) == trace_of(creation)
+            })
+            .unwrap_or_else(|| panic!("no wait span for {id}"));
+        assert_eq!(
+            wait.span_context.trace_state().header(),
+            want,
+            "wait of {id}"
+        );
+        // The send span's link and the consumer's link to the producer carry it.
+        let linked = |s: &&opentelemetry_sdk::trace::SpanData| {
+            s.links
+                .links
+                .iter()
+                .find(|l| tp(&l.span_context) == creation)
+                .map(|l| l.span_context.trace_state().header())
+        };
+        let send_link = spans
+            .iter()
+            .filter(|s| s.name == format!("send {topic}"))
+            .find_map(|s| linked(&s))
+            .unwrap_or_else(|| panic!("no send link for {id}"));
+        assert_eq!(send_link, want, "send link of {id}");
+        let process_link = spans
+            .iter()
+            .filter(|s| s.name == format!("process {topic}"))
+            .find_map(|s| linked(&s))
+            .unwrap_or_else(|| panic!("no process link for {id}"));
+        assert_eq!(process_link, want, "process link of {id}");
+    }
+}
+
 /// The same span (a link's context is remote, the span's own is not).
 fn same(a: &opentelemetry::trace::SpanContext, b: &opentelemetry::trace::SpanContext) -> bool {
     a.trace_id() == b.trace_id() && a.span_id() == b.span_id()
@@ -445,10 +571,12 @@ async fn one_journey_with_a_retry_a_dead_letter_and_a_replay_is_one_trace_and_ma
     let topic = topic_name();
     let group = format!("it-{}", hex(6));
     create_topic_family(&topic, 1, &[&format!("{group}.retry-1s")]).await;
+    // The poison carries a vendor's `tracestate`: its context's entries reach every span of
+    // its trace, the replay's too.
     let (ok, flaky, poison) = (
         msg(&topic, "ok"),
         msg(&topic, "flaky"),
-        msg(&topic, "poison"),
+        msg(&topic, "poison").with_header("tracestate", "vendor=p1"),
     );
     enqueue_committed(&db, &[ok.clone(), flaky.clone(), poison.clone()]).await;
     let relay = outbox::Relay::new(&db, &kafka(), relay_config()).unwrap();
@@ -581,6 +709,14 @@ async fn one_journey_with_a_retry_a_dead_letter_and_a_replay_is_one_trace_and_ma
         .any(|l| same(&l.span_context, &dead.span_context)));
     let comeback = &deliveries[1];
     assert_eq!(attr(comeback, "outbox.outcome").as_deref(), Some("handled"));
+    for s in [dead, &replay, comeback] {
+        assert_eq!(
+            s.span_context.trace_state().header(),
+            "vendor=p1",
+            "{} keeps the poison's tracestate",
+            s.name
+        );
+    }
     assert!(comeback
         .links
         .links
