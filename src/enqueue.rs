@@ -92,17 +92,19 @@ pub(crate) fn validate(msg: &Message) -> Result<(), EnqueueError> {
 
 /// The `headers` column of a message. With tracing on (feature `otel` and a tracer provider)
 /// and no `traceparent` from the caller, the `create` span's context is added as one, with
-/// its `tracestate` when it carries vendor entries (unless the caller gave one); a caller's own
-/// `traceparent` and `tracestate` are kept byte for byte.
+/// its `tracestate` when it carries vendor entries; a caller's own `traceparent` and
+/// `tracestate` are kept byte for byte.
 pub(crate) fn headers_json(msg: &Message) -> serde_json::Value {
     let mut h = msg.all_headers();
     if !h.contains_key(crate::trace_context::TRACEPARENT) {
         if let Some((tp, ts)) = crate::otel::create(&msg.topic, &msg.message_id) {
             h.insert(crate::trace_context::TRACEPARENT.to_owned(), tp);
-            if let Some(ts) = ts {
-                h.entry(crate::trace_context::TRACESTATE.to_owned())
-                    .or_insert(ts);
-            }
+            // A `tracestate` belongs to its `traceparent` (W3C): one the caller gave without
+            // a `traceparent` is not the new context's and is replaced by that context's.
+            match ts {
+                Some(ts) => h.insert(crate::trace_context::TRACESTATE.to_owned(), ts),
+                None => h.remove(crate::trace_context::TRACESTATE),
+            };
         }
     }
     serde_json::Value::Object(

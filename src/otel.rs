@@ -476,14 +476,24 @@ pub(crate) fn tracestate_in_json(headers: &str) -> Option<&str> {
     header_in_json(headers, "\"tracestate\"")
 }
 
-/// The string value of `quoted_name` (the key with its quotes) in a headers JSON text. A value
-/// holding an escaped quote ends there: neither header may contain a quote.
+/// The string value of `quoted_name` (the key with its quotes) in a headers JSON text. Only a
+/// key counts: the text is preceded by `{` or `,` and followed by `:` (another header's
+/// value, or a key ending in an escaped quote and the name, is passed over). A value holding
+/// an escaped quote ends there: neither header may contain a quote.
 fn header_in_json<'a>(headers: &'a str, quoted_name: &str) -> Option<&'a str> {
-    let at = headers.find(quoted_name)? + quoted_name.len();
-    let rest = headers[at..].trim_start().strip_prefix(':')?.trim_start();
-    let rest = rest.strip_prefix('"')?;
-    let end = rest.find('"')?;
-    Some(&rest[..end])
+    headers.match_indices(quoted_name).find_map(|(at, _)| {
+        let before = headers[..at].trim_end();
+        if !(before.ends_with('{') || before.ends_with(',')) {
+            return None;
+        }
+        let rest = headers[at + quoted_name.len()..]
+            .trim_start()
+            .strip_prefix(':')?
+            .trim_start();
+        let rest = rest.strip_prefix('"')?;
+        let end = rest.find('"')?;
+        Some(&rest[..end])
+    })
 }
 
 /// When a row's wait began: its `created_at` (Unix seconds), never after `ended`. A row
@@ -939,6 +949,24 @@ mod tests {
         assert_eq!(traceparent_in_json(r#"{"a": "traceparent"}"#), None);
         assert_eq!(traceparent_in_json(r#"{"traceparent": 5}"#), None);
         assert_eq!(traceparent_in_json("{}"), None);
+        // Postgres prints shorter keys first: a header whose value is the name comes before
+        // the real one and must not hide it.
+        assert_eq!(
+            traceparent_in_json(&format!(
+                r#"{{"kind": "traceparent", "traceparent": "{tp}"}}"#
+            )),
+            Some(tp)
+        );
+        assert_eq!(
+            tracestate_in_json(r#"{"kind": "tracestate", "tracestate": "k=v"}"#),
+            Some("k=v")
+        );
+        // A key that only ends in the name (after an escaped quote) is another header.
+        assert_eq!(tracestate_in_json(r#"{"x\"tracestate": "k=v"}"#), None);
+        assert_eq!(
+            tracestate_in_json(r#"{"tracestatex": "k=v", "xtracestate": "a=b"}"#),
+            None
+        );
     }
 
     #[test]

@@ -416,6 +416,9 @@ async fn a_tracestate_travels_with_its_traceparent_from_enqueue_to_the_relay_and
     let by_hand = msg(&topic, "ok")
         .with_header("traceparent", &callers_tp)
         .with_header("tracestate", state);
+    // 2b. A `tracestate` without its `traceparent`: it belongs to no context, and the
+    //     generated one (no entries) does not take it.
+    let orphan = msg(&topic, "ok").with_header("tracestate", "stray=1");
     // 3. A state that is not W3C: dropped, the traceparent still used.
     let (trace, span) = ids();
     let bad_tp = format!("00-{trace}-{span}-01");
@@ -432,6 +435,7 @@ async fn a_tracestate_travels_with_its_traceparent_from_enqueue_to_the_relay_and
         .unwrap();
     outbox.enqueue(&tx, &by_hand).await.unwrap();
     outbox.enqueue(&tx, &bad).await.unwrap();
+    outbox.enqueue(&tx, &orphan).await.unwrap();
     tx.commit().await.unwrap();
     let headers: Vec<(String, Option<String>, Option<String>)> = c
         .query(
@@ -450,9 +454,15 @@ async fn a_tracestate_travels_with_its_traceparent_from_enqueue_to_the_relay_and
         (Some(callers_tp.as_str()), Some(state)),
         "the caller's, byte for byte"
     );
+    assert!(headers[3].1.is_some(), "the orphan's traceparent generated");
+    assert_eq!(
+        headers[3].2, None,
+        "a tracestate without its traceparent dropped"
+    );
+    let headers = &headers[..3];
 
     let relay = outbox::Relay::new(&db, &kafka(), relay_config()).unwrap();
-    assert_eq!(drain(&relay).await, 3);
+    assert_eq!(drain(&relay).await, 4);
     let config = ConsumerConfig::new(format!("it-{}", hex(6)), [topic.clone()]);
     let consumer = Consumer::new(&db, &kafka(), config)
         .unwrap()
@@ -460,7 +470,7 @@ async fn a_tracestate_travels_with_its_traceparent_from_enqueue_to_the_relay_and
     let stats = consumer.stats();
     let (stop, task) = run(consumer);
     wait_until(Duration::from_secs(60), "the messages handled", || async {
-        ConsumerStats::get(&stats.handled) == 3
+        ConsumerStats::get(&stats.handled) == 4
     })
     .await;
     let _ = stop.send(());
@@ -468,7 +478,7 @@ async fn a_tracestate_travels_with_its_traceparent_from_enqueue_to_the_relay_and
 
     let spans = spans_of(&topic);
     let trace_of = |tp: &str| tp.split('-').nth(1).unwrap().to_owned();
-    for (id, traceparent, _) in &headers {
+    for (id, traceparent, _) in headers {
         let creation = traceparent.as_deref().unwrap();
         let want = if creation == bad_tp { "" } else { state };
         // The relay's wait span is a child of the creation context: it inherits the state.
@@ -571,14 +581,31 @@ async fn one_journey_with_a_retry_a_dead_letter_and_a_replay_is_one_trace_and_ma
     let topic = topic_name();
     let group = format!("it-{}", hex(6));
     create_topic_family(&topic, 1, &[&format!("{group}.retry-1s")]).await;
-    // The poison carries a vendor's `tracestate`: its context's entries reach every span of
-    // its trace, the replay's too.
     let (ok, flaky, poison) = (
         msg(&topic, "ok"),
         msg(&topic, "flaky"),
-        msg(&topic, "poison").with_header("tracestate", "vendor=p1"),
+        msg(&topic, "poison"),
     );
-    enqueue_committed(&db, &[ok.clone(), flaky.clone(), poison.clone()]).await;
+    enqueue_committed(&db, &[ok.clone(), flaky.clone()]).await;
+    // The poison is enqueued in a request whose context carries a vendor's `tracestate`
+    // (sampled): its create span inherits it, and its entries reach every span of its trace,
+    // the replay's too.
+    {
+        use opentelemetry::trace::{SpanContext, SpanId, TraceFlags, TraceId};
+        let request = SpanContext::new(
+            TraceId::from_hex(&format!("{:032x}", fastrand::u128(1..))).unwrap(),
+            SpanId::from_hex(&format!("{:016x}", fastrand::u64(1..))).unwrap(),
+            TraceFlags::SAMPLED,
+            true,
+            "vendor=p1".parse().unwrap(),
+        );
+        let c = client(&db).await;
+        Enqueuer::new(&db.schema)
+            .enqueue(&c, &poison)
+            .with_context(opentelemetry::Context::new().with_remote_span_context(request))
+            .await
+            .unwrap();
+    }
     let relay = outbox::Relay::new(&db, &kafka(), relay_config()).unwrap();
     assert_eq!(drain(&relay).await, 3);
 
