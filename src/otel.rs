@@ -139,13 +139,21 @@ mod imp {
         )
     }
 
+    /// The most a `tracestate` may hold to be kept: W3C asks every vendor to carry at least
+    /// 512 characters and at most 32 entries. Anyone who can write to a topic sets the header,
+    /// and the state is copied onto every span of the message: a longer one is dropped.
+    const MAX_STATE_BYTES: usize = 512;
+    const MAX_STATE_ENTRIES: usize = 32;
+
     /// A `traceparent` value, with its `tracestate` (the vendors' entries) if any, as a remote
-    /// span context. A `tracestate` that does not parse is dropped and the `traceparent` kept,
-    /// as W3C trace context asks.
+    /// span context. A `tracestate` that does not parse, or holds more than W3C's bounds, is
+    /// dropped and the `traceparent` kept, as W3C trace context asks.
     pub(super) fn remote(tp: &str, ts: Option<&str>) -> Option<SpanContext> {
         let t = crate::trace_context::TraceParent::parse(tp)?;
         let state = ts
-            .and_then(|s| s.trim().parse::<TraceState>().ok())
+            .map(str::trim)
+            .filter(|s| valid_state(s))
+            .and_then(|s| s.parse::<TraceState>().ok())
             .unwrap_or_default();
         let sc = SpanContext::new(
             TraceId::from_hex(&t.trace_id).ok()?,
@@ -155,6 +163,34 @@ mod imp {
             state,
         );
         sc.is_valid().then_some(sc)
+    }
+
+    /// Whether a `tracestate` keeps W3C's bounds and grammar: at most 32 `key=value` entries
+    /// in 512 bytes, keys of `a-z 0-9 _ - * / @` starting with a letter or digit, values of
+    /// printable ASCII without `,` or `=`. The SDK's own parser lets a NUL, an empty key or an
+    /// upper-case one through.
+    fn valid_state(s: &str) -> bool {
+        let entry = |e: &str| {
+            let Some((k, v)) = e.trim().split_once('=') else {
+                return false;
+            };
+            let key = k
+                .bytes()
+                .next()
+                .is_some_and(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
+                && k.len() <= 256
+                && k.bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"_-*/@".contains(&b));
+            let value = !v.is_empty()
+                && v.len() <= 256
+                && !v.ends_with(' ')
+                && v.bytes()
+                    .all(|b| (0x20..=0x7e).contains(&b) && b != b',' && b != b'=');
+            key && value
+        };
+        s.len() <= MAX_STATE_BYTES
+            && s.split(',').count() <= MAX_STATE_ENTRIES
+            && s.split(',').all(entry)
     }
 
     /// A link's context: a `traceparent`-format value, no vendor state.
@@ -1010,6 +1046,35 @@ mod tests {
             traceparent_in_json(r#"{"x": "\"traceparent\": \"00-a\""}"#),
             None
         );
+    }
+
+    #[cfg(feature = "otel")]
+    #[test]
+    fn a_hostile_tracestate_is_dropped_and_its_traceparent_kept() {
+        let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        let state = |ts: &str| imp::remote(tp, Some(ts)).unwrap().trace_state().header();
+        assert_eq!(state("vendor=a1,other=b2"), "vendor=a1,other=b2");
+        let entries = |n: usize| {
+            (0..n)
+                .map(|i| format!("k{i}=v"))
+                .collect::<Vec<_>>()
+                .join(",")
+        };
+        assert_eq!(state(&entries(32)), entries(32), "W3C's 32 entries kept");
+        for (why, bad) in [
+            ("huge", format!("vendor={}", "a".repeat(1 << 20))),
+            ("33 entries", entries(33)),
+            ("just over 512 bytes", format!("v={}", "a".repeat(511))),
+            ("NUL", "vendor=a\u{0}b".to_owned()),
+            ("no key", "=v".to_owned()),
+            ("no value", "vendor".to_owned()),
+            ("upper case key", "Vendor=a".to_owned()),
+            ("not ASCII", "vendor=é".to_owned()),
+        ] {
+            assert_eq!(state(&bad), "", "{why}");
+        }
+        // Without a valid traceparent, no context at all, whatever the state.
+        assert!(imp::remote("00-0-0-01", Some("vendor=a")).is_none());
     }
 
     #[test]
