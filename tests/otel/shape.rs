@@ -312,6 +312,21 @@ async fn an_exactly_once_batch_is_inside_its_kafka_transaction_span() {
     }
 }
 
+/// Runs a `Journey` consumer with `config` until it handled `n` messages, then stops it.
+async fn handle_all(db: &outbox::DbConfig, config: ConsumerConfig, n: u64) {
+    let consumer = Consumer::new(db, &kafka(), config)
+        .unwrap()
+        .handler("journey", Journey);
+    let stats = consumer.stats();
+    let (stop, task) = run(consumer);
+    wait_until(Duration::from_secs(60), "the messages handled", || async {
+        ConsumerStats::get(&stats.handled) == n
+    })
+    .await;
+    let _ = stop.send(());
+    task.await.unwrap();
+}
+
 /// Starts `consumer` on a task; the returned closure stops it.
 fn run(
     consumer: Consumer,
@@ -344,17 +359,7 @@ async fn by_default_a_delivery_is_a_new_trace_linked_to_its_producer() {
     assert_eq!(drain(&relay).await, 1);
     let config = ConsumerConfig::new(format!("it-{}", hex(6)), [topic.clone()]);
     assert_eq!(config.trace_parenting, TraceParenting::Link);
-    let consumer = Consumer::new(&db, &kafka(), config)
-        .unwrap()
-        .handler("journey", Journey);
-    let stats = consumer.stats();
-    let (stop, task) = run(consumer);
-    wait_until(Duration::from_secs(60), "the message handled", || async {
-        ConsumerStats::get(&stats.handled) == 1
-    })
-    .await;
-    let _ = stop.send(());
-    task.await.unwrap();
+    handle_all(&db, config, 1).await;
 
     let creation = stored(&db).await[0].1.clone().unwrap();
     let p = spans_of(&topic)
@@ -464,17 +469,7 @@ async fn a_tracestate_travels_with_its_traceparent_from_enqueue_to_the_relay_and
     let relay = outbox::Relay::new(&db, &kafka(), relay_config()).unwrap();
     assert_eq!(drain(&relay).await, 4);
     let config = ConsumerConfig::new(format!("it-{}", hex(6)), [topic.clone()]);
-    let consumer = Consumer::new(&db, &kafka(), config)
-        .unwrap()
-        .handler("journey", Journey);
-    let stats = consumer.stats();
-    let (stop, task) = run(consumer);
-    wait_until(Duration::from_secs(60), "the messages handled", || async {
-        ConsumerStats::get(&stats.handled) == 4
-    })
-    .await;
-    let _ = stop.send(());
-    task.await.unwrap();
+    handle_all(&db, config, 4).await;
 
     let spans = spans_of(&topic);
     let trace_of = |tp: &str| tp.split('-').nth(1).unwrap().to_owned();
